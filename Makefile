@@ -1,0 +1,43 @@
+# Two commands do everything on a fresh machine: `make test` and `make demo`.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: test demo regen check bench lint venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU torch first: an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[runtime,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/patchgen check
+	$(BIN)/pytest
+
+demo: $(STAMP)
+	$(BIN)/python -m runtime.demo
+
+regen: $(STAMP)
+	$(BIN)/patchgen regen --all
+
+check: $(STAMP)
+	$(BIN)/patchgen check
+
+bench: $(STAMP)
+	$(BIN)/python bench/codegen.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check --diff patchgen runtime tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,1 @@
+"""libcst machinery: locating scopes and anchors, applying patches, absolutizing imports, pruning."""

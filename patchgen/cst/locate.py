@@ -1,0 +1,146 @@
+"""Find a patch's scope and its anchor inside it.
+
+Anchors are compared on *normalized* code (`ast.unparse` of the parsed text), so whitespace, line breaks,
+comments, redundant parentheses and trailing commas never matter, while any change of meaning does.
+A compound statement (if/for/with/...) is matched on its header, written with a trailing colon.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import libcst as cst
+
+_EMPTY = cst.Module(body=[])
+_PASS_BLOCK = cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Pass()])])
+
+
+class LocateError(Exception):
+    """An anchor or scope that matched zero or several times; `candidates` are the nearest matches."""
+
+    def __init__(self, message: str, candidates: list[tuple[str, cst.CSTNode]]) -> None:
+        super().__init__(message)
+        self.message = message
+        self.candidates = candidates
+
+
+def code_of(node: cst.CSTNode) -> str:
+    return _EMPTY.code_for_node(node)
+
+
+def normalize(code: str, mode: str = "exec") -> str | None:
+    """Canonical text of a statement or expression, or None when the text does not parse on its own."""
+    try:
+        return ast.unparse(ast.parse(code.strip() if mode == "eval" else code, mode=mode))
+    except SyntaxError:
+        return None
+
+
+def normalize_anchor(anchor: str) -> str | None:
+    text = anchor.strip()
+    if text.endswith(":"):  # a compound-statement header
+        text += "\n    pass"
+    return normalize(text)
+
+
+def statement_key(stmt: cst.BaseStatement) -> str | None:
+    """Normalized text of a statement; a compound statement is represented by its header alone."""
+    if isinstance(stmt, cst.BaseCompoundStatement):
+        changes = {"body": _PASS_BLOCK}
+        for attr in ("orelse", "finalbody"):
+            if getattr(stmt, attr, None) is not None:
+                changes[attr] = None
+        if isinstance(stmt, cst.Try):
+            changes["handlers"] = [cst.ExceptHandler(body=_PASS_BLOCK)]
+        stmt = stmt.with_changes(leading_lines=[], **changes)
+        if isinstance(stmt, cst.FunctionDef | cst.ClassDef):
+            stmt = stmt.with_changes(decorators=[])
+    return normalize(code_of(stmt))
+
+
+def find_scope(module: cst.Module, scope: str) -> cst.Module | cst.ClassDef | cst.FunctionDef:
+    """`<module>`, a top-level `Name`, or a dotted path such as `Class.method`."""
+    if scope == "<module>":
+        return module
+    node: cst.CSTNode = module
+    for depth, part in enumerate(scope.split(".")):
+        body = _body_of(node)
+        matches = [s for s in body if isinstance(s, cst.ClassDef | cst.FunctionDef) and s.name.value == part]
+        if len(matches) != 1:
+            names = [s.name.value for s in body if isinstance(s, cst.ClassDef | cst.FunctionDef)]
+            prefix = ".".join(scope.split(".")[:depth])
+            near = difflib.get_close_matches(part, names, n=5, cutoff=0.5)
+            candidates = [(f"{prefix}.{n}" if prefix else n, _named(body, n)) for n in near]
+            what = "no definition" if not matches else f"{len(matches)} definitions"
+            raise LocateError(f"scope {scope!r}: {what} named {part!r} in {prefix or 'the module'}", candidates)
+        node = matches[0]
+    return node
+
+
+def _named(body: list[cst.CSTNode], name: str) -> cst.CSTNode:
+    return next(s for s in body if isinstance(s, cst.ClassDef | cst.FunctionDef) and s.name.value == name)
+
+
+def _body_of(node: cst.CSTNode) -> list[cst.CSTNode]:
+    if isinstance(node, cst.Module):
+        return list(node.body)
+    body = getattr(node, "body", None)
+    return list(body.body) if isinstance(body, cst.BaseSuite) and hasattr(body, "body") else []
+
+
+def iter_statements(node: cst.CSTNode) -> Iterator[cst.BaseStatement]:
+    """Every statement inside `node`'s body, depth first, in source order (nested blocks included)."""
+    for child in node.children:
+        if isinstance(child, cst.BaseStatement):
+            yield child
+        if not isinstance(child, cst.BaseExpression):
+            yield from iter_statements(child)
+
+
+@dataclass(frozen=True)
+class Match:
+    node: cst.CSTNode
+    normalized: str
+
+
+def find_statement(scope_node: cst.CSTNode, anchor: str, scope: str) -> cst.BaseStatement:
+    wanted = normalize_anchor(anchor)
+    if wanted is None:
+        raise LocateError(f"anchor {anchor!r} is not a Python statement (a compound header ends with ':')", [])
+    statements = [s for s in iter_statements(scope_node) if not isinstance(s, cst.Module)]
+    return _unique(wanted, anchor, scope, [(s, statement_key) for s in statements], "statement")
+
+
+def find_expression(scope_node: cst.CSTNode, anchor: str, scope: str) -> cst.BaseExpression:
+    wanted = normalize(anchor, mode="eval")
+    try:
+        kind = type(cst.parse_expression(anchor.strip()))
+    except cst.ParserSyntaxError:
+        wanted = None
+    if wanted is None:
+        raise LocateError(f"anchor {anchor!r} is not a Python expression", [])
+    nodes = [n for n in _walk(scope_node) if type(n) is kind]
+    return _unique(wanted, anchor, scope, [(n, lambda e: normalize(code_of(e), "eval")) for n in nodes], "expression")
+
+
+def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
+    for child in node.children:
+        yield child
+        yield from _walk(child)
+
+
+def _unique(wanted: str, anchor: str, scope: str, pairs, what: str):
+    keyed = [(node, key(node)) for node, key in pairs]
+    hits = [node for node, text in keyed if text == wanted]
+    if len(hits) == 1:
+        return hits[0]
+    if hits:
+        raise LocateError(f"anchor {anchor!r} matches {len(hits)} {what}s in scope {scope!r}; make it unique "
+                          f"(a longer statement, or a narrower scope)", [(wanted, n) for n in hits])
+    texts = [text for _, text in keyed if text]
+    near = difflib.get_close_matches(wanted, texts, n=3, cutoff=0.4)
+    candidates = [(text, next(n for n, t in keyed if t == text)) for text in near]
+    raise LocateError(f"anchor {anchor!r} matches no {what} in scope {scope!r}", candidates)

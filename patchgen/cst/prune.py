@@ -1,0 +1,95 @@
+"""Keep only what the spec's roots reach; refuse to leave a reference to anything removed.
+
+Only top-level classes and functions are pruned. Every other top-level statement (imports, assignments,
+module-level `if`/`try` blocks) is kept and its references count as roots, so module behaviour never changes.
+"""
+
+from __future__ import annotations
+
+import ast
+import symtable
+from collections.abc import Iterable
+
+import libcst as cst
+
+
+class DanglingReference(Exception):
+    pass
+
+
+def _references(node: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def reachable_definitions(tree: ast.Module, roots: Iterable[str]) -> set[str]:
+    """Names of top-level definitions reachable from `roots` and from every non-definition statement."""
+    defs: dict[str, set[str]] = {}
+    pending = set(roots)
+    for stmt in tree.body:
+        if isinstance(stmt, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            defs.setdefault(stmt.name, set()).update(_references(stmt))
+        else:
+            pending |= _references(stmt)
+    seen: set[str] = set()
+    while pending:
+        name = pending.pop()
+        if name in defs and name not in seen:
+            seen.add(name)
+            pending |= defs[name]
+    return seen
+
+
+def prune(module: cst.Module, roots: Iterable[str], exclude: Iterable[str]) -> tuple[cst.Module, list[str]]:
+    """Drop unreachable or excluded top-level definitions; returns the new module and the removed names."""
+    tree = ast.parse(module.code)
+    keep = reachable_definitions(tree, roots) - set(exclude)
+    body, removed = [], []
+    for stmt in module.body:
+        if isinstance(stmt, cst.ClassDef | cst.FunctionDef) and stmt.name.value not in keep:
+            removed.append(stmt.name.value)
+            continue
+        body.append(_trim_all(stmt, keep, removed_names={
+            s.name.value for s in module.body if isinstance(s, cst.ClassDef | cst.FunctionDef)} - keep))
+    return module.with_changes(body=body), removed
+
+
+def _trim_all(stmt: cst.BaseStatement, keep: set[str], removed_names: set[str]) -> cst.BaseStatement:
+    """`__all__` must not export what was pruned."""
+    if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
+        return stmt
+    assign = stmt.body[0]
+    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
+            and isinstance(assign.targets[0].target, cst.Name) and assign.targets[0].target.value == "__all__"
+            and isinstance(assign.value, cst.List | cst.Tuple)):
+        return stmt
+    elements = [e for e in assign.value.elements
+                if not (isinstance(e.value, cst.SimpleString) and e.value.evaluated_value in removed_names)]
+    if len(elements) == len(assign.value.elements):
+        return stmt
+    if elements:  # the last kept element inherits the original's trailing comma style
+        elements[-1] = elements[-1].with_changes(comma=assign.value.elements[-1].comma)
+    new_value = assign.value.with_changes(elements=elements)
+    return stmt.with_changes(body=[assign.with_changes(value=new_value)])
+
+
+def check_dangling(code: str, removed: Iterable[str], filename: str) -> None:
+    """Every global name used anywhere must still be bound at module level if it was ever removed."""
+    removed = set(removed)
+    if not removed:
+        return
+    top = symtable.symtable(code, filename, "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    missing = removed - bound
+    problems: list[str] = []
+
+    def visit(table: symtable.SymbolTable, path: str) -> None:
+        for sym in table.get_symbols():
+            name = sym.get_name()
+            if name in missing and sym.is_referenced() and (table is top or sym.is_global()):
+                problems.append(f"{path or '<module>'} (line {table.get_lineno()}) uses {name!r}")
+        for child in table.get_children():
+            visit(child, f"{path}.{child.get_name()}" if path else child.get_name())
+
+    visit(top, "")
+    if problems:
+        raise DanglingReference("; ".join(sorted(set(problems))))

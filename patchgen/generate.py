@@ -1,0 +1,171 @@
+"""The pipeline: spec + templates + pinned upstream source -> generated module text and its review diff."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from patchgen import __version__
+from patchgen.config import ProjectConfig
+from patchgen.cst.locate import code_of
+from patchgen.cst.plan import Plan, PlanError, resolve
+from patchgen.cst.prune import DanglingReference, check_dangling, prune
+from patchgen.cst.transform import PatchTransformer, insert_imports
+from patchgen.errors import PatchgenError
+from patchgen.header import Header, body_hash
+from patchgen.spec import Spec
+from patchgen.upstream import UpstreamFile, UpstreamSource
+
+# The modules whose code decides the output bytes; their hash is an input of every generated file.
+ENGINE_FILES = ("cst/locate.py", "cst/plan.py", "cst/transform.py", "cst/prune.py", "generate.py", "header.py",
+                "templates.py")
+
+
+@functools.cache
+def engine_sha256() -> str:
+    digest = hashlib.sha256()
+    for name in ENGINE_FILES:
+        digest.update(name.encode() + b"\0" + (Path(__file__).parent / name).read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def templates_sha256(spec: Spec) -> str:
+    used = sorted({(p.template.name, p.template.sha256) for p in spec.patches})
+    return hashlib.sha256("\n".join(f"{n} {s}" for n, s in used).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Generated:
+    spec: Spec
+    upstream: UpstreamFile
+    relpath: str  # output path relative to the project root
+    text: str
+    diff: str
+    header: Header
+
+    @property
+    def diff_relpath(self) -> str:
+        return self.relpath + ".diff"
+
+
+def unified_diff(upstream: UpstreamFile, text: str, relpath: str) -> str:
+    lines = difflib.unified_diff(upstream.text.splitlines(keepends=True), text.splitlines(keepends=True),
+                                 fromfile=f"a/{upstream.relpath} ({upstream.pin})", tofile=f"b/{relpath}")
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
+
+
+def upstream_lines(module: cst.Module, nodes: list[cst.CSTNode]) -> list[int]:
+    """1-based upstream line of each node (computed only when a message or `explain` needs it)."""
+    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    return [positions[n].start.line if n in positions else 0 for n in nodes]
+
+
+def plan_error(spec: Spec, upstream: UpstreamFile, module: cst.Module, exc: PlanError) -> PatchgenError:
+    lines = [f"{spec.path}: {exc.patch.label} in scope {exc.patch.scope!r}: {exc.message}"]
+    if exc.candidates:
+        numbers = upstream_lines(module, [node for _, node in exc.candidates])
+        lines.append(f"  nearest candidates in {upstream.pin} {upstream.relpath}:")
+        lines += [f"    line {no}: {text.splitlines()[0] if text else ''}"
+                  for no, (text, _) in zip(numbers, exc.candidates, strict=True)]
+    lines.append("  fix the spec's anchor/scope (copy the statement from upstream), then run `patchgen regen` again")
+    return PatchgenError("\n".join(lines))
+
+
+def parse_upstream(upstream: UpstreamFile) -> cst.Module:
+    try:
+        return cst.parse_module(upstream.text)
+    except cst.ParserSyntaxError as exc:
+        raise PatchgenError(f"{upstream.relpath} ({upstream.pin}): libcst cannot parse it: {exc}") from exc
+
+
+def plan_spec(spec: Spec, upstream: UpstreamFile, module: cst.Module) -> Plan:
+    try:
+        return resolve(module, spec.patches)
+    except PlanError as exc:
+        raise plan_error(spec, upstream, module, exc) from exc
+
+
+def generate(spec: Spec, source: UpstreamSource, config: ProjectConfig) -> Generated:
+    upstream = source.read(spec.module)
+    module = parse_upstream(upstream)
+    plan = plan_spec(spec, upstream, module)
+    top_level = {s.name.value for s in module.body if isinstance(s, cst.ClassDef | cst.FunctionDef)}
+    for key, names in (("keep", spec.keep), ("exclude", spec.exclude)):
+        unknown = [n for n in names if n not in top_level]
+        if unknown:
+            raise PatchgenError(f"{spec.path}: {key} names {unknown}, which {upstream.relpath} ({upstream.pin}) "
+                                f"does not define at top level")
+
+    transformer = PatchTransformer(plan, spec.module)
+    try:
+        patched = module.visit(transformer)
+    except PlanError as exc:
+        raise plan_error(spec, upstream, module, exc) from exc
+    for patch in spec.patches:
+        count = transformer.applied.get(patch.index, 0)
+        if count != 1:
+            raise PatchgenError(f"{spec.path}: {patch.label}: applied {count} times, expected exactly once")
+    patched = insert_imports(patched, plan.imports)
+    roots = [plan.renames.get(name, name) for name in spec.keep] + sorted(plan.added_names)
+    pruned, removed = prune(patched, roots, [plan.renames.get(name, name) for name in spec.exclude])
+    body = pruned.code
+    relpath = spec.output
+    try:
+        compile(body, relpath, "exec", dont_inherit=True)
+        check_dangling(body, removed, relpath)
+    except SyntaxError as exc:
+        raise PatchgenError(f"{spec.path}: generated code does not compile: {exc}") from exc
+    except DanglingReference as exc:
+        raise PatchgenError(f"{spec.path}: generated code refers to pruned or excluded names: {exc}; keep them "
+                            f"(add to 'keep'), stop excluding them, or patch the reference away") from exc
+
+    header = Header(
+        model=spec.name,
+        upstream_pin=upstream.pin,
+        upstream_path=upstream.relpath,
+        upstream_sha256=upstream.sha256,
+        spec_path=spec.path.relative_to(config.root).as_posix() if spec.path.is_absolute() else spec.path.as_posix(),
+        spec_sha256=spec.sha256,
+        templates_sha256=templates_sha256(spec),
+        engine_version=__version__,
+        engine_sha256=engine_sha256(),
+        body_sha256=body_hash(body),
+        patches=tuple(f"#{p.index} {p.template.name} @ {p.scope}: {p.why}" for p in spec.patches),
+    )
+    text = header.render() + body
+    return Generated(spec, upstream, relpath, text, unified_diff(upstream, text, relpath), header)
+
+
+@dataclass(frozen=True)
+class ExplainedPatch:
+    index: int
+    template: str
+    op: str
+    scope: str
+    anchor: str | None
+    upstream_line: int
+    why: str
+    rendered: str
+
+
+def explain(spec: Spec, source: UpstreamSource) -> tuple[UpstreamFile, list[ExplainedPatch]]:
+    upstream = source.read(spec.module)
+    module = parse_upstream(upstream)
+    plan = plan_spec(spec, upstream, module)
+    lines = upstream_lines(module, [e.target for e in plan.edits])
+    out = []
+    for edit, line in zip(plan.edits, lines, strict=True):
+        patch = edit.patch
+        values = {**patch.vars, "scope": patch.scope}
+        if edit.kind == "wrap":
+            values["expr"] = code_of(edit.target)
+        rendered = edit.code if edit.kind == "rename" else patch.template.render(values)
+        out.append(ExplainedPatch(patch.index, patch.template.name, patch.template.op, patch.scope,
+                                  patch.anchor_text, line, patch.why, rendered.rstrip("\n")))
+    return upstream, out

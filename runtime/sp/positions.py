@@ -1,0 +1,49 @@
+"""SP handling of position information: RoPE tables and attention masks are built for the whole sequence.
+
+Under Ulysses SP every rank holds 1/sp of the tokens but attention runs over the full sequence, so position
+ids stay global (the collator never slices them) and each rank keeps its own slice of the RoPE table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from runtime.parallel.collectives import slice_for_rank
+from runtime.parallel.state import get_parallel_state
+
+
+def slice_position_embeddings(position_embeddings: tuple[torch.Tensor, ...], seq_dim: int = 1):
+    """Keep this SP rank's slice of (cos, sin) computed from global position ids."""
+    state = get_parallel_state()
+    if not state.sp_enabled:
+        return position_embeddings
+    return tuple(slice_for_rank(t, seq_dim, state.sp_group) for t in position_embeddings)
+
+
+def full_sequence_mask(make_mask: Callable[..., Any]) -> Callable[..., Any]:
+    """Build the attention mask for the full (gathered) sequence that Ulysses attention sees.
+
+    Mask builders only read the shape, dtype and device of `inputs_embeds`, so a zero-copy expanded view of
+    the local embeddings stands in for the full sequence.
+    """
+    state = get_parallel_state()
+    if not state.sp_enabled:
+        return make_mask
+
+    def make_full_mask(*args: Any, **kwargs: Any) -> Any:
+        embeds = kwargs["inputs_embeds"]
+        full = embeds.shape[1] * state.sp_size
+        position_ids = kwargs.get("position_ids")
+        if position_ids is None or position_ids.shape[-1] != full:
+            got = None if position_ids is None else tuple(position_ids.shape)
+            raise ValueError(f"sequence parallel (sp={state.sp_size}) needs global position_ids of length {full} "
+                             f"(local length {embeds.shape[1]} x sp), got {got}; the SP collator provides them")
+        if kwargs.get("past_key_values") is not None:
+            raise ValueError("sequence parallel training does not support a KV cache (past_key_values)")
+        kwargs["inputs_embeds"] = embeds[:, :1].expand(embeds.shape[0], full, *embeds.shape[2:])
+        return make_mask(*args, **kwargs)
+
+    return make_full_mask

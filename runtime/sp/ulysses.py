@@ -1,0 +1,85 @@
+"""Ulysses attention: all-to-all from sequence-sharded to head-sharded, full-sequence attention, and back.
+
+The generated attention forward asks `ulysses_attn_implementation(name)` which implementation to use. With
+SP off it returns `name` unchanged; with SP on it returns `ulysses_<name>`, registered in transformers'
+AttentionInterface, which wraps the inner implementation (sdpa on CPU, flash-attn when installed).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from runtime.parallel.collectives import gather_heads_scatter_seq, gather_seq_scatter_heads
+from runtime.parallel.state import get_parallel_state
+
+PREFIX = "ulysses_"
+
+
+def kv_repeat_factor(num_heads: int, num_kv_heads: int, sp: int) -> int:
+    """How often to repeat KV heads so every SP rank owns whole KV heads for its query heads."""
+    if num_heads % sp:
+        raise ValueError(f"{num_heads} attention heads cannot be split over sp={sp}: sp must divide the head count")
+    if num_kv_heads % sp == 0:
+        return 1
+    if sp % num_kv_heads == 0:
+        return sp // num_kv_heads
+    raise ValueError(f"{num_kv_heads} key/value heads cannot be split over sp={sp}: sp must divide the KV head "
+                     f"count or be a multiple of it")
+
+
+def repeat_kv_heads(x: torch.Tensor, repeat: int) -> torch.Tensor:
+    """(b, kv, s, d) -> (b, kv * repeat, s, d), each head repeated in place (GQA grouping is preserved)."""
+    if repeat == 1:
+        return x
+    b, kv, s, d = x.shape
+    return x[:, :, None].expand(b, kv, repeat, s, d).reshape(b, kv * repeat, s, d)
+
+
+class _HeadShard:
+    """The attention module as the inner implementation must see it: fewer heads, its own GQA ratio."""
+
+    def __init__(self, module: torch.nn.Module, num_key_value_groups: int) -> None:
+        self._module = module
+        self.num_key_value_groups = num_key_value_groups
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+
+def ulysses_attention(inner: str):
+    def forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        state = get_parallel_state()
+        group, sp = state.sp_group, state.sp_size
+        num_heads, num_kv_heads = query.shape[1], key.shape[1]
+        repeat = kv_repeat_factor(num_heads, num_kv_heads, sp)
+        key, value = repeat_kv_heads(key, repeat), repeat_kv_heads(value, repeat)
+        # (b, h, s/sp, d) -> (b, h/sp, s, d)
+        query, key, value = (gather_seq_scatter_heads(t, seq_dim=2, head_dim=1, group=group)
+                             for t in (query, key, value))
+        shard = _HeadShard(module, num_heads // (num_kv_heads * repeat))
+        out, _ = ALL_ATTENTION_FUNCTIONS[inner](shard, query, key, value, attention_mask, **kwargs)
+        # inner implementations return (b, s, h/sp, d) -> (b, s/sp, h, d)
+        return gather_heads_scatter_seq(out, head_dim=2, seq_dim=1, group=group), None
+
+    forward.__name__ = f"{PREFIX}{inner}"
+    return forward
+
+
+def ulysses_attn_implementation(name: str) -> str:
+    """The attention implementation to dispatch to: `name` itself unless SP is on."""
+    if not get_parallel_state().sp_enabled:
+        return name
+    if name.startswith(PREFIX):
+        return name
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        raise ValueError(f"Ulysses SP wraps a registered attention implementation (sdpa, flash_attention_2, ...); "
+                         f"the model uses {name!r}. Load it with attn_implementation='sdpa'.")
+    wrapped = PREFIX + name
+    if wrapped not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(wrapped, ulysses_attention(name))
+    return wrapped
