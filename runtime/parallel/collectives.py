@@ -66,7 +66,7 @@ def _all_gather(x: Tensor, dim: int, group: ProcessGroup, size: int) -> Tensor:
 def _reduce_scatter(x: Tensor, dim: int, group: ProcessGroup, size: int) -> Tensor:
     front = x.movedim(dim, 0).contiguous()
     out = front.new_empty((front.size(0) // size, *front.shape[1:]))
-    dist.reduce_scatter_single(out, front, op=dist.ReduceOp.AVG, group=group)
+    dist.reduce_scatter_single(out, front, op=dist.ReduceOp.SUM, group=group)
     return out.movedim(0, dim)
 
 
