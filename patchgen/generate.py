@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import difflib
 import functools
 import hashlib
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from patchgen import __version__
 from patchgen.config import ProjectConfig
 from patchgen.cst.locate import code_of
 from patchgen.cst.plan import Plan, PlanError, resolve
-from patchgen.cst.prune import DanglingReference, check_dangling, prune
+from patchgen.cst.prune import DanglingReference, check_dangling, prune, reachable_definitions, references
 from patchgen.cst.transform import PatchTransformer, insert_imports
 from patchgen.errors import PatchgenError
 from patchgen.header import Header, body_hash
@@ -77,6 +79,13 @@ def plan_error(spec: Spec, upstream: UpstreamFile, module: cst.Module, exc: Plan
     return PatchgenError("\n".join(lines))
 
 
+def kept_definitions(spec: Spec, upstream: UpstreamFile, plan: Plan) -> set[str]:
+    """Definitions reachable from the roots, computed on upstream's ast plus the references patches add."""
+    added_refs = set().union(*(references(ast.parse(textwrap.dedent(code))) for code in plan.rendered))
+    reached = reachable_definitions(ast.parse(upstream.text), [*spec.keep, *sorted(added_refs)])
+    return {plan.renames.get(n, n) for n in reached - set(spec.exclude)} | plan.added_names
+
+
 def parse_upstream(upstream: UpstreamFile) -> cst.Module:
     try:
         return cst.parse_module(upstream.text)
@@ -112,8 +121,7 @@ def generate(spec: Spec, source: UpstreamSource, config: ProjectConfig) -> Gener
         if count != 1:
             raise PatchgenError(f"{spec.path}: {patch.label}: applied {count} times, expected exactly once")
     patched = insert_imports(patched, plan.imports)
-    roots = [plan.renames.get(name, name) for name in spec.keep] + sorted(plan.added_names)
-    pruned, removed = prune(patched, roots, [plan.renames.get(name, name) for name in spec.exclude])
+    pruned, removed = prune(patched, kept_definitions(spec, upstream, plan))
     body = pruned.code
     relpath = spec.output
     try:

@@ -31,8 +31,8 @@ class Header:
     def render(self) -> str:
         lines = [
             BEGIN,
-            f"# Made by patchgen {self.engine_version} from {self.spec_path}; to change it, edit the spec or a template",
-            f"# and run `patchgen regen {self.model}`. `patchgen check` fails when this file drifts.",
+            f"# Made by patchgen {self.engine_version} from {self.spec_path}; to change it, edit the spec or a",
+            f"# template and run `patchgen regen {self.model}`. `patchgen check` fails when this file drifts.",
             f"# upstream: {self.upstream_pin} {self.upstream_path} sha256={self.upstream_sha256}",
             f"# spec: {self.spec_path} sha256={self.spec_sha256}",
             f"# templates: sha256={self.templates_sha256}",

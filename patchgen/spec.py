@@ -102,7 +102,8 @@ def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patc
             raise PatchgenError(f"{path}: {where}: vars.{name} is not declared by template {template.name} "
                                 f"(declared: {declared})")
         if not var.accepts(value):
-            raise PatchgenError(f"{path}: {where}: vars.{name} must be {var.type}, found {_type_name(value)} {value!r}")
+            raise PatchgenError(f"{path}: {where}: vars.{name} must be {var.type}, "
+                                f"found {_type_name(value)} {value!r}")
     missing = [v.name for v in template.vars if v.required and v.name not in values]
     if missing:
         docs = "; ".join(f"{v.name} ({v.type}): {v.doc}" for v in template.vars if v.name in missing)

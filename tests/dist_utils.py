@@ -143,7 +143,8 @@ def run_distributed(
     ``fn`` and ``args`` must be picklable (``fn`` a module-level function); so must the return values, which should
     be small (CPU tensors, numbers, strings). The env carries RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
     MASTER_PORT like torchrun. With ``init_group=False`` the default process group is left for ``fn`` to create
-    (e.g. to test init-from-env code); it is destroyed at the end either way.
+    (e.g. to test init-from-env code); it is destroyed at the end either way. Ranks are daemonic processes, so
+    ``fn`` cannot start processes of its own (e.g. DataLoader workers with ``num_workers > 0``).
 
     Raises ``DistributedTestError`` with every failing rank's traceback if any rank raises, crashes or hangs.
     """

@@ -63,8 +63,14 @@ def statement_key(stmt: cst.BaseStatement) -> str | None:
 
 def find_scope(module: cst.Module, scope: str) -> cst.Module | cst.ClassDef | cst.FunctionDef:
     """`<module>`, a top-level `Name`, or a dotted path such as `Class.method`."""
+    return scope_chain(module, scope)[-1]
+
+
+def scope_chain(module: cst.Module, scope: str) -> list[cst.CSTNode]:
+    """The module and each definition on the way down to `scope`."""
+    chain: list[cst.CSTNode] = [module]
     if scope == "<module>":
-        return module
+        return chain
     node: cst.CSTNode = module
     for depth, part in enumerate(scope.split(".")):
         body = _body_of(node)
@@ -77,7 +83,8 @@ def find_scope(module: cst.Module, scope: str) -> cst.Module | cst.ClassDef | cs
             what = "no definition" if not matches else f"{len(matches)} definitions"
             raise LocateError(f"scope {scope!r}: {what} named {part!r} in {prefix or 'the module'}", candidates)
         node = matches[0]
-    return node
+        chain.append(node)
+    return chain
 
 
 def _named(body: list[cst.CSTNode], name: str) -> cst.CSTNode:
@@ -114,22 +121,50 @@ def find_statement(scope_node: cst.CSTNode, anchor: str, scope: str) -> cst.Base
     return _unique(wanted, anchor, scope, [(s, statement_key) for s in statements], "statement")
 
 
-def find_expression(scope_node: cst.CSTNode, anchor: str, scope: str) -> cst.BaseExpression:
+class NodeIndex:
+    """Nodes of a scope grouped by type, built once per scope however many anchors look inside it."""
+
+    def __init__(self) -> None:
+        self._by_scope: dict[int, tuple[cst.CSTNode, dict[type, list[cst.CSTNode]]]] = {}
+
+    def of_type(self, scope_node: cst.CSTNode, kind: type) -> list[cst.CSTNode]:
+        if id(scope_node) not in self._by_scope:
+            groups: dict[type, list[cst.CSTNode]] = {}
+            stack = list(reversed(scope_node.children))
+            while stack:
+                node = stack.pop()
+                groups.setdefault(type(node), []).append(node)
+                stack.extend(reversed(node.children))
+            self._by_scope[id(scope_node)] = (scope_node, groups)
+        return self._by_scope[id(scope_node)][1].get(kind, [])
+
+
+def find_expression(scope_node: cst.CSTNode, anchor: str, scope: str,
+                    index: NodeIndex | None = None) -> cst.BaseExpression:
     wanted = normalize(anchor, mode="eval")
     try:
-        kind = type(cst.parse_expression(anchor.strip()))
+        parsed = cst.parse_expression(anchor.strip())
     except cst.ParserSyntaxError:
         wanted = None
     if wanted is None:
         raise LocateError(f"anchor {anchor!r} is not a Python expression", [])
-    nodes = [n for n in _walk(scope_node) if type(n) is kind]
+    quick = _quick_key(parsed)
+    nodes = [n for n in (index or NodeIndex()).of_type(scope_node, type(parsed))
+             if quick is None or _quick_key(n) == quick]
     return _unique(wanted, anchor, scope, [(n, lambda e: normalize(code_of(e), "eval")) for n in nodes], "expression")
 
 
-def _walk(node: cst.CSTNode) -> Iterator[cst.CSTNode]:
-    for child in node.children:
-        yield child
-        yield from _walk(child)
+def _quick_key(node: cst.CSTNode) -> str | None:
+    """A cheap exact key for names, dotted names and calls of them; None means "compare normalized code"."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = _quick_key(node.value)
+        return None if base is None or base.endswith("(") else f"{base}.{node.attr.value}"
+    if isinstance(node, cst.Call):
+        callee = _quick_key(node.func)
+        return None if callee is None else f"{callee}("
+    return None
 
 
 def _unique(wanted: str, anchor: str, scope: str, pairs, what: str):

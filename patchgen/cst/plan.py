@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from patchgen.cst.locate import LocateError, code_of, find_expression, find_scope, find_statement
+from patchgen.cst.locate import LocateError, NodeIndex, code_of, find_expression, find_statement, scope_chain
 from patchgen.spec import Patch
 
 
@@ -29,6 +29,9 @@ class Plan:
     imports: list[str] = field(default_factory=list)
     renames: dict[str, str] = field(default_factory=dict)
     added_names: set[str] = field(default_factory=set)
+    rendered: list[str] = field(default_factory=list)  # every rendered body: its references keep definitions alive
+    chain_ids: set[int] = field(default_factory=set)  # definitions on the way down to a scope: visit them
+    scope_ids: set[int] = field(default_factory=set)  # patch scopes: visit everything inside
 
     def by_target(self) -> dict[int, list[Edit]]:
         table: dict[int, list[Edit]] = {}
@@ -61,9 +64,10 @@ def _defined_names(statements: list[cst.BaseStatement]) -> list[str]:
 
 def resolve(module: cst.Module, patches: tuple[Patch, ...]) -> Plan:
     plan = Plan()
+    index = NodeIndex()
     for patch in patches:
         try:
-            _resolve_one(module, patch, plan)
+            _resolve_one(module, patch, plan, index)
         except LocateError as exc:
             raise PlanError(patch, exc.message, exc.candidates) from exc
         for line in patch.template.imports:
@@ -73,9 +77,14 @@ def resolve(module: cst.Module, patches: tuple[Patch, ...]) -> Plan:
     return plan
 
 
-def _resolve_one(module: cst.Module, patch: Patch, plan: Plan) -> None:
+def _resolve_one(module: cst.Module, patch: Patch, plan: Plan, index: NodeIndex) -> None:
     op = patch.template.op
-    render = patch.template.render
+
+    def render(values: dict) -> str:
+        code = patch.template.render(values)
+        plan.rendered.append(code)
+        return code
+
     if op == "add_definition":
         if patch.scope != "<module>":
             raise PlanError(patch, f"op add_definition takes scope '<module>', found {patch.scope!r}")
@@ -87,7 +96,10 @@ def _resolve_one(module: cst.Module, patch: Patch, plan: Plan) -> None:
             target = find_statement(module, patch.anchor_text, patch.scope)
             plan.edits.append(Edit(patch, "before" if patch.before else "after", target, code))
         return
-    scope = find_scope(module, patch.scope)
+    chain = scope_chain(module, patch.scope)
+    scope = chain[-1]
+    plan.chain_ids.update(id(n) for n in chain)
+    plan.scope_ids.add(id(scope))
     variables = {**patch.vars, "scope": patch.scope}
     if op == "insert":
         target = find_statement(scope, patch.anchor_text, patch.scope)
@@ -96,7 +108,7 @@ def _resolve_one(module: cst.Module, patch: Patch, plan: Plan) -> None:
         target = find_statement(scope, patch.anchor, patch.scope)
         plan.edits.append(Edit(patch, "replace", target, render(variables)))
     elif op == "wrap":
-        target = find_expression(scope, patch.anchor, patch.scope)
+        target = find_expression(scope, patch.anchor, patch.scope, index)
         code = render({**variables, "expr": code_of(target)})  # validate now; re-rendered on the final tree
         try:
             cst.parse_expression(code.strip())

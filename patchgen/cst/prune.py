@@ -17,7 +17,7 @@ class DanglingReference(Exception):
     pass
 
 
-def _references(node: ast.AST) -> set[str]:
+def references(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
@@ -27,9 +27,9 @@ def reachable_definitions(tree: ast.Module, roots: Iterable[str]) -> set[str]:
     pending = set(roots)
     for stmt in tree.body:
         if isinstance(stmt, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            defs.setdefault(stmt.name, set()).update(_references(stmt))
+            defs.setdefault(stmt.name, set()).update(references(stmt))
         else:
-            pending |= _references(stmt)
+            pending |= references(stmt)
     seen: set[str] = set()
     while pending:
         name = pending.pop()
@@ -39,21 +39,20 @@ def reachable_definitions(tree: ast.Module, roots: Iterable[str]) -> set[str]:
     return seen
 
 
-def prune(module: cst.Module, roots: Iterable[str], exclude: Iterable[str]) -> tuple[cst.Module, list[str]]:
-    """Drop unreachable or excluded top-level definitions; returns the new module and the removed names."""
-    tree = ast.parse(module.code)
-    keep = reachable_definitions(tree, roots) - set(exclude)
+def prune(module: cst.Module, keep: set[str]) -> tuple[cst.Module, list[str]]:
+    """Drop top-level definitions not in `keep`; returns the new module and the removed names."""
+    all_defs = {s.name.value for s in module.body if isinstance(s, cst.ClassDef | cst.FunctionDef)}
+    removed_names = all_defs - keep
     body, removed = [], []
     for stmt in module.body:
-        if isinstance(stmt, cst.ClassDef | cst.FunctionDef) and stmt.name.value not in keep:
+        if isinstance(stmt, cst.ClassDef | cst.FunctionDef) and stmt.name.value in removed_names:
             removed.append(stmt.name.value)
             continue
-        body.append(_trim_all(stmt, keep, removed_names={
-            s.name.value for s in module.body if isinstance(s, cst.ClassDef | cst.FunctionDef)} - keep))
+        body.append(_trim_all(stmt, removed_names))
     return module.with_changes(body=body), removed
 
 
-def _trim_all(stmt: cst.BaseStatement, keep: set[str], removed_names: set[str]) -> cst.BaseStatement:
+def _trim_all(stmt: cst.BaseStatement, removed_names: set[str]) -> cst.BaseStatement:
     """`__all__` must not export what was pruned."""
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
         return stmt

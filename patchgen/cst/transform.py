@@ -42,6 +42,15 @@ def absolute_module(module: str, level: int, name: str | None) -> str:
     return ".".join([*package, name] if name else package)
 
 
+def dotted_name(path: str) -> cst.Name | cst.Attribute:
+    """`a.b.c` as a libcst node, built directly (parsing a snippet per import costs more than the whole edit)."""
+    head, *rest = path.split(".")
+    node: cst.Name | cst.Attribute = cst.Name(head)
+    for part in rest:
+        node = cst.Attribute(value=node, attr=cst.Name(part))
+    return node
+
+
 class PatchTransformer(cst.CSTTransformer):
     def __init__(self, plan: Plan, module_name: str) -> None:
         super().__init__()
@@ -51,6 +60,8 @@ class PatchTransformer(cst.CSTTransformer):
         self.applied: dict[int, int] = {}
         self._markers: list[list[str]] = []  # one list per statement being visited
         self._not_references: set[int] = set()
+        self._chain_ids, self._scope_ids = plan.chain_ids, plan.scope_ids
+        self._scope_depth = 0  # > 0 while inside a patch scope, where every node is visited
 
     def _count(self, edit: Edit) -> None:
         self.applied[edit.patch.index] = self.applied.get(edit.patch.index, 0) + 1
@@ -58,6 +69,11 @@ class PatchTransformer(cst.CSTTransformer):
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, cst.BaseStatement):
             self._markers.append([])
+        if id(node) in self._scope_ids:
+            self._scope_depth += 1
+        elif (isinstance(node, cst.ClassDef | cst.FunctionDef) and not self.renames and not self._scope_depth
+              and id(node) not in self._chain_ids):
+            return False  # no patch inside: skip the subtree (its on_leave still runs for statement-level edits)
         if self.renames:
             if isinstance(node, cst.Attribute):
                 self._not_references.add(id(node.attr))
@@ -68,6 +84,8 @@ class PatchTransformer(cst.CSTTransformer):
         return True
 
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
+        if id(original) in self._scope_ids:
+            self._scope_depth -= 1
         edits = self.edits.get(id(original), [])
         renamed = isinstance(original, cst.Name) and original.value in self.renames
         if renamed and id(original) not in self._not_references:
@@ -95,7 +113,7 @@ class PatchTransformer(cst.CSTTransformer):
     def _absolute(self, node: cst.ImportFrom) -> cst.ImportFrom:
         name = code_of(node.module) if node.module is not None else None
         target = absolute_module(self.module_name, len(node.relative), name)
-        return node.with_changes(relative=[], module=cst.parse_expression(target))
+        return node.with_changes(relative=[], module=dotted_name(target))
 
     def _leave_statement(self, original, updated, edits: list[Edit]):
         markers = self._markers.pop()

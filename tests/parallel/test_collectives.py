@@ -226,6 +226,7 @@ def _ranks(world2: list[dict[str, object]], key: str) -> list[dict]:
 
 # --- the comparisons --------------------------------------------------------------------------------------------
 
+
 @pytest.mark.dist
 @pytest.mark.parametrize("name", SLICE_CASES)
 def test_slice_for_rank(world2, name):
