@@ -1,4 +1,4 @@
-"""Shared pieces of the dense-LM parity tests: tiny configs, a packed batch, and the SP worker."""
+"""Shared pieces of the dense-LM parity tests: paired models with equal weights and the SP worker."""
 
 from __future__ import annotations
 
@@ -6,22 +6,14 @@ import torch
 import transformers
 
 from runtime.models.registry import causal_lm_class
+from runtime.models.tiny import random_packed_batch, tiny_config
 
-VOCAB = 97
-
-
-def tiny_config(model_type: str, num_kv_heads: int = 2, num_heads: int = 4) -> transformers.PretrainedConfig:
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                  num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=16,
-                  max_position_embeddings=128, tie_word_embeddings=False, use_cache=False)
-    config = transformers.AutoConfig.for_model(model_type, **common)
-    config._attn_implementation = "sdpa"
-    return config
+VOCAB = tiny_config("qwen3").vocab_size
 
 
-def models(model_type: str, seed: int = 0, **config_kwargs):
-    """(upstream, generated) with identical weights, fp32, eval-free (dropout is 0 in these configs)."""
-    config = tiny_config(model_type, **config_kwargs)
+def models(model_type: str, seed: int = 0, **config_overrides):
+    """(upstream, generated) with identical weights, fp32."""
+    config = tiny_config(model_type, **config_overrides)
     torch.manual_seed(seed)
     upstream = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     generated = causal_lm_class(model_type)(config)
@@ -30,14 +22,7 @@ def models(model_type: str, seed: int = 0, **config_kwargs):
 
 
 def packed_batch(lengths: tuple[int, ...], seed: int = 1) -> dict[str, torch.Tensor]:
-    """One row holding several sequences: position ids restart per sequence, no label crosses a boundary."""
-    g = torch.Generator().manual_seed(seed)
-    total = sum(lengths)
-    input_ids = torch.randint(1, VOCAB, (1, total), generator=g)
-    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
-    labels = input_ids.clone()
-    labels[position_ids == 0] = -100  # a sequence's first token is nobody's target
-    return {"input_ids": input_ids, "position_ids": position_ids, "labels": labels}
+    return random_packed_batch(lengths, VOCAB, seed)
 
 
 def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -48,38 +33,23 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def pad_for_sp(batch: dict[str, torch.Tensor], sp: int) -> dict[str, torch.Tensor]:
-    """Append a padding segment so the row divides by sp: its own position ids, no labels."""
-    total = batch["input_ids"].shape[1]
-    pad = -total % sp
-    if pad == 0:
-        return batch
-    return {
-        "input_ids": torch.cat([batch["input_ids"], torch.zeros(1, pad, dtype=torch.long)], 1),
-        "position_ids": torch.cat([batch["position_ids"], torch.arange(pad)[None]], 1),
-        "labels": torch.cat([batch["labels"], torch.full((1, pad), -100)], 1),
-    }
-
-
 def sp_worker(rank: int, world_size: int, cases: list[tuple[str, tuple[int, ...], dict]]) -> list[dict]:
     """Run every case with sp=world_size; return the loss, gathered logits and SP-summed gradients."""
     import torch.distributed as dist
 
-    from runtime.parallel.collectives import gather_along_dim, slice_for_rank
+    from runtime.data.sp_batch import shard_for_sp
+    from runtime.parallel.collectives import gather_along_dim
     from runtime.parallel.state import init_parallel_state
 
     state = init_parallel_state(sp_size=world_size)
-    group = state.sp_group
     results = []
-    for model_type, lengths, config_kwargs in cases:
-        _, model = models(model_type, **config_kwargs)
-        batch = pad_for_sp(packed_batch(lengths), world_size)
-        local = {k: slice_for_rank(v, 1, group) for k, v in batch.items() if k != "position_ids"}
-        out = model(**local, position_ids=batch["position_ids"])
+    for model_type, lengths, config_overrides in cases:
+        _, model = models(model_type, **config_overrides)
+        out = model(**shard_for_sp(packed_batch(lengths), state))
         out.loss.backward()
         partial = grads(model)
         for g in partial.values():  # partial-gradient convention: the true gradient is the sum over SP ranks
-            dist.all_reduce(g, group=group)
-        logits = gather_along_dim(out.logits.detach(), 1, group)[:, : sum(lengths)]
+            dist.all_reduce(g, group=state.sp_group)
+        logits = gather_along_dim(out.logits.detach(), 1, state.sp_group)[:, : sum(lengths)]
         results.append({"loss": out.loss.detach(), "logits": logits, "grads": partial})
     return results

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from runtime.sp.ulysses import kv_repeat_factor
 from tests.dist_utils import run_distributed
@@ -13,7 +12,7 @@ from tests.parity.dense import grads, models, packed_batch, relative_error, sp_w
 CASES = [
     ("qwen3", (7, 10), {}),
     ("llama", (5, 9, 3), {}),
-    ("qwen3", (11, 6), {"num_kv_heads": 1}),
+    ("qwen3", (11, 6), {"num_key_value_heads": 1}),
 ]
 
 

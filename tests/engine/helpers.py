@@ -1,0 +1,198 @@
+"""Shared helpers for the engine tests: a fake upstream source and throwaway patchgen projects.
+
+The upstream is `tests/fixtures/upstream/fixturepkg` (plain Python, read as text, never imported); the templates
+are `tests/fixtures/templates/fx/*` plus the real `templates/core/` (rename).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import libcst as cst
+
+from patchgen.config import ProjectConfig, load_config
+from patchgen.errors import PatchgenError
+from patchgen.generate import Generated, generate
+from patchgen.header import split
+from patchgen.spec import Spec, load_spec
+from patchgen.upstream import UpstreamFile, module_relpath
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures"
+UPSTREAM_DIR = FIXTURES / "upstream"
+FIXTURE_TEMPLATES = FIXTURES / "templates"
+PACKAGE = "fixturepkg"
+VERSION = "1.2.3"
+TOY = "fixturepkg.models.modeling_toy"
+PLAIN = "fixturepkg.plain"
+
+
+def upstream_text(module: str) -> str:
+    return (UPSTREAM_DIR / module_relpath(module)).read_text(encoding="utf-8")
+
+
+def upstream_line(module: str, snippet: str) -> int:
+    """1-based line of the only upstream line containing `snippet` (the test's independent line count)."""
+    hits = [no for no, line in enumerate(upstream_text(module).splitlines(), start=1) if snippet in line]
+    assert len(hits) == 1, f"{snippet!r} occurs on lines {hits} of {module}"
+    return hits[0]
+
+
+class FixtureSource:
+    """The UpstreamSource protocol over tests/fixtures/upstream, as package `fixturepkg` at `version`."""
+
+    def __init__(self, version: str = VERSION, overrides: dict[str, str] | None = None) -> None:
+        self._version = version
+        self.overrides = overrides or {}
+        self.reads: list[str] = []
+
+    def version(self, package: str) -> str:
+        if package != PACKAGE:
+            raise PatchgenError(f"upstream package {package!r} is not installed")
+        return self._version
+
+    def read(self, module: str) -> UpstreamFile:
+        package = module.split(".")[0]
+        relpath = module_relpath(module)
+        self.reads.append(module)
+        text = self.overrides.get(module)
+        if text is None:
+            path = UPSTREAM_DIR / relpath
+            if not path.is_file():
+                raise PatchgenError(f"upstream module {module!r} not found")
+            text = path.read_text(encoding="utf-8")
+        return UpstreamFile(package, self.version(package), module, relpath, text)
+
+
+def toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(value)
+
+
+def spec_toml(module: str = TOY, output: str = "generated/toy/modeling_toy.py", keep: list[str] | None = None,
+              patches: list[dict[str, Any]] = (), **extra: Any) -> str:
+    """A spec file's text; patches are dicts of patch keys (vars as a dict)."""
+    lines = [f"module = {toml_value(module)}", f"output = {toml_value(output)}",
+             f"keep = {toml_value(keep if keep is not None else ['ToyForTask'])}"]
+    lines += [f"{key} = {toml_value(value)}" for key, value in extra.items()]
+    for patch in patches:
+        lines += ["", "[[patch]]"] + [f"{key} = {toml_value(value)}" for key, value in patch.items()]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class FixtureProject:
+    root: Path
+
+    @property
+    def config(self) -> ProjectConfig:
+        return load_config(self.root)
+
+    def write_spec(self, text: str, name: str = "toy") -> Path:
+        path = self.root / "specs" / f"{name}.toml"
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    def spec(self, name: str = "toy") -> Spec:
+        return load_spec(self.config.spec_path(name), self.config.templates_dir)
+
+    def generate(self, name: str = "toy", source: FixtureSource | None = None) -> Generated:
+        return generate(self.spec(name), source or FixtureSource(), self.config)
+
+    def snapshot(self) -> dict[str, tuple[bytes, int]]:
+        """Bytes and mtime of every file under the project (to prove nothing was written)."""
+        return {p.relative_to(self.root).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+                for p in sorted(self.root.rglob("*")) if p.is_file()}
+
+
+def make_project(root: Path, specs: dict[str, str] | str | None = None,
+                 pins: dict[str, str] | None = None) -> FixtureProject:
+    """A throwaway patchgen project: pyproject.toml with [tool.patchgen], specs/, templates/ (fixture + core)."""
+    root.mkdir(parents=True, exist_ok=True)
+    pins = pins if pins is not None else {PACKAGE: VERSION}
+    (root / "pyproject.toml").write_text(
+        '[project]\nname = "fixture-project"\nversion = "0"\n\n[tool.patchgen]\nspecs = "specs"\n'
+        f'templates = "templates"\ngenerated = "generated"\npins = {toml_value(pins)}\n', encoding="utf-8")
+    (root / "specs").mkdir(exist_ok=True)
+    shutil.copytree(FIXTURE_TEMPLATES, root / "templates", dirs_exist_ok=True)
+    shutil.copytree(REPO / "templates" / "core", root / "templates" / "core", dirs_exist_ok=True)
+    project = FixtureProject(root)
+    if isinstance(specs, str):
+        specs = {"toy": specs}
+    for name, text in (specs or {}).items():
+        project.write_spec(text, name)
+    return project
+
+
+def body_of(text: str) -> str:
+    fields, body = split(text)
+    assert fields is not None, "generated text has no provenance header"
+    return body
+
+
+MARKER = re.compile(r"^# patchgen (?:#\d+ \S+|imports) \((\d+) stmt\): ")
+
+
+def _marker_count(stmt: cst.BaseStatement) -> int | None:
+    counts = [int(m.group(1)) for line in stmt.leading_lines if line.comment is not None
+              for m in [MARKER.match(line.comment.value)] if m]
+    return max(counts) if counts else None
+
+
+class _StripMarked(cst.CSTTransformer):
+    """Remove every marked region: the statement carrying a marker and the n-1 statements after it."""
+
+    def _strip(self, body):
+        out, skip = [], 0
+        for stmt in body:
+            if skip:
+                skip -= 1
+                count = _marker_count(stmt)
+                if count:  # a region that starts inside another one (e.g. after-block of a replaced stmt)
+                    skip = max(skip, count - 1)
+                continue
+            count = _marker_count(stmt)
+            if count:
+                skip = count - 1
+                continue
+            out.append(stmt)
+        return out
+
+    def leave_IndentedBlock(self, original, updated):
+        return updated.with_changes(body=self._strip(updated.body))
+
+    def leave_Module(self, original, updated):
+        return updated.with_changes(body=self._strip(updated.body))
+
+
+def strip_marked(code: str) -> str:
+    return cst.parse_module(code).visit(_StripMarked()).code
+
+
+class _DropStatements(cst.CSTTransformer):
+    def __init__(self, ids: set[int]) -> None:
+        super().__init__()
+        self.ids = ids
+
+    def on_leave(self, original, updated):
+        if id(original) in self.ids:
+            return cst.RemoveFromParent()
+        return updated
+
+
+def drop_statements(module: cst.Module, statements: list[cst.CSTNode]) -> str:
+    return module.visit(_DropStatements({id(s) for s in statements})).code
