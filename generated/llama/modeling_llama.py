@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/llama/modeling_llama.py sha256=46d313ec0f1116bcc1bb7f2379467ab249c140415c64fb758e2d5915cd8b89a5
 # spec: specs/llama.toml sha256=524897e17cded27629538deee7d64064d67cfd4ad295074e3b5380b4612ec5db
 # templates: sha256=4743288a6dcd4c77006f799e4d48539b399055adbb052d307444601de687e85f
-# engine: patchgen==0.1.0 sha256=04f2c8e8f08ef6d805c098a34c94c6254dc994c82808532852a00d6a4796c0a3
+# engine: patchgen==0.1.0 sha256=6993716874c4d0ddda17bc86cdcbdaf19c4ede0103eb39cdb54778446e9774d5
 # body: sha256=6805e5b9bfca84c1bbe47259d76b808dcd14ac9851314add5e0684f7f25194fe
 # patches:
 #   #1 sp/full_sequence_mask @ LlamaModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3/modeling_qwen3.py sha256=fbdcfeeb1b54135ca67ba7df924da92f4b264e1252b517eea2de989289ebaeab
 # spec: specs/qwen3.toml sha256=be89f99f307ba2b5e3700a66d0cb50e9fa0074788c4456499e1dfb5fe9981184
 # templates: sha256=4743288a6dcd4c77006f799e4d48539b399055adbb052d307444601de687e85f
-# engine: patchgen==0.1.0 sha256=04f2c8e8f08ef6d805c098a34c94c6254dc994c82808532852a00d6a4796c0a3
+# engine: patchgen==0.1.0 sha256=6993716874c4d0ddda17bc86cdcbdaf19c4ede0103eb39cdb54778446e9774d5
 # body: sha256=11c11f9fb5731bc41f2bc9cedd23187fc505316128bfe9611589d32318b723bd
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3Model.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

