@@ -16,7 +16,8 @@ from patchgen.templates import Template, load_template
 
 SPEC_KEYS = {"module": str, "output": str, "keep": list, "exclude": list, "patch": list}
 REQUIRED_SPEC_KEYS = ("module", "output", "keep")
-PATCH_KEYS = {"template": str, "scope": str, "before": str, "after": str, "anchor": str, "vars": dict, "why": str}
+PATCH_KEYS = {"template": str, "scope": str, "before": str, "after": str, "anchor": str, "through": str, "vars": dict,
+              "why": str}
 REQUIRED_PATCH_KEYS = ("template", "scope", "why")
 
 
@@ -30,6 +31,7 @@ class Patch:
     before: str | None = None
     after: str | None = None
     anchor: str | None = None
+    through: str | None = None  # op replace: last statement of the replaced run
 
     @property
     def label(self) -> str:
@@ -94,6 +96,9 @@ def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patc
         raise PatchgenError(f"{path}: {where}: {exc}") from exc
     given = [k for k in ("before", "after", "anchor") if k in table]
     _check_anchor_keys(template.op, given, path, where)
+    if "through" in table and template.op != "replace":
+        raise PatchgenError(f"{path}: {where}: 'through' (end of a replaced run of statements) needs op 'replace', "
+                            f"template {template.name} has op {template.op!r}")
     values = dict(table.get("vars", {}))
     for name, value in values.items():
         var = template.var(name)
@@ -111,7 +116,7 @@ def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patc
     if not table["why"].strip():
         raise PatchgenError(f"{path}: {where}: 'why' must say in one line why the patch exists")
     return Patch(index, template, table["scope"], table["why"].strip(), values,
-                 table.get("before"), table.get("after"), table.get("anchor"))
+                 table.get("before"), table.get("after"), table.get("anchor"), table.get("through"))
 
 
 def _check_anchor_keys(op: str, given: list[str], path: Path, where: str) -> None:

@@ -2,15 +2,15 @@
 # Made by patchgen 0.1.0 from specs/llama.toml; to change it, edit the spec or a
 # template and run `patchgen regen llama`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/llama/modeling_llama.py sha256=46d313ec0f1116bcc1bb7f2379467ab249c140415c64fb758e2d5915cd8b89a5
-# spec: specs/llama.toml sha256=524897e17cded27629538deee7d64064d67cfd4ad295074e3b5380b4612ec5db
-# templates: sha256=4743288a6dcd4c77006f799e4d48539b399055adbb052d307444601de687e85f
-# engine: patchgen==0.1.0 sha256=6993716874c4d0ddda17bc86cdcbdaf19c4ede0103eb39cdb54778446e9774d5
-# body: sha256=6805e5b9bfca84c1bbe47259d76b808dcd14ac9851314add5e0684f7f25194fe
+# spec: specs/llama.toml sha256=bffa71b4dc112341f4b5670296749a63b4b2509a755f415e81fa0da612454704
+# templates: sha256=22f91f2ae83ee03994844fd9aef8efa4ee868af41b2b759b2eaa473ba8043a40
+# engine: patchgen==0.1.0 sha256=e4d5305a5d287e523c33370eae296687806d0a7084e75892fde0a8404cf3f07f
+# body: sha256=352c5daf0dd4b7bcc3bf47b8978d278f9e78997c2e3f68c45f85f19bed28b957
 # patches:
 #   #1 sp/full_sequence_mask @ LlamaModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
 #   #2 sp/rope_slice @ LlamaModel.forward: RoPE comes from global position ids; each SP rank keeps the slice for its tokens
 #   #3 sp/ulysses_attention @ LlamaAttention.forward: all-to-all to head-sharded full-sequence attention under SP (sp > kv heads repeats KV heads)
-#   #4 loss/sp_causal_lm @ LlamaForCausalLM.forward: labels shift across rank boundaries and the mean is over all tokens of the SP group
+#   #4 loss/causal_lm_head @ LlamaForCausalLM.forward: SP: labels shift across ranks and the mean is over the SP group; optional chunked CE without full logits
 # ---- end of patchgen provenance ----
 # Copyright 2022 EleutherAI and the HuggingFace Inc. team. All rights reserved.
 #
@@ -62,7 +62,7 @@ from transformers.models.llama.configuration_llama import LlamaConfig
 from runtime.sp.positions import full_sequence_mask
 from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
-from runtime.sp.loss import sp_causal_lm_loss
+from runtime.sp.loss import causal_lm_logits_and_loss
 
 
 logger = logging.get_logger(__name__)
@@ -506,12 +506,10 @@ class LlamaForCausalLM(LlamaPreTrainedModel, GenerationMixin):
         hidden_states = outputs.last_hidden_state
         # Only compute necessary logits, and do not upcast them to float if we are not computing the loss
         slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(hidden_states[:, slice_indices, :])
-
-        loss = None
-        if labels is not None:
-            # patchgen #4 loss/sp_causal_lm (1 stmt): labels shift across rank boundaries and the mean is over all tokens of the SP group
-            loss = sp_causal_lm_loss(self.loss_function)(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        # patchgen #4 loss/causal_lm_head (1 stmt): SP: labels shift across ranks and the mean is over the SP group; optional chunked CE without full logits
+        logits, loss = causal_lm_logits_and_loss(
+            self.lm_head, hidden_states[:, slice_indices, :], labels, self.loss_function, self.config.vocab_size, **kwargs
+        )
 
         return CausalLMOutputWithPast(
             loss=loss,

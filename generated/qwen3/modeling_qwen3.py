@@ -2,16 +2,16 @@
 # Made by patchgen 0.1.0 from specs/qwen3.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3/modeling_qwen3.py sha256=fbdcfeeb1b54135ca67ba7df924da92f4b264e1252b517eea2de989289ebaeab
-# spec: specs/qwen3.toml sha256=be89f99f307ba2b5e3700a66d0cb50e9fa0074788c4456499e1dfb5fe9981184
-# templates: sha256=4743288a6dcd4c77006f799e4d48539b399055adbb052d307444601de687e85f
-# engine: patchgen==0.1.0 sha256=6993716874c4d0ddda17bc86cdcbdaf19c4ede0103eb39cdb54778446e9774d5
-# body: sha256=11c11f9fb5731bc41f2bc9cedd23187fc505316128bfe9611589d32318b723bd
+# spec: specs/qwen3.toml sha256=02f45d23d807b6984d5ed2dc2525a33c7a420cd418cc4c85dcd1516d4c79701c
+# templates: sha256=22f91f2ae83ee03994844fd9aef8efa4ee868af41b2b759b2eaa473ba8043a40
+# engine: patchgen==0.1.0 sha256=e4d5305a5d287e523c33370eae296687806d0a7084e75892fde0a8404cf3f07f
+# body: sha256=c69b253365b7a1dada356f2559870997d3569543d993322487efa8cf7f4c2234
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3Model.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
 #   #2 sp/full_sequence_mask @ Qwen3Model.forward: same for sliding-window layers
 #   #3 sp/rope_slice @ Qwen3Model.forward: RoPE comes from global position ids; each SP rank keeps the slice for its tokens
 #   #4 sp/ulysses_attention @ Qwen3Attention.forward: all-to-all to head-sharded full-sequence attention under SP (sp > kv heads repeats KV heads)
-#   #5 loss/sp_causal_lm @ Qwen3ForCausalLM.forward: labels shift across rank boundaries and the mean is over all tokens of the SP group
+#   #5 loss/causal_lm_head @ Qwen3ForCausalLM.forward: SP: labels shift across ranks and the mean is over the SP group; optional chunked CE without full logits
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3/modular_qwen3.py.
@@ -63,7 +63,7 @@ from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 from runtime.sp.positions import full_sequence_mask
 from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
-from runtime.sp.loss import sp_causal_lm_loss
+from runtime.sp.loss import causal_lm_logits_and_loss
 
 
 @use_kernel_forward_from_hub("RMSNorm")
@@ -526,12 +526,10 @@ class Qwen3ForCausalLM(Qwen3PreTrainedModel, GenerationMixin):
         hidden_states = outputs.last_hidden_state
         # Only compute necessary logits, and do not upcast them to float if we are not computing the loss
         slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(hidden_states[:, slice_indices, :])
-
-        loss = None
-        if labels is not None:
-            # patchgen #5 loss/sp_causal_lm (1 stmt): labels shift across rank boundaries and the mean is over all tokens of the SP group
-            loss = sp_causal_lm_loss(self.loss_function)(logits=logits, labels=labels, vocab_size=self.config.vocab_size, **kwargs)
+        # patchgen #5 loss/causal_lm_head (1 stmt): SP: labels shift across ranks and the mean is over the SP group; optional chunked CE without full logits
+        logits, loss = causal_lm_logits_and_loss(
+            self.lm_head, hidden_states[:, slice_indices, :], labels, self.loss_function, self.config.vocab_size, **kwargs
+        )
 
         return CausalLMOutputWithPast(
             loss=loss,

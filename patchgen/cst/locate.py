@@ -45,6 +45,8 @@ def normalize_anchor(anchor: str) -> str | None:
     text = anchor.strip()
     if text.endswith(":"):  # a compound-statement header
         text += "\n    pass"
+        if text[:3] == "try" and text[3:].lstrip().startswith(":"):  # `try:` parses only with a handler
+            text += "\nexcept:\n    pass"
     return normalize(text)
 
 
@@ -121,6 +123,27 @@ def find_statement(scope_node: cst.CSTNode, anchor: str, scope: str) -> cst.Base
         raise LocateError(f"anchor {anchor!r} is not a Python statement (a compound header ends with ':')", [])
     statements = [s for s in iter_statements(scope_node) if not isinstance(s, cst.Module)]
     return _unique(wanted, anchor, scope, [(s, statement_key) for s in statements], "statement")
+
+
+def find_statement_range(scope_node: cst.CSTNode, anchor: str, through: str, scope: str) -> list[cst.BaseStatement]:
+    """The run of sibling statements from `anchor` to `through` (inclusive), in one block."""
+    first = find_statement(scope_node, anchor, scope)
+    last = find_statement(scope_node, through, scope)
+    for block in _blocks(scope_node):
+        ids = [id(s) for s in block]
+        if id(first) in ids and id(last) in ids and ids.index(first_id := id(first)) <= ids.index(id(last)):
+            return list(block[ids.index(first_id): ids.index(id(last)) + 1])
+    raise LocateError(f"'anchor' {anchor!r} and 'through' {through!r} must be statements of one block in scope "
+                      f"{scope!r}, in that order", [("anchor", first), ("through", last)])
+
+
+def _blocks(node: cst.CSTNode) -> Iterator[list[cst.BaseStatement]]:
+    """Every statement list (module body, indented block) inside `node`."""
+    if isinstance(node, cst.Module | cst.IndentedBlock):
+        yield list(node.body)
+    for child in child_nodes(node):
+        if not isinstance(child, cst.BaseExpression):
+            yield from _blocks(child)
 
 
 @functools.cache

@@ -1,7 +1,10 @@
-"""SP-aware causal-LM loss: token-weighted over the whole sequence, not averaged per rank.
+"""The causal-LM head and loss of generated models: SP-aware, optionally chunked.
 
-With SP each rank holds a slice of the logits. Labels must be shifted on the *global* sequence (the target of
+With SP each rank holds a slice of the sequence. Labels must be shifted on the *global* sequence (the target of
 a rank's last token lives on the next rank), and the mean must be taken over all valid tokens of the group.
+With `loss_chunk_size` set (a keyword argument of the model's forward, like HF's `num_items_in_batch`), the loss
+is computed from the hidden states chunk by chunk and full-vocabulary logits are never materialised; the model
+then returns `logits=None`.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from runtime.kernels.cross_entropy import linear_cross_entropy_sum
 from runtime.parallel.collectives import gather_along_dim, reduce_token_weighted_loss, slice_for_rank
-from runtime.parallel.state import get_parallel_state
+from runtime.parallel.state import ParallelState, get_parallel_state
 
 IGNORE_INDEX = -100
 
@@ -21,8 +25,16 @@ IGNORE_INDEX = -100
 def global_shift_labels(labels: torch.Tensor, group: Any, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """This rank's slice of labels shifted left by one over the full sequence (last position ignored)."""
     full = gather_along_dim(labels, 1, group)
-    shifted = torch.nn.functional.pad(full, (0, 1), value=ignore_index)[:, 1:]
+    shifted = F.pad(full, (0, 1), value=ignore_index)[:, 1:]
     return slice_for_rank(shifted, 1, group)
+
+
+def _token_weighted(loss_sum: torch.Tensor, count: torch.Tensor, num_items_in_batch: Any,
+                    state: ParallelState) -> torch.Tensor:
+    """Mean over the SP group's tokens, or over `num_items_in_batch` tokens counted by the caller."""
+    if num_items_in_batch is not None:  # counted over all micro-batches and ranks: spread so the group sums to it
+        count = torch.as_tensor(num_items_in_batch, dtype=torch.float32) / state.sp_size
+    return reduce_token_weighted_loss(loss_sum, count, state.sp_group)
 
 
 def sp_causal_lm_loss(loss_function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -30,20 +42,35 @@ def sp_causal_lm_loss(loss_function: Callable[..., torch.Tensor]) -> Callable[..
     state = get_parallel_state()
     if not state.sp_enabled:
         return loss_function
-    group = state.sp_group
 
     def loss(logits: torch.Tensor, labels: torch.Tensor | None, vocab_size: int,
              num_items_in_batch: torch.Tensor | int | None = None, ignore_index: int = IGNORE_INDEX,
              shift_labels: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
         if shift_labels is None:
-            shift_labels = global_shift_labels(labels, group, ignore_index)
-        flat_logits = logits.float().reshape(-1, vocab_size)
-        targets = shift_labels.reshape(-1).to(flat_logits.device)
-        loss_sum = F.cross_entropy(flat_logits, targets, ignore_index=ignore_index, reduction="sum")
-        if num_items_in_batch is None:
-            count = (targets != ignore_index).sum()
-        else:  # the caller counted tokens over all micro-batches and ranks; spread it so the group sums to it
-            count = torch.as_tensor(num_items_in_batch, dtype=torch.float32) / state.sp_size
-        return reduce_token_weighted_loss(loss_sum, count, group)
+            shift_labels = global_shift_labels(labels, state.sp_group, ignore_index)
+        targets = shift_labels.reshape(-1).to(logits.device)
+        loss_sum = F.cross_entropy(logits.float().reshape(-1, vocab_size), targets, ignore_index=ignore_index,
+                                   reduction="sum")
+        return _token_weighted(loss_sum, (targets != ignore_index).sum(), num_items_in_batch, state)
 
     return loss
+
+
+def causal_lm_logits_and_loss(lm_head: torch.nn.Module, hidden_states: torch.Tensor, labels: torch.Tensor | None,
+                              loss_function: Callable[..., torch.Tensor], vocab_size: int,
+                              loss_chunk_size: int | None = None, **kwargs: Any):
+    """(logits, loss) exactly as upstream computes them unless SP is on or `loss_chunk_size` is given."""
+    if loss_chunk_size is None or labels is None:
+        logits = lm_head(hidden_states)
+        if labels is None:
+            return logits, None
+        return logits, sp_causal_lm_loss(loss_function)(logits=logits, labels=labels, vocab_size=vocab_size,
+                                                          **kwargs)
+    state = get_parallel_state()
+    shift_labels = kwargs.get("shift_labels")
+    if shift_labels is None:
+        shift_labels = (global_shift_labels(labels, state.sp_group) if state.sp_enabled
+                        else F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:])
+    loss_sum, count = linear_cross_entropy_sum(hidden_states, lm_head.weight, shift_labels,
+                                               bias=getattr(lm_head, "bias", None), chunk_size=loss_chunk_size)
+    return None, _token_weighted(loss_sum, count, kwargs.get("num_items_in_batch"), state)

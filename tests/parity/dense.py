@@ -33,7 +33,7 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def sp_worker(rank: int, world_size: int, cases: list[tuple[str, tuple[int, ...], dict]]) -> list[dict]:
+def sp_worker(rank: int, world_size: int, cases: list[tuple[str, tuple[int, ...], dict, dict]]) -> list[dict]:
     """Run every case with sp=world_size; return the loss, gathered logits and SP-summed gradients."""
     import torch.distributed as dist
 
@@ -43,13 +43,14 @@ def sp_worker(rank: int, world_size: int, cases: list[tuple[str, tuple[int, ...]
 
     state = init_parallel_state(sp_size=world_size)
     results = []
-    for model_type, lengths, config_overrides in cases:
+    for model_type, lengths, config_overrides, forward_kwargs in cases:
         _, model = models(model_type, **config_overrides)
-        out = model(**shard_for_sp(packed_batch(lengths), state))
+        out = model(**shard_for_sp(packed_batch(lengths), state), **forward_kwargs)
         out.loss.backward()
         partial = grads(model)
         for g in partial.values():  # partial-gradient convention: the true gradient is the sum over SP ranks
             dist.all_reduce(g, group=state.sp_group)
-        logits = gather_along_dim(out.logits.detach(), 1, state.sp_group)[:, : sum(lengths)]
+        logits = None if out.logits is None else gather_along_dim(out.logits.detach(), 1, state.sp_group)
+        logits = None if logits is None else logits[:, : sum(lengths)]
         results.append({"loss": out.loss.detach(), "logits": logits, "grads": partial})
     return results

@@ -1,0 +1,137 @@
+"""Read training samples from disk: JSONL (plain text or chat) and plain ``.txt`` files split into documents.
+
+Parsing is strict and fails on the first bad line with the file, the line number and what was expected, because a
+silently skipped or misread line only shows up much later as a worse model.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class TextSample:
+    """A plain document; every token is a training target."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class ChatSample:
+    """A conversation; only the assistant turns are training targets."""
+
+    messages: tuple[ChatMessage, ...]
+
+
+Sample = TextSample | ChatSample
+
+
+class _LineError(ValueError):
+    """What was wrong with one parsed line; re-raised with the file and line number."""
+
+
+def _parse_message(item: Any, index: int) -> ChatMessage:
+    if not isinstance(item, dict):
+        raise _LineError(f"messages[{index}] must be an object with 'role' and 'content', got {type(item).__name__}")
+    role, content = item.get("role"), item.get("content")
+    if role not in ROLES:
+        raise _LineError(f"messages[{index}].role must be one of {', '.join(ROLES)}, got {role!r}")
+    if not isinstance(content, str):
+        raise _LineError(f"messages[{index}].content must be a string, got {type(content).__name__}")
+    return ChatMessage(role, content)
+
+
+def parse_sample(record: Any) -> Sample:
+    """One decoded JSON value -> a sample; ValueError saying what was expected otherwise.
+
+    Keys other than ``text`` / ``messages`` (ids, metadata) are allowed and ignored.
+    """
+    if not isinstance(record, dict):
+        raise _LineError(f'expected an object {{"text": ...}} or {{"messages": [...]}}, got {type(record).__name__}')
+    has_text, has_messages = "text" in record, "messages" in record
+    if has_text == has_messages:
+        found = "both" if has_text else "neither"
+        raise _LineError(f"expected exactly one of the keys 'text' or 'messages', found {found}")
+    if has_text:
+        text = record["text"]
+        if not isinstance(text, str) or not text:
+            raise _LineError(f"'text' must be a non-empty string, got {text!r:.60}")
+        return TextSample(text)
+    messages = record["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise _LineError(f"'messages' must be a non-empty list of messages, got {messages!r:.60}")
+    parsed = tuple(_parse_message(item, i) for i, item in enumerate(messages))
+    if not any(m.role == "assistant" for m in parsed):
+        raise _LineError("a chat sample needs at least one assistant message (it would have no training targets)")
+    return ChatSample(parsed)
+
+
+def read_jsonl(path: str | Path) -> list[Sample]:
+    """Every sample of a JSONL file, in file order; blank lines are skipped.
+
+    A bad line raises ValueError naming the file, the line number and what was expected.
+    """
+    path = Path(path)
+    samples: list[Sample] = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: expected one JSON object per line, invalid JSON: {e}") from None
+            try:
+                samples.append(parse_sample(record))
+            except _LineError as e:
+                raise ValueError(f"{path}:{lineno}: {e}") from None
+    return samples
+
+
+def split_documents(text: str, target_chars: int = 2000) -> list[str]:
+    """Split text into documents of about ``target_chars`` characters, cutting only between paragraphs.
+
+    Paragraphs are separated by blank lines; consecutive paragraphs are joined (with a blank line) while the
+    document stays within ``target_chars``. A paragraph longer than the target becomes a document on its own rather
+    than being cut mid-sentence; the packer truncates anything longer than its token budget.
+    """
+    if target_chars < 1:
+        raise ValueError(f"target_chars must be positive, got {target_chars}")
+    paragraphs = [p.strip() for p in text.replace("\r\n", "\n").split("\n\n")]
+    documents: list[str] = []
+    current: list[str] = []
+    size = 0
+    for paragraph in filter(None, paragraphs):
+        added = len(paragraph) + (2 if current else 0)
+        if current and size + added > target_chars:
+            documents.append("\n\n".join(current))
+            current, size, added = [], 0, len(paragraph)
+        current.append(paragraph)
+        size += added
+    if current:
+        documents.append("\n\n".join(current))
+    return documents
+
+
+def read_text_documents(path: str | Path, target_chars: int = 2000) -> list[TextSample]:
+    """A ``.txt`` file as text samples of about ``target_chars`` characters each (see ``split_documents``)."""
+    return [TextSample(d) for d in split_documents(Path(path).read_text(encoding="utf-8"), target_chars)]
+
+
+def read_samples(path: str | Path, target_chars: int = 2000) -> list[Sample]:
+    """Samples from a ``.jsonl`` file or a plain-text file (anything else), chosen by the file suffix."""
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        return read_jsonl(path)
+    return read_text_documents(path, target_chars)
