@@ -11,7 +11,15 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-from patchgen.cst.locate import LocateError, NodeIndex, code_of, find_expression, find_statement, scope_chain
+from patchgen.cst.locate import (
+    LocateError,
+    NodeIndex,
+    code_of,
+    find_expression,
+    find_statement,
+    find_statement_range,
+    scope_chain,
+)
 from patchgen.spec import Patch
 
 
@@ -21,6 +29,7 @@ class Edit:
     kind: str  # before | after | replace | wrap | add_members | replace_def | append_module | rename
     target: cst.CSTNode
     code: str  # rendered template body ("" for wrap, rendered per use; new name for rename)
+    span: tuple[cst.CSTNode, ...] = ()  # replace with `through`: the further statements the replacement removes
 
 
 @dataclass
@@ -50,12 +59,16 @@ class PlanError(Exception):
 
 def parse_statements(code: str, patch: Patch) -> list[cst.BaseStatement]:
     try:
-        body = list(cst.parse_module(textwrap.dedent(code)).body)
+        module = cst.parse_module(textwrap.dedent(code))
     except cst.ParserSyntaxError as exc:
         raise PlanError(patch, f"rendered template is not valid Python: {exc}\n--- rendered ---\n{code}") from exc
+    body = list(module.body)
     if not body:
         raise PlanError(patch, "rendered template is empty")
-    return body
+    header = list(module.header)  # comments above the first statement belong to it, not to a "file header"
+    while header and header[0].comment is None:
+        header.pop(0)
+    return [body[0].with_changes(leading_lines=[*header, *body[0].leading_lines]), *body[1:]]
 
 
 def _defined_names(statements: list[cst.BaseStatement]) -> list[str]:
@@ -105,8 +118,11 @@ def _resolve_one(module: cst.Module, patch: Patch, plan: Plan, index: NodeIndex)
         target = find_statement(scope, patch.anchor_text, patch.scope)
         plan.edits.append(Edit(patch, "before" if patch.before else "after", target, render(variables)))
     elif op == "replace":
-        target = find_statement(scope, patch.anchor, patch.scope)
-        plan.edits.append(Edit(patch, "replace", target, render(variables)))
+        if patch.through is None:
+            run = [find_statement(scope, patch.anchor, patch.scope)]
+        else:
+            run = find_statement_range(scope, patch.anchor, patch.through, patch.scope)
+        plan.edits.append(Edit(patch, "replace", run[0], render(variables), tuple(run[1:])))
     elif op == "wrap":
         target = find_expression(scope, patch.anchor, patch.scope, index)
         code = render({**variables, "expr": code_of(target)})  # validate now; re-rendered on the final tree
@@ -143,7 +159,7 @@ def _check_conflicts(plan: Plan) -> None:
     """A node edited by one patch must not sit inside a node another patch replaces wholesale."""
     replaced = [e for e in plan.edits if e.kind in ("replace", "replace_def")]
     for outer in replaced:
-        inside = {id(n) for n in _subtree(outer.target)} - {id(outer.target)}
+        inside = {id(n) for node in (outer.target, *outer.span) for n in _subtree(node)} - {id(outer.target)}
         for edit in plan.edits:
             same = edit.target is outer.target and edit.kind not in ("before", "after")
             if edit is not outer and (id(edit.target) in inside or same):

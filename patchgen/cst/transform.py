@@ -33,7 +33,7 @@ def with_marker(stmt: cst.BaseStatement, text: str, keep_leading: bool = True) -
 def marked_block(edit: Edit, code: str, leading: list[cst.EmptyLine] | None = None) -> list[cst.BaseStatement]:
     body = parse_statements(code, edit.patch)
     first = body[0].with_changes(leading_lines=[*(leading or []), cst.EmptyLine(
-        comment=cst.Comment(marker_text(_patch_label(edit), len(body), edit.patch.why)))])
+        comment=cst.Comment(marker_text(_patch_label(edit), len(body), edit.patch.why))), *body[0].leading_lines])
     return [first, *body[1:]]
 
 
@@ -51,10 +51,29 @@ def dotted_name(path: str) -> cst.Name | cst.Attribute:
     return node
 
 
+def has_relative_import(node: cst.CSTNode) -> bool:
+    """Whether a statement in `node`'s nested blocks is a relative import (walks blocks, never expressions)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, cst.SimpleStatementLine | cst.SimpleStatementSuite):
+            if any(isinstance(small, cst.ImportFrom) and small.relative for small in current.body):
+                return True
+            continue
+        for name in ("body", "orelse", "handlers", "finalbody", "cases"):
+            value = getattr(current, name, None)
+            if isinstance(value, cst.CSTNode):
+                stack.append(value)
+            elif isinstance(value, list | tuple):
+                stack.extend(v for v in value if isinstance(v, cst.CSTNode))
+    return False
+
+
 class PatchTransformer(cst.CSTTransformer):
     def __init__(self, plan: Plan, module_name: str) -> None:
         super().__init__()
         self.edits = plan.by_target()
+        self._removed = {id(node) for edit in plan.edits for node in edit.span}
         self.renames = {e.target.name.value: e for e in plan.edits if e.kind == "rename"}
         self.module_name = module_name
         self.applied: dict[int, int] = {}
@@ -72,7 +91,7 @@ class PatchTransformer(cst.CSTTransformer):
         if id(node) in self._scope_ids:
             self._scope_depth += 1
         elif (isinstance(node, cst.ClassDef | cst.FunctionDef) and not self.renames and not self._scope_depth
-              and id(node) not in self._chain_ids):
+              and id(node) not in self._chain_ids and not has_relative_import(node)):
             return False  # no patch inside: skip the subtree (its on_leave still runs for statement-level edits)
         if self.renames:
             if isinstance(node, cst.Attribute):
@@ -94,6 +113,8 @@ class PatchTransformer(cst.CSTTransformer):
             self._markers[-1].append(marker_text(_patch_label(edit), 1, edit.patch.why))
         if isinstance(original, cst.ImportFrom) and original.relative:
             updated = self._absolute(updated)
+        if self.renames and isinstance(original, cst.Assign):
+            updated = self._rename_exports(updated)
         if isinstance(original, cst.BaseExpression):
             for edit in edits:
                 if edit.kind == "wrap":
@@ -110,6 +131,22 @@ class PatchTransformer(cst.CSTTransformer):
         self._markers[-1].append(marker_text(_patch_label(edit), 1, edit.patch.why))
         return cst.parse_expression(code.strip())
 
+    def _rename_exports(self, node: cst.Assign) -> cst.Assign:
+        """`__all__` names definitions in strings: a renamed definition is exported under its new name."""
+        if not (len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name)
+                and node.targets[0].target.value == "__all__" and isinstance(node.value, cst.List | cst.Tuple)):
+            return node
+        elements = []
+        for element in node.value.elements:
+            value = element.value
+            if isinstance(value, cst.SimpleString) and value.evaluated_value in self.renames:
+                edit = self.renames[value.evaluated_value]
+                element = element.with_changes(value=value.with_changes(
+                    value=f"{value.prefix}{value.quote}{edit.code}{value.quote}"))
+                self._markers[-1].append(marker_text(_patch_label(edit), 1, edit.patch.why))
+            elements.append(element)
+        return node.with_changes(value=node.value.with_changes(elements=elements))
+
     def _absolute(self, node: cst.ImportFrom) -> cst.ImportFrom:
         name = code_of(node.module) if node.module is not None else None
         target = absolute_module(self.module_name, len(node.relative), name)
@@ -117,10 +154,12 @@ class PatchTransformer(cst.CSTTransformer):
 
     def _leave_statement(self, original, updated, edits: list[Edit]):
         markers = self._markers.pop()
+        if id(original) in self._removed:
+            return cst.RemovalSentinel.REMOVE  # part of a replaced run; the replacement sits at the run's start
         for edit in edits:
             if edit.kind == "add_members":
                 self._count(edit)
-                members = marked_block(edit, edit.code, leading=[cst.EmptyLine()])
+                members = marked_block(edit, edit.code, leading=[cst.EmptyLine(indent=False)])
                 updated = updated.with_changes(body=updated.body.with_changes(body=[*updated.body.body, *members]))
             elif edit.kind == "rename":
                 self._count(edit)
