@@ -34,6 +34,7 @@ check: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/codegen.py
+	$(BIN)/python bench/train_overhead.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

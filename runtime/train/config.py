@@ -1,0 +1,190 @@
+"""Run configuration: YAML -> frozen dataclasses, validated with one-line errors that name the key.
+
+Example (every key shown with its default unless marked required)::
+
+    model:
+      type: qwen3              # required: HF model_type with a generated class (runtime/models/registry.py)
+      path: null               # local HF checkpoint; null = random init from `config`
+      config: {}               # overrides for random init (AutoConfig.for_model(type, **config))
+      seed: 0
+      attn_implementation: sdpa  # or flash_attention_2 where flash-attn is installed
+    data:
+      path: data.jsonl         # required: .jsonl (text / chat messages) or .txt
+      tokenizer: tok/          # required: local tokenizer directory
+      token_budget: 1024       # tokens per packed row (one row per micro-batch per DP replica)
+      seed: 0
+    parallel: {sp: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false}
+    optim: {lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, grad_clip: 1.0,
+            warmup_steps: 0, min_lr_ratio: 0.1}
+    train: {steps: 100, micro_batches: 1, loss_chunk_size: null}
+    checkpoint: {dir: null, interval: 0, resume: auto, keep: 2}
+    log: {dir: runs/latest, interval: 1, tensorboard: false, peak_tflops: null, progress: true}
+    export: {dir: null}       # write a plain-transformers checkpoint at the end
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A user error in the run configuration or parallel layout (exit code 2)."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    type: str
+    path: str | None = None
+    config: dict = field(default_factory=dict)
+    seed: int = 0
+    attn_implementation: str = "sdpa"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: str
+    tokenizer: str
+    token_budget: int = 1024
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    sp: int = 1
+    dp_replicate: int = 1
+    dp_shard: int | None = None
+    activation_checkpointing: bool = False
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 3e-4
+    weight_decay: float = 0.0
+    betas: list = field(default_factory=lambda: [0.9, 0.95])
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.1
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 100
+    micro_batches: int = 1
+    loss_chunk_size: int | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    dir: str | None = None
+    interval: int = 0
+    resume: str | None = "auto"  # "auto": latest complete checkpoint in dir, null: start fresh, or a path
+    keep: int = 2
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    dir: str = "runs/latest"
+    interval: int = 1
+    tensorboard: bool = False
+    peak_tflops: float | None = None  # per device, for MFU; auto-detected on known GPUs
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    dir: str | None = None
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig
+    data: DataConfig
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+
+
+_POSITIVE = {"data.token_budget", "train.steps", "train.micro_batches", "parallel.sp", "parallel.dp_replicate",
+             "parallel.dp_shard", "train.loss_chunk_size", "log.interval", "checkpoint.keep"}
+_NON_NEGATIVE = {"optim.lr", "optim.weight_decay", "optim.grad_clip", "optim.warmup_steps", "checkpoint.interval"}
+
+
+def _check_type(value: Any, annotation: Any, key: str) -> Any:
+    hint = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    if value is None:
+        if type(None) in hint:
+            return None
+        raise ConfigError(f"{key}: must not be null")
+    for kind in hint:
+        if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if kind in (int, str, bool, list, dict) and isinstance(value, kind) and not (
+                kind is int and isinstance(value, bool)):
+            return value
+    names = " or ".join(getattr(k, "__name__", str(k)) for k in hint if k is not type(None))
+    raise ConfigError(f"{key}: expected {names}, found {type(value).__name__} {value!r}")
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, found {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"{prefix + '.' if prefix else ''}{unknown[0]}: unknown key; expected one of "
+                          f"{', '.join(fields)}")
+    values = {}
+    for name, f in fields.items():
+        key = f"{prefix}.{name}" if prefix else name
+        if name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{key}: required key missing")
+            continue
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            values[name] = _build(hint, raw[name], key)
+            continue
+        value = _check_type(raw[name], hint, key)
+        if value is not None and key in _POSITIVE and value <= 0:
+            raise ConfigError(f"{key}: must be positive, found {value}")
+        if value is not None and key in _NON_NEGATIVE and value < 0:
+            raise ConfigError(f"{key}: must not be negative, found {value}")
+        values[name] = value
+    return cls(**values)
+
+
+def parse_config(raw: Any) -> RunConfig:
+    config = _build(RunConfig, raw, "")
+    if len(config.optim.betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in config.optim.betas):
+        raise ConfigError(f"optim.betas: expected two numbers in [0, 1), found {config.optim.betas!r}")
+    if config.checkpoint.interval and not config.checkpoint.dir:
+        raise ConfigError("checkpoint.interval: set checkpoint.dir to say where checkpoints go")
+    return config
+
+
+def load_config(path: str | Path) -> RunConfig:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{where} not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    try:
+        return parse_config(raw)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

@@ -1,0 +1,141 @@
+"""The text trainer: FSDP2 + Ulysses SP, packed rows, global token-weighted loss, exact resume.
+
+Loss convention: every rank's loss is its share of the global token-weighted mean (the SP group's token losses
+divided by the token count of the whole global batch, passed to the model as `num_items_in_batch`), so gradients
+summed over all ranks (FSDP configured to sum) are exactly the gradients of the global mean.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from runtime.checkpoint.dcp import latest_checkpoint, load_checkpoint, save_checkpoint
+from runtime.checkpoint.export import export_hf
+from runtime.data.jsonl import read_samples
+from runtime.data.loader import PackedLoader
+from runtime.data.sp_batch import shard_for_sp
+from runtime.data.tokenize import load_tokenizer, tokenize_samples
+from runtime.parallel.fsdp import apply_fsdp, clip_grad_norm_
+from runtime.parallel.state import ParallelState, check_sp_compatible, init_parallel_state
+from runtime.train.config import ConfigError, RunConfig
+from runtime.train.metrics import MetricsLogger, StepMetrics, detect_peak_tflops, flops_per_token
+from runtime.train.model import build_model
+from runtime.train.schedule import build_scheduler
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class RunResult:
+    metrics: list[StepMetrics]
+    start_step: int  # 0 for a fresh run, k when resumed from the step-k checkpoint
+
+
+def setup_parallel(config: RunConfig) -> ParallelState:
+    p = config.parallel
+    try:
+        return init_parallel_state(sp_size=p.sp, dp_replicate_size=p.dp_replicate, dp_shard_size=p.dp_shard)
+    except ValueError as exc:
+        raise ConfigError(f"parallel: {exc}") from None
+
+
+def target_count(rows: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+    """Valid next-token targets in full (unsliced) rows: the denominator of the token-weighted mean."""
+    return sum((row["labels"][:, 1:] != IGNORE_INDEX).sum() for row in rows)
+
+
+def all_reduce_sum(value: torch.Tensor, group) -> torch.Tensor:
+    if dist.is_initialized() and group is not None and dist.get_world_size(group) > 1:
+        value = value.clone()
+        dist.all_reduce(value, group=group)
+    return value
+
+
+def train(config: RunConfig) -> RunResult:
+    state = setup_parallel(config)
+    torch.manual_seed(config.model.seed)
+    model = build_model(config.model)
+    mc = model.config
+    try:
+        check_sp_compatible(mc.num_attention_heads, mc.num_key_value_heads, config.data.token_budget, state.sp_size)
+    except ValueError as exc:
+        raise ConfigError(f"parallel.sp: {exc}") from None
+
+    tokenizer = load_tokenizer(config.data.tokenizer)
+    samples = tokenize_samples(read_samples(config.data.path), tokenizer)
+    loader = PackedLoader.for_parallel_state(samples, config.data.token_budget, state, seed=config.data.seed)
+
+    if state.world_size > 1:
+        model = apply_fsdp(model, state, activation_checkpointing=config.parallel.activation_checkpointing)
+    elif config.parallel.activation_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.train()
+    o = config.optim
+    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                                  weight_decay=o.weight_decay)
+    scheduler = build_scheduler(optimizer, o.warmup_steps, config.train.steps, o.min_lr_ratio)
+
+    start_step = 0
+    ckpt = config.checkpoint
+    resume_from = None
+    if ckpt.resume == "auto" and ckpt.dir:
+        resume_from = latest_checkpoint(Path(ckpt.dir))
+    elif ckpt.resume not in (None, "auto"):
+        resume_from = Path(ckpt.resume)
+    if resume_from is not None:
+        extra = load_checkpoint(resume_from, model, optimizer, scheduler)
+        loader.load_state_dict(extra["data"])
+        start_step = int(extra["step"])
+
+    logger = MetricsLogger(Path(config.log.dir), config.train.steps, enabled=state.rank == 0,
+                           tensorboard=config.log.tensorboard, progress=config.log.progress)
+    if state.rank == 0 and resume_from is not None:
+        print(f"resumed from {resume_from} at step {start_step}", flush=True)
+    peak = config.log.peak_tflops or detect_peak_tflops()
+    flops_token = flops_per_token(mc, config.data.token_budget)
+    metrics: list[StepMetrics] = []
+    try:
+        for step in range(start_step + 1, config.train.steps + 1):
+            metrics.append(train_step(step, model, optimizer, scheduler, loader, state, config, flops_token, peak))
+            if step % config.log.interval == 0 or step == config.train.steps:
+                logger.log(metrics[-1])
+            if ckpt.interval and step % ckpt.interval == 0:
+                save_checkpoint(Path(ckpt.dir), step, model, optimizer, scheduler,
+                                {"step": step, "data": loader.state_dict()}, keep=ckpt.keep)
+    finally:
+        logger.close()
+    if config.export.dir:
+        export_hf(model, mc, Path(config.export.dir), tokenizer=tokenizer)
+        if state.rank == 0:
+            print(f"exported a plain-transformers checkpoint to {config.export.dir}", flush=True)
+    return RunResult(metrics, start_step)
+
+
+def train_step(step: int, model, optimizer, scheduler, loader: PackedLoader, state: ParallelState,
+               config: RunConfig, flops_token: float, peak_tflops: float | None) -> StepMetrics:
+    started = time.perf_counter()
+    rows = [next(loader) for _ in range(config.train.micro_batches)]
+    tokens = all_reduce_sum(target_count(rows), state.dp_group)
+    loss_share = torch.zeros(())
+    for row in rows:
+        out = model(**shard_for_sp(row, state), num_items_in_batch=tokens,
+                    loss_chunk_size=config.train.loss_chunk_size)
+        out.loss.backward()
+        loss_share += out.loss.detach()
+    grad_norm = clip_grad_norm_(model.parameters(), config.optim.grad_clip or float("inf"))
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    loss = all_reduce_sum(loss_share, state.dp_group)  # SP ranks already agree; DP shares add up to the mean
+    elapsed = time.perf_counter() - started
+    processed = sum(row["input_ids"].numel() for row in rows) * state.dp_size
+    tflops = flops_token * processed / elapsed / state.world_size / 1e12
+    return StepMetrics(step=step, loss=loss.item(), grad_norm=float(grad_norm), lr=lr, tokens=int(tokens),
+                       tokens_per_s=processed / elapsed, tflops_per_device=tflops,
+                       mfu=None if peak_tflops is None else tflops / peak_tflops)

@@ -1,0 +1,28 @@
+"""Build the generated model a run trains: from a local HF checkpoint or randomly initialised from a config."""
+
+from __future__ import annotations
+
+import torch
+import transformers
+
+from runtime.models.registry import lookup
+from runtime.train.config import ConfigError, ModelConfig
+
+
+def build_model(cfg: ModelConfig) -> torch.nn.Module:
+    try:
+        cls = lookup(cfg.type).causal_lm_class()
+    except ValueError as exc:
+        raise ConfigError(f"model.type: {exc}") from None
+    if cfg.path is not None:
+        model = cls.from_pretrained(cfg.path, attn_implementation=cfg.attn_implementation, dtype=torch.float32)
+    else:
+        try:
+            config = transformers.AutoConfig.for_model(cfg.type, **{"use_cache": False, **cfg.config})
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"model.config: {exc}") from None
+        config._attn_implementation = cfg.attn_implementation
+        torch.manual_seed(cfg.seed)  # every rank builds identical weights before FSDP shards them
+        model = cls(config)
+    model.config.use_cache = False  # training: no KV cache (it would also disable packed-sequence masks)
+    return model
