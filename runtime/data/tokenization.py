@@ -9,7 +9,9 @@ to characters through the fast tokenizer's offset mapping, and a token is a targ
 We chose this over ``return_assistant_tokens_mask`` because that needs ``{% generation %}`` markers, which most
 published chat templates lack, whereas prefix rendering works with any template whose renderings of successive
 prefixes extend one another (checked; a clear ValueError otherwise). Working in characters rather than comparing
-token counts of the prefixes stays correct when BPE merges characters across a turn boundary.
+token counts of the prefixes stays correct when BPE merges characters across a turn boundary. (A conversation that
+opens with an assistant message has no prefix to render, since templates refuse empty conversations; there the reply
+starts at the last occurrence of its text in the one-message rendering.)
 """
 
 from __future__ import annotations
@@ -63,16 +65,6 @@ def _render(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bo
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
-def _render_prefix(tokenizer, messages: list[dict[str, str]]) -> str:
-    """The conversation so far plus the generation prompt; some templates cannot render an empty conversation."""
-    try:
-        return _render(tokenizer, messages, add_generation_prompt=True)
-    except Exception:
-        if messages:
-            raise
-        return ""
-
-
 def assistant_spans(tokenizer, messages: Sequence[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
     """The full rendering of a conversation and the character span ``[start, end)`` of every assistant reply.
 
@@ -85,16 +77,21 @@ def assistant_spans(tokenizer, messages: Sequence[dict[str, str]]) -> tuple[str,
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _render_prefix(tokenizer, messages[:i])
         through = _render(tokenizer, messages[: i + 1], add_generation_prompt=False)
-        if not (through.startswith(before) and full.startswith(through)):
+        if i:
+            before = _render(tokenizer, messages[:i], add_generation_prompt=True)
+            start = len(before) if through.startswith(before) else -1
+        else:
+            # Templates cannot render an empty conversation: find the opening reply as the last match of its text.
+            start = through.rfind(message["content"]) if message["content"] else -1
+        if start < 0 or not full.startswith(through):
             raise ValueError(
                 f"the chat template does not render conversation prefixes as prefixes of each other (assistant "
                 f"message {i}), so the assistant tokens cannot be located; use a template without that behaviour"
             )
         end = len(through.rstrip())
-        if end > len(before):
-            spans.append((len(before), end))
+        if end > start:
+            spans.append((start, end))
     return full, spans
 
 
@@ -108,7 +105,8 @@ def tokenize_chat(messages: Sequence[dict[str, str]], tokenizer) -> TokenizedSam
     ids = list(encoding["input_ids"])
     labels = [IGNORE_INDEX] * len(ids)
     for k, (start, end) in enumerate(encoding["offset_mapping"]):
-        if end > start and any(start < s_end and s_start < end for s_start, s_end in spans):
+        end = max(end, start + 1)  # offset trimming can leave a whitespace token empty: it still sits at `start`
+        if any(start < s_end and s_start < end for s_start, s_end in spans):
             labels[k] = ids[k]
     return TokenizedSample(tuple(ids), tuple(labels))
 
