@@ -1,0 +1,188 @@
+"""Export a trained model (plain or FSDP2-sharded) to a directory that plain ``transformers`` loads.
+
+``AutoModelForCausalLM.from_pretrained(out_dir)`` then builds the *upstream* class: generated classes keep the
+upstream state-dict keys and config class, so all this takes is the full state dict (gathered to rank 0), the
+config with its ``architectures`` pointing at the upstream class and without runtime-only settings, and, if given,
+the tokenizer. The directory appears atomically (written as ``.<name>.tmp`` next to it, then renamed).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from runtime.checkpoint.dcp import replace_dir_atomically
+from runtime.parallel.state import ParallelState, get_parallel_state
+
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
+# Attention implementations the runtime registers in transformers' AttentionInterface under these prefixes exist
+# only in a process that imported the runtime; a saved config must name a stock one.
+_RUNTIME_ATTN_PREFIXES = ("ulysses_",)
+
+
+def _tied_targets(model: torch.nn.Module, config: Any) -> set[str]:
+    """Keys that ``from_pretrained`` re-ties to another weight (so they must not be saved) when embeddings are tied.
+
+    ``_tied_weights_keys`` is ``{target: source}`` in transformers 5 (a list of targets in older releases).
+    """
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if not getattr(text_config, "tie_word_embeddings", False):
+        return set()
+    targets: set[str] = set()
+    for module_name, module in model.named_modules():
+        tied = getattr(module, "_tied_weights_keys", None)
+        if not tied:
+            continue
+        prefix = f"{module_name}." if module_name else ""
+        targets.update(prefix + key for key in tied)
+    return targets
+
+
+def prepare_state_dict(
+    state_dict: dict[str, torch.Tensor], model: torch.nn.Module, config: Any, dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """Drop tied copies, cast floating tensors to ``dtype`` and make every tensor own its (contiguous) memory."""
+    tied = _tied_targets(model, config)
+    out: dict[str, torch.Tensor] = {}
+    seen: set[tuple[int, int]] = set()
+    for key, value in state_dict.items():
+        if key in tied:
+            continue
+        tensor = value.detach()
+        if hasattr(tensor, "full_tensor"):  # a DTensor that was not gathered: the caller asked for a sharded dict
+            raise ValueError(f"{key} is still sharded ({type(value).__name__}); export needs the full state dict")
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        tensor = tensor.to("cpu").contiguous()
+        # safetensors refuses tensors that share memory; any sharing left here is not a declared tie, so copy.
+        ident = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if tensor.numel() and ident in seen:
+            tensor = tensor.clone()
+        seen.add(ident)
+        out[key] = tensor
+    return out
+
+
+def _split(tensors: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict[str, torch.Tensor]]:
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for key, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensor
+        size += nbytes
+    return shards
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], out_dir: Path, max_shard_bytes: int) -> list[str]:
+    """One ``model.safetensors``, or numbered shards plus ``model.safetensors.index.json`` above the size limit."""
+    shards = _split(tensors, max_shard_bytes)
+    metadata = {"format": "pt"}  # transformers refuses safetensors files without it
+    if len(shards) == 1:
+        save_file(shards[0], out_dir / SAFE_WEIGHTS_NAME, metadata=metadata)
+        return [SAFE_WEIGHTS_NAME]
+    names, weight_map = [], {}
+    for index, shard in enumerate(shards, start=1):
+        name = f"model-{index:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, out_dir / name, metadata=metadata)
+        names.append(name)
+        weight_map.update(dict.fromkeys(shard, name))
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    index_json = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out_dir / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index_json, indent=2, sort_keys=True) + "\n")
+    return names
+
+
+def export_config(config: Any, dtype: torch.dtype | None = None) -> Any:
+    """A copy of ``config`` that plain transformers maps to its upstream causal-LM class."""
+    from transformers import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = getattr(config, "model_type", None)
+    if model_type not in CONFIG_MAPPING:
+        raise ValueError(f"model_type {model_type!r} is unknown to plain transformers; cannot export it for "
+                         "AutoModelForCausalLM")
+    config = copy.deepcopy(config)
+    upstream = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if upstream is not None:
+        config.architectures = [upstream]
+    attn = getattr(config, "_attn_implementation", None)
+    if isinstance(attn, str) and attn.startswith(_RUNTIME_ATTN_PREFIXES):
+        config._attn_implementation = attn.split("_", 1)[1]
+    if dtype is not None:  # the dtype of the weights as written, so that dtype="auto" loads them as they are
+        config.dtype = dtype
+    return config
+
+
+def _scrub_config_json(path: Path) -> None:
+    """Drop any runtime-only attention implementation that made it into the json (it would not resolve)."""
+    data = json.loads(path.read_text())
+    dirty = [k for k, v in data.items() if "attn_implementation" in k and isinstance(v, str)
+             and v.startswith(_RUNTIME_ATTN_PREFIXES)]
+    for key in dirty:
+        del data[key]
+    if dirty:
+        path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _save_tokenizer(tokenizer: Any, out_dir: Path) -> None:
+    if isinstance(tokenizer, str | Path):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+    if not hasattr(tokenizer, "save_pretrained"):
+        raise TypeError(f"tokenizer must be a path or have save_pretrained, got {type(tokenizer).__name__}")
+    tokenizer.save_pretrained(out_dir)
+
+
+def export_hf(
+    model: torch.nn.Module,
+    config: Any,
+    out_dir: Path,
+    state: ParallelState | None = None,
+    *,
+    tokenizer: Any | None = None,
+    dtype: torch.dtype | None = None,
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+) -> Path:
+    """Write ``out_dir`` for ``AutoModelForCausalLM.from_pretrained``. Collective: every rank calls it.
+
+    The full state dict is gathered to rank 0 (on CPU), which alone writes. ``dtype`` casts the floating weights,
+    which otherwise keep the training dtype; either way the saved config's ``dtype`` records it. ``tokenizer`` is a
+    path or an object with ``save_pretrained``. Returns ``out_dir`` once it is in place on every rank.
+    """
+    state = state if state is not None else get_parallel_state()
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else state.rank
+    out_dir = Path(out_dir)
+    # Collective for FSDP2; with cpu_offload only rank 0 ends up holding the tensors.
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        tensors = prepare_state_dict(full, model, config, dtype)
+        del full
+        tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+        if tmp.exists():  # left by an export that died
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        save_safetensors(tensors, tmp, max_shard_bytes)
+        floating = {t.dtype for t in tensors.values() if t.is_floating_point()}
+        hf_config = export_config(config, dtype if dtype is not None or len(floating) != 1 else floating.pop())
+        hf_config.save_pretrained(tmp)
+        _scrub_config_json(tmp / "config.json")
+        if tokenizer is not None:
+            _save_tokenizer(tokenizer, tmp)
+        replace_dir_atomically(tmp, out_dir)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    return out_dir
