@@ -89,7 +89,7 @@ def explain(model: str, root: RootOption = None) -> None:
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # without standalone mode click *returns* a command's typer.Exit code
     except PatchgenError as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
@@ -97,13 +97,12 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
-    except Exception as exc:  # click usage errors
-        import click
-
-        if isinstance(exc, click.ClickException):
+    except Exception as exc:  # usage errors; typer may vendor its own click, so match the class by name
+        if any(cls.__name__ == "ClickException" for cls in type(exc).__mro__):
             exc.show()
             sys.exit(2)
         raise
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

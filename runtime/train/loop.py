@@ -19,7 +19,7 @@ from runtime.checkpoint.export import export_hf
 from runtime.data.jsonl import read_samples
 from runtime.data.loader import PackedLoader
 from runtime.data.sp_batch import shard_for_sp
-from runtime.data.tokenize import load_tokenizer, tokenize_samples
+from runtime.data.tokenization import load_tokenizer, tokenize_samples
 from runtime.parallel.fsdp import apply_fsdp, clip_grad_norm_
 from runtime.parallel.state import ParallelState, check_sp_compatible, init_parallel_state
 from runtime.train.config import ConfigError, RunConfig
