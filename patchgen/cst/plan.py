@@ -153,6 +153,9 @@ def _resolve_one(module: cst.Module, patch: Patch, plan: Plan, index: NodeIndex)
             raise PlanError(patch, "op rename takes a top-level definition as scope and the new name as vars.to")
         plan.renames[patch.scope] = patch.vars["to"]
         plan.edits.append(Edit(patch, "rename", scope, patch.vars["to"]))
+    if op in ("insert", "replace") and any(s is plan.edits[-1].target for s in module.body):
+        # definitions a patch writes at top level are roots, as add_definition's are: never pruned away
+        plan.added_names.update(_defined_names(parse_statements(plan.edits[-1].code, patch)))
 
 
 def _check_conflicts(plan: Plan) -> None:

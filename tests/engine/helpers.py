@@ -31,6 +31,23 @@ VERSION = "1.2.3"
 TOY = "fixturepkg.models.modeling_toy"
 PLAIN = "fixturepkg.plain"
 
+# One patch per operation (rename aside: it changes names the other patches anchor on).
+ALL_OPS = [
+    dict(template="fx/insert_trace", scope="ToyLayer.forward", after="residual = hidden",
+         vars=dict(name="toy", level=3, enabled=False, tags=["a", "b"], ratio=0.25, dims=[1, 2]),
+         why="trace the residual"),
+    dict(template="fx/replace_rescale", scope="ToyLayer.forward",
+         anchor="hidden = rescale(hidden, factor=self.config.scale)", vars=dict(factor=2.0), why="scale more"),
+    dict(template="fx/wrap_guard", scope="ToyForTask.forward", anchor="self.loss_function", why="guard the loss"),
+    dict(template="fx/add_method", scope="ToyModel", vars=dict(name="double_depth"), why="a new method"),
+    dict(template="fx/replace_method", scope="ToyModel.default_mask", why="constant mask"),
+    dict(template="fx/add_definition", scope="<module>", vars=dict(name="bounded", low=-1.0, high=1.0),
+         why="a helper"),
+    dict(template="fx/replace_definition", scope="rescale", vars=dict(gain=3), why="gain"),
+    dict(template="fx/insert_code", scope="ToyForTask.forward", before="if labels is not None:",
+         vars=dict(code="labels = list(labels) if labels else labels"), why="anchored on a compound header"),
+]
+
 
 def upstream_text(module: str) -> str:
     return (UPSTREAM_DIR / module_relpath(module)).read_text(encoding="utf-8")
@@ -176,6 +193,13 @@ class _StripMarked(cst.CSTTransformer):
         return updated.with_changes(body=self._strip(updated.body))
 
     def leave_Module(self, original, updated):
+        # comments above the first statement parse as the module header: a marker there belongs to the body
+        header = list(updated.header)
+        starts = [i for i, line in enumerate(header) if line.comment is not None and MARKER.match(line.comment.value)]
+        if starts and updated.body:
+            first = updated.body[0]
+            moved = first.with_changes(leading_lines=[*header[starts[0]:], *first.leading_lines])
+            updated = updated.with_changes(header=header[:starts[0]], body=[moved, *updated.body[1:]])
         return updated.with_changes(body=self._strip(updated.body))
 
 

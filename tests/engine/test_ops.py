@@ -6,30 +6,14 @@ from __future__ import annotations
 import pytest
 
 from patchgen.errors import PatchgenError
-from tests.engine.helpers import TOY, FixtureSource, body_of, spec_toml, upstream_text
+from tests.engine.helpers import ALL_OPS, TOY, FixtureSource, body_of, make_project, spec_toml, upstream_text
 
 UPSTREAM = upstream_text(TOY)
 
-ALL_OPS = [
-    dict(template="fx/insert_trace", scope="ToyLayer.forward", after="residual = hidden",
-         vars=dict(name="toy", level=3, enabled=False, tags=["a", "b"], ratio=0.25, dims=[1, 2]),
-         why="trace the residual"),
-    dict(template="fx/replace_rescale", scope="ToyLayer.forward",
-         anchor="hidden = rescale(hidden, factor=self.config.scale)", vars=dict(factor=2.0), why="scale more"),
-    dict(template="fx/wrap_guard", scope="ToyForTask.forward", anchor="self.loss_function", why="guard the loss"),
-    dict(template="fx/add_method", scope="ToyModel", vars=dict(name="double_depth"), why="a new method"),
-    dict(template="fx/replace_method", scope="ToyModel.default_mask", why="constant mask"),
-    dict(template="fx/add_definition", scope="<module>", vars=dict(name="bounded", low=-1.0, high=1.0),
-         why="a helper"),
-    dict(template="fx/replace_definition", scope="rescale", vars=dict(gain=3), why="gain"),
-    dict(template="fx/insert_code", scope="ToyForTask.forward", before="if labels is not None:",
-         vars=dict(code="labels = list(labels) if labels else labels"), why="anchored on a compound header"),
-]
 
-
-@pytest.fixture
-def all_ops(project):
-    return project(spec_toml(patches=ALL_OPS)).generate()
+@pytest.fixture(scope="module")
+def all_ops(tmp_path_factory):
+    return make_project(tmp_path_factory.mktemp("all_ops"), spec_toml(patches=ALL_OPS)).generate()
 
 
 def test_insert_after_with_every_var_type(all_ops) -> None:
@@ -45,8 +29,9 @@ def test_insert_after_with_every_var_type(all_ops) -> None:
 
 
 def test_var_defaults_are_used(project) -> None:
-    gen = project(spec_toml(patches=[dict(template="fx/insert_trace", scope="ToyLayer.forward",
-                                          before="residual = hidden", vars=dict(name="d"), why="defaults")])).generate()
+    patch = dict(template="fx/insert_trace", scope="ToyLayer.forward", before="residual = hidden",
+                 vars=dict(name="d"), why="defaults")
+    gen = project(spec_toml(patches=[patch])).generate()
     assert ("        # patchgen #1 fx/insert_trace (2 stmt): defaults\n"
             "        logger = logging.getLogger(\"d\")\n"
             "        trace_event(logger, level=1, enabled=True, tags=[], ratio=0.5, dims=[0])\n"
@@ -63,7 +48,7 @@ def test_insert_before_compound_header(all_ops) -> None:
 def test_wrap_uses_expr_and_scope_and_marks_the_statement(all_ops) -> None:
     assert ("        if labels is not None:\n"
             "            # patchgen #3 fx/wrap_guard (1 stmt): guard the loss\n"
-            "            loss = guard(self.loss_function, scope=\"ToyForTask.forward\")(out, labels)\n") in all_ops.text
+            '            loss = guard(self.loss_function, scope="ToyForTask.forward")(out, labels)\n') in all_ops.text
 
 
 def test_add_method_appends_to_the_class(all_ops) -> None:
@@ -158,7 +143,8 @@ def test_relative_imports_become_absolute(all_ops) -> None:
 def test_function_level_relative_import_becomes_absolute_when_its_class_is_not_patched(project) -> None:
     gen = project(spec_toml(patches=[dict(template="fx/insert_code", scope="ToyLayer.forward",
                                           after="residual = hidden", vars=dict(code="pass"), why="x")])).generate()
-    assert "        from fixturepkg.models.sibling import lazy_helper  # a function-level relative import\n" in gen.text
+    assert "        from fixturepkg.models.sibling import lazy_helper  # a function-level relative import\n" \
+        in gen.text
     assert "from ." not in gen.text
 
 
@@ -242,4 +228,70 @@ def test_template_imports_do_not_duplicate_existing_imports(project) -> None:
     src = UPSTREAM.replace("import math\n", "import math\nimport logging\n")
     text = proj.generate(source=FixtureSource(overrides={TOY: src})).text
     assert text.count("import logging\n") == 1
-    assert "# patchgen imports (1 stmt): names the patches below use\nfrom fixturepkg.extra import trace_event\n" in text
+    assert ("# patchgen imports (1 stmt): names the patches below use\n"
+            "from fixturepkg.extra import trace_event\n") in text
+
+
+def test_try_header_is_an_anchor(project) -> None:
+    src = UPSTREAM.replace("        residual = hidden\n",
+                           "        residual = hidden\n        try:\n            pass\n        except ValueError:\n"
+                           "            pass\n")
+    gen = project(spec_toml(patches=[dict(template="fx/insert_code", scope="ToyLayer.forward", before="try:",
+                                          vars=dict(code="probe = 1"), why="before a try")])).generate(
+        source=FixtureSource(overrides={TOY: src}))
+    assert ("        residual = hidden\n"
+            "        # patchgen #1 fx/insert_code (1 stmt): before a try\n"
+            "        probe = 1\n"
+            "        try:\n") in gen.text
+
+
+def test_comments_in_a_template_body_survive(project) -> None:
+    code = "# leading comment\nw = 2  # trailing comment\n# comment between\nv = 3"
+    gen = project(spec_toml(patches=[dict(template="fx/insert_code", scope="ToyLayer.forward",
+                                          after="residual = hidden", vars=dict(code=code), why="c")])).generate()
+    assert ("        residual = hidden\n"
+            "        # patchgen #1 fx/insert_code (2 stmt): c\n"
+            "        # leading comment\n"
+            "        w = 2  # trailing comment\n"
+            "        # comment between\n"
+            "        v = 3\n") in gen.text
+
+
+def test_no_trailing_whitespace_in_lines_the_engine_writes(project) -> None:
+    gen = project(spec_toml(patches=ALL_OPS)).generate()
+    assert [line for line in gen.text.splitlines() if line != line.rstrip()] == []
+
+
+def test_replace_a_run_of_statements_anchor_through(project) -> None:
+    gen = project(spec_toml(patches=[dict(
+        template="fx/replace_code", scope="ToyLayer.forward", anchor="residual = hidden",
+        through="hidden = rescale(hidden, factor=self.config.scale)",
+        vars=dict(code="# one statement for two\nresidual = hidden = rescale(hidden)"), why="run")])).generate()
+    assert ("    def forward(self, hidden, attention_mask=None):\n"
+            "        # patchgen #1 fx/replace_code (1 stmt): run\n"
+            "        # one statement for two\n"
+            "        residual = hidden = rescale(hidden)\n"
+            "        if attention_mask is not None:\n") in gen.text
+    assert "factor=self.config.scale)" not in gen.text
+
+
+def test_replace_a_run_through_the_end_of_a_block(project) -> None:
+    gen = project(spec_toml(patches=[dict(
+        template="fx/replace_code", scope="ToyLayer.forward",
+        anchor="hidden = rescale(hidden, factor=self.config.scale)", through="return hidden",
+        vars=dict(code="return rescale(hidden)"), why="tail")])).generate()
+    assert ("        residual = hidden\n"
+            "        # patchgen #1 fx/replace_code (1 stmt): tail\n"
+            "        return rescale(hidden)\n"
+            "\n"
+            "\n"
+            "class ToyModel:\n") in gen.text
+
+
+@pytest.mark.parametrize("key, anchor", [("after", "EPS = 1e-6"), ("anchor", "_REGISTRY = make_registry()")])
+def test_definitions_a_patch_writes_at_top_level_are_not_pruned(project, key, anchor) -> None:
+    template = "fx/insert_code" if key == "after" else "fx/replace_code"
+    patch = dict(template=template, scope="<module>", **{key: anchor}, vars=dict(code="def helper():\n    return 1"),
+                 why="module def")
+    gen = project(spec_toml(patches=[patch])).generate()
+    assert f"# patchgen #1 {template} (1 stmt): module def\ndef helper():\n    return 1\n" in gen.text
