@@ -124,15 +124,6 @@ def generate(spec: Spec, source: UpstreamSource, config: ProjectConfig) -> Gener
     pruned, removed = prune(patched, kept_definitions(spec, upstream, plan))
     body = pruned.code
     relpath = spec.output
-    try:
-        compile(body, relpath, "exec", dont_inherit=True)
-        check_dangling(body, removed, relpath)
-    except SyntaxError as exc:
-        raise PatchgenError(f"{spec.path}: generated code does not compile: {exc}") from exc
-    except DanglingReference as exc:
-        raise PatchgenError(f"{spec.path}: generated code refers to pruned or excluded names: {exc}; keep them "
-                            f"(add to 'keep'), stop excluding them, or patch the reference away") from exc
-
     header = Header(
         model=spec.name,
         upstream_pin=upstream.pin,
@@ -147,6 +138,15 @@ def generate(spec: Spec, source: UpstreamSource, config: ProjectConfig) -> Gener
         patches=tuple(f"#{p.index} {p.template.name} @ {p.scope}: {p.why}" for p in spec.patches),
     )
     text = header.render() + body
+    try:
+        compile(text, relpath, "exec", dont_inherit=True)
+        check_dangling(text, removed, relpath)
+    except SyntaxError as exc:
+        raise PatchgenError(f"{spec.path}: generated code does not compile: {exc}") from exc
+    except DanglingReference as exc:
+        raise PatchgenError(f"{spec.path}: generated code refers to pruned or excluded names: {exc}; keep them "
+                            f"(add to 'keep'), stop excluding them, or patch the reference away") from exc
+
     return Generated(spec, upstream, relpath, text, unified_diff(upstream, text, relpath), header)
 
 

@@ -64,6 +64,10 @@ def _type_name(value: Any) -> str:
         type(value), type(value).__name__)
 
 
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[0] in "aeiou" else f"a {noun}"
+
+
 def _check_keys(table: dict, allowed: dict, required: tuple, path: Path, where: str) -> None:
     where = where or "top level"
     for key in required:
@@ -73,7 +77,7 @@ def _check_keys(table: dict, allowed: dict, required: tuple, path: Path, where: 
         if key not in allowed:
             raise PatchgenError(f"{path}: {where}: unknown key {key!r}; expected one of {sorted(allowed)}")
         if not isinstance(value, allowed[key]) or isinstance(value, bool) and allowed[key] is not bool:
-            raise PatchgenError(f"{path}: {where}: key {key!r} must be a {_type_name(allowed[key]())}, "
+            raise PatchgenError(f"{path}: {where}: key {key!r} must be {_a(_type_name(allowed[key]()))}, "
                                 f"found {_type_name(value)} {value!r}")
 
 
