@@ -38,6 +38,10 @@ def main() -> None:
     if run.returncode != 0 or "PASS" not in run.stdout:
         print(run.stderr[-4000:], file=sys.stderr)
         ok = False
+    print("== 3. text trainer: tiny qwen3, sp=2, 30 steps, resume from step 15, export ==", flush=True)
+    from runtime.demos.train_text import main as train_demo
+
+    ok = train_demo() and ok
     sys.exit(0 if ok else 1)
 
 

@@ -1,4 +1,4 @@
-"""Sequence/data-parallel core: the process layout (``state``) and the SP collectives (``collectives``)."""
+"""Parallel core: the process layout (``state``), the SP collectives (``collectives``) and FSDP2 (``fsdp``)."""
 
 from runtime.parallel.collectives import (
     gather_along_dim,
@@ -9,8 +9,10 @@ from runtime.parallel.collectives import (
     slice_for_rank,
     unpad,
 )
+from runtime.parallel.fsdp import apply_activation_checkpointing, apply_fsdp, clip_grad_norm_
 from runtime.parallel.state import (
     ParallelState,
+    check_sp_compatible,
     get_parallel_state,
     init_parallel_state,
     parallel_state,
@@ -19,6 +21,10 @@ from runtime.parallel.state import (
 
 __all__ = [
     "ParallelState",
+    "apply_activation_checkpointing",
+    "apply_fsdp",
+    "check_sp_compatible",
+    "clip_grad_norm_",
     "gather_along_dim",
     "gather_heads_scatter_seq",
     "gather_seq_scatter_heads",

@@ -1,8 +1,20 @@
 """The process layout of a training run, held in one explicit place.
 
 Ranks form a 3-D ``DeviceMesh`` named ``("dp_replicate", "dp_shard", "sp")``, with ``sp`` innermost so that a
-sequence-parallel group is made of neighbouring ranks (same node, fastest links). The data-parallel group is
-``dp_replicate x dp_shard`` flattened: the ranks that see different data and average gradients.
+sequence-parallel group is made of neighbouring ranks (same node, fastest links). Derived meshes, all built once
+(collectively) in ``init_parallel_state``:
+
+* ``dp_mesh`` (1-D, ``"dp"``): ``dp_replicate x dp_shard`` flattened, the ranks that see different data.
+* ``fsdp_mesh`` (2-D, ``("dp_replicate", "dp_shard_sp")``): parameters are sharded over ``dp_shard x sp`` (SP ranks
+  hold the same parameters, so they shard them too) and replicated over ``dp_replicate`` (HSDP when it is > 1).
+* ``loss_mesh`` (1-D, ``"loss"``): every rank that holds different tokens of the global batch,
+  ``dp_replicate x dp_shard x sp`` flattened, i.e. the whole world.
+* ``ep_mesh`` (3-D, ``("dp_replicate", "edp_shard", "ep")``, only when ``ep_size > 1``): the ``dp_shard_sp`` dim
+  unflattened into ``(dp_shard*sp // ep, ep)``. Experts are sharded over ``ep`` *within one data-parallel replica*,
+  and ``ep`` is the innermost (fastest-varying) part of ``dp_shard_sp``: an EP group is ``ep`` consecutive ranks,
+  e.g. at world 4 with ``dp_shard=2, sp=2, ep=2`` the EP groups are ``[0, 1]`` and ``[2, 3]`` (= the SP groups),
+  so the token all-to-all stays on neighbouring ranks. Expert parameters are then FSDP-sharded/replicated over
+  ``expert_fsdp_mesh = ep_mesh["dp_replicate", "edp_shard"]``.
 
 The state is immutable and lives in a single module-level handle, set by ``init_parallel_state`` (or
 ``set_parallel_state`` / ``parallel_state`` in tests). Code that needs the layout calls ``get_parallel_state()``;
@@ -23,6 +35,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "sp")
 DP_MESH_DIM_NAME = "dp"
+FSDP_MESH_DIM_NAMES = ("dp_replicate", "dp_shard_sp")
+LOSS_MESH_DIM_NAME = "loss"
+EP_MESH_DIM_NAMES = ("dp_replicate", "edp_shard", "ep")
 
 
 def _default_device_type() -> str:
@@ -33,28 +48,54 @@ def _dist_ready() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def _resolve_layout(world_size: int, dp_replicate_size: int, dp_shard_size: int | None, sp_size: int) -> int:
+def _resolve_layout(
+    world_size: int, dp_replicate_size: int, dp_shard_size: int | None, sp_size: int, ep_size: int = 1
+) -> int:
     """Check that the sizes tile the world exactly and return dp_shard_size (derived when None)."""
     shard = "auto" if dp_shard_size is None else dp_shard_size
     sizes = f"dp_replicate_size={dp_replicate_size}, dp_shard_size={shard}, sp_size={sp_size}, world size {world_size}"
-    given = [s for s in (dp_replicate_size, dp_shard_size, sp_size) if s is not None]
+    given = [s for s in (dp_replicate_size, dp_shard_size, sp_size, ep_size) if s is not None]
     if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in given):
-        raise ValueError(f"parallel sizes must be positive integers: {sizes}")
+        raise ValueError(f"parallel sizes must be positive integers: {sizes}, ep_size={ep_size}")
     if dp_shard_size is None:
         if world_size % (dp_replicate_size * sp_size):
             raise ValueError(f"world size is not a multiple of dp_replicate_size x sp_size: {sizes}")
         dp_shard_size = world_size // (dp_replicate_size * sp_size)
     if dp_replicate_size * dp_shard_size * sp_size != world_size:
         raise ValueError(f"dp_replicate_size x dp_shard_size x sp_size must equal the world size: {sizes}")
+    if (dp_shard_size * sp_size) % ep_size:
+        raise ValueError(
+            f"ep_size={ep_size} must divide dp_shard_size x sp_size = {dp_shard_size * sp_size} (experts are "
+            f"sharded within one data-parallel replica): {sizes}"
+        )
     return dp_shard_size
+
+
+def check_sp_compatible(num_heads: int, num_kv_heads: int, seq_len: int | None, sp_size: int) -> int:
+    """Raise a one-line ``ValueError`` if Ulysses SP of ``sp_size`` cannot run this attention / sequence.
+
+    The head rule is ``runtime.sp.ulysses.kv_repeat_factor`` (its only implementation): ``sp`` must divide the query
+    head count, and divide the KV head count or be a multiple of it. ``seq_len`` (the row length before SP padding;
+    None to skip the check) must be at least ``sp`` so every rank holds a token. Returns the KV repeat factor.
+    """
+    # Imported here: ulysses imports this module (and transformers), so a top-level import would be circular.
+    from runtime.sp.ulysses import kv_repeat_factor
+
+    if isinstance(sp_size, bool) or not isinstance(sp_size, int) or sp_size < 1:
+        raise ValueError(f"sp_size must be a positive integer, got {sp_size!r}")
+    repeat = kv_repeat_factor(num_heads, num_kv_heads, sp_size)
+    if seq_len is not None and seq_len < sp_size:
+        raise ValueError(f"a sequence of {seq_len} tokens cannot be split over sp={sp_size}: sp must not exceed the "
+                         f"sequence length")
+    return repeat
 
 
 @dataclass(frozen=True)
 class ParallelState:
     """Sizes, this rank's position and the process groups of the current layout.
 
-    ``mesh`` is None only in a single process without torch.distributed; every group property is then None and
-    every rank property 0, which the SP collectives treat as "no communication".
+    ``mesh`` is None only in a single process without torch.distributed; every mesh and group property is then
+    None and every rank property 0, which the SP collectives treat as "no communication".
     """
 
     world_size: int = 1
@@ -62,22 +103,24 @@ class ParallelState:
     dp_replicate_size: int = 1
     dp_shard_size: int = 1
     sp_size: int = 1
+    ep_size: int = 1
     device_type: str = field(default_factory=_default_device_type)
     mesh: DeviceMesh | None = field(default=None, repr=False)
-    # The flattened dp_replicate x dp_shard mesh. Built collectively in init_parallel_state (every rank must take
-    # part), so it is stored rather than derived lazily in a property.
+    # The derived meshes are built collectively in init_parallel_state (every rank must take part), so they are
+    # stored rather than derived lazily in properties. See the module docstring for their dims.
     dp_mesh: DeviceMesh | None = field(default=None, repr=False)
+    fsdp_mesh: DeviceMesh | None = field(default=None, repr=False)
+    loss_mesh: DeviceMesh | None = field(default=None, repr=False)
+    ep_mesh: DeviceMesh | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        _resolve_layout(self.world_size, self.dp_replicate_size, self.dp_shard_size, self.sp_size)
+        _resolve_layout(self.world_size, self.dp_replicate_size, self.dp_shard_size, self.sp_size, self.ep_size)
+
+    # --- sequence parallelism -----------------------------------------------------------------------------------
 
     @property
     def sp_enabled(self) -> bool:
         return self.sp_size > 1
-
-    @property
-    def dp_size(self) -> int:
-        return self.dp_replicate_size * self.dp_shard_size
 
     @property
     def sp_mesh(self) -> DeviceMesh | None:
@@ -97,6 +140,12 @@ class ParallelState:
     def sp_rank(self) -> int:
         return 0 if self.mesh is None else self.mesh.get_local_rank("sp")
 
+    # --- data parallelism ---------------------------------------------------------------------------------------
+
+    @property
+    def dp_size(self) -> int:
+        return self.dp_replicate_size * self.dp_shard_size
+
     @property
     def dp_group(self) -> ProcessGroup | None:
         """The flattened data-parallel group; a real (possibly size-1) group whenever there is a mesh."""
@@ -105,6 +154,36 @@ class ParallelState:
     @property
     def dp_rank(self) -> int:
         return 0 if self.dp_mesh is None else self.dp_mesh.get_local_rank()
+
+    @property
+    def fsdp_shard_size(self) -> int:
+        """How many ranks one parameter is sharded over: ``dp_shard x sp``."""
+        return self.dp_shard_size * self.sp_size
+
+    @property
+    def loss_group(self) -> ProcessGroup | None:
+        """All ranks holding different tokens of the global batch (the world); None in a single process."""
+        return None if self.loss_mesh is None else self.loss_mesh.get_group()
+
+    # --- expert parallelism -------------------------------------------------------------------------------------
+
+    @property
+    def ep_enabled(self) -> bool:
+        return self.ep_size > 1
+
+    @property
+    def ep_group(self) -> ProcessGroup | None:
+        """The EP group (``ep_size`` consecutive ranks of one replica), or None when EP is off."""
+        return None if self.ep_mesh is None else self.ep_mesh.get_group("ep")
+
+    @property
+    def ep_rank(self) -> int:
+        return 0 if self.ep_mesh is None else self.ep_mesh.get_local_rank("ep")
+
+    @property
+    def expert_fsdp_mesh(self) -> DeviceMesh | None:
+        """The mesh expert parameters are FSDP'd over: ``("dp_replicate", "edp_shard")``; ``fsdp_mesh`` without EP."""
+        return self.fsdp_mesh if self.ep_mesh is None else self.ep_mesh["dp_replicate", "edp_shard"]
 
 
 _STATE: ParallelState | None = None
@@ -115,15 +194,17 @@ def init_parallel_state(
     dp_replicate_size: int = 1,
     dp_shard_size: int | None = None,
     backend: str | None = None,
+    ep_size: int = 1,
 ) -> ParallelState:
-    """Set up torch.distributed (from the torchrun env, if not already done), build the mesh, install the handle.
+    """Set up torch.distributed (from the torchrun env, if not already done), build the meshes, install the handle.
 
     ``dp_shard_size=None`` takes whatever the world size leaves over. Without torchrun env vars and without an
-    initialised process group this is a single process: the sizes must all be 1 and no mesh is built.
+    initialised process group this is a single process: the sizes must all be 1 and no mesh is built. Calling it
+    again builds fresh meshes (new process groups) for the new layout; the old ones stay valid but unused.
     """
     world_size = dist.get_world_size() if _dist_ready() else int(os.environ.get("WORLD_SIZE", "1"))
     # Validate before any collective call so that a bad layout fails identically on every rank instead of hanging.
-    dp_shard_size = _resolve_layout(world_size, dp_replicate_size, dp_shard_size, sp_size)
+    dp_shard_size = _resolve_layout(world_size, dp_replicate_size, dp_shard_size, sp_size, ep_size)
 
     if not _dist_ready() and "WORLD_SIZE" in os.environ:
         if backend is None:
@@ -140,15 +221,28 @@ def init_parallel_state(
             device_type, (dp_replicate_size, dp_shard_size, sp_size), mesh_dim_names=MESH_DIM_NAMES
         )
         dp_mesh = mesh["dp_replicate", "dp_shard"]._flatten(DP_MESH_DIM_NAME)
+        loss_mesh = mesh._flatten(LOSS_MESH_DIM_NAME)
+        # Unflattening the world (rather than slicing a flattened dim off the root mesh, which torch deprecates)
+        # keeps dp_replicate outermost and dp_shard x sp as one contiguous inner dim.
+        fsdp_mesh = loss_mesh._unflatten(0, (dp_replicate_size, dp_shard_size * sp_size), FSDP_MESH_DIM_NAMES)
+        ep_mesh = None
+        if ep_size > 1:
+            ep_mesh = fsdp_mesh._unflatten(
+                "dp_shard_sp", (dp_shard_size * sp_size // ep_size, ep_size), EP_MESH_DIM_NAMES[1:]
+            )
         state = ParallelState(
             world_size=world_size,
             rank=dist.get_rank(),
             dp_replicate_size=dp_replicate_size,
             dp_shard_size=dp_shard_size,
             sp_size=sp_size,
+            ep_size=ep_size,
             device_type=device_type,
             mesh=mesh,
             dp_mesh=dp_mesh,
+            fsdp_mesh=fsdp_mesh,
+            loss_mesh=loss_mesh,
+            ep_mesh=ep_mesh,
         )
     set_parallel_state(state)
     return state

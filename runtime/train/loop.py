@@ -102,8 +102,7 @@ def train(config: RunConfig) -> RunResult:
     try:
         for step in range(start_step + 1, config.train.steps + 1):
             metrics.append(train_step(step, model, optimizer, scheduler, loader, state, config, flops_token, peak))
-            if step % config.log.interval == 0 or step == config.train.steps:
-                logger.log(metrics[-1])
+            logger.log(metrics[-1], echo=step % config.log.interval == 0 or step == config.train.steps)
             if ckpt.interval and step % ckpt.interval == 0:
                 save_checkpoint(Path(ckpt.dir), step, model, optimizer, scheduler,
                                 {"step": step, "data": loader.state_dict()}, keep=ckpt.keep)

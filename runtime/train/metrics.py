@@ -71,7 +71,8 @@ class MetricsLogger:
 
             self._bar = tqdm(total=total_steps, dynamic_ncols=True, file=stream)
 
-    def log(self, m: StepMetrics) -> None:
+    def log(self, m: StepMetrics, echo: bool = True) -> None:
+        """Record every step to JSONL/tensorboard; print it (and move the bar) when `echo`."""
         if not self.enabled:
             return
         self._jsonl.write(json.dumps(asdict(m)) + "\n")
@@ -80,6 +81,8 @@ class MetricsLogger:
             for key, value in asdict(m).items():
                 if key != "step" and value is not None:
                     self._writer.add_scalar(key, value, m.step)
+        if not echo:
+            return
         mfu = f" mfu {m.mfu:.1%}" if m.mfu is not None else ""
         line = (f"step {m.step:>5}/{self.total_steps} loss {m.loss:.4f} grad_norm {m.grad_norm:.3f} lr {m.lr:.2e} "
                 f"tok/s {m.tokens_per_s:,.0f} tflops/dev {m.tflops_per_device:.3f}{mfu}")

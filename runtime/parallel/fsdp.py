@@ -1,0 +1,181 @@
+"""FSDP2 (``fully_shard``) for generated models, activation checkpointing and a DTensor-aware grad-norm clip.
+
+Sharding
+--------
+``apply_fsdp`` calls ``fully_shard`` on every submodule whose class name is in ``model._no_split_modules`` (the
+transformer blocks), bottom-up, then on the root, all on ``state.fsdp_mesh``: parameters are sharded over
+``dp_shard x sp`` (dim ``"dp_shard_sp"``) and replicated over ``dp_replicate`` (HSDP when it is > 1: a
+reduce-scatter over the shard dim, then an all-reduce over the replicate dim).
+
+Gradient reduction convention: SUM, never average
+-------------------------------------------------
+The trainer's loss on every rank is that rank's *share* of the global token-weighted mean loss: the sum of that
+rank's token losses divided by the token count of the whole global batch (all dp and sp ranks; e.g. HF's loss with
+``num_items_in_batch=<global count>``). The global loss is the sum of the shares, so every rank's backward yields a
+*partial* gradient and the true gradient is the plain SUM of the partial gradients over every rank of the fsdp mesh
+(shard and replicate dims; SP ranks included, matching the SP partial-gradient convention of ``collectives``).
+FSDP2 averages by default, so every FSDP module (each block and the root) gets
+
+* ``set_gradient_divide_factor(1.0)``: no division at all (the default divides by the data-parallel size), and
+* ``set_force_sum_reduction_for_comms(True)``: the collectives use ``ReduceOp.SUM``. With only the divide factor,
+  torch 2.13 would reduce-scatter with ``ReduceOp.PREMUL_SUM(1/1.0)``, which gloo does not implement; forcing SUM
+  turns the factor into a post-division by 1.0, which FSDP skips. Result: a pure sum on gloo and NCCL alike.
+
+Note that with SP the *value* of the model's loss is the SP group's share (the SP loss all-reduces the forward over
+the SP group) while its gradient is still partial; to log the global loss, sum the loss over ``state.dp_group``.
+
+Activation checkpointing
+------------------------
+Per block, non-reentrant ``torch.utils.checkpoint``. Blocks that are transformers ``GradientCheckpointingLayer``s
+(the generated decoder layers) use that hook: ``gradient_checkpointing = True`` with a non-reentrant checkpoint
+function, exactly what ``model.gradient_checkpointing_enable()`` sets, but only on the sharded blocks and without
+the embedding ``requires_grad`` hook (non-reentrant checkpointing does not need it). It is active in training mode
+only. Other blocks get the composable ``torch.distributed._composable.checkpoint``. Both keep parameter names
+unchanged (no wrapper module) and compose with FSDP2, whose hooks skip the all-gather during recomputation
+(the pre-backward hook has already unsharded the block). Do not also call ``gradient_checkpointing_enable()``:
+the blocks would be recomputed twice (numerically harmless, only slower).
+
+Clipping
+--------
+``clip_grad_norm_`` takes the norm over the full (unsharded) gradients: identical on every rank and equal to the
+single-process norm. DTensor gradients are reduced over their mesh (shard dims summed, replicate dims not);
+plain-tensor gradients are taken as already complete on every rank.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from runtime.parallel.state import ParallelState, get_parallel_state
+
+__all__ = [
+    "apply_activation_checkpointing",
+    "apply_fsdp",
+    "block_modules",
+    "clip_grad_norm_",
+    "mixed_precision_policy",
+]
+
+
+def block_modules(model: nn.Module) -> list[nn.Module]:
+    """The submodules whose class name is in ``model._no_split_modules``, in ``model.modules()`` order."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    if not names:
+        raise ValueError(f"{type(model).__name__} declares no _no_split_modules; cannot tell its blocks")
+    # An FSDP-wrapped block's class is a generated subclass named "FSDP<Name>"; match the original name too.
+    blocks = [m for m in model.modules() if m is not model and _original_class_name(m) in names]
+    if not blocks:
+        raise ValueError(f"no submodule of {type(model).__name__} has a class in _no_split_modules={sorted(names)}")
+    return blocks
+
+
+def _original_class_name(module: nn.Module) -> str:
+    cls = type(module)
+    if cls.__bases__[0] is FSDPModule and len(cls.__bases__) == 2:  # fully_shard's class FSDP<Name>(FSDPModule, Name)
+        cls = cls.__bases__[1]
+    return cls.__name__
+
+
+def apply_activation_checkpointing(model: nn.Module, *, prefer_hf: bool = True) -> nn.Module:
+    """Checkpoint every block (see the module docstring); ``prefer_hf=False`` forces the composable checkpoint."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    checkpoint_fn = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+    for block in block_modules(model):
+        if prefer_hf and isinstance(block, GradientCheckpointingLayer):
+            block.gradient_checkpointing = True
+            block._gradient_checkpointing_func = checkpoint_fn
+        else:
+            from torch.distributed._composable import checkpoint
+
+            checkpoint(block)
+    return model
+
+
+def mixed_precision_policy(
+    state: ParallelState, param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None
+) -> MixedPrecisionPolicy:
+    """``None`` means the device default: bf16 parameters with fp32 reduction on GPU, no casting (fp32) on CPU."""
+    on_gpu = state.device_type == "cuda"
+    if param_dtype is None and on_gpu:
+        param_dtype = torch.bfloat16
+    if reduce_dtype is None and on_gpu:
+        reduce_dtype = torch.float32
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+
+def apply_fsdp(
+    model: nn.Module,
+    state: ParallelState | None = None,
+    *,
+    param_dtype: torch.dtype | None = None,
+    reduce_dtype: torch.dtype | None = None,
+    reshard_after_forward: bool = True,
+    activation_checkpointing: bool = False,
+) -> nn.Module:
+    """Shard ``model`` in place with FSDP2 on ``state.fsdp_mesh`` (default: the global state); returns it.
+
+    Gradients are SUMMED over the fsdp mesh (see the module docstring). Without a mesh (single process) nothing is
+    sharded and no mixed precision applies; activation checkpointing still does. Apply before building the
+    optimizer (the parameters become DTensors).
+    """
+    state = get_parallel_state() if state is None else state
+    blocks = block_modules(model)
+    if activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if state.fsdp_mesh is None:
+        return model
+    kwargs = dict(
+        mesh=state.fsdp_mesh,
+        mp_policy=mixed_precision_policy(state, param_dtype, reduce_dtype),
+        reshard_after_forward=reshard_after_forward,
+    )
+    for block in reversed(blocks):  # bottom-up, in case a block nests another
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+@torch.no_grad()
+def clip_grad_norm_(
+    parameters: Tensor | Iterable[Tensor],
+    max_norm: float,
+    norm_type: float = 2.0,
+    error_if_nonfinite: bool = False,
+    foreach: bool | None = None,
+) -> Tensor:
+    """Scale gradients in place so their total norm is at most ``max_norm``; return the total norm (a plain tensor).
+
+    The norm is over the full gradients, whatever mix of DTensor meshes/placements and plain tensors they are;
+    every rank gets the same value. Same scaling rule as ``torch.nn.utils.clip_grad_norm_``.
+    """
+    params = [parameters] if isinstance(parameters, Tensor) else list(parameters)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.tensor(0.0)
+    norm_type = float(norm_type)
+    # DTensor norms must share a mesh to be stacked; group by layout, reduce each group to a plain tensor.
+    groups: dict[object, list[Tensor]] = {}
+    for g in grads:
+        key = (g.device_mesh, g.placements) if isinstance(g, DTensor) else None
+        groups.setdefault(key, []).append(g)
+    norms = []
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group, norm_type, foreach=foreach)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = torch.nn.utils.get_total_norm(norms, norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        local = g.to_local() if isinstance(g, DTensor) else g
+        local.mul_(coef.to(device=local.device, dtype=local.dtype))
+    return total
