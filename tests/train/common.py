@@ -1,0 +1,53 @@
+"""A tiny, fast run configuration and a worker that trains with it (module-level so spawn can pickle it)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+TINY_MODEL = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512,
+              "tie_word_embeddings": False}
+
+
+def tokenizer_dir(root: Path) -> Path:
+    from runtime.data.corpus import corpus_path
+    from runtime.data.tokenization import build_test_tokenizer
+
+    target = root / "tokenizer"
+    if not (target / "tokenizer.json").exists():
+        build_test_tokenizer(target, corpus_path().read_text(encoding="utf-8"))
+    return target
+
+
+def run_config(root: Path, **sections) -> dict:
+    from runtime.data.corpus import corpus_path
+
+    raw = {
+        "model": {"type": "qwen3", "config": copy.deepcopy(TINY_MODEL), "seed": 0},
+        "data": {"path": str(corpus_path()), "tokenizer": str(tokenizer_dir(root)), "token_budget": 128},
+        "optim": {"lr": 3e-3, "warmup_steps": 2},
+        "train": {"steps": 5},
+        "log": {"dir": str(root / "log"), "progress": False},
+    }
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values}
+    return raw
+
+
+def train_worker(rank: int, world_size: int, raw: dict) -> list[dict]:
+    """Train with `raw`; every rank returns its per-step metrics and a digest of the final parameters."""
+    import dataclasses
+
+    import torch
+
+    from runtime.parallel.state import set_parallel_state
+    from runtime.train.config import parse_config
+    from runtime.train.loop import train
+
+    try:
+        result = train(parse_config(raw))
+    finally:
+        set_parallel_state(None)
+    return [dataclasses.asdict(m) for m in result.metrics] + [{"start_step": result.start_step,
+                                                               "threads": torch.get_num_threads()}]

@@ -1,0 +1,89 @@
+"""The text trainer end to end: SP=2 vs SP=1 per step, exact resume, export, and user errors (exit code 2)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from tests.dist_utils import run_distributed
+from tests.train.common import run_config, train_worker
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.dist
+def test_sp2_matches_sp1_every_step(tmp_path: Path) -> None:
+    reference = run_distributed(train_worker, 1, run_config(tmp_path), timeout=300)[0][:-1]
+    per_rank = run_distributed(train_worker, 2, run_config(tmp_path, parallel={"sp": 2}), timeout=300)
+    for rank_metrics in per_rank:
+        sp2 = rank_metrics[:-1]
+        assert [m["step"] for m in sp2] == [1, 2, 3, 4, 5]
+        for got, ref in zip(sp2, reference, strict=True):
+            assert got["tokens"] == ref["tokens"]
+            assert abs(got["loss"] - ref["loss"]) <= 1e-5 * abs(ref["loss"]), (got, ref)
+            assert abs(got["grad_norm"] - ref["grad_norm"]) <= 1e-5 * abs(ref["grad_norm"]), (got, ref)
+
+
+def test_resume_is_bitwise_identical(tmp_path: Path) -> None:
+    """Six steps straight vs. the same run restarted in a new process from its step-3 checkpoint."""
+    raw = run_config(tmp_path, train={"steps": 6}, checkpoint={"dir": str(tmp_path / "ckpt"), "interval": 3},
+                     model={"config": {**run_config(tmp_path)["model"]["config"], "attention_dropout": 0.1}})
+    straight = run_distributed(train_worker, 1, raw, timeout=300)[0][:-1]
+    shutil.rmtree(tmp_path / "ckpt" / "step_000006")  # as if the run died after its step-3 checkpoint
+    resumed = run_distributed(train_worker, 1, raw, timeout=300)[0]
+    assert resumed[-1]["start_step"] == 3
+    for got, ref in zip(resumed[:-1], straight[3:], strict=True):
+        assert got["step"] == ref["step"]
+        assert got["loss"] == ref["loss"] and got["grad_norm"] == ref["grad_norm"], (got, ref)
+
+
+def test_export_loads_in_plain_transformers(tmp_path: Path) -> None:
+    import transformers
+
+    from runtime.checkpoint.dcp import latest_checkpoint, load_checkpoint
+    from runtime.models.registry import causal_lm_class
+
+    raw = run_config(tmp_path, train={"steps": 2}, checkpoint={"dir": str(tmp_path / "ckpt"), "interval": 2},
+                     export={"dir": str(tmp_path / "hf")})
+    run_distributed(train_worker, 1, raw, timeout=300)
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="sdpa")
+    assert type(plain).__module__.startswith("transformers.")
+    ours = causal_lm_class("qwen3")(plain.config)
+    load_checkpoint(latest_checkpoint(tmp_path / "ckpt"), ours, restore_rng=False)
+    ids = torch.randint(0, 512, (1, 33), generator=torch.Generator().manual_seed(0))
+    plain.eval(), ours.eval()
+    assert torch.equal(plain(ids).logits, ours(ids).logits)
+
+
+def run_cli(config: dict | str, tmp_path: Path) -> subprocess.CompletedProcess:
+    path = tmp_path / "run.yaml"
+    path.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
+    return subprocess.run([sys.executable, "-m", "runtime.train", str(path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda raw: raw["optim"].update(lr="fast"), "optim.lr: expected float, found str 'fast'"),
+    (lambda raw: raw["train"].update(stepz=3), "train.stepz: unknown key"),
+    (lambda raw: raw.pop("data"), "data: required key missing"),
+    (lambda raw: raw.update(parallel={"sp": 3}), "parallel:"),
+    (lambda raw: raw["model"].update(type="gpt9"), "model.type: no generated model for model_type 'gpt9'"),
+])
+def test_user_errors_exit_2_with_one_line(tmp_path: Path, mutate, message: str) -> None:
+    raw = run_config(tmp_path)
+    mutate(raw)
+    done = run_cli(raw, tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], done.stderr
+
+
+def test_malformed_yaml_exits_2(tmp_path: Path) -> None:
+    done = run_cli("model: [unclosed\n", tmp_path)
+    assert done.returncode == 2 and "not valid YAML" in done.stderr and len(done.stderr.strip().splitlines()) == 1
