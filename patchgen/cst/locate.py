@@ -126,15 +126,20 @@ def find_statement(scope_node: cst.CSTNode, anchor: str, scope: str) -> cst.Base
 
 
 def find_statement_range(scope_node: cst.CSTNode, anchor: str, through: str, scope: str) -> list[cst.BaseStatement]:
-    """The run of sibling statements from `anchor` to `through` (inclusive), in one block."""
+    """The run of sibling statements from `anchor` to `through` (inclusive), in one block.
+
+    `anchor` must be unique in the scope; `through` must match exactly once among the statements that follow
+    `anchor` in its block (so a common statement such as `if labels is not None:` can end a run).
+    """
     first = find_statement(scope_node, anchor, scope)
-    last = find_statement(scope_node, through, scope)
-    for block in _blocks(scope_node):
-        ids = [id(s) for s in block]
-        if id(first) in ids and id(last) in ids and ids.index(first_id := id(first)) <= ids.index(id(last)):
-            return list(block[ids.index(first_id): ids.index(id(last)) + 1])
-    raise LocateError(f"'anchor' {anchor!r} and 'through' {through!r} must be statements of one block in scope "
-                      f"{scope!r}, in that order", [("anchor", first), ("through", last)])
+    block = next(b for b in _blocks(scope_node) if any(s is first for s in b))
+    following = block[next(i for i, s in enumerate(block) if s is first):]
+    wanted = normalize_anchor(through)
+    if wanted is None:
+        raise LocateError(f"'through' {through!r} is not a Python statement (a compound header ends with ':')", [])
+    last = _unique(wanted, through, f"{scope} after {anchor!r}", [(s, statement_key) for s in following],
+                   "following statement")
+    return following[: next(i for i, s in enumerate(following) if s is last) + 1]
 
 
 def _blocks(node: cst.CSTNode) -> Iterator[list[cst.BaseStatement]]:
