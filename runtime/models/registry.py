@@ -25,6 +25,7 @@ REGISTRY: dict[str, GeneratedModel] = {
     for m in (
         GeneratedModel("qwen3", "generated.qwen3.modeling_qwen3", "Qwen3ForCausalLM", "qwen3"),
         GeneratedModel("llama", "generated.llama.modeling_llama", "LlamaForCausalLM", "llama"),
+        GeneratedModel("qwen3_moe", "generated.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeForCausalLM", "qwen3_moe"),
     )
 }
 

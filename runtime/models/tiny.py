@@ -10,10 +10,18 @@ TINY = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_laye
             use_cache=False)
 
 
+# MoE extras: 8 experts, top-2, every layer sparse; eager experts (the numerical reference) unless overridden.
+TINY_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=1,
+                norm_topk_prob=True, output_router_logits=True, router_aux_loss_coef=0.01)
+
+
 def tiny_config(model_type: str, **overrides) -> transformers.PretrainedConfig:
     """A small config of `model_type`; training configs never use a KV cache (it also disables packing masks)."""
-    config = transformers.AutoConfig.for_model(model_type, **{**TINY, **overrides})
+    extras = TINY_MOE if model_type.endswith("_moe") else {}
+    config = transformers.AutoConfig.for_model(model_type, **{**TINY, **extras, **overrides})
     config._attn_implementation = "sdpa"
+    if extras:
+        config._experts_implementation = overrides.get("experts_implementation", "eager")
     return config
 
 

@@ -8,7 +8,7 @@ import torch
 from tests.parity.dense import grads, models, packed_batch, relative_error
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+@pytest.mark.parametrize("model_type", ["qwen3", "llama", "qwen3_moe"])
 @pytest.mark.parametrize("packed", [False, True])
 def test_bitwise_equal_to_upstream(model_type: str, packed: bool) -> None:
     upstream, generated = models(model_type)
