@@ -70,7 +70,18 @@ def prepare_state_dict(
             tensor = tensor.clone()
         seen.add(ident)
         out[key] = tensor
-    return out
+    return to_checkpoint_layout(model, out)
+
+
+def to_checkpoint_layout(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Undo transformers' load-time weight conversions (e.g. per-expert MoE weights stacked into 3-D tensors).
+
+    Plain transformers saves checkpoints in the original layout and converts on load; an export must do the same
+    so that every loader of the original format (transformers, vLLM, ...) reads it.
+    """
+    from transformers.core_model_loading import revert_weight_conversion
+
+    return revert_weight_conversion(model, tensors)
 
 
 def _split(tensors: dict[str, torch.Tensor], max_shard_bytes: int) -> list[dict[str, torch.Tensor]]:
