@@ -3,35 +3,58 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from patchgen.config import load_config
+from patchgen.config import ProjectConfig, load_config
 from patchgen.errors import PatchgenError
+from patchgen.files import write_atomic
 from patchgen.generate import explain as explain_spec
 from patchgen.generate import generate
 from patchgen.project import check as check_project
 from patchgen.project import load_specs
 from patchgen.project import regen as regen_project
-from patchgen.upstream import PinnedSource
+from patchgen.report import console, markdown
+from patchgen.upgrade import analyze, apply, baseline_source, write_review
+from patchgen.upstream import InstalledSource, PinnedSource, WheelSource, normalize_name
+from patchgen.wheels import obtain_all, wheel_cache
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Generate reviewable training variants of upstream modeling code from declarative specs.")
 RootOption = Annotated[Path | None, typer.Option("--root", help="project root (default: found from the cwd)")]
+FromOption = Annotated[list[str] | None, typer.Option(
+    "--from", help="read a pinned upstream package from a wheel instead of the installed package: a .whl path, or "
+                   "package==version (taken from the wheel cache, downloaded on a miss); repeatable")]
+
+
+def pinned_source(config: ProjectConfig, froms: list[str] | None) -> PinnedSource:
+    """The pinned releases, installed or (`--from`) read from wheels; a wheel of another version is refused."""
+    if not froms:
+        return PinnedSource(config.pins)
+    wheels = [wheel for wheel, _ in obtain_all(froms, config.pins, wheel_cache(config.root), "--from")]
+    pins = {normalize_name(name): version for name, version in config.pins.items()}
+    for wheel in wheels:
+        if wheel.version != pins[wheel.package]:
+            raise PatchgenError(f"--from {wheel.path.name} is {wheel.pin} but the pin is {wheel.package}=="
+                                f"{pins[wheel.package]}; generated files derive from the pinned release. To move to "
+                                f"{wheel.version}, review it with `patchgen upgrade --to {wheel.pin}`")
+    return PinnedSource(config.pins, WheelSource(wheels, fallback=InstalledSource()))
 
 
 @app.command()
 def regen(models: Annotated[list[str] | None, typer.Argument(help="models (spec names) to regenerate")] = None,
           all_: Annotated[bool, typer.Option("--all", help="regenerate every spec")] = False,
           dry_run: Annotated[bool, typer.Option("--dry-run", help="report what would change, write nothing")] = False,
-          root: RootOption = None) -> None:
+          from_: FromOption = None, root: RootOption = None) -> None:
     """Regenerate generated/ files (and their .diff) from specs, templates and the pinned upstream."""
     if bool(models) == all_:
         raise PatchgenError("name the models to regenerate, or pass --all (not both)")
     config = load_config(root)
-    changes = regen_project(config, load_specs(config, None if all_ else models), dry_run=dry_run)
+    specs = load_specs(config, None if all_ else models)
+    changes = regen_project(config, specs, dry_run=dry_run, source=pinned_source(config, from_))
     verb = "would write" if dry_run else "wrote"
     for change in changes:
         rel = change.path.relative_to(config.root)
@@ -41,11 +64,11 @@ def regen(models: Annotated[list[str] | None, typer.Argument(help="models (spec 
 @app.command()
 def check(models: Annotated[list[str] | None, typer.Argument(help="models to check (default: all)")] = None,
           full: Annotated[bool, typer.Option("--full", help="regenerate even when hashes prove freshness")] = False,
-          root: RootOption = None) -> None:
+          from_: FromOption = None, root: RootOption = None) -> None:
     """Fail (exit 1) when a generated file differs from what spec + templates + pinned upstream produce."""
     config = load_config(root)
     specs = load_specs(config, models)
-    drifts = check_project(config, specs, full=full)
+    drifts = check_project(config, specs, full=full, source=pinned_source(config, from_))
     for drift in drifts:
         typer.echo(f"DRIFT {drift.path.relative_to(config.root)}: {drift.reason}", err=True)
         if drift.diff:
@@ -85,6 +108,52 @@ def explain(model: str, root: RootOption = None) -> None:
             typer.echo(f"  anchor: {p.anchor}")
         typer.echo("  rendered:")
         typer.echo("\n".join(f"    | {line}" for line in p.rendered.splitlines()))
+
+
+@app.command()
+def upgrade(to: Annotated[list[str], typer.Option(
+                "--to", help="the new release: package==version (wheel cache, pip download on a miss) or a .whl path; "
+                             "repeatable, one per upstream package")],
+            apply_: Annotated[bool, typer.Option(
+                "--apply", help="if every patch applies, write generated/ and the pins in pyproject.toml")] = False,
+            report: Annotated[Path | None, typer.Option(
+                "--report", help="also write the Markdown report to this file (e.g. docs/upgrades/<name>.md)")] = None,
+            root: RootOption = None) -> None:
+    """Regenerate every spec against a release read from its wheel (never installed) and report each patch:
+    applied / anchor moved / scope missing / conflict ... Exit 0 when every patch applies, 1 otherwise."""
+    config = load_config(root)
+    specs = load_specs(config, None)
+    cache = wheel_cache(config.root)
+    started = time.perf_counter()
+    obtained = obtain_all(to, config.pins, cache, "--to")
+    wheels = [wheel for wheel, _ in obtained]
+    baseline, fetched = baseline_source(config, {w.package for w in wheels}, cache)
+    got_wheels = time.perf_counter()
+    result = analyze(config, specs, wheels, baseline)
+    text = markdown(result)
+    review = write_review(config, result, text)
+    if report is not None:
+        write_atomic({report.resolve(): text})
+    done = time.perf_counter()
+    typer.echo(console(result))
+    typer.echo(f"review: {review.relative_to(config.root)}/ (REPORT.md, new generated files and their upstream diffs)"
+               + (f"; report also written to {report}" if report is not None else ""))
+    how = [f"{w.path.name} {'downloaded' if new else 'cached' if w.path.parent == cache else 'given'}"
+           for w, new in obtained] + [f"{name} downloaded (pinned baseline)" for name in fetched]
+    typer.echo(f"wheels in {got_wheels - started:.1f} s ({'; '.join(how)}); regenerated and compared in "
+               f"{done - got_wheels:.1f} s")
+    if apply_:
+        if not result.ok:
+            typer.echo("--apply refused: not every patch applies; nothing under generated/ or in pyproject.toml "
+                       "changed", err=True)
+            raise typer.Exit(1)
+        changed = apply(config, result)
+        for path in changed:
+            typer.echo(f"  wrote  {path.relative_to(config.root)}")
+        typer.echo(f"applied {', '.join(result.moves())}. Install it (pip install -e '.[runtime]'), or pass "
+                   f"`--from {' --from '.join(w.pin for w in wheels)}` to regen/check until you do")
+    if not result.ok:
+        raise typer.Exit(1)
 
 
 def main() -> None:

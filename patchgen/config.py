@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,3 +53,28 @@ def load_config(root: Path | None = None) -> ProjectConfig:
         generated_dir=root / table.get("generated", "generated"),
         pins=dict(pins),
     )
+
+
+def with_pins(text: str, pins: dict[str, str]) -> str:
+    """pyproject.toml text with `[tool.patchgen] pins` (and exact `"pkg==old"` requirements) moved to `pins`.
+
+    Edits the text in place, so comments and layout survive; the result is re-parsed to prove it says exactly that.
+    """
+    old = tomllib.loads(text)
+    current = old["tool"]["patchgen"]["pins"]
+    section = re.search(r"^\[tool\.patchgen\][^\n]*\n(?:(?!\[).*\n?)*", text, re.M)
+    line = section and re.search(r"^pins\s*=\s*\{.*\}[^\n]*$", section.group(0), re.M)
+    if not line:
+        raise PatchgenError("pyproject.toml: cannot find a one-line `pins = { ... }` in [tool.patchgen] to update")
+    new_line = line.group(0)
+    for package, version in pins.items():
+        new_line, count = re.subn(rf'(\b{re.escape(package)}\s*=\s*")[^"]*(")', rf"\g<1>{version}\g<2>", new_line)
+        if count != 1:
+            raise PatchgenError(f"pyproject.toml: [tool.patchgen] pins has no entry for {package!r}")
+    start = section.start() + line.start()
+    text = text[:start] + new_line + text[start + len(line.group(0)):]
+    for package, version in pins.items():  # exact requirements elsewhere, e.g. the runtime extra's
+        text = text.replace(f'"{package}=={current[package]}"', f'"{package}=={version}"')
+    if tomllib.loads(text)["tool"]["patchgen"]["pins"] != {**current, **pins}:
+        raise PatchgenError("pyproject.toml: updating [tool.patchgen] pins did not give the expected pins")
+    return text

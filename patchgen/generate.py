@@ -16,7 +16,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from patchgen import __version__
 from patchgen.config import ProjectConfig
 from patchgen.cst.locate import code_of
-from patchgen.cst.plan import Plan, PlanError, resolve
+from patchgen.cst.plan import RENDER_ERROR, Plan, PlanError, resolve
 from patchgen.cst.prune import DanglingReference, check_dangling, prune, reachable_definitions, references
 from patchgen.cst.transform import PatchTransformer, insert_imports
 from patchgen.errors import PatchgenError
@@ -68,14 +68,22 @@ def upstream_lines(module: cst.Module, nodes: list[cst.CSTNode]) -> list[int]:
     return [positions[n].start.line if n in positions else 0 for n in nodes]
 
 
+def candidate_lines(module: cst.Module, exc: PlanError) -> list[tuple[int, str]]:
+    """(upstream line, first line of its text) of each of the error's nearest candidates."""
+    numbers = upstream_lines(module, [node for _, node in exc.candidates]) if exc.candidates else []
+    return [(no, text.splitlines()[0] if text else "") for no, (text, _) in zip(numbers, exc.candidates, strict=True)]
+
+
 def plan_error(spec: Spec, upstream: UpstreamFile, module: cst.Module, exc: PlanError) -> PatchgenError:
     lines = [f"{spec.path}: {exc.patch.label} in scope {exc.patch.scope!r}: {exc.message}"]
     if exc.candidates:
-        numbers = upstream_lines(module, [node for _, node in exc.candidates])
         lines.append(f"  nearest candidates in {upstream.pin} {upstream.relpath}:")
-        lines += [f"    line {no}: {text.splitlines()[0] if text else ''}"
-                  for no, (text, _) in zip(numbers, exc.candidates, strict=True)]
-    lines.append("  fix the spec's anchor/scope (copy the statement from upstream), then run `patchgen regen` again")
+        lines += [f"    line {no}: {text}" for no, text in candidate_lines(module, exc)]
+    if exc.kind == RENDER_ERROR:
+        lines.append("  fix the template or the patch's vars, then run `patchgen regen` again")
+    else:
+        lines.append("  fix the spec's anchor/scope (copy the statement from upstream), then run `patchgen regen` "
+                     "again")
     return PatchgenError("\n".join(lines))
 
 
@@ -103,7 +111,11 @@ def plan_spec(spec: Spec, upstream: UpstreamFile, module: cst.Module) -> Plan:
 def generate(spec: Spec, source: UpstreamSource, config: ProjectConfig) -> Generated:
     upstream = source.read(spec.module)
     module = parse_upstream(upstream)
-    plan = plan_spec(spec, upstream, module)
+    return build(spec, upstream, module, plan_spec(spec, upstream, module), config)
+
+
+def build(spec: Spec, upstream: UpstreamFile, module: cst.Module, plan: Plan, config: ProjectConfig) -> Generated:
+    """Rewrite, prune, add the header and check the result; `plan` must hold exactly the patches of `spec`."""
     top_level = {s.name.value for s in module.body if isinstance(s, cst.ClassDef | cst.FunctionDef)}
     for key, names in (("keep", spec.keep), ("exclude", spec.exclude)):
         unknown = [n for n in names if n not in top_level]

@@ -5,9 +5,13 @@ Importing transformers would import torch; `patchgen check` must stay a seconds-
 
 from __future__ import annotations
 
+import email.parser
 import hashlib
 import importlib.metadata
 import importlib.util
+import re
+import zipfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -40,6 +44,11 @@ class UpstreamSource(Protocol):
 
 def module_relpath(module: str) -> str:
     return module.replace(".", "/") + ".py"
+
+
+def normalize_name(name: str) -> str:
+    """A distribution name as wheel file names and pins compare it (PEP 503, with `_`): `Foo.Bar-x` -> `foo_bar_x`."""
+    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 class InstalledSource:
@@ -78,10 +87,84 @@ class PinnedSource:
         if installed != self.pins[package]:
             raise PatchgenError(
                 f"installed {package}=={installed} but the pin is {package}=={self.pins[package]}; generated files "
-                f"derive from the pinned release. Install it (pip install {package}=={self.pins[package]}) or "
-                f"review an upgrade with `patchgen upgrade --to {package}=={installed}`")
+                f"derive from the pinned release. Install it (pip install {package}=={self.pins[package]}), read it "
+                f"from its wheel (`--from {package}=={self.pins[package]}`), or review an upgrade with "
+                f"`patchgen upgrade --to {package}=={installed}`")
         return installed
 
     def read(self, module: str) -> UpstreamFile:
         self.version(module.split(".")[0])
         return self.inner.read(module)
+
+
+@dataclass(frozen=True)
+class Wheel:
+    """A release wheel on disk, identified by its own metadata (not by its file name)."""
+
+    path: Path
+    package: str  # normalized distribution name; for transformers and diffusers also the top-level package
+    version: str
+
+    @property
+    def pin(self) -> str:
+        return f"{self.package}=={self.version}"
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.path.read_bytes()).hexdigest()
+
+
+def read_wheel(path: Path) -> Wheel:
+    """Name and version from the wheel's `*.dist-info/METADATA`; a file that is no wheel is a user error."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith(".dist-info/METADATA")]
+            if len(names) != 1:
+                raise PatchgenError(f"{path}: not a wheel: expected one *.dist-info/METADATA, found {names or 'none'}")
+            metadata = email.parser.HeaderParser().parsestr(archive.read(names[0]).decode("utf-8"))
+    except (OSError, zipfile.BadZipFile, UnicodeDecodeError) as exc:
+        raise PatchgenError(f"{path}: cannot read it as a wheel: {exc}") from exc
+    if not metadata["Name"] or not metadata["Version"]:
+        raise PatchgenError(f"{path}: wheel METADATA lacks Name or Version")
+    return Wheel(path, normalize_name(metadata["Name"]), metadata["Version"].strip())
+
+
+class WheelSource:
+    """Upstream files read from release wheels (zip archives): nothing is installed, nothing imported.
+
+    Packages without a wheel here are read from `fallback` (e.g. the pinned installed packages), if given.
+    Text is decoded as `Path.read_text` decodes an installed file (UTF-8, universal newlines), so the same
+    release read either way gives the same bytes, hashes and headers.
+    """
+
+    def __init__(self, wheels: Iterable[Wheel], fallback: UpstreamSource | None = None) -> None:
+        self.wheels = {wheel.package: wheel for wheel in wheels}
+        self.fallback = fallback
+
+    def _wheel(self, package: str) -> Wheel | None:
+        wheel = self.wheels.get(normalize_name(package))
+        if wheel is None and self.fallback is None:
+            given = ", ".join(sorted(self.wheels)) or "none"
+            raise PatchgenError(f"no wheel given for upstream package {package!r} (wheels for: {given})")
+        return wheel
+
+    def version(self, package: str) -> str:
+        wheel = self._wheel(package)
+        return wheel.version if wheel is not None else self.fallback.version(package)
+
+    def read(self, module: str) -> UpstreamFile:
+        package = module.split(".")[0]
+        wheel = self._wheel(package)
+        if wheel is None:
+            return self.fallback.read(module)
+        relpath = module_relpath(module)
+        try:
+            with zipfile.ZipFile(wheel.path) as archive:
+                data = archive.read(relpath)
+        except KeyError as exc:
+            raise PatchgenError(f"upstream module {module!r} not found in {wheel.pin} (no {relpath} in "
+                                f"{wheel.path.name}); check the spec's 'module' key") from exc
+        except (OSError, zipfile.BadZipFile) as exc:
+            raise PatchgenError(f"{wheel.path}: cannot read {relpath}: {exc}") from exc
+        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+        return UpstreamFile(package, wheel.version, module, relpath, text)

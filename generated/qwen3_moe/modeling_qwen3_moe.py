@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/qwen3_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_moe/modeling_qwen3_moe.py sha256=f07ab1b3a17e27612006a447812b83667af7ab3d527afe3ebbdf89dc5dac8a90
-# spec: specs/qwen3_moe.toml sha256=10fcfac60e6a3a0fbf42a83128f760050b1cc74a276d227fce640c8711d66e11
-# templates: sha256=988dc4c01142eded8266745426655626478da24ee0e1594feb438d23fce5beae
-# engine: patchgen==0.1.0 sha256=c89d5e9e0254e591709a8e56d0db3f4d6206fef93857f16165a04a405513bbe6
-# body: sha256=109a87367c80c7b643dba303185c52df07d361494c39319b198f383959a47571
+# spec: specs/qwen3_moe.toml sha256=50a07714fc94dea88d1ba3ed393130f52c005d568641364061505e0428478db4
+# templates: sha256=a44cfd5397ebc443e32398dd8a4270272a5eab2523e79e55151b78d2d2502c87
+# engine: patchgen==0.1.0 sha256=2e4f4a4837c74ca2244a509508ff65b20db999db9dd316d0c94c205030018e11
+# body: sha256=abc6e31bd7db0a77ad842c97e83eb7bf3e0d5f10143bdbae52468907a3d1ea1a
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3MoeModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
 #   #2 sp/rope_slice @ Qwen3MoeModel.forward: RoPE comes from global position ids; each SP rank keeps the slice for its tokens
@@ -13,6 +13,7 @@
 #   #4 loss/causal_lm_head @ Qwen3MoeForCausalLM.forward: SP: labels shift across ranks and the mean is over the SP group; optional chunked CE without full logits
 #   #5 moe/global_aux_loss @ Qwen3MoeForCausalLM.forward: the load-balancing loss must see every rank's tokens, not one rank's slice
 #   #6 moe/ep_plan @ Qwen3MoePreTrainedModel: expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
+#   #7 core/upstream_weight_conversions @ <module>: load plain transformers' per-expert checkpoints into the stacked layout and save them back the same way
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_moe/modular_qwen3_moe.py.
@@ -67,12 +68,13 @@ from transformers.utils import TransformersKwargs, auto_docstring, can_return_tu
 from transformers.utils.generic import maybe_autocast, merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from transformers.models.qwen3_moe.configuration_qwen3_moe import Qwen3MoeConfig
-# patchgen imports (5 stmt): names the patches below use
+# patchgen imports (6 stmt): names the patches below use
 from runtime.sp.positions import full_sequence_mask
 from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
 from runtime.sp.loss import causal_lm_logits_and_loss
 from runtime.moe.hooks import global_aux_loss
+from runtime.models.conversions import share_upstream_weight_conversions
 
 
 def rotate_half(x):
@@ -743,3 +745,7 @@ __all__ = [
     "Qwen3MoeModel",
     "Qwen3MoePreTrainedModel",
 ]
+
+
+# patchgen #7 core/upstream_weight_conversions (1 stmt): load plain transformers' per-expert checkpoints into the stacked layout and save them back the same way
+share_upstream_weight_conversions("qwen3_moe")

@@ -20,13 +20,22 @@ _EMPTY = cst.Module(body=[])
 _PASS_BLOCK = cst.IndentedBlock(body=[cst.SimpleStatementLine(body=[cst.Pass()])])
 
 
+# LocateError.kind: what failed to match. These are the words of the `patchgen upgrade` status column.
+SCOPE_MISSING = "scope missing"  # no definition named like a part of the scope
+SCOPE_AMBIGUOUS = "scope ambiguous"  # several definitions with that name
+ANCHOR_MOVED = "anchor moved"  # the anchor matches nothing in its scope (the nearest candidates are given)
+ANCHOR_AMBIGUOUS = "anchor ambiguous"  # the anchor matches several times
+INVALID_ANCHOR = "invalid anchor"  # the anchor text is not a statement / expression: a spec error
+
+
 class LocateError(Exception):
     """An anchor or scope that matched zero or several times; `candidates` are the nearest matches."""
 
-    def __init__(self, message: str, candidates: list[tuple[str, cst.CSTNode]]) -> None:
+    def __init__(self, message: str, candidates: list[tuple[str, cst.CSTNode]], kind: str) -> None:
         super().__init__(message)
         self.message = message
         self.candidates = candidates
+        self.kind = kind
 
 
 def code_of(node: cst.CSTNode) -> str:
@@ -85,7 +94,8 @@ def scope_chain(module: cst.Module, scope: str) -> list[cst.CSTNode]:
             near = difflib.get_close_matches(part, names, n=5, cutoff=0.5)
             candidates = [(f"{prefix}.{n}" if prefix else n, _named(body, n)) for n in near]
             what = "no definition" if not matches else f"{len(matches)} definitions"
-            raise LocateError(f"scope {scope!r}: {what} named {part!r} in {prefix or 'the module'}", candidates)
+            raise LocateError(f"scope {scope!r}: {what} named {part!r} in {prefix or 'the module'}", candidates,
+                              SCOPE_AMBIGUOUS if matches else SCOPE_MISSING)
         node = matches[0]
         chain.append(node)
     return chain
@@ -120,7 +130,8 @@ class Match:
 def find_statement(scope_node: cst.CSTNode, anchor: str, scope: str) -> cst.BaseStatement:
     wanted = normalize_anchor(anchor)
     if wanted is None:
-        raise LocateError(f"anchor {anchor!r} is not a Python statement (a compound header ends with ':')", [])
+        raise LocateError(f"anchor {anchor!r} is not a Python statement (a compound header ends with ':')", [],
+                          INVALID_ANCHOR)
     statements = [s for s in iter_statements(scope_node) if not isinstance(s, cst.Module)]
     return _unique(wanted, anchor, scope, [(s, statement_key) for s in statements], "statement")
 
@@ -136,7 +147,8 @@ def find_statement_range(scope_node: cst.CSTNode, anchor: str, through: str, sco
     following = block[next(i for i, s in enumerate(block) if s is first):]
     wanted = normalize_anchor(through)
     if wanted is None:
-        raise LocateError(f"'through' {through!r} is not a Python statement (a compound header ends with ':')", [])
+        raise LocateError(f"'through' {through!r} is not a Python statement (a compound header ends with ':')", [],
+                          INVALID_ANCHOR)
     last = _unique(wanted, through, f"{scope} after {anchor!r}", [(s, statement_key) for s in following],
                    "following statement")
     return following[: next(i for i, s in enumerate(following) if s is last) + 1]
@@ -194,7 +206,7 @@ def find_expression(scope_node: cst.CSTNode, anchor: str, scope: str,
     except cst.ParserSyntaxError:
         wanted = None
     if wanted is None:
-        raise LocateError(f"anchor {anchor!r} is not a Python expression", [])
+        raise LocateError(f"anchor {anchor!r} is not a Python expression", [], INVALID_ANCHOR)
     quick = _quick_key(parsed)
     nodes = [n for n in (index or NodeIndex()).of_type(scope_node, type(parsed))
              if quick is None or _quick_key(n) == quick]
@@ -221,8 +233,8 @@ def _unique(wanted: str, anchor: str, scope: str, pairs, what: str):
         return hits[0]
     if hits:
         raise LocateError(f"anchor {anchor!r} matches {len(hits)} {what}s in scope {scope!r}; make it unique "
-                          f"(a longer statement, or a narrower scope)", [(wanted, n) for n in hits])
+                          f"(a longer statement, or a narrower scope)", [(wanted, n) for n in hits], ANCHOR_AMBIGUOUS)
     texts = [text for _, text in keyed if text]
     near = difflib.get_close_matches(wanted, texts, n=3, cutoff=0.4)
     candidates = [(text, next(n for n, t in keyed if t == text)) for text in near]
-    raise LocateError(f"anchor {anchor!r} matches no {what} in scope {scope!r}", candidates)
+    raise LocateError(f"anchor {anchor!r} matches no {what} in scope {scope!r}", candidates, ANCHOR_MOVED)

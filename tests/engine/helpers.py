@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,27 @@ class FixtureSource:
                 raise PatchgenError(f"upstream module {module!r} not found")
             text = path.read_text(encoding="utf-8")
         return UpstreamFile(package, self.version(package), module, relpath, text)
+
+
+def build_wheel(directory: Path, version: str, overrides: dict[str, str] | None = None,
+                name: str | None = None) -> Path:
+    """A minimal, byte-reproducible wheel of the fixture upstream package at `version`: every file of
+    tests/fixtures/upstream/fixturepkg (or its override, keyed by module name) plus a dist-info METADATA."""
+    overrides = {module_relpath(module): text for module, text in (overrides or {}).items()}
+    path = directory / (name or f"{PACKAGE}-{version}-py3-none-any.whl")
+    directory.mkdir(parents=True, exist_ok=True)
+    dist = f"{PACKAGE}-{version}.dist-info"
+    members = {p.relative_to(UPSTREAM_DIR).as_posix(): p.read_text(encoding="utf-8")
+               for p in sorted((UPSTREAM_DIR / PACKAGE).rglob("*.py"))}
+    members.update(overrides)
+    members[f"{dist}/METADATA"] = f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {version}\n"
+    members[f"{dist}/WHEEL"] = ("Wheel-Version: 1.0\nGenerator: patchgen-tests\nRoot-Is-Purelib: true\n"
+                                "Tag: py3-none-any\n")
+    members[f"{dist}/RECORD"] = ""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for member, text in members.items():
+            archive.writestr(zipfile.ZipInfo(member, date_time=(2020, 1, 1, 0, 0, 0)), text)
+    return path
 
 
 def toml_value(value: Any) -> str:

@@ -69,7 +69,8 @@ def test_wrong_type(project) -> None:
 def test_unknown_template_lists_available(project) -> None:
     message, path = load_error(project, spec_toml(patches=[{**INSERT, "template": "fx/insert_cod"}]))
     assert message.startswith(f"{path}: patch 1 (fx/insert_cod): unknown template 'fx/insert_cod'")
-    assert "available: core/rename, fx/add_definition, fx/add_method, fx/bad_syntax, fx/insert_code," in message
+    assert "available: core/rename, " in message
+    assert "fx/add_definition, fx/add_method, fx/bad_syntax, fx/insert_code," in message
 
 
 def test_undeclared_var(project) -> None:
@@ -245,15 +246,10 @@ RUN = dict(template="fx/replace_code", scope="ToyLayer.forward", anchor="residua
     ("residual = hidden", "hidden = [h * m for h, m in zip(hidden, attention_mask)]"),  # another block
     ("hidden = rescale(hidden, factor=self.config.scale)", "residual = hidden"),  # wrong order
 ])
-def test_replace_run_must_be_one_block_in_order(project, anchor, through) -> None:
+def test_replace_run_ends_among_the_statements_after_the_anchor(project, anchor, through) -> None:
     message, path = generate_error(project, [{**RUN, "anchor": anchor, "through": through}])
-    assert message.startswith(f"{path}: patch 1 (fx/replace_code) in scope 'ToyLayer.forward': 'anchor' {anchor!r} "
-                              f"and 'through' {through!r} must be statements of one block")
-    line_of = {"residual = hidden": upstream_line(TOY, "residual = hidden"),
-               "hidden = rescale(hidden, factor=self.config.scale)": upstream_line(TOY, "hidden = rescale(hidden,"),
-               RUN["anchor"]: upstream_line(TOY, RUN["anchor"])}
-    line_of.setdefault(through, upstream_line(TOY, through))
-    assert candidates(message) == [(line_of[anchor], "anchor"), (line_of[through], "through")]
+    assert message.startswith(f"{path}: patch 1 (fx/replace_code) in scope 'ToyLayer.forward': ")
+    assert f"{through!r} matches no following statement in scope 'ToyLayer.forward after {anchor!r}'" in message
 
 
 def test_replace_run_conflicts_with_an_edit_inside_it(project) -> None:
