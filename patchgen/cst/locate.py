@@ -149,8 +149,11 @@ def find_statement_range(scope_node: cst.CSTNode, anchor: str, through: str, sco
     if wanted is None:
         raise LocateError(f"'through' {through!r} is not a Python statement (a compound header ends with ':')", [],
                           INVALID_ANCHOR)
-    last = _unique(wanted, through, f"{scope} after {anchor!r}", [(s, statement_key) for s in following],
-                   "following statement")
+    try:
+        last = _unique(wanted, through, scope, [(s, statement_key) for s in following], "statement")
+    except LocateError as exc:
+        raise LocateError(exc.message.replace(f"anchor {through!r}", f"'through' {through!r}", 1)
+                          + f" after 'anchor' {anchor!r} in the same block", exc.candidates, exc.kind) from None
     return following[: next(i for i, s in enumerate(following) if s is last) + 1]
 
 

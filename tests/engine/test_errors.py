@@ -249,7 +249,8 @@ RUN = dict(template="fx/replace_code", scope="ToyLayer.forward", anchor="residua
 def test_replace_run_ends_among_the_statements_after_the_anchor(project, anchor, through) -> None:
     message, path = generate_error(project, [{**RUN, "anchor": anchor, "through": through}])
     assert message.startswith(f"{path}: patch 1 (fx/replace_code) in scope 'ToyLayer.forward': ")
-    assert f"{through!r} matches no following statement in scope 'ToyLayer.forward after {anchor!r}'" in message
+    assert f"'through' {through!r} matches no statement in scope 'ToyLayer.forward' after 'anchor' {anchor!r} " \
+           f"in the same block" in message
 
 
 def test_replace_run_conflicts_with_an_edit_inside_it(project) -> None:
