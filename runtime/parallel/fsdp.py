@@ -136,6 +136,9 @@ def apply_fsdp(
         mp_policy=mixed_precision_policy(state, param_dtype, reduce_dtype),
         reshard_after_forward=reshard_after_forward,
     )
+    # Expert-parallel experts (DTensors on the ep mesh) shard further over the expert-data-parallel mesh.
+    for experts in [m for m in model.modules() if getattr(m, "ep_sharded", False)]:
+        fully_shard(experts, **{**kwargs, "mesh": state.expert_fsdp_mesh})
     for block in reversed(blocks):  # bottom-up, in case a block nests another
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)

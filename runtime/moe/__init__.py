@@ -1,0 +1,18 @@
+"""Mixture-of-experts runtime: one experts interface (eager reference, grouped, Triton), expert parallelism and the
+global load-balancing loss. See ``runtime.moe.experts`` for the implementations and their trade-offs."""
+
+from runtime.moe.aux_loss import global_load_balancing_loss
+from runtime.moe.ep import all_to_all_uneven, ep_experts_forward, local_expert_range
+from runtime.moe.experts import GROUPED_BACKENDS, IMPLS, experts_forward, grouped_linear, sort_by_expert
+
+__all__ = [
+    "GROUPED_BACKENDS",
+    "IMPLS",
+    "all_to_all_uneven",
+    "ep_experts_forward",
+    "experts_forward",
+    "global_load_balancing_loss",
+    "grouped_linear",
+    "local_expert_range",
+    "sort_by_expert",
+]
