@@ -229,8 +229,13 @@ class _GroupedLinear(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             if backend == "torch":
                 grad_w = torch._grouped_mm(grad.t(), x, offs=_offsets(counts_t))
-                # Groups without rows are not written by the kernel.
-                grad_w.masked_fill_((counts_t == 0)[:, None, None], 0)
+                # Groups without rows are not written by the kernel. On CPU, find them on the host rather than
+                # rewriting the whole gradient with masked_fill (~30 ms per projection at the bench shape).
+                empty = counts_t == 0
+                if grad_w.device.type == "cpu":
+                    grad_w[empty.nonzero()[:, 0]] = 0
+                else:
+                    grad_w.masked_fill_(empty[:, None, None], 0)
             else:
                 assert counts is not None
                 grad_w = _wgrad_segments(grad, x, counts, torch.empty_like(weight))
@@ -256,6 +261,42 @@ def grouped_linear(x: Tensor, weight: Tensor, counts: Tensor, backend: str | Non
     return _GroupedLinear.apply(x, weight, counts, host_counts, backend)
 
 
+class _SiluGate(torch.autograd.Function):
+    """``silu(gate) * up`` from the ``(S, 2I)`` gate_up output, saving only that input (autograd would also keep
+    ``silu(gate)``) and writing both input gradients into one buffer (autograd would ``cat`` them)."""
+
+    @staticmethod
+    def forward(ctx: Any, gate_up: Tensor) -> Tensor:
+        ctx.save_for_backward(gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate).mul_(up)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> Tensor:
+        (gate_up,) = ctx.saved_tensors
+        gate, up = gate_up.chunk(2, dim=-1)
+        grad_gate_up = torch.empty_like(gate_up)
+        grad_gate, grad_up = grad_gate_up.chunk(2, dim=-1)
+        torch.mul(grad, F.silu(gate), out=grad_up)
+        torch.ops.aten.silu_backward.grad_input(grad * up, gate, grad_input=grad_gate)
+        return grad_gate_up
+
+
+def _is_silu(act_fn: Callable[[Tensor], Tensor]) -> bool:
+    """SiLU as models pass it: ``F.silu``, ``nn.SiLU`` or transformers' ``ACT2FN["silu"]`` (SiLUActivation)."""
+    if act_fn is F.silu or isinstance(act_fn, torch.nn.SiLU):
+        return True
+    cls = type(act_fn)
+    return cls.__name__ == "SiLUActivation" and cls.__module__ == "transformers.activations"
+
+
+def _gated(gate_up: Tensor, act_fn: Callable[[Tensor], Tensor]) -> Tensor:
+    if _is_silu(act_fn):
+        return _SiluGate.apply(gate_up)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return act_fn(gate) * up
+
+
 def _grouped(hidden: Tensor, top_k_index: Tensor, top_k_weights: Tensor, gate_up_proj: Tensor, down_proj: Tensor,
              act_fn: Callable[[Tensor], Tensor], expert_offset: int, linear: Callable[..., Tensor]) -> Tensor:
     top_k = top_k_index.size(1)
@@ -263,8 +304,7 @@ def _grouped(hidden: Tensor, top_k_index: Tensor, top_k_weights: Tensor, gate_up
         order, counts = sort_by_expert(top_k_index, gate_up_proj.size(0), expert_offset)
         token_idx = torch.div(order, top_k, rounding_mode="floor")
     current_state = hidden.index_select(0, token_idx)
-    gate, up = linear(current_state, gate_up_proj, counts).chunk(2, dim=-1)
-    current_hidden_states = linear(act_fn(gate) * up, down_proj, counts)
+    current_hidden_states = linear(_gated(linear(current_state, gate_up_proj, counts), act_fn), down_proj, counts)
     weights = top_k_weights.reshape(-1).index_select(0, order)
     current_hidden_states = current_hidden_states * weights[:, None]
     # Rows are in expert order, so every token accumulates its experts in ascending order, as eager does.

@@ -8,12 +8,13 @@ Example (every key shown with its default unless marked required)::
       config: {}               # overrides for random init (AutoConfig.for_model(type, **config))
       seed: 0
       attn_implementation: sdpa  # or flash_attention_2 where flash-attn is installed
+      experts_implementation: patchgen_grouped  # MoE models: eager | patchgen_grouped | patchgen_triton
     data:
       path: data.jsonl         # required: .jsonl (text / chat messages) or .txt
       tokenizer: tok/          # required: local tokenizer directory
       token_budget: 1024       # tokens per packed row (one row per micro-batch per DP replica)
       seed: 0
-    parallel: {sp: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false}
+    parallel: {sp: 1, ep: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false}
     optim: {lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, grad_clip: 1.0,
             warmup_steps: 0, min_lr_ratio: 0.1}
     train: {steps: 100, micro_batches: 1, loss_chunk_size: null}
@@ -45,6 +46,7 @@ class ModelConfig:
     config: dict = field(default_factory=dict)
     seed: int = 0
     attn_implementation: str = "sdpa"
+    experts_implementation: str = "patchgen_grouped"  # MoE models only: eager | patchgen_grouped | patchgen_triton
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,7 @@ class DataConfig:
 @dataclass(frozen=True)
 class ParallelConfig:
     sp: int = 1
+    ep: int = 1
     dp_replicate: int = 1
     dp_shard: int | None = None
     activation_checkpointing: bool = False
@@ -115,7 +118,8 @@ class RunConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
 
 
-_POSITIVE = {"data.token_budget", "train.steps", "train.micro_batches", "parallel.sp", "parallel.dp_replicate",
+_POSITIVE = {"data.token_budget", "train.steps", "train.micro_batches", "parallel.sp", "parallel.ep",
+             "parallel.dp_replicate",
              "parallel.dp_shard", "train.loss_chunk_size", "log.interval", "checkpoint.keep"}
 _NON_NEGATIVE = {"optim.lr", "optim.weight_decay", "optim.grad_clip", "optim.warmup_steps", "checkpoint.interval"}
 

@@ -20,6 +20,7 @@ from runtime.data.jsonl import read_samples
 from runtime.data.loader import PackedLoader
 from runtime.data.sp_batch import shard_for_sp
 from runtime.data.tokenization import load_tokenizer, tokenize_samples
+from runtime.moe.sharding import shard_experts
 from runtime.parallel.fsdp import apply_fsdp, clip_grad_norm_
 from runtime.parallel.state import ParallelState, check_sp_compatible, init_parallel_state
 from runtime.train.config import ConfigError, RunConfig
@@ -39,7 +40,8 @@ class RunResult:
 def setup_parallel(config: RunConfig) -> ParallelState:
     p = config.parallel
     try:
-        return init_parallel_state(sp_size=p.sp, dp_replicate_size=p.dp_replicate, dp_shard_size=p.dp_shard)
+        return init_parallel_state(sp_size=p.sp, dp_replicate_size=p.dp_replicate, dp_shard_size=p.dp_shard,
+                                   ep_size=p.ep)
     except ValueError as exc:
         raise ConfigError(f"parallel: {exc}") from None
 
@@ -70,6 +72,11 @@ def train(config: RunConfig) -> RunResult:
     samples = tokenize_samples(read_samples(config.data.path), tokenizer)
     loader = PackedLoader.for_parallel_state(samples, config.data.token_budget, state, seed=config.data.seed)
 
+    if state.ep_enabled:
+        try:
+            shard_experts(model, state)
+        except ValueError as exc:
+            raise ConfigError(f"parallel.ep: {exc}") from None
     if state.world_size > 1:
         model = apply_fsdp(model, state, activation_checkpointing=config.parallel.activation_checkpointing)
     elif config.parallel.activation_checkpointing:
@@ -120,18 +127,23 @@ def train_step(step: int, model, optimizer, scheduler, loader: PackedLoader, sta
     started = time.perf_counter()
     rows = [next(loader) for _ in range(config.train.micro_batches)]
     tokens = all_reduce_sum(target_count(rows), state.dp_group)
-    loss_share = torch.zeros(())
+    loss_share, aux = torch.zeros(()), torch.zeros(())
+    aux_coef = getattr(model.config, "router_aux_loss_coef", 0.0)
     for row in rows:
         out = model(**shard_for_sp(row, state), num_items_in_batch=tokens,
                     loss_chunk_size=config.train.loss_chunk_size)
         out.loss.backward()
-        loss_share += out.loss.detach()
+        # MoE: the load-balancing term is the global value on every rank (not a share); report it once.
+        row_aux = getattr(out, "aux_loss", None)
+        row_aux = torch.zeros(()) if row_aux is None else aux_coef * row_aux.detach()
+        loss_share += out.loss.detach() - row_aux
+        aux += row_aux / len(rows)
     grad_norm = clip_grad_norm_(model.parameters(), config.optim.grad_clip or float("inf"))
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    loss = all_reduce_sum(loss_share, state.dp_group)  # SP ranks already agree; DP shares add up to the mean
+    loss = all_reduce_sum(loss_share, state.dp_group) + aux  # SP ranks already agree; DP shares add up
     elapsed = time.perf_counter() - started
     processed = sum(row["input_ids"].numel() for row in rows) * state.dp_size
     tflops = flops_token * processed / elapsed / state.world_size / 1e12

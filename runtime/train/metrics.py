@@ -24,14 +24,19 @@ def detect_peak_tflops() -> float | None:
 def flops_per_token(config: Any, seq_len: int) -> float:
     """Training FLOPs per token: 6 x (non-embedding matmul params) + attention scores (causal, fwd+bwd).
 
-    The matmul term counts q/k/v/o, the gated MLP and the LM head; the attention term is
+    The matmul term counts q/k/v/o, the gated MLP (for MoE: the top-k experts and the router) and the LM head;
+    the attention term is
     6 * layers * seq_len * heads * head_dim (half of the full 12x because of the causal mask).
     """
     hidden, layers = config.hidden_size, config.num_hidden_layers
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
-    mlp = 3 * hidden * config.intermediate_size
+    top_k = getattr(config, "num_experts_per_tok", None)
+    if top_k:  # MoE: each token runs top_k experts plus the router
+        mlp = 3 * hidden * config.moe_intermediate_size * top_k + hidden * config.num_experts
+    else:
+        mlp = 3 * hidden * config.intermediate_size
     params = layers * (attn + mlp) + hidden * config.vocab_size
     return 6.0 * params + 6.0 * layers * seq_len * heads * head_dim
 

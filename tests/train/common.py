@@ -10,6 +10,10 @@ TINY_MODEL = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "n
               "tie_word_embeddings": False}
 
 
+TINY_MOE = {**TINY_MODEL, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "decoder_sparse_step": 1, "output_router_logits": True, "router_aux_loss_coef": 0.01}
+
+
 def tokenizer_dir(root: Path) -> Path:
     from runtime.data.corpus import corpus_path
     from runtime.data.tokenization import build_test_tokenizer
