@@ -35,6 +35,7 @@ check: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/codegen.py
 	$(BIN)/python bench/train_overhead.py
+	$(BIN)/python bench/moe.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
