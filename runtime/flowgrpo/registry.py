@@ -1,0 +1,118 @@
+"""Diffusion model adapters for Flow-GRPO, and their registry keyed by ``(architecture, algorithm)``.
+
+An adapter (a ``DiffusionModelBase`` subclass) tells the trainer and the rollout how to drive one architecture
+under one algorithm: build the trainable module and the scheduler, build the step schedule, turn a batch into the
+module's inputs, and run one denoising step that returns the step policy's log-prob. Rollout and training call the
+same ``forward_and_sample_previous_step``, which is what makes their log-probs agree.
+
+    @register_diffusion_model("SD3Transformer2DModel", "flowgrpo")
+    class SD3FlowGRPO(DiffusionModelBase): ...
+
+    cls = get_diffusion_model_cls("SD3Transformer2DModel", "flowgrpo")
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "DiffusionModelBase",
+    "register_diffusion_model",
+    "get_diffusion_model_cls",
+    "registered_diffusion_models",
+    "unregister_diffusion_model",
+]
+
+
+class DiffusionModelBase(abc.ABC):
+    """The hooks one (architecture, algorithm) adapter implements. Set by the registry: ``architecture``,
+    ``algorithm``."""
+
+    architecture: str = ""
+    algorithm: str = ""
+
+    @abc.abstractmethod
+    def build_module(self, config: Any) -> nn.Module:
+        """The trainable denoiser (e.g. a diffusers transformer or a ``NonDiffusersModelBase``)."""
+
+    @abc.abstractmethod
+    def build_scheduler(self, config: Any) -> Any:
+        """The scheduler whose sigma conventions the steps follow (e.g. ``FlowMatchEulerDiscreteScheduler``)."""
+
+    @abc.abstractmethod
+    def set_timesteps(self, num_inference_steps: int, **kwargs: Any) -> Any:
+        """The step schedule (a ``runtime.flowgrpo.scheduler.FlowMatchSchedule``), built by ``make_schedule``."""
+
+    @abc.abstractmethod
+    def prepare_model_inputs(self, batch: dict[str, Any], latents: torch.Tensor, step_index: Any) -> dict[str, Any]:
+        """The module's keyword arguments for one step (conditioning, timestep, CFG duplication...)."""
+
+    @abc.abstractmethod
+    def forward_and_sample_previous_step(
+        self, module: nn.Module, batch: dict[str, Any], latents: torch.Tensor, step_index: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run the module at ``step_index`` and take the SDE step; returns
+        ``(log_prob, prev_sample_mean, std_dev_t, sqrt_dt)``. With ``prev_sample=`` given it scores that sample
+        (training); otherwise it samples one, which an implementation may also expose (rollout)."""
+
+
+_REGISTRY: dict[tuple[str, str], type[DiffusionModelBase]] = {}
+
+
+def register_diffusion_model(
+    architecture: str, algorithm: str
+) -> Callable[[type[DiffusionModelBase]], type[DiffusionModelBase]]:
+    """Class decorator registering an adapter under ``(architecture, algorithm)``; a taken key raises."""
+
+    def deco(cls: type[DiffusionModelBase]) -> type[DiffusionModelBase]:
+        if not (isinstance(cls, type) and issubclass(cls, DiffusionModelBase)):
+            raise TypeError(f"{cls!r} is not a DiffusionModelBase subclass")
+        key = (architecture, algorithm)
+        if key in _REGISTRY and _REGISTRY[key] is not cls:
+            raise ValueError(f"{key} is already registered to {_REGISTRY[key].__qualname__}")
+        cls.architecture, cls.algorithm = architecture, algorithm
+        _REGISTRY[key] = cls
+        return cls
+
+    return deco
+
+
+def unregister_diffusion_model(architecture: str, algorithm: str) -> None:
+    _REGISTRY.pop((architecture, algorithm), None)
+
+
+def registered_diffusion_models() -> list[tuple[str, str]]:
+    _load_builtin_adapters()
+    return sorted(_REGISTRY)
+
+
+# Modules whose import registers the built-in adapters; imported on the first lookup (keeps diffusers lazy).
+_BUILTIN_ADAPTER_MODULES = ("runtime.flowgrpo.sd3",)
+_builtins_loaded = False
+
+
+def _load_builtin_adapters() -> None:
+    global _builtins_loaded
+    if not _builtins_loaded:
+        _builtins_loaded = True
+        for name in _BUILTIN_ADAPTER_MODULES:
+            importlib.import_module(name)
+
+
+def get_diffusion_model_cls(architecture: str, algorithm: str) -> type[DiffusionModelBase]:
+    """The adapter for ``(architecture, algorithm)``; ``KeyError`` listing the registered keys otherwise."""
+    _load_builtin_adapters()
+    try:
+        return _REGISTRY[(architecture, algorithm)]
+    except KeyError:
+        known = ", ".join(f"({a!r}, {b!r})" for a, b in registered_diffusion_models()) or "none"
+        raise KeyError(
+            f"no diffusion model registered for architecture={architecture!r}, algorithm={algorithm!r}; "
+            f"registered: {known}"
+        ) from None
