@@ -19,6 +19,7 @@ never an empty string in generated code.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import tomllib
 from dataclasses import dataclass
@@ -94,11 +95,17 @@ class Template:
         """Render the body; `values` must already be validated (see spec loading)."""
         merged = {v.name: v.default for v in self.vars if not v.required}
         merged.update(values)
-        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
         try:
-            return env.from_string(self.body).render(**merged)
+            return _compiled(self.body).render(**merged)
         except jinja2.TemplateError as exc:
             raise PatchgenError(f"{self.path}: rendering failed: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(body: str) -> jinja2.Template:
+    """Compiling a jinja2 template costs far more than rendering it; a spec renders each template many times."""
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+    return env.from_string(body)
 
 
 def parse_template(name: str, path: Path, text: str) -> Template:

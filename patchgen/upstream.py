@@ -6,6 +6,7 @@ Importing transformers would import torch; `patchgen check` must stay a seconds-
 from __future__ import annotations
 
 import email.parser
+import functools
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -42,6 +43,15 @@ class UpstreamSource(Protocol):
     def read(self, module: str) -> UpstreamFile: ...
 
 
+@functools.lru_cache(maxsize=32)
+def _installed_version(package: str) -> str:
+    """Metadata lookups scan sys.path; the installed version cannot change while patchgen runs."""
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise PatchgenError(f"upstream package {package!r} is not installed; install the pinned version") from exc
+
+
 def module_relpath(module: str) -> str:
     return module.replace(".", "/") + ".py"
 
@@ -55,10 +65,7 @@ class InstalledSource:
     """Upstream files of the packages installed in this environment, located via import specs (no import)."""
 
     def version(self, package: str) -> str:
-        try:
-            return importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError as exc:
-            raise PatchgenError(f"upstream package {package!r} is not installed; install the pinned version") from exc
+        return _installed_version(package)
 
     def read(self, module: str) -> UpstreamFile:
         package = module.split(".")[0]

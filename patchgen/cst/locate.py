@@ -184,21 +184,39 @@ def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
 
 
 class NodeIndex:
-    """Nodes of a scope grouped by type, built once per scope however many anchors look inside it."""
+    """Nodes of a scope grouped by type, and their parents, built once per scope however many anchors use it."""
 
     def __init__(self) -> None:
-        self._by_scope: dict[int, tuple[cst.CSTNode, dict[type, list[cst.CSTNode]]]] = {}
+        self._by_scope: dict[int, tuple[cst.CSTNode, dict[type, list[cst.CSTNode]], dict[int, cst.CSTNode]]] = {}
 
-    def of_type(self, scope_node: cst.CSTNode, kind: type) -> list[cst.CSTNode]:
+    def _index(self, scope_node: cst.CSTNode) -> tuple[dict[type, list[cst.CSTNode]], dict[int, cst.CSTNode]]:
         if id(scope_node) not in self._by_scope:
             groups: dict[type, list[cst.CSTNode]] = {}
-            stack = child_nodes(scope_node)
+            parents: dict[int, cst.CSTNode] = {}
+            stack = [scope_node]
             while stack:
                 node = stack.pop()
-                groups.setdefault(type(node), []).append(node)
-                stack.extend(child_nodes(node))
-            self._by_scope[id(scope_node)] = (scope_node, groups)
-        return self._by_scope[id(scope_node)][1].get(kind, [])
+                for child in child_nodes(node):
+                    parents[id(child)] = node
+                    groups.setdefault(type(child), []).append(child)
+                    stack.append(child)
+            self._by_scope[id(scope_node)] = (scope_node, groups, parents)
+        return self._by_scope[id(scope_node)][1:]
+
+    def of_type(self, scope_node: cst.CSTNode, kind: type) -> list[cst.CSTNode]:
+        return self._index(scope_node)[0].get(kind, [])
+
+    def path(self, scope_node: cst.CSTNode, target: cst.CSTNode) -> list[cst.CSTNode]:
+        """`target` and its ancestors up to `scope_node` (a top-level statement of a module needs no index)."""
+        if target is scope_node:
+            return [target]
+        if isinstance(scope_node, cst.Module) and any(s is target for s in scope_node.body):
+            return [target, scope_node]
+        parents = self._index(scope_node)[1]
+        chain = [target]
+        while chain[-1] is not scope_node:
+            chain.append(parents[id(chain[-1])])
+        return chain
 
 
 def find_expression(scope_node: cst.CSTNode, anchor: str, scope: str,

@@ -55,7 +55,7 @@ class Plan:
     added_names: set[str] = field(default_factory=set)
     rendered: list[str] = field(default_factory=list)  # every rendered body: its references keep definitions alive
     chain_ids: set[int] = field(default_factory=set)  # definitions on the way down to a scope: visit them
-    scope_ids: set[int] = field(default_factory=set)  # patch scopes: visit everything inside
+    path_ids: set[int] = field(default_factory=set)  # edited nodes and their ancestors: the rewrite visits these
 
     def absorb(self, part: Plan) -> None:
         """Add one patch's resolution (resolved into its own Plan) to this one."""
@@ -65,7 +65,7 @@ class Plan:
         self.added_names |= part.added_names
         self.rendered += part.rendered
         self.chain_ids |= part.chain_ids
-        self.scope_ids |= part.scope_ids
+        self.path_ids |= part.path_ids
 
     def by_target(self) -> dict[int, list[Edit]]:
         table: dict[int, list[Edit]] = {}
@@ -139,6 +139,10 @@ def _resolve_one(module: cst.Module, patch: Patch, index: NodeIndex) -> Plan:
     """One patch's edits, rendered code and imports, as a plan of its own."""
     plan = Plan(imports=list(dict.fromkeys(patch.template.imports)))
     _resolve_into(module, patch, plan, index)
+    scope = module if patch.template.op == "add_definition" else scope_chain(module, patch.scope)[-1]
+    for edit in plan.edits:
+        for node in (edit.target, *edit.span):
+            plan.path_ids.update(id(n) for n in index.path(scope, node))
     return plan
 
 
@@ -167,7 +171,6 @@ def _resolve_into(module: cst.Module, patch: Patch, plan: Plan, index: NodeIndex
     chain = scope_chain(module, patch.scope)
     scope = chain[-1]
     plan.chain_ids.update(id(n) for n in chain)
-    plan.scope_ids.add(id(scope))
     variables = {**patch.vars, "scope": patch.scope}
     if op == "insert":
         target = find_statement(scope, patch.anchor_text, patch.scope)

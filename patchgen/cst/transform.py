@@ -79,20 +79,24 @@ class PatchTransformer(cst.CSTTransformer):
         self.applied: dict[int, int] = {}
         self._markers: list[list[str]] = []  # one list per statement being visited
         self._not_references: set[int] = set()
-        self._chain_ids, self._scope_ids = plan.chain_ids, plan.scope_ids
-        self._scope_depth = 0  # > 0 while inside a patch scope, where every node is visited
+        self._visit_ids = plan.chain_ids | plan.path_ids
 
     def _count(self, edit: Edit) -> None:
         self.applied[edit.patch.index] = self.applied.get(edit.patch.index, 0) + 1
 
+    def _skips(self, node: cst.CSTNode) -> bool:
+        """Whether nothing below `node` can change: no edit on the way down, no relative import inside."""
+        if self.renames or id(node) in self._visit_ids:
+            return False
+        if isinstance(node, cst.BaseStatement):
+            return not has_relative_import(node)
+        return isinstance(node, cst.BaseExpression)  # an expression off every edit path holds no edit
+
     def on_visit(self, node: cst.CSTNode) -> bool:
         if isinstance(node, cst.BaseStatement):
             self._markers.append([])
-        if id(node) in self._scope_ids:
-            self._scope_depth += 1
-        elif (isinstance(node, cst.ClassDef | cst.FunctionDef) and not self.renames and not self._scope_depth
-              and id(node) not in self._chain_ids and not has_relative_import(node)):
-            return False  # no patch inside: skip the subtree (its on_leave still runs for statement-level edits)
+        if self._skips(node):
+            return False  # its on_leave still runs, for statement-level edits and removals
         if self.renames:
             if isinstance(node, cst.Attribute):
                 self._not_references.add(id(node.attr))
@@ -103,8 +107,6 @@ class PatchTransformer(cst.CSTTransformer):
         return True
 
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):
-        if id(original) in self._scope_ids:
-            self._scope_depth -= 1
         edits = self.edits.get(id(original), [])
         renamed = isinstance(original, cst.Name) and original.value in self.renames
         if renamed and id(original) not in self._not_references:
