@@ -93,7 +93,7 @@ def registered_diffusion_models() -> list[tuple[str, str]]:
 
 
 # Modules whose import registers the built-in adapters; imported on the first lookup (keeps diffusers lazy).
-_BUILTIN_ADAPTER_MODULES = ("runtime.flowgrpo.sd3",)
+_BUILTIN_ADAPTER_MODULES = ("runtime.flowgrpo.sd3", "runtime.flowgrpo.mot")
 _builtins_loaded = False
 
 
