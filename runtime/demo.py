@@ -42,6 +42,10 @@ def main() -> None:
     from runtime.demos.train_text import main as train_demo
 
     ok = train_demo() and ok
+    print("== 4. FlowGRPO: tiny SD3 transformer, GRPO with a learnable reward ==", flush=True)
+    from runtime.demos.flowgrpo import main as flowgrpo_demo
+
+    ok = flowgrpo_demo() and ok
     sys.exit(0 if ok else 1)
 
 
