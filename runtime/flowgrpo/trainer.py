@@ -20,8 +20,8 @@ With one inner epoch the policy has not moved since the rollout when the gradien
 Distributed: when ``torch.distributed`` is initialised with world size > 1 the module is sharded with FSDP2 via
 ``runtime.parallel.fsdp.apply_fsdp`` (before the optimizer is built). Each rank rolls out WHOLE groups (its own
 prompts), so the group advantages need no communication; ``apply_fsdp`` SUMS gradients over ranks, so each rank's
-loss is divided by the world size (the update is the gradient of the mean over ranks). The multi-rank path is not
-covered by this package's tests (they are single-process CPU).
+loss is divided by the world size (the update is the gradient of the mean over ranks).
+tests/flowgrpo/test_trainer_fsdp.py checks a 2-rank step against one process holding both ranks' groups.
 """
 
 from __future__ import annotations
