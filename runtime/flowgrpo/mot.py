@@ -38,8 +38,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from runtime.flowgrpo.nondiffusers import NonDiffusersModelBase
-from runtime.flowgrpo.registry import DiffusionModelBase, register_diffusion_model
-from runtime.flowgrpo.scheduler import FlowMatchSchedule, SdeMethod, make_schedule, sde_step
+from runtime.flowgrpo.registry import VelocityAdapter, register_diffusion_model
+from runtime.flowgrpo.scheduler import FlowMatchSchedule, SdeMethod, make_schedule
 
 __all__ = [
     "BagelMoT",
@@ -410,7 +410,7 @@ def guide_velocity(
 
 
 @register_diffusion_model("BagelMoT", "flowgrpo")
-class BagelMoTFlowGRPO(DiffusionModelBase):
+class BagelMoTFlowGRPO(VelocityAdapter):
     """Batch keys: ``input_ids`` ``[B, L]`` long, optional ``attention_mask`` ``[B, L]``, optional
     ``cond_latents`` ``[B, C, H, W]`` (a clean condition-image latent: enables the 3rd branch)."""
 
@@ -501,38 +501,3 @@ class BagelMoTFlowGRPO(DiffusionModelBase):
             renorm=self.cfg_renorm,
             renorm_clamp=self.cfg_renorm_clamp,
         )
-
-    def step(
-        self,
-        module: nn.Module,
-        batch: dict[str, Any],
-        latents: torch.Tensor,
-        step_index: int | torch.Tensor,
-        *,
-        noise_level: float | torch.Tensor | None = None,
-        prev_sample: torch.Tensor | None = None,
-        generator: torch.Generator | Sequence[torch.Generator] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Model forward + SDE step: ``(prev_sample, log_prob, prev_sample_mean, std_dev_t, sqrt_dt)``."""
-        v = self.velocity(module, batch, latents, step_index)
-        return sde_step(
-            batch["schedule"],
-            latents,
-            v,
-            step_index=step_index,
-            noise_level=self.noise_level if noise_level is None else noise_level,
-            method=self.method,
-            prev_sample=prev_sample,
-            generator=generator,
-        )
-
-    def forward_and_sample_previous_step(
-        self,
-        module: nn.Module,
-        batch: dict[str, Any],
-        latents: torch.Tensor,
-        step_index: int | torch.Tensor,
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        _, log_prob, mean, std_dev_t, sqrt_dt = self.step(module, batch, latents, step_index, **kwargs)
-        return log_prob, mean, std_dev_t, sqrt_dt

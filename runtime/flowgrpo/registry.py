@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import abc
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
+from runtime.flowgrpo.scheduler import SdeMethod, sde_step
+
 __all__ = [
     "DiffusionModelBase",
+    "VelocityAdapter",
     "register_diffusion_model",
     "get_diffusion_model_cls",
     "registered_diffusion_models",
@@ -63,6 +66,55 @@ class DiffusionModelBase(abc.ABC):
 
 
 _REGISTRY: dict[tuple[str, str], type[DiffusionModelBase]] = {}
+
+
+class VelocityAdapter(DiffusionModelBase):
+    """An adapter whose model predicts a flow velocity: the SDE step is shared, only `velocity` differs.
+
+    Subclasses set `noise_level` and `method` and implement `velocity(module, batch, latents, step_index)`.
+    """
+
+    noise_level: float
+    method: SdeMethod
+
+    @abc.abstractmethod
+    def velocity(self, module: nn.Module, batch: dict[str, Any], latents: torch.Tensor,
+                 step_index: int | torch.Tensor) -> torch.Tensor: ...
+
+    def step(
+        self,
+        module: nn.Module,
+        batch: dict[str, Any],
+        latents: torch.Tensor,
+        step_index: int | torch.Tensor,
+        *,
+        noise_level: float | torch.Tensor | None = None,
+        prev_sample: torch.Tensor | None = None,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Model forward + SDE step: ``(prev_sample, log_prob, prev_sample_mean, std_dev_t, sqrt_dt)``."""
+        v = self.velocity(module, batch, latents, step_index)
+        return sde_step(
+            batch["schedule"],
+            latents,
+            v,
+            step_index=step_index,
+            noise_level=self.noise_level if noise_level is None else noise_level,
+            method=self.method,
+            prev_sample=prev_sample,
+            generator=generator,
+        )
+
+    def forward_and_sample_previous_step(
+        self,
+        module: nn.Module,
+        batch: dict[str, Any],
+        latents: torch.Tensor,
+        step_index: int | torch.Tensor,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        _, log_prob, mean, std_dev_t, sqrt_dt = self.step(module, batch, latents, step_index, **kwargs)
+        return log_prob, mean, std_dev_t, sqrt_dt
 
 
 def register_diffusion_model(

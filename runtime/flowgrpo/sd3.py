@@ -10,21 +10,21 @@ how they build inputs or take the step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
 from torch import nn
 
-from runtime.flowgrpo.registry import DiffusionModelBase, register_diffusion_model
-from runtime.flowgrpo.scheduler import FlowMatchSchedule, SdeMethod, make_schedule, sde_step
+from runtime.flowgrpo.registry import VelocityAdapter, register_diffusion_model
+from runtime.flowgrpo.scheduler import FlowMatchSchedule, SdeMethod, make_schedule
 
 __all__ = ["SD3FlowGRPO"]
 
 
 @register_diffusion_model("SD3Transformer2DModel", "flowgrpo")
-class SD3FlowGRPO(DiffusionModelBase):
+class SD3FlowGRPO(VelocityAdapter):
     def __init__(
         self,
         scheduler_config: Mapping[str, Any] | None = None,
@@ -82,38 +82,3 @@ class SD3FlowGRPO(DiffusionModelBase):
             uncond, cond = out.chunk(2)
             out = uncond + self.guidance_scale * (cond - uncond)
         return out
-
-    def step(
-        self,
-        module: nn.Module,
-        batch: dict[str, Any],
-        latents: torch.Tensor,
-        step_index: int | torch.Tensor,
-        *,
-        noise_level: float | torch.Tensor | None = None,
-        prev_sample: torch.Tensor | None = None,
-        generator: torch.Generator | Sequence[torch.Generator] | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Model forward + SDE step: ``(prev_sample, log_prob, prev_sample_mean, std_dev_t, sqrt_dt)``."""
-        v = self.velocity(module, batch, latents, step_index)
-        return sde_step(
-            batch["schedule"],
-            latents,
-            v,
-            step_index=step_index,
-            noise_level=self.noise_level if noise_level is None else noise_level,
-            method=self.method,
-            prev_sample=prev_sample,
-            generator=generator,
-        )
-
-    def forward_and_sample_previous_step(
-        self,
-        module: nn.Module,
-        batch: dict[str, Any],
-        latents: torch.Tensor,
-        step_index: int | torch.Tensor,
-        **kwargs: Any,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        _, log_prob, mean, std_dev_t, sqrt_dt = self.step(module, batch, latents, step_index, **kwargs)
-        return log_prob, mean, std_dev_t, sqrt_dt
