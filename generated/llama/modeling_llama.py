@@ -3,7 +3,7 @@
 # template and run `patchgen regen llama`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/llama/modeling_llama.py sha256=46d313ec0f1116bcc1bb7f2379467ab249c140415c64fb758e2d5915cd8b89a5
 # spec: specs/llama.toml sha256=bffa71b4dc112341f4b5670296749a63b4b2509a755f415e81fa0da612454704
-# templates: sha256=22f91f2ae83ee03994844fd9aef8efa4ee868af41b2b759b2eaa473ba8043a40
+# templates: sha256=f2c2a96d1e231a23bf59d52b4d13081c32b2906ec616cd57fdda6a868ce12b22
 # engine: patchgen==0.1.0 sha256=f873a117534115b1f72f291dc4b25e2798f85b55d822a959b42192e9180d0f92
 # body: sha256=352c5daf0dd4b7bcc3bf47b8978d278f9e78997c2e3f68c45f85f19bed28b957
 # patches:

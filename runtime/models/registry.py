@@ -13,11 +13,17 @@ from dataclasses import dataclass
 class GeneratedModel:
     model_type: str
     module: str  # generated module, written by `patchgen regen <spec>`
-    causal_lm: str
+    causal_lm: str  # the generated class that trains it (a *ForCausalLM, or a VLM's *ForConditionalGeneration)
     spec: str
+    upstream_auto: str = "AutoModelForCausalLM"  # the transformers Auto class that builds the upstream reference
 
     def causal_lm_class(self) -> type:
         return getattr(importlib.import_module(self.module), self.causal_lm)
+
+    def upstream_auto_class(self) -> type:
+        import transformers
+
+        return getattr(transformers, self.upstream_auto)
 
 
 REGISTRY: dict[str, GeneratedModel] = {
@@ -26,6 +32,8 @@ REGISTRY: dict[str, GeneratedModel] = {
         GeneratedModel("qwen3", "generated.qwen3.modeling_qwen3", "Qwen3ForCausalLM", "qwen3"),
         GeneratedModel("llama", "generated.llama.modeling_llama", "LlamaForCausalLM", "llama"),
         GeneratedModel("qwen3_moe", "generated.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeForCausalLM", "qwen3_moe"),
+        GeneratedModel("qwen3_vl", "generated.qwen3_vl.modeling_qwen3_vl", "Qwen3VLForConditionalGeneration",
+                       "qwen3_vl", upstream_auto="AutoModelForImageTextToText"),
     )
 }
 

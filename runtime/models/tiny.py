@@ -15,8 +15,29 @@ TINY_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, 
                 norm_topk_prob=True, output_router_logits=True, router_aux_loss_coef=0.01)
 
 
+# VLM (qwen3_vl family): the text sub-config is TINY (M-RoPE sections sum to head_dim / 2); a 3-block ViT whose
+# deepstack taps (blocks 0 and 1) lie inside its depth and feed both text layers; 4 ViT heads so sp=2/4 divide them.
+TINY_VISION = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=4, out_hidden_size=TINY["hidden_size"],
+                   patch_size=4, temporal_patch_size=2, in_channels=3, spatial_merge_size=2,
+                   num_position_embeddings=16, deepstack_visual_indexes=[0, 1])
+TINY_VLM_TOKENS = dict(image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93)
+VLM_TYPES = ("qwen3_vl",)
+
+
+def _tiny_vlm_config(model_type: str, **overrides) -> transformers.PretrainedConfig:
+    text = {**TINY, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+                                        "mrope_interleaved": True}, **overrides.pop("text_config", {})}
+    vision = {**TINY_VISION, **overrides.pop("vision_config", {})}
+    return transformers.AutoConfig.for_model(model_type, text_config=text, vision_config=vision,
+                                             tie_word_embeddings=False, **{**TINY_VLM_TOKENS, **overrides})
+
+
 def tiny_config(model_type: str, **overrides) -> transformers.PretrainedConfig:
     """A small config of `model_type`; training configs never use a KV cache (it also disables packing masks)."""
+    if model_type in VLM_TYPES:
+        config = _tiny_vlm_config(model_type, **overrides)
+        config._attn_implementation = "sdpa"
+        return config
     extras = TINY_MOE if model_type.endswith("_moe") else {}
     config = transformers.AutoConfig.for_model(model_type, **{**TINY, **extras, **overrides})
     config._attn_implementation = "sdpa"
@@ -33,3 +54,36 @@ def random_packed_batch(lengths: tuple[int, ...], vocab_size: int, seed: int = 1
     labels = input_ids.clone()
     labels[position_ids == 0] = -100  # a sequence's first token is nobody's target
     return {"input_ids": input_ids, "position_ids": position_ids, "labels": labels}
+
+
+def random_vlm_batch(grids: tuple[tuple[int, int, int], ...], text_lengths: tuple[int, ...], config,
+                     seed: int = 1) -> dict[str, torch.Tensor]:
+    """One row: text_lengths[0] tokens, image 0, text_lengths[1] tokens, image 1, ... (len(text_lengths) ==
+    len(grids) + 1), laid out as the processor would (vision_start, image tokens, vision_end), no processor needed.
+
+    `grids` are (t, h, w) in patches; h and w must be multiples of the spatial merge size. pixel_values hold one
+    flattened patch per row, (sum t*h*w, channels * temporal_patch * patch**2), random normal.
+    """
+    vision = config.vision_config
+    merge = vision.spatial_merge_size ** 2
+    g = torch.Generator().manual_seed(seed)
+    special = min(config.image_token_id, config.video_token_id, config.vision_start_token_id,
+                  config.vision_end_token_id)
+    ids, types = [], []
+    for index, n in enumerate(text_lengths):
+        ids.append(torch.randint(1, special, (n,), generator=g))
+        types.append(torch.zeros(n, dtype=torch.int32))
+        if index < len(grids):
+            t, h, w = grids[index]
+            tokens = t * h * w // merge
+            ids.append(torch.tensor([config.vision_start_token_id, *[config.image_token_id] * tokens,
+                                     config.vision_end_token_id]))
+            types.append(torch.tensor([0, *[1] * tokens, 0], dtype=torch.int32))
+    input_ids = torch.cat(ids)[None]
+    labels = input_ids.clone()
+    labels[(input_ids == config.image_token_id) | (input_ids == config.vision_start_token_id)] = -100
+    patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
+    patches = sum(t * h * w for t, h, w in grids)
+    return {"input_ids": input_ids, "labels": labels, "mm_token_type_ids": torch.cat(types)[None],
+            "pixel_values": torch.randn(patches, patch_dim, generator=g),
+            "image_grid_thw": torch.tensor(grids, dtype=torch.long)}

@@ -1,0 +1,163 @@
+"""SP hooks of vision-language models: the ViT runs on 1/sp of the patches, the LM gets its own visual tokens.
+
+Flow under Ulysses SP (every hook is the identity when SP is off, so generated VLMs stay bitwise equal to upstream):
+
+1. ``vit_pad_length`` / ``vit_pad_and_slice`` / ``vit_pad_cu_seqlens``: after the patch embedding the ViT's patch
+   tensors (hidden states, rotary cos/sin) are padded to a multiple of ``sp * pad_scale`` and each rank keeps its
+   contiguous slice. ``pad_scale`` is the spatial merge unit (merge_size**2), so a merger group never straddles two
+   ranks. The padding is one extra segment appended to ``cu_seqlens``: varlen attention sees it as its own image
+   and no real patch attends to it.
+2. ``vit_all_to_all``: inside ViT attention, Ulysses all-to-all (local patches x all heads <-> all patches x
+   this rank's heads) around the per-image attention, which needs the whole sequence to split it by cu_seqlens.
+3. ``vit_gather``: after the merger, every rank gathers the merged tokens (and every deepstack level) and drops
+   the padding, so the vision output is the full, unpadded one, as upstream returns it.
+4. ``local_visual_tokens``: the LM side keeps the visual tokens that fall into this rank's slice of the sequence,
+   in the order ``masked_scatter`` fills them (row-major over the *global* sequence).
+5. ``channels_first_position_ids``: collators stack per-sample M-RoPE ids batch-first, (bs, C, L); the model wants
+   (C, bs, L) with C = 3 (T, H, W) or 4 (text row first).
+
+Gradients follow ``runtime.parallel.collectives``' partial-gradient convention: ``vit_gather`` backward
+reduce-scatters, so each rank gets the complete gradient of its own patches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from runtime.parallel.collectives import (
+    gather_along_dim,
+    gather_heads_scatter_seq,
+    gather_seq_scatter_heads,
+    slice_for_rank,
+    unpad,
+)
+from runtime.parallel.state import get_parallel_state
+
+__all__ = [
+    "channels_first_position_ids",
+    "local_visual_tokens",
+    "vit_all_to_all",
+    "vit_gather",
+    "vit_pad_and_slice",
+    "vit_pad_cu_seqlens",
+    "vit_pad_length",
+]
+
+
+def _sp_group() -> Any:
+    state = get_parallel_state()
+    return state.sp_group if state.sp_enabled else None
+
+
+def channels_first_position_ids(position_ids: Tensor | None, channels: tuple[int, ...] = (3, 4)) -> Tensor | None:
+    """(bs, C, L) -> (C, bs, L) for C in ``channels``; anything else (None, 2-D, already (C, bs, L)) unchanged.
+
+    A (C, C, L) tensor (batch size equal to a channel count) is ambiguous and taken as channels-first, the
+    upstream layout: batch-first callers with such a batch size must transpose it themselves.
+    """
+    if position_ids is None or position_ids.ndim != 3:
+        return position_ids
+    if position_ids.shape[1] in channels and position_ids.shape[0] not in channels:
+        return position_ids.transpose(0, 1)
+    return position_ids
+
+
+def vit_pad_length(num_patches: int, pad_scale: int = 1) -> int:
+    """Padding that makes ``num_patches`` a multiple of ``sp * pad_scale``; 0 when SP is off."""
+    state = get_parallel_state()
+    if not state.sp_enabled:
+        return 0
+    if pad_scale < 1:
+        raise ValueError(f"vit_pad_length: pad_scale must be >= 1, got {pad_scale}")
+    return -num_patches % (state.sp_size * pad_scale)
+
+
+def _pad_and_slice_one(x: Tensor, pad_len: int, dim: int) -> Tensor:
+    if pad_len:
+        shape = list(x.shape)
+        shape[dim] = pad_len
+        x = torch.cat([x, x.new_zeros(shape)], dim=dim)
+    return slice_for_rank(x, dim, _sp_group())
+
+
+def vit_pad_and_slice(x: Any, pad_len: int, dim: int = 0) -> Any:
+    """This rank's slice of a patch tensor (or a tuple/list of them, e.g. RoPE (cos, sin)) padded by ``pad_len``.
+
+    Returns ``x`` itself when SP is off.
+    """
+    if not get_parallel_state().sp_enabled:
+        return x
+    if isinstance(x, (tuple, list)):
+        return type(x)(_pad_and_slice_one(t, pad_len, dim) for t in x)
+    return _pad_and_slice_one(x, pad_len, dim)
+
+
+def vit_pad_cu_seqlens(cu_seqlens: Tensor, pad_len: int) -> Tensor:
+    """Append the padding segment (``cu_seqlens[-1] + pad_len``) so varlen attention covers the padded length."""
+    if not pad_len:
+        return cu_seqlens
+    return torch.cat([cu_seqlens, cu_seqlens[-1:] + pad_len])
+
+
+def vit_all_to_all(tensors: tuple[Tensor, ...], to: str, seq_dim: int, head_dim: int) -> tuple[Tensor, ...]:
+    """Ulysses all-to-all of ViT attention tensors: ``to="heads"`` before attention (local patches x all heads ->
+    all patches x this rank's heads), ``to="sequence"`` after it (the inverse). Identity when SP is off."""
+    group = _sp_group()
+    if group is None:
+        return tuple(tensors)
+    if to == "heads":
+        return tuple(gather_seq_scatter_heads(t, seq_dim=seq_dim, head_dim=head_dim, group=group) for t in tensors)
+    if to == "sequence":
+        return tuple(gather_heads_scatter_seq(t, head_dim=head_dim, seq_dim=seq_dim, group=group) for t in tensors)
+    raise ValueError(f"vit_all_to_all: to must be 'heads' or 'sequence', got {to!r}")
+
+
+def vit_gather(x: Any, pad_len: int, dim: int = 0) -> Any:
+    """Gather every rank's slice of ``x`` (a tensor or a list of tensors, e.g. the deepstack levels) along
+    ``dim`` and drop the last ``pad_len`` (padding) entries. Returns ``x`` itself when SP is off."""
+    group = _sp_group()
+    if group is None:
+        return x
+    if isinstance(x, (tuple, list)):
+        return type(x)(unpad(gather_along_dim(t, dim, group), dim, pad_len) for t in x)
+    return unpad(gather_along_dim(x, dim, group), dim, pad_len)
+
+
+def _local_token_index(local_mask: Tensor) -> Tensor:
+    """Indices, into the global (row-major over the full sequence) list of visual tokens, of this rank's ones."""
+    state = get_parallel_state()
+    full = gather_along_dim(local_mask.to(torch.int32), 1, state.sp_group).bool()
+    ordinal = (full.reshape(-1).cumsum(0) - 1).reshape(full.shape)
+    local_len = local_mask.shape[1]
+    return ordinal.narrow(1, state.sp_rank * local_len, local_len)[local_mask]
+
+
+def local_visual_tokens(local_mask: Tensor, *embeds: Any) -> tuple[Any, ...]:
+    """Keep, of each full visual-token tensor (or list of them: deepstack levels), the rows that this rank's
+    slice of the sequence holds. ``local_mask`` is (bs, local_len) bool (a trailing singleton dim is dropped).
+
+    Returns ``embeds`` unchanged when SP is off.
+    """
+    if not get_parallel_state().sp_enabled:
+        return embeds
+    if local_mask.ndim == 3:
+        local_mask = local_mask[..., 0]
+    index = _local_token_index(local_mask).to(next(_tensors(embeds)).device)
+
+    def pick(x: Any) -> Any:
+        if isinstance(x, (tuple, list)):
+            return type(x)(t.index_select(0, index) for t in x)
+        return x.index_select(0, index)
+
+    return tuple(pick(e) for e in embeds)
+
+
+def _tensors(items: tuple[Any, ...]):
+    for item in items:
+        if isinstance(item, (tuple, list)):
+            yield from item
+        else:
+            yield item
