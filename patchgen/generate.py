@@ -134,6 +134,12 @@ def build(spec: Spec, upstream: UpstreamFile, module: cst.Module, plan: Plan, co
             raise PatchgenError(f"{spec.path}: {patch.label}: applied {count} times, expected exactly once")
     patched = insert_imports(patched, plan.imports)
     pruned, removed = prune(patched, kept_definitions(spec, upstream, plan))
+    for patch in spec.patches:  # an edit inside a pruned definition would be "applied" yet absent from the output
+        top = plan.renames.get(patch.scope.split(".")[0], patch.scope.split(".")[0])
+        if top in removed:
+            raise PatchgenError(f"{spec.path}: {patch.label} edits {patch.scope}, but {top} is pruned: nothing "
+                                f"reachable from 'keep' uses it (upstream may build it indirectly, e.g. via "
+                                f"AutoModel). Add it to 'keep', or patch the code that builds it")
     body = pruned.code
     relpath = spec.output
     header = Header(

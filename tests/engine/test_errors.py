@@ -296,3 +296,10 @@ def test_pinned_source_passes_through_the_pinned_version() -> None:
     assert upstream.pin == "fixturepkg==1.2.3" and inner.reads == [TOY]
     with pytest.raises(PatchgenError, match="no pin for upstream package 'fixturepkg'"):
         PinnedSource({"transformers": "5.14.1"}, inner).read(TOY)
+
+
+def test_patch_inside_a_pruned_definition_is_an_error(project) -> None:
+    patch = dict(template="fx/insert_code", scope="UnusedThing.run", before="return only_used_by_unused(1)",
+                 vars=dict(code="pass"), why="edits code nothing keeps")
+    message, path = generate_error(project, [patch])
+    assert message.startswith(f"{path}: patch 1 (fx/insert_code) edits UnusedThing.run, but UnusedThing is pruned")
