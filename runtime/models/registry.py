@@ -34,6 +34,11 @@ REGISTRY: dict[str, GeneratedModel] = {
         GeneratedModel("qwen3_moe", "generated.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeForCausalLM", "qwen3_moe"),
         GeneratedModel("qwen3_vl", "generated.qwen3_vl.modeling_qwen3_vl", "Qwen3VLForConditionalGeneration",
                        "qwen3_vl", upstream_auto="AutoModelForImageTextToText"),
+        GeneratedModel("qwen3_vl_moe", "generated.qwen3_vl_moe.modeling_qwen3_vl_moe",
+                       "Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe",
+                       upstream_auto="AutoModelForImageTextToText"),
+        GeneratedModel("qwen2_5_vl", "generated.qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration",
+                       "qwen2_5_vl", upstream_auto="AutoModelForImageTextToText"),
     )
 }
 

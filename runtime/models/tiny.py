@@ -20,14 +20,24 @@ TINY_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, 
 TINY_VISION = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=4, out_hidden_size=TINY["hidden_size"],
                    patch_size=4, temporal_patch_size=2, in_channels=3, spatial_merge_size=2,
                    num_position_embeddings=16, deepstack_visual_indexes=[0, 1])
+# qwen2_5_vl: the same ViT without the learned position embedding and deepstack, windowed instead: 16-pixel
+# windows (2x2 merged tokens, so the test images span several windows) in blocks 0 and 1, full attention in block 2;
+# its M-RoPE is the non-interleaved T/H/W sections.
+TINY_VISION_WINDOWED = {**{k: v for k, v in TINY_VISION.items()
+                           if k not in ("num_position_embeddings", "deepstack_visual_indexes")},
+                        "window_size": 16, "fullatt_block_indexes": [2]}
 TINY_VLM_TOKENS = dict(image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93)
-VLM_TYPES = ("qwen3_vl",)
+VLM_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl")
 
 
 def _tiny_vlm_config(model_type: str, **overrides) -> transformers.PretrainedConfig:
-    text = {**TINY, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
-                                        "mrope_interleaved": True}, **overrides.pop("text_config", {})}
-    vision = {**TINY_VISION, **overrides.pop("vision_config", {})}
+    moe = TINY_MOE if model_type.endswith("_moe") else {}
+    windowed = model_type == "qwen2_5_vl"
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
+            **({} if windowed else {"mrope_interleaved": True})}
+    special = {"bos_token_id": None, "eos_token_id": None} if windowed else {}  # its defaults lie outside TINY's vocab
+    text = {**TINY, **moe, **special, "rope_parameters": rope, **overrides.pop("text_config", {})}
+    vision = {**(TINY_VISION_WINDOWED if windowed else TINY_VISION), **overrides.pop("vision_config", {})}
     return transformers.AutoConfig.for_model(model_type, text_config=text, vision_config=vision,
                                              tie_word_embeddings=False, **{**TINY_VLM_TOKENS, **overrides})
 
@@ -35,8 +45,11 @@ def _tiny_vlm_config(model_type: str, **overrides) -> transformers.PretrainedCon
 def tiny_config(model_type: str, **overrides) -> transformers.PretrainedConfig:
     """A small config of `model_type`; training configs never use a KV cache (it also disables packing masks)."""
     if model_type in VLM_TYPES:
+        experts_implementation = overrides.pop("experts_implementation", "eager")
         config = _tiny_vlm_config(model_type, **overrides)
         config._attn_implementation = "sdpa"
+        if model_type.endswith("_moe"):
+            config._experts_implementation = experts_implementation  # propagates to the text sub-config
         return config
     extras = TINY_MOE if model_type.endswith("_moe") else {}
     config = transformers.AutoConfig.for_model(model_type, **{**TINY, **extras, **overrides})

@@ -1,5 +1,6 @@
-"""Generated VLMs with parallelism off are bitwise equal to upstream: logits, loss and every gradient
-(vision tower, deepstack mergers, text model), with two images in one sample."""
+"""Generated VLMs with parallelism off are bitwise equal to upstream: logits, loss (MoE: and the aux loss) and
+every gradient (vision tower, deepstack mergers, windowed ViT, text model, experts and router), with two images in
+one sample."""
 
 from __future__ import annotations
 
@@ -9,8 +10,11 @@ import torch
 from tests.parity.dense import grads
 from tests.parity.vlm import GRIDS, vlm_batch, vlm_models
 
+VLMS = ["qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl"]
+DEEPSTACK = {"qwen3_vl", "qwen3_vl_moe"}
 
-@pytest.mark.parametrize("model_type", ["qwen3_vl"])
+
+@pytest.mark.parametrize("model_type", VLMS)
 def test_vlm_bitwise_equal_to_upstream(model_type: str) -> None:
     upstream, generated = vlm_models(model_type)
     assert type(generated).__module__ == f"generated.{model_type}.modeling_{model_type}"
@@ -19,21 +23,31 @@ def test_vlm_bitwise_equal_to_upstream(model_type: str) -> None:
     assert type(generated.model.language_model).__module__ == type(generated).__module__
     batch = vlm_batch(model_type)
     assert len(batch["image_grid_thw"]) == len(GRIDS) == 2
-    outputs = [m(**batch) for m in (upstream, generated)]
+    moe = model_type.endswith("_moe")
+    # MoE: upstream adds the load-balancing loss only when asked per call; the router gets its gradient too
+    kwargs = {"output_router_logits": True} if moe else {}
+    outputs = [m(**batch, **kwargs) for m in (upstream, generated)]
     assert torch.equal(outputs[0].logits, outputs[1].logits)
     assert torch.equal(outputs[0].loss, outputs[1].loss)
+    if moe:
+        assert outputs[0].aux_loss is not None and outputs[0].aux_loss > 0
+        assert torch.equal(outputs[0].aux_loss, outputs[1].aux_loss)
     for out in outputs:
         out.loss.backward()
     ref, got = grads(upstream), grads(generated)
     assert ref.keys() == got.keys()
     # every patched path carries gradient: the ViT, every deepstack merger, the text layers
-    assert any(n.startswith("model.visual.deepstack_merger_list.1.") for n in ref)
+    if model_type in DEEPSTACK:
+        assert any(n.startswith("model.visual.deepstack_merger_list.1.") for n in ref)
+    if moe:
+        assert any(n.endswith("mlp.experts.gate_up_proj") for n in ref)
+        assert any(n.endswith("mlp.gate.weight") for n in ref)
     for name in ref:
         assert ref[name].abs().sum() > 0, name
         assert torch.equal(ref[name], got[name]), name
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_vl"])
+@pytest.mark.parametrize("model_type", VLMS)
 def test_batch_first_position_ids_match_upstream_layout(model_type: str) -> None:
     """A collator's (bs, 3, L) M-RoPE ids give exactly what upstream computes from (3, bs, L)."""
     upstream, generated = vlm_models(model_type)

@@ -1,5 +1,6 @@
-"""Qwen3-VL under Ulysses SP=2 (two gloo ranks) against the single-process run: loss, logits and every gradient
-(text model, ViT, merger, deepstack mergers) within 1e-5 relative.
+"""The VLMs under Ulysses SP=2 (two gloo ranks) against the single-process run: loss, logits and every gradient
+(text model, ViT, merger, deepstack mergers; qwen2_5_vl's windowed ViT; qwen3_vl_moe's experts and router, with the
+load-balancing loss on) within 1e-5 relative.
 
 Each rank gets its slice of the tokens, the full pixel_values (the ViT hooks pad + slice the patches), and the
 global 4-channel M-RoPE position ids (a text row for the packing mask, then T/H/W), stacked batch-first as a
@@ -15,7 +16,8 @@ from tests.dist_utils import run_distributed
 from tests.parity.dense import grads, relative_error
 from tests.parity.vlm import vlm_batch, vlm_models
 
-MODEL = "qwen3_vl"
+MODELS = ["qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl"]
+DEEPSTACK = {"qwen3_vl", "qwen3_vl_moe"}
 # (grids, text lengths): images on both ranks, no patch padding (32 patches); then both images on rank 0 only
 # (rank 1 holds no image token) and 28 patches, so the ViT pads 4 patches on the last rank.
 CASES = [
@@ -24,10 +26,15 @@ CASES = [
 ]
 
 
-def full_batch(grids, text) -> dict[str, torch.Tensor]:
+def forward_kwargs(model_type: str) -> dict:
+    """MoE: upstream adds the load-balancing loss only when asked per call (under SP it is the global one)."""
+    return {"output_router_logits": True} if model_type.endswith("_moe") else {}
+
+
+def full_batch(model_type: str, grids, text) -> dict[str, torch.Tensor]:
     """The whole row with global position ids (bs, 4, L): text row, then upstream's get_rope_index T/H/W rows."""
-    _, model = vlm_models(MODEL)
-    batch = vlm_batch(MODEL, grids, text)
+    _, model = vlm_models(model_type)
+    batch = vlm_batch(model_type, grids, text)
     mrope, _ = model.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"], batch["image_grid_thw"])
     length = batch["input_ids"].shape[1]
     text_row = torch.arange(length)[None, None].expand(1, 1, length)
@@ -35,8 +42,8 @@ def full_batch(grids, text) -> dict[str, torch.Tensor]:
     return batch
 
 
-def shard(batch: dict[str, torch.Tensor], sp: int, rank: int) -> dict[str, torch.Tensor]:
-    """Pad the row to a multiple of sp with a padding segment (labels ignored, own positions), slice the tokens."""
+def pad_row(batch: dict[str, torch.Tensor], sp: int) -> dict[str, torch.Tensor]:
+    """Pad the row to a multiple of sp with a padding segment (labels ignored, own positions)."""
     length = batch["input_ids"].shape[1]
     pad = -length % sp
     out = dict(batch)
@@ -45,13 +52,19 @@ def shard(batch: dict[str, torch.Tensor], sp: int, rank: int) -> dict[str, torch
         out["labels"] = torch.cat([batch["labels"], torch.full((1, pad), -100)], 1)
         out["mm_token_type_ids"] = torch.cat([batch["mm_token_type_ids"], torch.zeros(1, pad, dtype=torch.int32)], 1)
         out["position_ids"] = torch.cat([batch["position_ids"], torch.arange(pad).expand(1, 4, pad)], 2)
-    local = (length + pad) // sp
+    return out
+
+
+def shard(batch: dict[str, torch.Tensor], sp: int, rank: int) -> dict[str, torch.Tensor]:
+    """Pad the row to a multiple of sp (pad_row), then keep this rank's slice of the tokens."""
+    out = pad_row(batch, sp)
+    local = out["input_ids"].shape[1] // sp
     for key in ("input_ids", "labels", "mm_token_type_ids"):
         out[key] = out[key][:, rank * local:(rank + 1) * local]
     return out
 
 
-def sp_vlm_worker(rank: int, world_size: int) -> list[dict]:
+def sp_vlm_worker(rank: int, world_size: int, model_type: str) -> list[dict]:
     import torch.distributed as dist
 
     from runtime.parallel.collectives import gather_along_dim
@@ -60,9 +73,9 @@ def sp_vlm_worker(rank: int, world_size: int) -> list[dict]:
     state = init_parallel_state(sp_size=world_size)
     results = []
     for grids, text in CASES:
-        batch = full_batch(grids, text)
-        _, model = vlm_models(MODEL)
-        out = model(**shard(batch, world_size, state.sp_rank))
+        batch = full_batch(model_type, grids, text)
+        _, model = vlm_models(model_type)
+        out = model(**shard(batch, world_size, state.sp_rank), **forward_kwargs(model_type))
         out.loss.backward()
         partial = grads(model)
         for g in partial.values():  # partial-gradient convention: the true gradient is the sum over SP ranks
@@ -72,19 +85,29 @@ def sp_vlm_worker(rank: int, world_size: int) -> list[dict]:
     return results
 
 
-def single_process(grids, text) -> dict:
-    _, model = vlm_models(MODEL)
-    out = model(**full_batch(grids, text))
+def single_process(model_type: str, grids, text, sp: int) -> dict:
+    """The reference run. MoE: on the row padded as for SP, because the load-balancing loss routes every token
+    without an attention mask, the SP padding included (no CE label, its own packed segment: nothing else sees it)."""
+    _, model = vlm_models(model_type)
+    batch = full_batch(model_type, grids, text)
+    length = batch["input_ids"].shape[1]
+    if model_type.endswith("_moe"):
+        batch = pad_row(batch, sp)
+    out = model(**batch, **forward_kwargs(model_type))
     out.loss.backward()
-    return {"loss": out.loss.detach(), "logits": out.logits.detach(), "grads": grads(model)}
+    return {"loss": out.loss.detach(), "logits": out.logits.detach()[:, :length], "grads": grads(model)}
 
 
 @pytest.mark.dist
-def test_vlm_sp2_matches_single_process() -> None:
-    per_rank = run_distributed(sp_vlm_worker, 2, timeout=300)
+@pytest.mark.parametrize("model_type", MODELS)
+def test_vlm_sp2_matches_single_process(model_type: str) -> None:
+    per_rank = run_distributed(sp_vlm_worker, 2, model_type, timeout=300)
     for index, case in enumerate(CASES):
-        ref = single_process(*case)
-        assert any(n.startswith("model.visual.deepstack_merger_list.") for n in ref["grads"])
+        ref = single_process(model_type, *case, sp=2)
+        if model_type in DEEPSTACK:
+            assert any(n.startswith("model.visual.deepstack_merger_list.") for n in ref["grads"])
+        if model_type.endswith("_moe"):
+            assert any(n.endswith("mlp.gate.weight") for n in ref["grads"])
         for rank_results in per_rank:
             got = rank_results[index]
             assert relative_error(got["loss"], ref["loss"]) < 1e-5, case
