@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen2_5_vl/modeling_qwen2_5_vl.py sha256=7cdf4e42cb7624123f89f5357553ae222aec3ce0c9c0c49abf183e2fdde06857
 # spec: specs/qwen2_5_vl.toml sha256=8ab9e4d075a93d0e89ebeda4739e36fb0dd8a8ac034fb9db3e03fa3bf3c6f82b
 # templates: sha256=8680e731ece08662a5a8116e76592cb84414dcbbdd146d9b8fd30803cd2c9921
-# engine: patchgen==0.1.0 sha256=1e2ed02178d67d801f124329bf984f2078c942a93c59b98a282a55f81c276e93
+# engine: patchgen==0.1.0 sha256=b8f3372ad7d94eb0adaf61cf082df78be095a140ee661493b9b5d1b814a8366f
 # body: sha256=627bb25c7fa7de7b2205d81eb24cace4fb94d2f57e46539adca408f3684ea890
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2_5_VLTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

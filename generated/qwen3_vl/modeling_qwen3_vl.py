@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl/modeling_qwen3_vl.py sha256=fcb5571ef95e4a6679af866ef9ef4dfa5cee017f9f91453daf28c7804c7a50fe
 # spec: specs/qwen3_vl.toml sha256=fe75d31f88a4ba700d09855d2e12ef7a87ab0140fb18c7eb7bc5a70cf249ea55
 # templates: sha256=dc5bf424253e3b787b1860c77d95c2837ed04c76b470030ad22958c125e47e72
-# engine: patchgen==0.1.0 sha256=1e2ed02178d67d801f124329bf984f2078c942a93c59b98a282a55f81c276e93
+# engine: patchgen==0.1.0 sha256=b8f3372ad7d94eb0adaf61cf082df78be095a140ee661493b9b5d1b814a8366f
 # body: sha256=5e655ee44a92cc5f34f092e98e765cac63b9d2b516a57eb13bee8d20ce246268
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
 # spec: specs/qwen3_vl_moe.toml sha256=d9dec38cdcce4a863969e6dd974130c8757a85457290724ca7e59c1b4921fc46
 # templates: sha256=2b77d28201b81bf5ebb921f42fef97e90eff4faabc9ac5188666ccc126ee81db
-# engine: patchgen==0.1.0 sha256=1e2ed02178d67d801f124329bf984f2078c942a93c59b98a282a55f81c276e93
+# engine: patchgen==0.1.0 sha256=b8f3372ad7d94eb0adaf61cf082df78be095a140ee661493b9b5d1b814a8366f
 # body: sha256=711bacf325f5adc8fa97117d20b0673aefb14e7fcaff64b5aea52729b1a3fdc6
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel

@@ -25,9 +25,8 @@ def _patch_label(edit: Edit) -> str:
     return f"#{edit.patch.index} {edit.patch.template.name}"
 
 
-def with_marker(stmt: cst.BaseStatement, text: str, keep_leading: bool = True) -> cst.BaseStatement:
-    leading = list(stmt.leading_lines) if keep_leading else []
-    return stmt.with_changes(leading_lines=[*leading, cst.EmptyLine(comment=cst.Comment(text))])
+def with_marker(stmt: cst.BaseStatement, text: str) -> cst.BaseStatement:
+    return stmt.with_changes(leading_lines=[*stmt.leading_lines, cst.EmptyLine(comment=cst.Comment(text))])
 
 
 def marked_block(edit: Edit, code: str, leading: list[cst.EmptyLine] | None = None) -> list[cst.BaseStatement]:

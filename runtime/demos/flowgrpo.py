@@ -13,21 +13,8 @@ import torch
 
 from runtime.flowgrpo.registry import get_diffusion_model_cls
 from runtime.flowgrpo.rewards import LatentMeanReward
+from runtime.flowgrpo.sd3 import TINY_SD3
 from runtime.flowgrpo.trainer import FlowGRPOTrainer, GRPOConfig
-
-TINY_SD3 = {
-    "sample_size": 8,
-    "patch_size": 2,
-    "in_channels": 4,
-    "num_layers": 1,
-    "attention_head_dim": 8,
-    "num_attention_heads": 2,
-    "joint_attention_dim": 12,
-    "caption_projection_dim": 16,
-    "pooled_projection_dim": 6,
-    "out_channels": 4,
-    "pos_embed_max_size": 8,
-}
 
 
 def main(iterations: int = 15, seed: int = 0) -> bool:

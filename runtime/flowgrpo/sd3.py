@@ -23,6 +23,21 @@ from runtime.flowgrpo.scheduler import FlowMatchSchedule, SdeMethod, make_schedu
 __all__ = ["SD3FlowGRPO"]
 
 
+# A tiny random SD3 transformer (seconds on a CPU) for tests and the demo; no weights are downloaded.
+TINY_SD3 = {
+    "sample_size": 8,
+    "patch_size": 2,
+    "in_channels": 4,
+    "num_layers": 1,
+    "attention_head_dim": 8,
+    "num_attention_heads": 2,
+    "joint_attention_dim": 12,
+    "caption_projection_dim": 16,
+    "pooled_projection_dim": 6,
+    "out_channels": 4,
+    "pos_embed_max_size": 8,
+}
+
 @register_diffusion_model("SD3Transformer2DModel", "flowgrpo")
 class SD3FlowGRPO(VelocityAdapter):
     def __init__(

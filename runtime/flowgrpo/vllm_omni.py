@@ -161,18 +161,15 @@ class VllmOmniRollout:
             outputs.extend(engine.generate(req.prompt, self._sampling_params(req.sampling)))
         return outputs
 
+    def _requests(self, prompts: Sequence[str], group_size: int, seeds: Sequence[int],
+                  num_inference_steps: int) -> list[Any]:
+        return build_requests(prompts, group_size=group_size, seeds=seeds, num_inference_steps=num_inference_steps,
+                              guidance_scale=self.guidance_scale, height=self.height, width=self.width)
+
     def generate_images(
         self, prompts: Sequence[str], *, group_size: int, seeds: Sequence[int], num_inference_steps: int
     ) -> list[Any]:
-        requests = build_requests(
-            prompts,
-            group_size=group_size,
-            seeds=seeds,
-            num_inference_steps=num_inference_steps,
-            guidance_scale=self.guidance_scale,
-            height=self.height,
-            width=self.width,
-        )
+        requests = self._requests(prompts, group_size, seeds, num_inference_steps)
         return parse_outputs(self._generate(requests), len(requests))
 
     def rollout(
@@ -190,15 +187,7 @@ class VllmOmniRollout:
                 "vllm-omni's documented outputs carry decoded images only; Flow-GRPO needs each sample's window "
                 "latents and rollout log-probs. Pass trajectory_from_output for an engine patched to return them."
             )
-        requests = build_requests(
-            prompts,
-            group_size=group_size,
-            seeds=seeds,
-            num_inference_steps=num_inference_steps,
-            guidance_scale=self.guidance_scale,
-            height=self.height,
-            width=self.width,
-        )
+        requests = self._requests(prompts, group_size, seeds, num_inference_steps)
         outputs = self._generate(requests)
         if len(outputs) != len(requests):
             raise ValueError(f"vllm-omni returned {len(outputs)} outputs for {len(requests)} requests")

@@ -4,21 +4,9 @@ import torch
 from runtime.flowgrpo.registry import get_diffusion_model_cls
 from runtime.flowgrpo.rollout import rollout
 from runtime.flowgrpo.scheduler import euler_step
-from runtime.flowgrpo.sd3 import SD3FlowGRPO
+from runtime.flowgrpo.sd3 import TINY_SD3, SD3FlowGRPO
 
-TINY = {
-    "sample_size": 8,
-    "patch_size": 2,
-    "in_channels": 4,
-    "num_layers": 2,
-    "attention_head_dim": 8,
-    "num_attention_heads": 2,
-    "joint_attention_dim": 12,
-    "caption_projection_dim": 16,
-    "pooled_projection_dim": 6,
-    "out_channels": 4,
-    "pos_embed_max_size": 8,
-}
+TINY = {**TINY_SD3, "num_layers": 2}
 B, STEPS, WINDOW = 4, 6, 2
 
 

@@ -4,21 +4,9 @@ from peft import LoraConfig
 
 from runtime.flowgrpo.registry import get_diffusion_model_cls
 from runtime.flowgrpo.rewards import LatentMeanReward, Reward, check_rewards
+from runtime.flowgrpo.sd3 import TINY_SD3 as TINY
 from runtime.flowgrpo.trainer import FlowGRPOTrainer, GRPOConfig, disabled_adapters, repeat_batch, select_rows
 
-TINY = {
-    "sample_size": 8,
-    "patch_size": 2,
-    "in_channels": 4,
-    "num_layers": 1,
-    "attention_head_dim": 8,
-    "num_attention_heads": 2,
-    "joint_attention_dim": 12,
-    "caption_projection_dim": 16,
-    "pooled_projection_dim": 6,
-    "out_channels": 4,
-    "pos_embed_max_size": 8,
-}
 PROMPTS = ["a cat", "a dog"]
 
 
