@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/qwen2_5_vl.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen2_5_vl`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen2_5_vl/modeling_qwen2_5_vl.py sha256=7cdf4e42cb7624123f89f5357553ae222aec3ce0c9c0c49abf183e2fdde06857
-# spec: specs/qwen2_5_vl.toml sha256=8ab9e4d075a93d0e89ebeda4739e36fb0dd8a8ac034fb9db3e03fa3bf3c6f82b
-# templates: sha256=8680e731ece08662a5a8116e76592cb84414dcbbdd146d9b8fd30803cd2c9921
+# spec: specs/qwen2_5_vl.toml sha256=50733fe03b122c5c83cb50b9252272e96c3958cfee0683bff9b17385df5f58d2
+# templates: sha256=68d67f086e8b03de92db12cd912c1df1db70096fa9d927b39e801a573dd68e19
 # engine: patchgen==0.1.0 sha256=b8f3372ad7d94eb0adaf61cf082df78be095a140ee661493b9b5d1b814a8366f
-# body: sha256=627bb25c7fa7de7b2205d81eb24cace4fb94d2f57e46539adca408f3684ea890
+# body: sha256=c4563ffafc0595a354eacfd0ef1f6718680879cb1923c2392f34c32ef67e13e4
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2_5_VLTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
 #   #2 sp/full_sequence_mask @ Qwen2_5_VLTextModel.forward: same for the sliding-window layers (when the config has any)
@@ -19,6 +19,14 @@
 #   #10 sp/vit_gather @ Qwen2_5_VisionTransformerPretrainedModel.forward: ViT -> LM: gather every rank's merged tokens (window order) and drop the padding, before the reverse window permutation
 #   #11 sp/vit_fill_back @ Qwen2_5_VLModel.forward: fill-back: each rank scatters the image tokens of its own slice of the sequence
 #   #12 sp/vit_fill_back @ Qwen2_5_VLModel.forward: same for video tokens
+#   #13 vlm/stash_lm_attention_kwargs @ Qwen2_5_VLModel.forward: the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+#   #14 vlm/vision_dummy_forward @ Qwen2_5_VLModel.forward: a rank without images still runs the vision tower (FSDP collectives match across ranks)
+#   #15 vlm/vision_dummy_forward @ Qwen2_5_VLModel.forward: same for a rank without videos
+#   #16 vlm/restore_lm_attention_kwargs @ Qwen2_5_VLModel.forward: the language model gets its packed flash-attention kwargs back
+#   #17 vlm/vision_host_seqlens @ Qwen2_5_VisionTransformerPretrainedModel.forward: one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+#   #18 vlm/vision_seqlens_from_host @ Qwen2_5_VLVisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
+#   #19 vlm/vision_seqlens_from_host @ Qwen2_5_VLVisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+#   #20 vlm/position_id_func @ Qwen2_5_VLForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen2_5_vl/modular_qwen2_5_vl.py.
@@ -77,7 +85,7 @@ from transformers.utils.generic import (
 from transformers.utils.output_capturing import capture_outputs
 from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
 from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLTextConfig, Qwen2_5_VLVisionConfig
-# patchgen imports (9 stmt): names the patches below use
+# patchgen imports (14 stmt): names the patches below use
 from runtime.sp.positions import full_sequence_mask
 from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
@@ -87,6 +95,11 @@ from runtime.sp.vision import vit_pad_and_slice, vit_pad_cu_seqlens, vit_pad_len
 from runtime.sp.vision import vit_all_to_all
 from runtime.sp.vision import vit_gather
 from runtime.sp.vision import local_visual_tokens
+from runtime.vlm.attention_kwargs import split_lm_attention_kwargs
+from runtime.vlm.dummy_forward import vision_dummy_forward
+from runtime.vlm.seqlens import with_host_seqlens
+from runtime.vlm.seqlens import vision_max_seqlen, vision_segment_lengths
+from runtime.vlm.positions import RopeIndexFunction
 
 
 logger = logging.get_logger(__name__)
@@ -282,7 +295,8 @@ class Qwen2_5_VLVisionAttention(nn.Module):
 
         if is_flash_attention_requested(self.config):
             # Flash Attention: Use cu_seqlens for variable length attention
-            max_seqlen = (cu_seqlens[1:] - cu_seqlens[:-1]).max()
+            # patchgen #18 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per block
+            max_seqlen = vision_max_seqlen(cu_seqlens)
             attn_output, _ = attention_interface(
                 self,
                 query_states,
@@ -300,7 +314,8 @@ class Qwen2_5_VLVisionAttention(nn.Module):
             )
         else:
             # Other implementations: Process each chunk separately
-            lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+            # patchgen #19 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+            lengths = vision_segment_lengths(cu_seqlens)
             splits = [
                 torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)
             ]
@@ -485,6 +500,9 @@ class Qwen2_5_VisionTransformerPretrainedModel(Qwen2_5_VLPreTrainedModel):
         position_embeddings = vit_pad_and_slice(position_embeddings, vit_sp_pad)
         cu_seqlens = vit_pad_cu_seqlens(cu_seqlens, vit_sp_pad)
         cu_window_seqlens = vit_pad_cu_seqlens(cu_window_seqlens, vit_sp_pad)
+        # patchgen #17 vlm/vision_host_seqlens (2 stmt): one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+        cu_seqlens = with_host_seqlens(cu_seqlens)
+        cu_window_seqlens = with_host_seqlens(cu_window_seqlens)
 
         for layer_num, blk in enumerate(self.blocks):
             if layer_num in self.fullatt_block_indexes:
@@ -1274,9 +1292,13 @@ class Qwen2_5_VLModel(Qwen2_5_VLPreTrainedModel):
         second_per_grid_ts (`torch.Tensor` of shape `(num_videos)`, *optional*):
             The time interval (in seconds) for each grid along the temporal dimension in the 3D position IDs.
         """
+        # patchgen #13 vlm/stash_lm_attention_kwargs (1 stmt): the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+        kwargs, lm_attention_kwargs = split_lm_attention_kwargs(kwargs)
 
         if inputs_embeds is None:
             inputs_embeds = self.get_input_embeddings()(input_ids)
+        # patchgen #14 vlm/vision_dummy_forward (1 stmt): a rank without images still runs the vision tower (FSDP collectives match across ranks)
+        inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values, self.get_image_features, self.config.vision_config)
 
         if pixel_values is not None:
             image_embeds = self.get_image_features(pixel_values, image_grid_thw, **kwargs).pooler_output
@@ -1287,6 +1309,8 @@ class Qwen2_5_VLModel(Qwen2_5_VLPreTrainedModel):
                 input_ids, inputs_embeds=inputs_embeds, image_features=image_embeds
             )
             inputs_embeds = inputs_embeds.masked_scatter(image_mask, image_embeds)
+        # patchgen #15 vlm/vision_dummy_forward (1 stmt): same for a rank without videos
+        inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values_videos, self.get_video_features, self.config.vision_config)
 
         if pixel_values_videos is not None:
             video_embeds = self.get_video_features(pixel_values_videos, video_grid_thw, **kwargs).pooler_output
@@ -1311,6 +1335,8 @@ class Qwen2_5_VLModel(Qwen2_5_VLPreTrainedModel):
                 past_key_values=past_key_values,
                 mm_token_type_ids=mm_token_type_ids,
             )
+        # patchgen #16 vlm/restore_lm_attention_kwargs (1 stmt): the language model gets its packed flash-attention kwargs back
+        kwargs = {**kwargs, **lm_attention_kwargs}
 
         outputs = self.language_model(
             input_ids=None,
@@ -1705,6 +1731,12 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLPreTrainedModel, GenerationMi
             model_kwargs["encoder_outputs"] = _expand_dict_for_generation(model_kwargs["encoder_outputs"])
 
         return input_ids, model_kwargs
+
+    # patchgen #20 vlm/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+    @classmethod
+    def get_position_id_func(cls, config):
+        """fn(input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw, **extra) -> (3, bs, L) M-RoPE ids."""
+        return RopeIndexFunction(Qwen2_5_VLModel, config)
 
 
 __all__ = ["Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLModel", "Qwen2_5_VLPreTrainedModel", "Qwen2_5_VLTextModel"]

@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/qwen3_vl.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_vl`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl/modeling_qwen3_vl.py sha256=fcb5571ef95e4a6679af866ef9ef4dfa5cee017f9f91453daf28c7804c7a50fe
-# spec: specs/qwen3_vl.toml sha256=fe75d31f88a4ba700d09855d2e12ef7a87ab0140fb18c7eb7bc5a70cf249ea55
-# templates: sha256=dc5bf424253e3b787b1860c77d95c2837ed04c76b470030ad22958c125e47e72
+# spec: specs/qwen3_vl.toml sha256=67ae765b8393585d51ffdf6d372f5c88af3813b4cbe190e8d708c7a464aa8b5e
+# templates: sha256=6e7766db9d29aa405e0c4997a705ad17e70846578cac50113850ddc05cb2b0a0
 # engine: patchgen==0.1.0 sha256=b8f3372ad7d94eb0adaf61cf082df78be095a140ee661493b9b5d1b814a8366f
-# body: sha256=5e655ee44a92cc5f34f092e98e765cac63b9d2b516a57eb13bee8d20ce246268
+# body: sha256=8541dfdef386a791fc788da62d6310d7a8582b0b7c7baeb930bd5403130d99ed
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel
 #   #2 vlm/local_submodel @ Qwen3VLModel.__init__: the text model is this file's patched class, not upstream's via AutoModel
@@ -21,6 +21,14 @@
 #   #12 sp/vit_gather @ Qwen3VLVisionModel.forward: deepstack: gather every level the same way before it is injected into the LM
 #   #13 sp/vit_fill_back @ Qwen3VLModel.forward: fill-back: each rank scatters the image tokens (and deepstack levels) of its own slice of the sequence
 #   #14 sp/vit_fill_back @ Qwen3VLModel.forward: same for video tokens
+#   #15 vlm/stash_lm_attention_kwargs @ Qwen3VLModel.forward: the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+#   #16 vlm/vision_dummy_forward @ Qwen3VLModel.forward: a rank without images still runs the vision tower (FSDP collectives match across ranks)
+#   #17 vlm/vision_dummy_forward @ Qwen3VLModel.forward: same for a rank without videos
+#   #18 vlm/restore_lm_attention_kwargs @ Qwen3VLModel.forward: the language model gets its packed flash-attention kwargs back
+#   #19 vlm/vision_host_seqlens @ Qwen3VLVisionModel.forward: one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+#   #20 vlm/vision_seqlens_from_host @ Qwen3VLVisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
+#   #21 vlm/vision_seqlens_from_host @ Qwen3VLVisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+#   #22 vlm/position_id_func @ Qwen3VLForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_vl/modular_qwen3_vl.py.
@@ -75,7 +83,7 @@ from transformers.utils.output_capturing import capture_outputs
 from transformers.vision_utils import get_vision_bilinear_indices_and_weights, get_vision_cu_seqlens, get_vision_position_ids
 from transformers.models.auto.modeling_auto import AutoModel
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLConfig, Qwen3VLTextConfig, Qwen3VLVisionConfig
-# patchgen imports (9 stmt): names the patches below use
+# patchgen imports (14 stmt): names the patches below use
 from runtime.sp.positions import full_sequence_mask
 from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
@@ -85,6 +93,11 @@ from runtime.sp.vision import vit_pad_and_slice, vit_pad_cu_seqlens, vit_pad_len
 from runtime.sp.vision import vit_all_to_all
 from runtime.sp.vision import vit_gather
 from runtime.sp.vision import local_visual_tokens
+from runtime.vlm.attention_kwargs import split_lm_attention_kwargs
+from runtime.vlm.dummy_forward import vision_dummy_forward
+from runtime.vlm.seqlens import with_host_seqlens
+from runtime.vlm.seqlens import vision_max_seqlen, vision_segment_lengths
+from runtime.vlm.positions import RopeIndexFunction
 
 
 @auto_docstring
@@ -260,7 +273,8 @@ class Qwen3VLVisionAttention(nn.Module):
 
         if is_flash_attention_requested(self.config):
             # Flash Attention: Use cu_seqlens for variable length attention
-            max_seqlen = (cu_seqlens[1:] - cu_seqlens[:-1]).max()
+            # patchgen #20 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per block
+            max_seqlen = vision_max_seqlen(cu_seqlens)
             attn_output, _ = attention_interface(
                 self,
                 query_states,
@@ -278,7 +292,8 @@ class Qwen3VLVisionAttention(nn.Module):
             )
         else:
             # Other implementations: Process each chunk separately
-            lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+            # patchgen #21 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+            lengths = vision_segment_lengths(cu_seqlens)
             splits = [
                 torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)
             ]
@@ -752,6 +767,8 @@ class Qwen3VLVisionModel(Qwen3VLPreTrainedModel):
         hidden_states = vit_pad_and_slice(hidden_states, vit_sp_pad)
         position_embeddings = vit_pad_and_slice(position_embeddings, vit_sp_pad)
         cu_seqlens = vit_pad_cu_seqlens(cu_seqlens, vit_sp_pad)
+        # patchgen #19 vlm/vision_host_seqlens (1 stmt): one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+        cu_seqlens = with_host_seqlens(cu_seqlens)
 
         deepstack_feature_lists = []
         for layer_num, blk in enumerate(self.blocks):
@@ -1227,12 +1244,16 @@ class Qwen3VLModel(Qwen3VLPreTrainedModel):
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        # patchgen #15 vlm/stash_lm_attention_kwargs (1 stmt): the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+        kwargs, lm_attention_kwargs = split_lm_attention_kwargs(kwargs)
 
         if inputs_embeds is None:
             inputs_embeds = self.get_input_embeddings()(input_ids)
 
         image_mask = None
         video_mask = None
+        # patchgen #16 vlm/vision_dummy_forward (1 stmt): a rank without images still runs the vision tower (FSDP collectives match across ranks)
+        inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values, self.get_image_features, self.config.vision_config)
 
         if pixel_values is not None:
             image_outputs: BaseModelOutputWithDeepstackFeatures = self.get_image_features(
@@ -1247,6 +1268,8 @@ class Qwen3VLModel(Qwen3VLPreTrainedModel):
                 input_ids, inputs_embeds=inputs_embeds, image_features=image_embeds
             )
             inputs_embeds = inputs_embeds.masked_scatter(image_mask, image_embeds)
+        # patchgen #17 vlm/vision_dummy_forward (1 stmt): same for a rank without videos
+        inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values_videos, self.get_video_features, self.config.vision_config)
 
         if pixel_values_videos is not None:
             video_outputs: BaseModelOutputWithDeepstackFeatures = self.get_video_features(
@@ -1298,6 +1321,8 @@ class Qwen3VLModel(Qwen3VLPreTrainedModel):
                 past_key_values=past_key_values,
                 mm_token_type_ids=mm_token_type_ids,
             )
+        # patchgen #18 vlm/restore_lm_attention_kwargs (1 stmt): the language model gets its packed flash-attention kwargs back
+        kwargs = {**kwargs, **lm_attention_kwargs}
 
         outputs = self.language_model(
             input_ids=None,
@@ -1688,6 +1713,12 @@ class Qwen3VLForConditionalGeneration(Qwen3VLPreTrainedModel, GenerationMixin):
             model_kwargs["encoder_outputs"] = _expand_dict_for_generation(model_kwargs["encoder_outputs"])
 
         return input_ids, model_kwargs
+
+    # patchgen #22 vlm/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+    @classmethod
+    def get_position_id_func(cls, config):
+        """fn(input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw, **extra) -> (3, bs, L) M-RoPE ids."""
+        return RopeIndexFunction(Qwen3VLModel, config)
 
 
 __all__ = [

@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/qwen3_vl_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_vl_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
-# spec: specs/qwen3_vl_moe.toml sha256=d9dec38cdcce4a863969e6dd974130c8757a85457290724ca7e59c1b4921fc46
-# templates: sha256=2b77d28201b81bf5ebb921f42fef97e90eff4faabc9ac5188666ccc126ee81db
+# spec: specs/qwen3_vl_moe.toml sha256=541f82aeca4dbc70e57ec910eef07327a7e402f697a2cc4c576abf834164216a
+# templates: sha256=62e32afccba1708783d9ae8a2d3fe812b3ca1be2aa3a046524a2ae33b5ef3402
 # engine: patchgen==0.1.0 sha256=b8f3372ad7d94eb0adaf61cf082df78be095a140ee661493b9b5d1b814a8366f
-# body: sha256=711bacf325f5adc8fa97117d20b0673aefb14e7fcaff64b5aea52729b1a3fdc6
+# body: sha256=66c5f0aa4151d32a47c160ca08c809af14ba76bcad9de96810fee3fc24157e7b
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel
 #   #2 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the text model is this file's patched class, not upstream's via AutoModel
@@ -24,6 +24,14 @@
 #   #15 moe/global_aux_loss @ Qwen3VLMoeForConditionalGeneration.forward: the load-balancing loss must see every rank's tokens, not one rank's slice
 #   #16 moe/ep_plan @ Qwen3VLMoePreTrainedModel: expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
 #   #17 core/upstream_weight_conversions @ <module>: load plain transformers' checkpoints (experts stored transposed) into this layout and save them back the same way
+#   #18 vlm/stash_lm_attention_kwargs @ Qwen3VLMoeModel.forward: the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+#   #19 vlm/vision_dummy_forward @ Qwen3VLMoeModel.forward: a rank without images still runs the vision tower (FSDP collectives match across ranks)
+#   #20 vlm/vision_dummy_forward @ Qwen3VLMoeModel.forward: same for a rank without videos
+#   #21 vlm/restore_lm_attention_kwargs @ Qwen3VLMoeModel.forward: the language model gets its packed flash-attention kwargs back
+#   #22 vlm/vision_host_seqlens @ Qwen3VLMoeVisionModel.forward: one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+#   #23 vlm/vision_seqlens_from_host @ Qwen3VLMoeVisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
+#   #24 vlm/vision_seqlens_from_host @ Qwen3VLMoeVisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+#   #25 vlm/position_id_func @ Qwen3VLMoeForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_vl_moe/modular_qwen3_vl_moe.py.
@@ -89,7 +97,7 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from transformers.vision_utils import get_vision_bilinear_indices_and_weights, get_vision_cu_seqlens, get_vision_position_ids
 from transformers.models.auto.modeling_auto import AutoModel
 from transformers.models.qwen3_vl_moe.configuration_qwen3_vl_moe import Qwen3VLMoeConfig, Qwen3VLMoeTextConfig, Qwen3VLMoeVisionConfig
-# patchgen imports (11 stmt): names the patches below use
+# patchgen imports (16 stmt): names the patches below use
 from runtime.sp.positions import full_sequence_mask
 from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
@@ -101,6 +109,11 @@ from runtime.sp.vision import vit_gather
 from runtime.sp.vision import local_visual_tokens
 from runtime.moe.hooks import global_aux_loss
 from runtime.models.conversions import share_upstream_weight_conversions
+from runtime.vlm.attention_kwargs import split_lm_attention_kwargs
+from runtime.vlm.dummy_forward import vision_dummy_forward
+from runtime.vlm.seqlens import with_host_seqlens
+from runtime.vlm.seqlens import vision_max_seqlen, vision_segment_lengths
+from runtime.vlm.positions import RopeIndexFunction
 
 
 @use_kernel_forward_from_hub("RMSNorm")
@@ -516,7 +529,8 @@ class Qwen3VLMoeVisionAttention(nn.Module):
 
         if is_flash_attention_requested(self.config):
             # Flash Attention: Use cu_seqlens for variable length attention
-            max_seqlen = (cu_seqlens[1:] - cu_seqlens[:-1]).max()
+            # patchgen #23 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per block
+            max_seqlen = vision_max_seqlen(cu_seqlens)
             attn_output, _ = attention_interface(
                 self,
                 query_states,
@@ -534,7 +548,8 @@ class Qwen3VLMoeVisionAttention(nn.Module):
             )
         else:
             # Other implementations: Process each chunk separately
-            lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+            # patchgen #24 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+            lengths = vision_segment_lengths(cu_seqlens)
             splits = [
                 torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)
             ]
@@ -761,6 +776,8 @@ class Qwen3VLMoeVisionModel(Qwen3VLMoePreTrainedModel):
         hidden_states = vit_pad_and_slice(hidden_states, vit_sp_pad)
         position_embeddings = vit_pad_and_slice(position_embeddings, vit_sp_pad)
         cu_seqlens = vit_pad_cu_seqlens(cu_seqlens, vit_sp_pad)
+        # patchgen #22 vlm/vision_host_seqlens (1 stmt): one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+        cu_seqlens = with_host_seqlens(cu_seqlens)
 
         deepstack_feature_lists = []
         for layer_num, blk in enumerate(self.blocks):
@@ -1354,12 +1371,16 @@ class Qwen3VLMoeModel(Qwen3VLMoePreTrainedModel):
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
+        # patchgen #18 vlm/stash_lm_attention_kwargs (1 stmt): the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+        kwargs, lm_attention_kwargs = split_lm_attention_kwargs(kwargs)
 
         if inputs_embeds is None:
             inputs_embeds = self.get_input_embeddings()(input_ids)
 
         image_mask = None
         video_mask = None
+        # patchgen #19 vlm/vision_dummy_forward (1 stmt): a rank without images still runs the vision tower (FSDP collectives match across ranks)
+        inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values, self.get_image_features, self.config.vision_config)
 
         if pixel_values is not None:
             image_outputs: BaseModelOutputWithDeepstackFeatures = self.get_image_features(
@@ -1374,6 +1395,8 @@ class Qwen3VLMoeModel(Qwen3VLMoePreTrainedModel):
                 input_ids, inputs_embeds=inputs_embeds, image_features=image_embeds
             )
             inputs_embeds = inputs_embeds.masked_scatter(image_mask, image_embeds)
+        # patchgen #20 vlm/vision_dummy_forward (1 stmt): same for a rank without videos
+        inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values_videos, self.get_video_features, self.config.vision_config)
 
         if pixel_values_videos is not None:
             video_outputs: BaseModelOutputWithDeepstackFeatures = self.get_video_features(
@@ -1425,6 +1448,8 @@ class Qwen3VLMoeModel(Qwen3VLMoePreTrainedModel):
                 past_key_values=past_key_values,
                 mm_token_type_ids=mm_token_type_ids,
             )
+        # patchgen #21 vlm/restore_lm_attention_kwargs (1 stmt): the language model gets its packed flash-attention kwargs back
+        kwargs = {**kwargs, **lm_attention_kwargs}
 
         outputs = self.language_model(
             input_ids=None,
@@ -1906,6 +1931,12 @@ class Qwen3VLMoeForConditionalGeneration(Qwen3VLMoePreTrainedModel, GenerationMi
             model_kwargs["encoder_outputs"] = _expand_dict_for_generation(model_kwargs["encoder_outputs"])
 
         return input_ids, model_kwargs
+
+    # patchgen #25 vlm/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+    @classmethod
+    def get_position_id_func(cls, config):
+        """fn(input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw, **extra) -> (3, bs, L) M-RoPE ids."""
+        return RopeIndexFunction(Qwen3VLMoeModel, config)
 
 
 __all__ = [
