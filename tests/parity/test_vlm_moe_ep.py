@@ -1,0 +1,128 @@
+"""qwen3_vl_moe with expert parallelism (+Ulysses SP, +FSDP2) against the single-process eager run: the LM loss, the
+load-balancing loss and every gradient (ViT, merger, deepstack mergers, router, experts, text layers) within 1e-5.
+
+Each data-parallel replica trains a different VLM row (test_vlm_sp's CASES, one per replica; under SP the second
+one holds both images on SP rank 0 only). The load-balancing loss is over the global token set, SP padding
+included (it is routed; docs/parallelism.md), so the reference packs every replica's row, padded to a multiple of
+sp as under SP, into one row: pixel_values and image_grid_thw concatenated in order, position ids concatenated
+along L (each row's text positions restart at 0, so the packing mask keeps the rows apart; checked below).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.dist_utils import run_distributed
+from tests.parity.dense import relative_error
+from tests.parity.test_vlm_sp import CASES, forward_kwargs, full_batch, pad_row, shard
+
+MODEL = "qwen3_vl_moe"
+# The dim along which the packed reference concatenates the rows' tensors.
+PACKED_KEYS = {"input_ids": 1, "labels": 1, "mm_token_type_ids": 1, "position_ids": 2, "pixel_values": 0,
+               "image_grid_thw": 0}
+
+
+def _model(experts_implementation: str):
+    from runtime.models.registry import causal_lm_class
+    from runtime.models.tiny import tiny_config
+
+    config = tiny_config(MODEL, experts_implementation=experts_implementation)
+    torch.manual_seed(0)
+    model = causal_lm_class(MODEL)(config)
+    with torch.no_grad():  # skewed routing (as test_moe_parallel); under ep2_sp2, layer 1's experts 5-7 get no
+        # token from rank 2 or 3 (the router has no bias, so no expert is starved on a whole EP group)
+        for layer in model.model.language_model.layers:
+            layer.mlp.gate.weight[:3] *= 4.0
+    return model
+
+
+def _rows(n: int) -> list[dict[str, torch.Tensor]]:
+    """One row per data-parallel replica. A row's first token is nobody's target; marking it ignored changes
+    nothing for the replica but keeps the packed reference from predicting it from the previous row's last token."""
+    rows = []
+    for grids, text in CASES[:n]:
+        row = full_batch(MODEL, grids, text)
+        row["labels"][:, 0] = -100
+        rows.append(row)
+    return rows
+
+
+def _targets(rows: list[dict[str, torch.Tensor]]) -> int:
+    return sum(int((r["labels"][:, 1:] != -100).sum()) for r in rows)
+
+
+def _packed(rows: list[dict[str, torch.Tensor]], sp: int) -> dict[str, torch.Tensor]:
+    padded = [pad_row(r, sp) for r in rows]
+    return {k: torch.cat([r[k] for r in padded], dim) for k, dim in PACKED_KEYS.items()}
+
+
+def reference(num_rows: int, sp: int) -> dict:
+    """One process, eager experts, every replica's row (padded for sp) packed into one row: the global mean."""
+    model = _model("eager")
+    out = model(**_packed(_rows(num_rows), sp), **forward_kwargs(MODEL))
+    out.loss.backward()
+    coef = model.config.text_config.router_aux_loss_coef
+    return {"lm": (out.loss - coef * out.aux_loss).detach(), "aux": out.aux_loss.detach(),
+            "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+
+
+def parallel_worker(rank: int, world: int, layout: dict) -> dict:
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from runtime.moe.sharding import shard_experts
+    from runtime.parallel.fsdp import apply_fsdp
+    from runtime.parallel.state import init_parallel_state
+
+    state = init_parallel_state(**layout)
+    model = _model("patchgen_grouped")
+    shard_experts(model, state)
+    apply_fsdp(model, state)
+    rows = _rows(state.dp_size)
+    batch = shard(rows[state.dp_rank], state.sp_size, state.sp_rank)
+    out = model(**batch, num_items_in_batch=_targets(rows), **forward_kwargs(MODEL))
+    out.loss.backward()
+    coef = model.config.text_config.router_aux_loss_coef
+    lm_share = (out.loss - coef * out.aux_loss).detach()
+    dist.all_reduce(lm_share, group=state.dp_group)
+    grads = {}
+    for name, param in model.named_parameters():  # full_tensor is collective: every rank gathers every grad
+        grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
+        grads[name.replace("_fsdp_wrapped_module.", "")] = grad
+    return {"lm": lm_share, "aux": out.aux_loss.detach(), "grads": grads if rank == 0 else None}
+
+
+LAYOUTS = {
+    "ep2": (2, {"ep_size": 2}),
+    "ep2_sp2": (4, {"ep_size": 2, "sp_size": 2}),
+}
+
+
+def test_packed_reference_keeps_rows_apart() -> None:
+    """The packed reference row computes each row's logits exactly as that row alone does."""
+    model = _model("eager")
+    rows = _rows(2)
+    with torch.no_grad():
+        packed = model(**_packed(rows, 2)).logits
+        alone = torch.cat([model(**pad_row(r, 2)).logits for r in rows], 1)
+    assert relative_error(packed, alone) < 1e-5
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_vlm_expert_parallel_matches_single_process(name: str) -> None:
+    world, layout = LAYOUTS[name]
+    sp = layout.get("sp_size", 1)
+    results = run_distributed(parallel_worker, world, layout, timeout=300)
+    ref = reference(world // sp, sp)
+    for got in results:
+        assert relative_error(got["lm"], ref["lm"]) < 1e-5
+        assert relative_error(got["aux"], ref["aux"]) < 1e-5
+    grads = results[0]["grads"]
+    assert grads.keys() == ref["grads"].keys()
+    for part in ("model.visual.blocks.", "model.visual.merger.", "model.visual.deepstack_merger_list.",
+                 "mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj", "self_attn.q_proj"):
+        assert any(part in key for key in grads), part
+    for key, value in ref["grads"].items():
+        assert relative_error(grads[key], value) < 1e-5, key
