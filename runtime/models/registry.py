@@ -17,6 +17,11 @@ class GeneratedModel:
     spec: str
     upstream_auto: str = "AutoModelForCausalLM"  # the transformers Auto class that builds the upstream reference
 
+    @property
+    def is_vlm(self) -> bool:
+        """A vision-language model: trained from chat samples with images/videos through a processor."""
+        return self.upstream_auto == "AutoModelForImageTextToText"
+
     def causal_lm_class(self) -> type:
         return getattr(importlib.import_module(self.module), self.causal_lm)
 

@@ -9,9 +9,11 @@ Example (every key shown with its default unless marked required)::
       seed: 0
       attn_implementation: sdpa  # or flash_attention_2 where flash-attn is installed
       experts_implementation: patchgen_grouped  # MoE models: eager | patchgen_grouped | patchgen_triton
+      freeze_vision: false     # vision-language models: train without updating the vision tower
     data:
-      path: data.jsonl         # required: .jsonl (text / chat messages) or .txt
-      tokenizer: tok/          # required: local tokenizer directory
+      path: data.jsonl         # required: .jsonl (text / chat messages, with images/videos for VLMs) or .txt
+      tokenizer: tok/          # required for text models: local tokenizer directory
+      processor: proc/         # required for vision-language models instead: local processor directory
       token_budget: 1024       # tokens per packed row (one row per micro-batch per DP replica)
       seed: 0
     parallel: {sp: 1, ep: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false}
@@ -47,12 +49,14 @@ class ModelConfig:
     seed: int = 0
     attn_implementation: str = "sdpa"
     experts_implementation: str = "patchgen_grouped"  # MoE models only: eager | patchgen_grouped | patchgen_triton
+    freeze_vision: bool = False  # vision-language models only
 
 
 @dataclass(frozen=True)
 class DataConfig:
     path: str
-    tokenizer: str
+    tokenizer: str | None = None  # text models
+    processor: str | None = None  # vision-language models (tokenizer + image/video processors)
     token_budget: int = 1024
     seed: int = 0
 
@@ -173,9 +177,34 @@ def parse_config(raw: Any) -> RunConfig:
     config = _build(RunConfig, raw, "")
     if len(config.optim.betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in config.optim.betas):
         raise ConfigError(f"optim.betas: expected two numbers in [0, 1), found {config.optim.betas!r}")
+    _check_model_kind(config)
     if config.checkpoint.interval and not config.checkpoint.dir:
         raise ConfigError("checkpoint.interval: set checkpoint.dir to say where checkpoints go")
     return config
+
+
+def _check_model_kind(config: RunConfig) -> None:
+    """Text models read a tokenizer, vision-language models a processor; freeze_vision needs a vision tower."""
+    from runtime.models.registry import REGISTRY
+
+    entry = REGISTRY.get(config.model.type)
+    if entry is None:
+        return  # build_model names the known types
+    if entry.is_vlm:
+        if config.data.processor is None:
+            raise ConfigError(f"data.processor: required for the vision-language model {config.model.type!r} (a local "
+                              f"processor directory: tokenizer with vision tokens + image/video processors)")
+        if config.data.tokenizer is not None:
+            raise ConfigError("data.tokenizer: a vision-language model reads its tokenizer from data.processor; "
+                              "remove data.tokenizer")
+    else:
+        if config.data.tokenizer is None:
+            raise ConfigError("data.tokenizer: required key missing")
+        if config.data.processor is not None:
+            raise ConfigError(f"data.processor: only vision-language models take a processor; {config.model.type!r} "
+                              f"is a text model (use data.tokenizer)")
+        if config.model.freeze_vision:
+            raise ConfigError(f"model.freeze_vision: {config.model.type!r} has no vision tower")
 
 
 def load_config(path: str | Path) -> RunConfig:

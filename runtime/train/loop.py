@@ -16,14 +16,12 @@ import torch.distributed as dist
 
 from runtime.checkpoint.dcp import latest_checkpoint, load_checkpoint, save_checkpoint
 from runtime.checkpoint.export import export_hf
-from runtime.data.jsonl import read_samples
-from runtime.data.loader import PackedLoader
 from runtime.data.sp_batch import shard_for_sp
-from runtime.data.tokenization import load_tokenizer, tokenize_samples
 from runtime.moe.sharding import shard_experts
 from runtime.parallel.fsdp import apply_fsdp, clip_grad_norm_
-from runtime.parallel.state import ParallelState, check_sp_compatible, init_parallel_state
+from runtime.parallel.state import ParallelState, init_parallel_state
 from runtime.train.config import ConfigError, RunConfig
+from runtime.train.data import build_loader, check_sp, check_vocab, fixed_model_config, load_text_processor
 from runtime.train.metrics import MetricsLogger, StepMetrics, detect_peak_tflops, flops_per_token
 from runtime.train.model import build_model
 from runtime.train.schedule import build_scheduler
@@ -61,16 +59,12 @@ def all_reduce_sum(value: torch.Tensor, group) -> torch.Tensor:
 def train(config: RunConfig) -> RunResult:
     state = setup_parallel(config)
     torch.manual_seed(config.model.seed)
-    model = build_model(config.model)
+    processor = load_text_processor(config)  # a tokenizer, or a VLM's processor
+    model = build_model(config.model, fixed_model_config(config, processor))
     mc = model.config
-    try:
-        check_sp_compatible(mc.num_attention_heads, mc.num_key_value_heads, config.data.token_budget, state.sp_size)
-    except ValueError as exc:
-        raise ConfigError(f"parallel.sp: {exc}") from None
-
-    tokenizer = load_tokenizer(config.data.tokenizer)
-    samples = tokenize_samples(read_samples(config.data.path), tokenizer)
-    loader = PackedLoader.for_parallel_state(samples, config.data.token_budget, state, seed=config.data.seed)
+    check_sp(model, config, state.sp_size)
+    check_vocab(model, processor)
+    loader = build_loader(config, state, model, processor)
 
     if state.ep_enabled:
         try:
@@ -83,7 +77,8 @@ def train(config: RunConfig) -> RunResult:
         model.gradient_checkpointing_enable()
     model.train()
     o = config.optim
-    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+    trained = [p for p in model.parameters() if p.requires_grad]  # model.freeze_vision leaves the ViT out
+    optimizer = torch.optim.AdamW(trained, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
                                   weight_decay=o.weight_decay)
     scheduler = build_scheduler(optimizer, o.warmup_steps, config.train.steps, o.min_lr_ratio)
 
@@ -104,7 +99,7 @@ def train(config: RunConfig) -> RunResult:
     if state.rank == 0 and resume_from is not None:
         print(f"resumed from {resume_from} at step {start_step}", flush=True)
     peak = config.log.peak_tflops or detect_peak_tflops()
-    flops_token = flops_per_token(mc, config.data.token_budget)
+    flops_token = flops_per_token(mc.get_text_config(), config.data.token_budget)  # the LM's FLOPs (a ViT's not)
     metrics: list[StepMetrics] = []
     try:
         for step in range(start_step + 1, config.train.steps + 1):
@@ -116,13 +111,13 @@ def train(config: RunConfig) -> RunResult:
     finally:
         logger.close()
     if config.export.dir:
-        export_hf(model, mc, Path(config.export.dir), tokenizer=tokenizer)
+        export_hf(model, mc, Path(config.export.dir), tokenizer=processor)
         if state.rank == 0:
             print(f"exported a plain-transformers checkpoint to {config.export.dir}", flush=True)
     return RunResult(metrics, start_step)
 
 
-def train_step(step: int, model, optimizer, scheduler, loader: PackedLoader, state: ParallelState,
+def train_step(step: int, model, optimizer, scheduler, loader, state: ParallelState,
                config: RunConfig, flops_token: float, peak_tflops: float | None) -> StepMetrics:
     started = time.perf_counter()
     rows = [next(loader) for _ in range(config.train.micro_batches)]

@@ -1,0 +1,79 @@
+"""The trainer's data side: what reads the text (a tokenizer, or a VLM's processor), which model-config values the
+data dictates, and the packed, DP-sharded, resumable loader."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from runtime.data.jsonl import read_samples
+from runtime.data.loader import PackedLoader
+from runtime.data.tokenization import load_tokenizer, tokenize_samples
+from runtime.models.registry import lookup
+from runtime.parallel.state import ParallelState
+from runtime.train.config import ConfigError, RunConfig
+
+
+def is_vlm(config: RunConfig) -> bool:
+    try:
+        return lookup(config.model.type).is_vlm
+    except ValueError as exc:
+        raise ConfigError(f"model.type: {exc}") from None
+
+
+def load_text_processor(config: RunConfig) -> Any:
+    """The tokenizer (text models) or the processor (VLMs) from its local directory."""
+    try:
+        if is_vlm(config):
+            from runtime.data.processor import load_processor
+
+            return load_processor(config.data.processor)
+        return load_tokenizer(config.data.tokenizer)
+    except (OSError, ValueError) as exc:
+        key = "data.processor" if is_vlm(config) else "data.tokenizer"
+        raise ConfigError(f"{key}: {exc}") from None
+
+
+def fixed_model_config(config: RunConfig, processor: Any) -> dict[str, Any]:
+    """A VLM's special-token ids come from its processor's tokenizer, not from the model config's defaults."""
+    if not is_vlm(config):
+        return {}
+    from runtime.data.processor import vlm_token_ids
+
+    return vlm_token_ids(processor)
+
+
+def check_vocab(model: torch.nn.Module, processor: Any) -> None:
+    tokenizer = getattr(processor, "tokenizer", processor)
+    vocab = model.config.get_text_config().vocab_size
+    if len(tokenizer) > vocab:
+        raise ConfigError(f"model.config: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
+                          f"{vocab}; raise vocab_size (text_config.vocab_size for a VLM) to at least {len(tokenizer)}")
+
+
+def build_loader(config: RunConfig, state: ParallelState, model: torch.nn.Module, processor: Any):
+    """Packed rows for this rank's DP position: ``PackedLoader`` (text) or ``MultimodalPackedLoader`` (VLM)."""
+    samples = read_samples(config.data.path)
+    budget, seed = config.data.token_budget, config.data.seed
+    if not is_vlm(config):
+        return PackedLoader.for_parallel_state(tokenize_samples(samples, processor), budget, state, seed=seed)
+    from runtime.data.multimodal import MultimodalPackedLoader, tokenize_multimodal
+
+    position_ids = type(model).get_position_id_func(model.config)
+    tokenized = [tokenize_multimodal(sample, processor, position_ids) for sample in samples]
+    return MultimodalPackedLoader.for_parallel_state(tokenized, budget, state, seed=seed)
+
+
+def check_sp(model: torch.nn.Module, config: RunConfig, sp: int) -> None:
+    """Ulysses SP splits the LM's heads, and a VLM's ViT heads too."""
+    from runtime.parallel.state import check_sp_compatible
+
+    text = model.config.get_text_config()
+    try:
+        check_sp_compatible(text.num_attention_heads, text.num_key_value_heads, config.data.token_budget, sp)
+        vision = getattr(model.config, "vision_config", None)
+        if vision is not None and vision.num_heads % sp:
+            raise ValueError(f"the vision tower's {vision.num_heads} heads are not divisible by sp={sp}")
+    except ValueError as exc:
+        raise ConfigError(f"parallel.sp: {exc}") from None
