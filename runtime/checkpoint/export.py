@@ -148,7 +148,22 @@ def _scrub_config_json(path: Path) -> None:
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+_MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors.index.json"}
+
+
+def _copy_processor_files(source: Path, out_dir: Path) -> None:
+    """A VLM processor directory is copied file by file (tokenizer, image/video processor configs, chat template):
+    some processors cannot save themselves (one built without its optional video processor), and the user's files
+    are what the checkpoint should ship. Model files of a checkpoint directory are left out."""
+    for path in sorted(source.iterdir()):
+        if path.is_file() and path.name not in _MODEL_FILES and path.suffix not in (".safetensors", ".bin", ".pt"):
+            shutil.copy2(path, out_dir / path.name)
+
+
 def _save_tokenizer(tokenizer: Any, out_dir: Path) -> None:
+    if isinstance(tokenizer, str | Path) and (Path(tokenizer) / "processor_config.json").is_file():
+        _copy_processor_files(Path(tokenizer), out_dir)
+        return
     if isinstance(tokenizer, str | Path):
         from transformers import AutoTokenizer
 
@@ -172,7 +187,8 @@ def export_hf(
 
     The full state dict is gathered to rank 0 (on CPU), which alone writes. ``dtype`` casts the floating weights,
     which otherwise keep the training dtype; either way the saved config's ``dtype`` records it. ``tokenizer`` is a
-    path or an object with ``save_pretrained``. Returns ``out_dir`` once it is in place on every rank.
+    path (a tokenizer directory, or a VLM processor directory: copied) or an object with ``save_pretrained``.
+    Returns ``out_dir`` once it is in place on every rank.
     """
     state = state if state is not None else get_parallel_state()
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else state.rank

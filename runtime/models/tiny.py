@@ -30,13 +30,19 @@ TINY_VLM_TOKENS = dict(image_token_id=90, video_token_id=91, vision_start_token_
 VLM_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl")
 
 
-def _tiny_vlm_config(model_type: str, **overrides) -> transformers.PretrainedConfig:
+def tiny_vlm_text_config(model_type: str) -> dict:
+    """The text sub-config of a tiny VLM as plain data (a run config's ``model.config.text_config``)."""
     moe = TINY_MOE if model_type.endswith("_moe") else {}
     windowed = model_type == "qwen2_5_vl"
     rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3],
             **({} if windowed else {"mrope_interleaved": True})}
     special = {"bos_token_id": None, "eos_token_id": None} if windowed else {}  # its defaults lie outside TINY's vocab
-    text = {**TINY, **moe, **special, "rope_parameters": rope, **overrides.pop("text_config", {})}
+    return {**TINY, **moe, **special, "rope_parameters": rope}
+
+
+def _tiny_vlm_config(model_type: str, **overrides) -> transformers.PretrainedConfig:
+    windowed = model_type == "qwen2_5_vl"
+    text = {**tiny_vlm_text_config(model_type), **overrides.pop("text_config", {})}
     vision = {**(TINY_VISION_WINDOWED if windowed else TINY_VISION), **overrides.pop("vision_config", {})}
     return transformers.AutoConfig.for_model(model_type, text_config=text, vision_config=vision,
                                              tie_word_embeddings=False, **{**TINY_VLM_TOKENS, **overrides})

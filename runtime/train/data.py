@@ -58,7 +58,8 @@ def build_loader(config: RunConfig, state: ParallelState, model: torch.nn.Module
     budget, seed = config.data.token_budget, config.data.seed
     if not is_vlm(config):
         return PackedLoader.for_parallel_state(tokenize_samples(samples, processor), budget, state, seed=seed)
-    from runtime.data.multimodal import MultimodalPackedLoader, tokenize_multimodal
+    from runtime.data.multimodal import tokenize_multimodal
+    from runtime.data.multimodal_loader import MultimodalPackedLoader
 
     position_ids = type(model).get_position_id_func(model.config)
     tokenized = [tokenize_multimodal(sample, processor, position_ids) for sample in samples]

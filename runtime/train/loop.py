@@ -111,7 +111,7 @@ def train(config: RunConfig) -> RunResult:
     finally:
         logger.close()
     if config.export.dir:
-        export_hf(model, mc, Path(config.export.dir), tokenizer=processor)
+        export_hf(model, mc, Path(config.export.dir), tokenizer=config.data.processor or processor)
         if state.rank == 0:
             print(f"exported a plain-transformers checkpoint to {config.export.dir}", flush=True)
     return RunResult(metrics, start_step)
