@@ -1,4 +1,5 @@
-"""`make demo`: regenerate every spec into a scratch copy and compare with generated/, then SP=2 parity."""
+"""`make demo`: regenerate every spec into a scratch copy and compare with generated/, SP=2 parity, the text and VLM
+trainers, FlowGRPO."""
 
 from __future__ import annotations
 
@@ -42,7 +43,11 @@ def main() -> None:
     from runtime.demos.train_text import main as train_demo
 
     ok = train_demo() and ok
-    print("== 4. FlowGRPO: tiny SD3 transformer, GRPO with a learnable reward ==", flush=True)
+    print("== 4. VLM trainer: tiny qwen3_vl, sp=2 (ViT + LM), generated images, export ==", flush=True)
+    from runtime.demos.train_vlm import main as vlm_demo
+
+    ok = vlm_demo() and ok
+    print("== 5. FlowGRPO: tiny SD3 transformer, GRPO with a learnable reward ==", flush=True)
     from runtime.demos.flowgrpo import main as flowgrpo_demo
 
     ok = flowgrpo_demo() and ok

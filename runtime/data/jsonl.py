@@ -2,6 +2,12 @@
 
 Parsing is strict and fails on the first bad line with the file, the line number and what was expected, because a
 silently skipped or misread line only shows up much later as a worse model.
+
+A chat message's ``content`` is a string or, for vision-language models, a list of parts:
+``{"type": "text", "text": ...}``, ``{"type": "image", "image": "a.png"}`` or
+``{"type": "video", "video": ["f0.png", "f1.png", ...], "fps": 2}`` (a video is its frames as image files; ``fps``
+is optional). Relative paths resolve against the JSONL file's directory, and every file must exist when the line is
+read: a missing image is a data error that should stop the run before training, not in the middle of it.
 """
 
 from __future__ import annotations
@@ -22,9 +28,44 @@ class TextSample:
 
 
 @dataclass(frozen=True)
+class TextPart:
+    text: str
+
+
+@dataclass(frozen=True)
+class ImagePart:
+    """An image file (an existing path, already resolved against the JSONL file's directory)."""
+
+    path: Path
+
+
+@dataclass(frozen=True)
+class VideoPart:
+    """A video as its frames, in order; ``fps`` is the rate they were sampled at, when known."""
+
+    frames: tuple[Path, ...]
+    fps: float | None = None
+
+
+ContentPart = TextPart | ImagePart | VideoPart
+PART_TYPES = ("text", "image", "video")
+
+
+@dataclass(frozen=True)
 class ChatMessage:
     role: str
-    content: str
+    content: str | tuple[ContentPart, ...]
+
+    @property
+    def text(self) -> str:
+        """The message's text: the string content, or its text parts joined (images and videos left out)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content if isinstance(part, TextPart))
+
+    @property
+    def has_media(self) -> bool:
+        return not isinstance(self.content, str) and any(not isinstance(p, TextPart) for p in self.content)
 
 
 @dataclass(frozen=True)
@@ -32,6 +73,11 @@ class ChatSample:
     """A conversation; only the assistant turns are training targets."""
 
     messages: tuple[ChatMessage, ...]
+
+    @property
+    def is_multimodal(self) -> bool:
+        """Whether any message holds an image or a video (it then needs a processor, not just a tokenizer)."""
+        return any(m.has_media for m in self.messages)
 
 
 Sample = TextSample | ChatSample
@@ -41,22 +87,59 @@ class _LineError(ValueError):
     """What was wrong with one parsed line; re-raised with the file and line number."""
 
 
-def _parse_message(item: Any, index: int) -> ChatMessage:
+def _existing_file(value: Any, where: str, base_dir: Path) -> Path:
+    if not isinstance(value, str) or not value:
+        raise _LineError(f"{where} must be a non-empty file path string, got {value!r:.60}")
+    path = base_dir / value  # an absolute `value` replaces base_dir
+    if not path.is_file():
+        raise _LineError(f"{where}: file not found: {path}")
+    return path
+
+
+def _parse_part(item: Any, where: str, base_dir: Path) -> ContentPart:
+    if not isinstance(item, dict):
+        raise _LineError(f"{where} must be an object with a 'type', got {type(item).__name__}")
+    kind = item.get("type")
+    if kind not in PART_TYPES:
+        raise _LineError(f"{where}.type must be one of {', '.join(PART_TYPES)}, got {kind!r}")
+    if kind == "text":
+        if not isinstance(item.get("text"), str):
+            raise _LineError(f"{where}.text must be a string, got {type(item.get('text')).__name__}")
+        return TextPart(item["text"])
+    if kind == "image":
+        return ImagePart(_existing_file(item.get("image"), f"{where}.image", base_dir))
+    frames = item.get("video")
+    if not isinstance(frames, list) or not frames:
+        raise _LineError(f"{where}.video must be a non-empty list of frame image paths, got {frames!r:.60}")
+    fps = item.get("fps")
+    if fps is not None and (isinstance(fps, bool) or not isinstance(fps, int | float) or not fps > 0):
+        raise _LineError(f"{where}.fps must be a positive number, got {fps!r}")
+    paths = tuple(_existing_file(f, f"{where}.video[{k}]", base_dir) for k, f in enumerate(frames))
+    return VideoPart(paths, None if fps is None else float(fps))
+
+
+def _parse_message(item: Any, index: int, base_dir: Path) -> ChatMessage:
     if not isinstance(item, dict):
         raise _LineError(f"messages[{index}] must be an object with 'role' and 'content', got {type(item).__name__}")
     role, content = item.get("role"), item.get("content")
     if role not in ROLES:
         raise _LineError(f"messages[{index}].role must be one of {', '.join(ROLES)}, got {role!r}")
-    if not isinstance(content, str):
-        raise _LineError(f"messages[{index}].content must be a string, got {type(content).__name__}")
-    return ChatMessage(role, content)
+    if isinstance(content, str):
+        return ChatMessage(role, content)
+    if not isinstance(content, list) or not content:
+        raise _LineError(f"messages[{index}].content must be a string, got {type(content).__name__} (a non-empty "
+                         f"list of {'/'.join(PART_TYPES)} parts is accepted too)")
+    where = f"messages[{index}].content"
+    return ChatMessage(role, tuple(_parse_part(part, f"{where}[{k}]", base_dir) for k, part in enumerate(content)))
 
 
-def parse_sample(record: Any) -> Sample:
+def parse_sample(record: Any, base_dir: str | Path | None = None) -> Sample:
     """One decoded JSON value -> a sample; ValueError saying what was expected otherwise.
 
-    Keys other than ``text`` / ``messages`` (ids, metadata) are allowed and ignored.
+    Keys other than ``text`` / ``messages`` (ids, metadata) are allowed and ignored. Relative image and frame paths
+    resolve against ``base_dir`` (the current directory when None).
     """
+    base_dir = Path(".") if base_dir is None else Path(base_dir)
     if not isinstance(record, dict):
         raise _LineError(f'expected an object {{"text": ...}} or {{"messages": [...]}}, got {type(record).__name__}')
     has_text, has_messages = "text" in record, "messages" in record
@@ -71,7 +154,7 @@ def parse_sample(record: Any) -> Sample:
     messages = record["messages"]
     if not isinstance(messages, list) or not messages:
         raise _LineError(f"'messages' must be a non-empty list of messages, got {messages!r:.60}")
-    parsed = tuple(_parse_message(item, i) for i, item in enumerate(messages))
+    parsed = tuple(_parse_message(item, i, base_dir) for i, item in enumerate(messages))
     if not any(m.role == "assistant" for m in parsed):
         raise _LineError("a chat sample needs at least one assistant message (it would have no training targets)")
     return ChatSample(parsed)
@@ -80,7 +163,8 @@ def parse_sample(record: Any) -> Sample:
 def read_jsonl(path: str | Path) -> list[Sample]:
     """Every sample of a JSONL file, in file order; blank lines are skipped.
 
-    A bad line raises ValueError naming the file, the line number and what was expected.
+    A bad line raises ValueError naming the file, the line number and what was expected (for a missing image or
+    frame, its path). Relative media paths resolve against the file's directory.
     """
     path = Path(path)
     samples: list[Sample] = []
@@ -93,7 +177,7 @@ def read_jsonl(path: str | Path) -> list[Sample]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: expected one JSON object per line, invalid JSON: {e}") from None
             try:
-                samples.append(parse_sample(record))
+                samples.append(parse_sample(record, path.parent))
             except _LineError as e:
                 raise ValueError(f"{path}:{lineno}: {e}") from None
     return samples

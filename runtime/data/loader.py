@@ -25,6 +25,9 @@ class PackedLoader:
     resume semantics are those of ``PackedRowSampler``; ``state_dict()`` is a small dict of ints.
     """
 
+    # Subclasses for other sample types override `keeps`, `pack` and this phrase of the "nothing usable" error.
+    requirement = "has a training target within"
+
     def __init__(
         self,
         samples: Sequence[TokenizedSample],
@@ -36,11 +39,11 @@ class PackedLoader:
         num_epochs: int | None = None,
         open_rows: int = 16,
     ) -> None:
-        self.samples = [s for s in samples if has_targets(s, token_budget)]
+        self.token_budget = token_budget
+        self.samples = [s for s in samples if self.keeps(s)]
         self.num_dropped = len(samples) - len(self.samples)
         if not self.samples:
-            raise ValueError(f"none of the {len(samples)} samples has a training target within {token_budget} tokens")
-        self.token_budget = token_budget
+            raise ValueError(f"none of the {len(samples)} samples {self.requirement} {token_budget} tokens")
         self.sampler = PackedRowSampler(
             [len(s) for s in self.samples], token_budget, seed, dp_rank, dp_size, shuffle, num_epochs, open_rows
         )
@@ -68,9 +71,17 @@ class PackedLoader:
     def __iter__(self) -> PackedLoader:
         return self
 
-    def __next__(self) -> dict[str, torch.Tensor]:
-        row = pack_row([self.samples[i] for i in next(self.sampler)], self.token_budget)
+    def keeps(self, sample: TokenizedSample) -> bool:
+        """Whether a sample is used at all (decided once, up front)."""
+        return has_targets(sample, self.token_budget)
+
+    def pack(self, samples: Sequence[TokenizedSample]) -> dict[str, torch.Tensor]:
+        """One batch from the samples of one planned row."""
+        row = pack_row(samples, self.token_budget)
         return {k: v.unsqueeze(0) for k, v in row.items()}
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        return self.pack([self.samples[i] for i in next(self.sampler)])
 
     def state_dict(self) -> dict[str, int]:
         """Resume point: the next batch after ``load_state_dict`` is the one that would have come next."""

@@ -24,7 +24,8 @@ from runtime.data.sp_batch import IGNORE_INDEX
 from runtime.data.tokenization import TokenizedSample
 
 
-def _check_budget(token_budget: int) -> None:
+def check_token_budget(token_budget: int) -> None:
+    """ValueError unless the budget is a positive int (a bool or a float would silently misbehave later)."""
     if isinstance(token_budget, bool) or not isinstance(token_budget, int) or token_budget < 1:
         raise ValueError(f"token_budget must be a positive integer, got {token_budget!r}")
 
@@ -42,7 +43,7 @@ def plan_rows(lengths: Sequence[int], token_budget: int, open_rows: int = 16) ->
     keeps the cost linear and the order close to the input order (the sampler's shuffle); ``open_rows=1`` is plain
     next-fit. Rows come out in the order they close. Deterministic: a pure function of its arguments.
     """
-    _check_budget(token_budget)
+    check_token_budget(token_budget)
     if open_rows < 1:
         raise ValueError(f"open_rows must be positive, got {open_rows}")
     closed: list[list[int]] = []
@@ -71,7 +72,7 @@ def plan_rows(lengths: Sequence[int], token_budget: int, open_rows: int = 16) ->
 
 def pack_row(samples: Sequence[TokenizedSample], token_budget: int) -> dict[str, torch.Tensor]:
     """Concatenate (truncated) samples into one row of 1-D LongTensors: input_ids, labels, position_ids."""
-    _check_budget(token_budget)
+    check_token_budget(token_budget)
     if not samples:
         raise ValueError("a row needs at least one sample")
     input_ids: list[int] = []

@@ -2,34 +2,54 @@
 
 Position ids are computed on the full row and stay global (RoPE and masks need them); token tensors are
 padded to a multiple of sp with a separate padding segment and sliced per rank.
+
+The same functions serve text rows (``position_ids`` ``(bs, L)``) and VLM rows: there ``position_ids`` is
+``(bs, 4, L)`` (text row, then M-RoPE T/H/W; padded on every channel and kept batch-first, the model transposes),
+``mm_token_type_ids`` is a token tensor like ``input_ids``, and the vision inputs (pixel values, grids) pass through
+whole, because every SP rank runs the ViT hooks on all patches.
 """
 
 from __future__ import annotations
 
 import torch
 
-from runtime.parallel.collectives import slice_for_rank
 from runtime.parallel.state import ParallelState
 
 IGNORE_INDEX = -100
-SEQUENCE_KEYS = ("input_ids", "labels")
+SEQUENCE_KEYS = ("input_ids", "labels", "mm_token_type_ids")
 
 
 def pad_to_multiple(batch: dict[str, torch.Tensor], multiple: int, pad_token_id: int = 0) -> dict[str, torch.Tensor]:
-    """Append a padding segment (own position ids from 0, labels ignored) so the row length divides `multiple`."""
-    pad = -batch["input_ids"].shape[1] % multiple
+    """Append a padding segment (own position ids from 0, labels ignored) so the row length divides `multiple`.
+
+    Token tensors (``SEQUENCE_KEYS`` present in the batch) are padded with the pad token, ``IGNORE_INDEX`` and text
+    type 0; position ids with ``0..pad-1`` on every channel; anything else passes through unchanged.
+    """
+    pad = -batch["input_ids"].shape[-1] % multiple
     if pad == 0:
         return dict(batch)
-    rows = batch["input_ids"].shape[0]
-    fill = {"input_ids": pad_token_id, "labels": IGNORE_INDEX}
-    out = {k: torch.cat([v, torch.full((rows, pad), fill[k], dtype=v.dtype)], 1) for k, v in batch.items()
-           if k in fill}
-    out["position_ids"] = torch.cat([batch["position_ids"], torch.arange(pad).expand(rows, pad)], 1)
+    fill = {"input_ids": pad_token_id, "labels": IGNORE_INDEX, "mm_token_type_ids": 0}
+    out = dict(batch)
+    for key in SEQUENCE_KEYS:
+        if key in batch:
+            v = batch[key]
+            out[key] = torch.cat([v, torch.full((v.shape[0], pad), fill[key], dtype=v.dtype)], 1)
+    positions = batch["position_ids"]
+    out["position_ids"] = torch.cat([positions, torch.arange(pad).expand(*positions.shape[:-1], pad)], -1)
     return out
 
 
+def shard_row(batch: dict[str, torch.Tensor], sp_size: int, sp_rank: int) -> dict[str, torch.Tensor]:
+    """SP rank ``sp_rank``'s inputs: the padded row's contiguous slice of each token tensor, the rest whole."""
+    if not 0 <= sp_rank < sp_size:
+        raise ValueError(f"need 0 <= sp_rank < sp_size, got sp_rank={sp_rank}, sp_size={sp_size}")
+    padded = pad_to_multiple(batch, sp_size)
+    chunk = padded["input_ids"].shape[1] // sp_size
+    # A copy, not a view: in-place edits of one rank's slice must not reach the full row.
+    return {k: v[:, sp_rank * chunk:(sp_rank + 1) * chunk].clone() if k in SEQUENCE_KEYS else v
+            for k, v in padded.items()}
+
+
 def shard_for_sp(batch: dict[str, torch.Tensor], state: ParallelState) -> dict[str, torch.Tensor]:
-    """This rank's model inputs: its slice of the tokens and labels, the global position ids."""
-    padded = pad_to_multiple(batch, state.sp_size)
-    local = {k: slice_for_rank(v, 1, state.sp_group) if k in SEQUENCE_KEYS else v for k, v in padded.items()}
-    return local
+    """This rank's model inputs: its slice of the token tensors, the global position ids, whole vision inputs."""
+    return shard_row(batch, state.sp_size, state.sp_rank)

@@ -16,9 +16,10 @@ starts at the last occurrence of its text in the one-message rendering.)
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from runtime.data.jsonl import ChatSample, Sample, TextSample
 from runtime.data.sp_batch import IGNORE_INDEX
@@ -61,29 +62,45 @@ def tokenize_text(text: str, tokenizer) -> TokenizedSample:
     return TokenizedSample(tuple(ids), tuple(ids))
 
 
-def _render(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+def _content_text(content: Any) -> str:
+    """A message's text: string content as is, or the text parts of a list of ``{"type": ...}`` parts joined."""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if part.get("type") == "text")
 
 
-def assistant_spans(tokenizer, messages: Sequence[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(
+    tokenizer, messages: Sequence[dict[str, Any]], expand: Callable[[str], str] | None = None
+) -> tuple[str, list[tuple[int, int]]]:
     """The full rendering of a conversation and the character span ``[start, end)`` of every assistant reply.
 
     A span runs from the end of the generation prompt to the end of the turn including its end-of-turn marker;
     trailing whitespace the template adds after the marker is left out (it is formatting, not something to learn).
+    ``tokenizer`` is anything with a HF ``apply_chat_template`` (a tokenizer or a multimodal processor). ``expand``
+    rewrites every rendering before spans are measured (a VLM's image placeholders -> their expanded tokens): it must
+    map each prefix of the conversation to a prefix of the expanded whole, as in-order placeholder expansion does.
     """
     messages = list(messages)
-    full = _render(tokenizer, messages, add_generation_prompt=False)
+
+    def render(upto: int, add_generation_prompt: bool) -> str:
+        text = tokenizer.apply_chat_template(
+            messages[:upto], tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+        return text if expand is None else expand(text)
+
+    full = render(len(messages), add_generation_prompt=False)
     spans = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        through = _render(tokenizer, messages[: i + 1], add_generation_prompt=False)
+        through = render(i + 1, add_generation_prompt=False)
+        reply = _content_text(message["content"])
         if i:
-            before = _render(tokenizer, messages[:i], add_generation_prompt=True)
+            before = render(i, add_generation_prompt=True)
             start = len(before) if through.startswith(before) else -1
         else:
             # Templates cannot render an empty conversation: find the opening reply as the last match of its text.
-            start = through.rfind(message["content"]) if message["content"] else -1
+            start = through.rfind(reply) if reply else -1
         if start < 0 or not full.startswith(through):
             raise ValueError(
                 f"the chat template does not render conversation prefixes as prefixes of each other (assistant "
@@ -95,28 +112,48 @@ def assistant_spans(tokenizer, messages: Sequence[dict[str, str]]) -> tuple[str,
     return full, spans
 
 
+def labels_from_spans(
+    input_ids: Sequence[int], offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]
+) -> list[int]:
+    """Unshifted labels: a token's own id where its characters overlap a span, ``IGNORE_INDEX`` elsewhere."""
+    labels = [IGNORE_INDEX] * len(input_ids)
+    for k, (start, end) in enumerate(offsets):
+        end = max(end, start + 1)  # offset trimming can leave a whitespace token empty: it still sits at `start`
+        if any(start < s_end and s_start < end for s_start, s_end in spans):
+            labels[k] = input_ids[k]
+    return labels
+
+
+def encode_with_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids and character offsets of a rendered conversation (no special tokens added: the template did)."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError("chat label masking needs a fast tokenizer (it maps tokens to characters by offsets)")
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return list(encoding["input_ids"]), [tuple(o) for o in encoding["offset_mapping"]]
+
+
 def tokenize_chat(messages: Sequence[dict[str, str]], tokenizer) -> TokenizedSample:
     """Tokenize a conversation with the chat template; only tokens of assistant replies carry labels."""
     if not getattr(tokenizer, "is_fast", False):
         raise ValueError("chat label masking needs a fast tokenizer (it maps tokens to characters by offsets)")
     full, spans = assistant_spans(tokenizer, messages)
-    # The template already placed any special tokens it wants; do not let the tokenizer add more.
-    encoding = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
-    ids = list(encoding["input_ids"])
-    labels = [IGNORE_INDEX] * len(ids)
-    for k, (start, end) in enumerate(encoding["offset_mapping"]):
-        end = max(end, start + 1)  # offset trimming can leave a whitespace token empty: it still sits at `start`
-        if any(start < s_end and s_start < end for s_start, s_end in spans):
-            labels[k] = ids[k]
-    return TokenizedSample(tuple(ids), tuple(labels))
+    ids, offsets = encode_with_offsets(tokenizer, full)
+    return TokenizedSample(tuple(ids), tuple(labels_from_spans(ids, offsets, spans)))
 
 
 def tokenize_sample(sample: Sample, tokenizer) -> TokenizedSample:
-    """Dispatch on the sample type (see ``tokenize_text`` and ``tokenize_chat``)."""
+    """Dispatch on the sample type (see ``tokenize_text`` and ``tokenize_chat``).
+
+    A chat whose content is a list of text parts is its joined text; one with images or videos is refused (it needs
+    a processor: ``runtime.data.multimodal.tokenize_multimodal``).
+    """
     if isinstance(sample, TextSample):
         return tokenize_text(sample.text, tokenizer)
     if isinstance(sample, ChatSample):
-        return tokenize_chat([{"role": m.role, "content": m.content} for m in sample.messages], tokenizer)
+        if sample.is_multimodal:
+            raise ValueError("this chat sample holds images or videos: tokenize it with a VLM processor "
+                             "(runtime.data.multimodal.tokenize_multimodal), not a text tokenizer")
+        return tokenize_chat([{"role": m.role, "content": m.text} for m in sample.messages], tokenizer)
     raise TypeError(f"not a sample: {type(sample).__name__}")
 
 
@@ -141,16 +178,23 @@ TEST_CHAT_TEMPLATE = (
 )
 
 
-def build_test_tokenizer(directory: str | Path, corpus_text: str, vocab_size: int = 512) -> Path:
+def build_test_tokenizer(
+    directory: str | Path,
+    corpus_text: str,
+    vocab_size: int = 512,
+    extra_special_tokens: Sequence[str] = (),
+    chat_template: str = TEST_CHAT_TEMPLATE,
+) -> Path:
     """Train a byte-level BPE on ``corpus_text`` and save it as a HF tokenizer in ``directory``; return the path.
 
     Byte-level means any text round-trips exactly, so tests and demos get a real tokenizer (special tokens, chat
     template, offsets) without a download. Training on a few hundred KB takes well under a second.
+    ``extra_special_tokens`` (e.g. a VLM's vision markers) are trained in as whole special tokens after the chat ones.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    specials = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, IM_START, IM_END]
+    specials = [PAD_TOKEN, BOS_TOKEN, EOS_TOKEN, IM_START, IM_END, *extra_special_tokens]
     backend = Tokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -166,8 +210,8 @@ def build_test_tokenizer(directory: str | Path, corpus_text: str, vocab_size: in
         pad_token=PAD_TOKEN,
         bos_token=BOS_TOKEN,
         eos_token=EOS_TOKEN,
-        additional_special_tokens=[IM_START, IM_END],
-        chat_template=TEST_CHAT_TEMPLATE,
+        additional_special_tokens=specials[3:],
+        chat_template=chat_template,
         clean_up_tokenization_spaces=False,
     )
     directory = Path(directory)

@@ -1,0 +1,104 @@
+"""The VLM trainer (the text trainer with a processor, multimodal rows and vision options) on tiny qwen3_vl:
+SP=2 against one process step by step, FSDP with a rank whose row holds no image, frozen vision tower, export,
+and the configuration errors specific to VLMs."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.train.config import ConfigError, parse_config
+from tests.dist_utils import run_distributed
+from tests.train.common import run_config, train_worker
+from tests.train.vlm_common import vlm_run_config
+
+
+def _close(a: float, b: float, tol: float = 1e-5) -> bool:
+    return abs(a - b) <= tol * max(abs(a), abs(b), 1e-12)
+
+
+@pytest.mark.dist
+def test_vlm_sp2_matches_sp1_every_step(tmp_path: Path) -> None:
+    reference = run_distributed(train_worker, 1, vlm_run_config(tmp_path), timeout=300)[0][:-1]
+    per_rank = run_distributed(train_worker, 2, vlm_run_config(tmp_path, parallel={"sp": 2}), timeout=300)
+    assert len(reference) == 3
+    for rank_metrics in per_rank:
+        for got, ref in zip(rank_metrics[:-1], reference, strict=True):
+            assert _close(got["loss"], ref["loss"]), (got, ref)
+            assert _close(got["grad_norm"], ref["grad_norm"]), (got, ref)
+
+
+def _image_presence(raw: dict, dp_size: int, steps: int) -> list[list[bool]]:
+    """Per step, per DP rank: whether that rank's row holds an image (what the trainer's loaders will yield)."""
+    from runtime.data.jsonl import read_samples
+    from runtime.data.multimodal import tokenize_multimodal
+    from runtime.data.multimodal_loader import MultimodalPackedLoader
+    from runtime.data.processor import load_processor, vlm_token_ids
+    from runtime.train.model import build_model
+
+    config = parse_config(raw)
+    processor = load_processor(config.data.processor)
+    model = build_model(config.model, vlm_token_ids(processor))
+    fn = type(model).get_position_id_func(model.config)
+    samples = [tokenize_multimodal(s, processor, fn) for s in read_samples(config.data.path)]
+    loaders = [MultimodalPackedLoader(samples, config.data.token_budget, seed=config.data.seed, dp_rank=r,
+                                      dp_size=dp_size) for r in range(dp_size)]
+    return [["pixel_values" in next(loader) for loader in loaders] for _ in range(steps)]
+
+
+@pytest.mark.dist
+def test_vlm_fsdp_with_a_text_only_rank(tmp_path: Path) -> None:
+    raw = vlm_run_config(tmp_path, text_only=24, train={"steps": 4}, data={"token_budget": 48})
+    presence = _image_presence(raw, 2, 4)
+    assert any(len(set(step)) == 2 for step in presence), presence  # some step: one rank with, one without images
+    metrics = run_distributed(train_worker, 2, raw, timeout=300)
+    agreed = [[(m["step"], m["loss"], m["grad_norm"], m["tokens"]) for m in rank[:-1]] for rank in metrics]
+    assert len(agreed[0]) == 4 and agreed[0] == agreed[1]  # both ranks ran every step and agree on the global loss
+    assert all(torch.isfinite(torch.tensor(m["loss"])) for m in metrics[0][:-1])
+
+
+def test_freeze_vision_keeps_the_vit_and_exports(tmp_path: Path) -> None:
+    import transformers
+
+    from runtime.data.processor import load_processor, vlm_token_ids
+    from runtime.train.model import build_model
+
+    raw = vlm_run_config(tmp_path, model={"freeze_vision": True}, train={"steps": 2},
+                         export={"dir": str(tmp_path / "hf")})
+    run_distributed(train_worker, 1, raw, timeout=300)
+    config = parse_config(raw)
+    initial = build_model(config.model, vlm_token_ids(load_processor(config.data.processor))).state_dict()
+    exported = transformers.AutoModelForImageTextToText.from_pretrained(tmp_path / "hf").state_dict()
+    assert exported.keys() == initial.keys()
+    vision = [k for k in initial if k.startswith("model.visual.")]
+    assert vision and all(torch.equal(exported[k], initial[k]) for k in vision)
+    assert not torch.equal(exported["model.language_model.layers.0.mlp.up_proj.weight"],
+                           initial["model.language_model.layers.0.mlp.up_proj.weight"])
+    assert vlm_token_ids(load_processor(tmp_path / "hf")) == vlm_token_ids(load_processor(config.data.processor))
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda raw: raw["data"].pop("processor"), "data.processor: required for the vision-language model"),
+        (lambda raw: raw["data"].update(tokenizer="tok/"), "data.tokenizer: a vision-language model reads"),
+    ],
+)
+def test_vlm_config_errors(tmp_path: Path, mutate, message: str) -> None:
+    raw = vlm_run_config(tmp_path)
+    mutate(raw)
+    with pytest.raises(ConfigError, match=message):
+        parse_config(raw)
+
+
+def test_text_model_rejects_vision_options(tmp_path: Path) -> None:
+    raw = run_config(tmp_path, model={"freeze_vision": True})
+    with pytest.raises(ConfigError, match="model.freeze_vision: 'qwen3' has no vision tower"):
+        parse_config(raw)
+    raw = run_config(tmp_path, data={"processor": "proc/"})
+    with pytest.raises(ConfigError, match="data.processor: only vision-language models"):
+        parse_config(raw)
+    assert dataclasses.is_dataclass(parse_config(run_config(tmp_path)))

@@ -1,0 +1,49 @@
+"""A tiny qwen3_vl run configuration on the synthetic image-chat data set (module-level so spawn can pickle it)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from runtime.models.tiny import TINY_VISION, tiny_vlm_text_config
+
+# vocab: the test processor's tokenizer (512 BPE tokens + the chat and vision special tokens) must fit
+VLM_MODEL = {"text_config": {**tiny_vlm_text_config("qwen3_vl"), "vocab_size": 576, "max_position_embeddings": 512},
+             "vision_config": TINY_VISION, "tie_word_embeddings": False}
+
+
+def processor_dir(root: Path) -> Path:
+    from runtime.data.processor import build_test_processor
+
+    target = root / "processor"
+    if not (target / "processor_config.json").exists():
+        build_test_processor(target, "qwen3_vl")
+    return target
+
+
+def dataset(root: Path, text_only: int = 0) -> Path:
+    """The synthetic image chats, plus ``text_only`` chats without any image (ranks that get one run the dummy)."""
+    from runtime.data.synthetic_vlm import write_synthetic_vlm_dataset
+
+    path = write_synthetic_vlm_dataset(root / "data", 12)
+    if text_only:
+        chats = [{"messages": [{"role": "user", "content": f"Count to {n}."},
+                               {"role": "assistant", "content": " ".join(str(i) for i in range(1, n + 1))}]}
+                 for n in range(3, 3 + text_only)]
+        with path.open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps(c) + "\n" for c in chats)
+    return path
+
+
+def vlm_run_config(root: Path, text_only: int = 0, **sections) -> dict:
+    raw = {
+        "model": {"type": "qwen3_vl", "config": copy.deepcopy(VLM_MODEL), "seed": 0},
+        "data": {"path": str(dataset(root, text_only)), "processor": str(processor_dir(root)), "token_budget": 96},
+        "optim": {"lr": 3e-3, "warmup_steps": 1},
+        "train": {"steps": 3},
+        "log": {"dir": str(root / "log"), "progress": False},
+    }
+    for name, values in sections.items():
+        raw[name] = {**raw.get(name, {}), **values}
+    return raw
