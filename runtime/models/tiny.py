@@ -75,34 +75,61 @@ def random_packed_batch(lengths: tuple[int, ...], vocab_size: int, seed: int = 1
     return {"input_ids": input_ids, "position_ids": position_ids, "labels": labels}
 
 
-def random_vlm_batch(grids: tuple[tuple[int, int, int], ...], text_lengths: tuple[int, ...], config,
-                     seed: int = 1) -> dict[str, torch.Tensor]:
-    """One row: text_lengths[0] tokens, image 0, text_lengths[1] tokens, image 1, ... (len(text_lengths) ==
-    len(grids) + 1), laid out as the processor would (vision_start, image tokens, vision_end), no processor needed.
+def _vision_tokens(config, kind: str, grid: tuple[int, int, int], merge: int, g: torch.Generator,
+                   text_id_limit: int) -> tuple[list[int], list[int]]:
+    """Token ids and mm_token_type_ids of one image or video, as the model family's processor lays them out."""
+    t, h, w = grid
+    start, end = config.vision_start_token_id, config.vision_end_token_id
+    if kind == "image":
+        pads = [config.image_token_id] * (t * h * w // merge)
+        return [start, *pads, end], [0, *[1] * len(pads), 0]
+    pads = [config.video_token_id] * (h * w // merge)
+    if config.model_type.startswith("qwen3_vl"):  # a timestamp (text) before each frame group, each framed alone
+        ids, types = [], []
+        for _ in range(t):
+            ids += [int(torch.randint(1, text_id_limit, (1,), generator=g)), start, *pads, end]
+            types += [0, 0, *[2] * len(pads), 0]
+        return ids, types
+    pads = pads * t  # qwen2_5_vl: one run of t * h * w / merge tokens
+    return [start, *pads, end], [0, *[2] * len(pads), 0]
 
-    `grids` are (t, h, w) in patches; h and w must be multiples of the spatial merge size. pixel_values hold one
-    flattened patch per row, (sum t*h*w, channels * temporal_patch * patch**2), random normal.
+
+def random_vlm_batch(grids: tuple[tuple[int, int, int], ...], text_lengths: tuple[int, ...], config,
+                     seed: int = 1, videos: tuple[tuple[int, int, int], ...] = ()) -> dict[str, torch.Tensor]:
+    """One row: text_lengths[0] tokens, image 0, text_lengths[1] tokens, ..., then the videos the same way
+    (len(text_lengths) == len(grids) + len(videos) + 1), laid out as the processor would (vision_start, image or
+    video tokens, vision_end; qwen3_vl videos: a timestamp token and a frame per temporal patch), no processor.
+
+    Grids are (t, h, w) in patches; h and w must be multiples of the spatial merge size. pixel_values(_videos) hold
+    one flattened patch per row, (sum t*h*w, channels * temporal_patch * patch**2), random normal. Keys of a
+    modality without any item are left out.
     """
     vision = config.vision_config
     merge = vision.spatial_merge_size ** 2
     g = torch.Generator().manual_seed(seed)
     special = min(config.image_token_id, config.video_token_id, config.vision_start_token_id,
                   config.vision_end_token_id)
+    media = [("image", grid) for grid in grids] + [("video", grid) for grid in videos]
+    if len(text_lengths) != len(media) + 1:
+        raise ValueError(f"need {len(media) + 1} text lengths around {len(media)} images/videos, got {text_lengths}")
     ids, types = [], []
     for index, n in enumerate(text_lengths):
         ids.append(torch.randint(1, special, (n,), generator=g))
         types.append(torch.zeros(n, dtype=torch.int32))
-        if index < len(grids):
-            t, h, w = grids[index]
-            tokens = t * h * w // merge
-            ids.append(torch.tensor([config.vision_start_token_id, *[config.image_token_id] * tokens,
-                                     config.vision_end_token_id]))
-            types.append(torch.tensor([0, *[1] * tokens, 0], dtype=torch.int32))
+        if index < len(media):
+            tokens, kinds = _vision_tokens(config, *media[index], merge, g, special)
+            ids.append(torch.tensor(tokens))
+            types.append(torch.tensor(kinds, dtype=torch.int32))
     input_ids = torch.cat(ids)[None]
     labels = input_ids.clone()
-    labels[(input_ids == config.image_token_id) | (input_ids == config.vision_start_token_id)] = -100
+    visual = (input_ids == config.image_token_id) | (input_ids == config.video_token_id)
+    labels[visual | (input_ids == config.vision_start_token_id)] = -100
     patch_dim = vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2
-    patches = sum(t * h * w for t, h, w in grids)
-    return {"input_ids": input_ids, "labels": labels, "mm_token_type_ids": torch.cat(types)[None],
-            "pixel_values": torch.randn(patches, patch_dim, generator=g),
-            "image_grid_thw": torch.tensor(grids, dtype=torch.long)}
+    batch = {"input_ids": input_ids, "labels": labels, "mm_token_type_ids": torch.cat(types)[None]}
+    for pixels, grid_key, items in (("pixel_values", "image_grid_thw", grids),
+                                    ("pixel_values_videos", "video_grid_thw", videos)):
+        if items:
+            patches = sum(t * h * w for t, h, w in items)
+            batch[pixels] = torch.randn(patches, patch_dim, generator=g)
+            batch[grid_key] = torch.tensor(items, dtype=torch.long)
+    return batch

@@ -59,3 +59,22 @@ def test_batch_first_position_ids_match_upstream_layout(model_type: str) -> None
     got = generated(**batch, position_ids=position_ids.transpose(0, 1).contiguous())
     assert torch.equal(ref.logits, got.logits)
     assert torch.equal(ref.loss, got.loss)
+
+
+@pytest.mark.parametrize("model_type", VLMS)
+def test_vlm_with_video_bitwise_equal_to_upstream(model_type: str) -> None:
+    """An image and a 3-frame-group video in one sample (qwen3_vl: timestamped frames, the joint image+video
+    deepstack path): logits, loss and every gradient bitwise equal to upstream."""
+    upstream, generated = vlm_models(model_type)
+    batch = vlm_batch(model_type, grids=((1, 2, 4),), text=(4, 3, 6), videos=((3, 2, 2),))
+    assert batch["pixel_values_videos"].shape[0] == 12
+    kwargs = {"output_router_logits": True} if model_type.endswith("_moe") else {}
+    outputs = [m(**batch, **kwargs) for m in (upstream, generated)]
+    assert torch.equal(outputs[0].logits, outputs[1].logits)
+    assert torch.equal(outputs[0].loss, outputs[1].loss)
+    for out in outputs:
+        out.loss.backward()
+    ref, got = grads(upstream), grads(generated)
+    assert ref.keys() == got.keys()
+    for name in ref:
+        assert torch.equal(ref[name], got[name]), name

@@ -24,6 +24,9 @@ CASES = [
     (((1, 4, 6), (1, 2, 4)), (5, 7, 4)),
     (((1, 4, 6), (1, 2, 2)), (2, 1, 21)),
 ]
+# An image and a 3-frame-group video in one row (qwen3_vl: the joint image+video deepstack path): the video's 12
+# patches pad to 16 in the ViT, and its tokens straddle the two ranks' slices.
+VIDEO_CASE = (((1, 2, 4),), (4, 3, 6), ((3, 2, 2),))
 
 
 def forward_kwargs(model_type: str) -> dict:
@@ -31,11 +34,12 @@ def forward_kwargs(model_type: str) -> dict:
     return {"output_router_logits": True} if model_type.endswith("_moe") else {}
 
 
-def full_batch(model_type: str, grids, text) -> dict[str, torch.Tensor]:
+def full_batch(model_type: str, grids, text, videos=()) -> dict[str, torch.Tensor]:
     """The whole row with global position ids (bs, 4, L): text row, then upstream's get_rope_index T/H/W rows."""
     _, model = vlm_models(model_type)
-    batch = vlm_batch(model_type, grids, text)
-    mrope, _ = model.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"], batch["image_grid_thw"])
+    batch = vlm_batch(model_type, grids, text, videos=videos)
+    mrope, _ = model.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"], batch.get("image_grid_thw"),
+                                          batch.get("video_grid_thw"))
     length = batch["input_ids"].shape[1]
     text_row = torch.arange(length)[None, None].expand(1, 1, length)
     batch["position_ids"] = torch.cat([text_row, mrope.transpose(0, 1)], dim=1)  # (bs, 4, L), batch-first
@@ -72,8 +76,8 @@ def sp_vlm_worker(rank: int, world_size: int, model_type: str) -> list[dict]:
 
     state = init_parallel_state(sp_size=world_size)
     results = []
-    for grids, text in CASES:
-        batch = full_batch(model_type, grids, text)
+    for case in [*CASES, VIDEO_CASE]:
+        batch = full_batch(model_type, *case)
         _, model = vlm_models(model_type)
         out = model(**shard(batch, world_size, state.sp_rank), **forward_kwargs(model_type))
         out.loss.backward()
@@ -85,11 +89,11 @@ def sp_vlm_worker(rank: int, world_size: int, model_type: str) -> list[dict]:
     return results
 
 
-def single_process(model_type: str, grids, text, sp: int) -> dict:
+def single_process(model_type: str, grids, text, videos=(), sp: int = 2) -> dict:
     """The reference run. MoE: on the row padded as for SP, because the load-balancing loss routes every token
     without an attention mask, the SP padding included (no CE label, its own packed segment: nothing else sees it)."""
     _, model = vlm_models(model_type)
-    batch = full_batch(model_type, grids, text)
+    batch = full_batch(model_type, grids, text, videos)
     length = batch["input_ids"].shape[1]
     if model_type.endswith("_moe"):
         batch = pad_row(batch, sp)
@@ -102,7 +106,7 @@ def single_process(model_type: str, grids, text, sp: int) -> dict:
 @pytest.mark.parametrize("model_type", MODELS)
 def test_vlm_sp2_matches_single_process(model_type: str) -> None:
     per_rank = run_distributed(sp_vlm_worker, 2, model_type, timeout=300)
-    for index, case in enumerate(CASES):
+    for index, case in enumerate([*CASES, VIDEO_CASE]):
         ref = single_process(model_type, *case, sp=2)
         if model_type in DEEPSTACK:
             assert any(n.startswith("model.visual.deepstack_merger_list.") for n in ref["grads"])

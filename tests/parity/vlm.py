@@ -23,5 +23,5 @@ def vlm_models(model_type: str, seed: int = 0, **config_overrides):
     return upstream, generated
 
 
-def vlm_batch(model_type: str, grids=GRIDS, text=TEXT, seed: int = 1) -> dict[str, torch.Tensor]:
-    return random_vlm_batch(grids, text, tiny_config(model_type), seed)
+def vlm_batch(model_type: str, grids=GRIDS, text=TEXT, seed: int = 1, videos=()) -> dict[str, torch.Tensor]:
+    return random_vlm_batch(grids, text, tiny_config(model_type), seed, videos)
