@@ -53,3 +53,23 @@ def shard_row(batch: dict[str, torch.Tensor], sp_size: int, sp_rank: int) -> dic
 def shard_for_sp(batch: dict[str, torch.Tensor], state: ParallelState) -> dict[str, torch.Tensor]:
     """This rank's model inputs: its slice of the token tensors, the global position ids, whole vision inputs."""
     return shard_row(batch, state.sp_size, state.sp_rank)
+
+
+def packed_attention_kwargs(position_ids: torch.Tensor) -> dict[str, torch.Tensor | int]:
+    """Flash-attention varlen kwargs of a packed row, from its (global, padded) position ids, computed on the host.
+
+    Each packed sample (and the SP padding segment) restarts its text positions at 0, so the segment starts are where
+    the position is 0. Without these kwargs transformers derives them from ``position_ids`` inside the forward
+    (a device->host sync per step); with them the LM's attention reads them as given. Under SP they describe the
+    full row, which is what Ulysses attention sees. Only for ``bs == 1`` rows (what the packed loaders yield).
+    """
+    text = position_ids[:, 0] if position_ids.ndim == 3 else position_ids
+    if text.shape[0] != 1:
+        raise ValueError(f"packed_attention_kwargs: expected one packed row, got batch size {text.shape[0]}")
+    text = text[0].to("cpu")
+    starts = torch.nonzero(text == 0).flatten()
+    if starts.numel() == 0 or starts[0] != 0:
+        raise ValueError("packed_attention_kwargs: the row's text positions must start at 0")
+    cu = torch.cat([starts, torch.tensor([text.numel()])]).to(torch.int32)
+    longest = int((cu[1:] - cu[:-1]).max())
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}

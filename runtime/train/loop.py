@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from runtime.checkpoint.dcp import latest_checkpoint, load_checkpoint, save_checkpoint
 from runtime.checkpoint.export import export_hf
-from runtime.data.sp_batch import shard_for_sp
+from runtime.data.sp_batch import packed_attention_kwargs, shard_for_sp
 from runtime.moe.sharding import shard_experts
 from runtime.parallel.fsdp import apply_fsdp, clip_grad_norm_
 from runtime.parallel.state import ParallelState, init_parallel_state
@@ -56,6 +56,15 @@ def all_reduce_sum(value: torch.Tensor, group) -> torch.Tensor:
     return value
 
 
+def train_device(state: ParallelState) -> torch.device:
+    """This rank's GPU under NCCL (``init_parallel_state`` selected LOCAL_RANK's), else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if state.device_type == "cuda" else torch.device("cpu")
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
 def train(config: RunConfig) -> RunResult:
     state = setup_parallel(config)
     torch.manual_seed(config.model.seed)
@@ -65,6 +74,8 @@ def train(config: RunConfig) -> RunResult:
     check_sp(model, config, state.sp_size)
     check_vocab(model, processor)
     loader = build_loader(config, state, model, processor)
+    device = train_device(state)
+    model.to(device)  # before EP/FSDP sharding, so shards and buffers live on the training device
 
     if state.ep_enabled:
         try:
@@ -121,16 +132,21 @@ def train_step(step: int, model, optimizer, scheduler, loader, state: ParallelSt
                config: RunConfig, flops_token: float, peak_tflops: float | None) -> StepMetrics:
     started = time.perf_counter()
     rows = [next(loader) for _ in range(config.train.micro_batches)]
-    tokens = all_reduce_sum(target_count(rows), state.dp_group)
-    loss_share, aux = torch.zeros(()), torch.zeros(())
+    device = train_device(state)
+    tokens = all_reduce_sum(target_count(rows).to(device), state.dp_group)  # NCCL reduces device tensors only
+    loss_share, aux = torch.zeros((), device=device), torch.zeros((), device=device)
     aux_coef = getattr(model.config, "router_aux_loss_coef", 0.0)
+    varlen = model.config.get_text_config()._attn_implementation.startswith("flash")
     for row in rows:
-        out = model(**shard_for_sp(row, state), num_items_in_batch=tokens,
+        batch = shard_for_sp(row, state)
+        if varlen:  # the packed segments, computed here rather than by a device sync inside the forward
+            batch.update(packed_attention_kwargs(batch["position_ids"]))
+        out = model(**to_device(batch, device), num_items_in_batch=tokens,
                     loss_chunk_size=config.train.loss_chunk_size)
         out.loss.backward()
         # MoE: the load-balancing term is the global value on every rank (not a share); report it once.
         row_aux = getattr(out, "aux_loss", None)
-        row_aux = torch.zeros(()) if row_aux is None else aux_coef * row_aux.detach()
+        row_aux = torch.zeros((), device=device) if row_aux is None else aux_coef * row_aux.detach()
         loss_share += out.loss.detach() - row_aux
         aux += row_aux / len(rows)
     grad_norm = clip_grad_norm_(model.parameters(), config.optim.grad_clip or float("inf"))
