@@ -1,4 +1,4 @@
-"""A tiny qwen3_vl run configuration on the synthetic image-chat data set (module-level so spawn can pickle it)."""
+"""A tiny VLM run configuration on the synthetic image-chat data set (module-level so spawn can pickle it)."""
 
 from __future__ import annotations
 
@@ -6,19 +6,23 @@ import copy
 import json
 from pathlib import Path
 
-from runtime.models.tiny import TINY_VISION, tiny_vlm_text_config
-
-# vocab: the test processor's tokenizer (512 BPE tokens + the chat and vision special tokens) must fit
-VLM_MODEL = {"text_config": {**tiny_vlm_text_config("qwen3_vl"), "vocab_size": 576, "max_position_embeddings": 512},
-             "vision_config": TINY_VISION, "tie_word_embeddings": False}
+from runtime.models.tiny import TINY_VISION, TINY_VISION_WINDOWED, tiny_vlm_text_config
 
 
-def processor_dir(root: Path) -> Path:
+def vlm_model_config(model_type: str) -> dict:
+    """The tiny VLM of runtime/models/tiny.py as a run config's ``model.config``; the vocab fits the test processor's
+    tokenizer (512 tokens, chat and vision special tokens included)."""
+    text = {**tiny_vlm_text_config(model_type), "vocab_size": 576, "max_position_embeddings": 512}
+    vision = TINY_VISION_WINDOWED if model_type == "qwen2_5_vl" else TINY_VISION
+    return {"text_config": text, "vision_config": copy.deepcopy(vision), "tie_word_embeddings": False}
+
+
+def processor_dir(root: Path, model_type: str = "qwen3_vl") -> Path:
     from runtime.data.processor import build_test_processor
 
-    target = root / "processor"
+    target = root / f"processor-{model_type}"
     if not (target / "processor_config.json").exists():
-        build_test_processor(target, "qwen3_vl")
+        build_test_processor(target, model_type)
     return target
 
 
@@ -36,10 +40,11 @@ def dataset(root: Path, text_only: int = 0) -> Path:
     return path
 
 
-def vlm_run_config(root: Path, text_only: int = 0, **sections) -> dict:
+def vlm_run_config(root: Path, model_type: str = "qwen3_vl", text_only: int = 0, **sections) -> dict:
     raw = {
-        "model": {"type": "qwen3_vl", "config": copy.deepcopy(VLM_MODEL), "seed": 0},
-        "data": {"path": str(dataset(root, text_only)), "processor": str(processor_dir(root)), "token_budget": 96},
+        "model": {"type": model_type, "config": vlm_model_config(model_type), "seed": 0},
+        "data": {"path": str(dataset(root, text_only)), "processor": str(processor_dir(root, model_type)),
+                 "token_budget": 96},
         "optim": {"lr": 3e-3, "warmup_steps": 1},
         "train": {"steps": 3},
         "log": {"dir": str(root / "log"), "progress": False},
