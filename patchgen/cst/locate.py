@@ -127,22 +127,26 @@ class Match:
     normalized: str
 
 
-def find_statement(scope_node: cst.CSTNode, anchor: str, scope: str) -> cst.BaseStatement:
+def find_statement(scope_node: cst.CSTNode, anchor: str, scope: str,
+                   index: NodeIndex | None = None) -> cst.BaseStatement:
     wanted = normalize_anchor(anchor)
     if wanted is None:
         raise LocateError(f"anchor {anchor!r} is not a Python statement (a compound header ends with ':')", [],
                           INVALID_ANCHOR)
-    statements = [s for s in iter_statements(scope_node) if not isinstance(s, cst.Module)]
-    return _unique(wanted, anchor, scope, [(s, statement_key) for s in statements], "statement")
+    index = index or NodeIndex()
+    return _unique(wanted, anchor, scope, [(s, index.statement_key) for s in index.statements(scope_node)],
+                   "statement")
 
 
-def find_statement_range(scope_node: cst.CSTNode, anchor: str, through: str, scope: str) -> list[cst.BaseStatement]:
+def find_statement_range(scope_node: cst.CSTNode, anchor: str, through: str, scope: str,
+                         index: NodeIndex | None = None) -> list[cst.BaseStatement]:
     """The run of sibling statements from `anchor` to `through` (inclusive), in one block.
 
     `anchor` must be unique in the scope; `through` must match exactly once among the statements that follow
     `anchor` in its block (so a common statement such as `if labels is not None:` can end a run).
     """
-    first = find_statement(scope_node, anchor, scope)
+    index = index or NodeIndex()
+    first = find_statement(scope_node, anchor, scope, index)
     block = next(b for b in _blocks(scope_node) if any(s is first for s in b))
     following = block[next(i for i, s in enumerate(block) if s is first):]
     wanted = normalize_anchor(through)
@@ -150,7 +154,7 @@ def find_statement_range(scope_node: cst.CSTNode, anchor: str, through: str, sco
         raise LocateError(f"'through' {through!r} is not a Python statement (a compound header ends with ':')", [],
                           INVALID_ANCHOR)
     try:
-        last = _unique(wanted, through, scope, [(s, statement_key) for s in following], "statement")
+        last = _unique(wanted, through, scope, [(s, index.statement_key) for s in following], "statement")
     except LocateError as exc:
         raise LocateError(exc.message.replace(f"anchor {through!r}", f"'through' {through!r}", 1)
                           + f" after 'anchor' {anchor!r} in the same block", exc.candidates, exc.kind) from None
@@ -184,10 +188,27 @@ def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
 
 
 class NodeIndex:
-    """Nodes of a scope grouped by type, and their parents, built once per scope however many anchors use it."""
+    """Nodes of a scope grouped by type, and their parents, built once per scope however many anchors use it; and
+    the statements of a scope with their normalized keys, computed once however many anchors compare them (keying
+    prints and re-parses the statement: the main cost of locating anchors)."""
 
     def __init__(self) -> None:
         self._by_scope: dict[int, tuple[cst.CSTNode, dict[type, list[cst.CSTNode]], dict[int, cst.CSTNode]]] = {}
+        self._statements: dict[int, tuple[cst.CSTNode, list[cst.BaseStatement]]] = {}
+        self._keys: dict[int, tuple[cst.BaseStatement, str | None]] = {}  # the node is kept so its id stays unique
+
+    def statements(self, scope_node: cst.CSTNode) -> list[cst.BaseStatement]:
+        """Every statement inside the scope, depth first, in source order (``iter_statements``)."""
+        if id(scope_node) not in self._statements:
+            found = [s for s in iter_statements(scope_node) if not isinstance(s, cst.Module)]
+            self._statements[id(scope_node)] = (scope_node, found)
+        return self._statements[id(scope_node)][1]
+
+    def statement_key(self, stmt: cst.BaseStatement) -> str | None:
+        """``statement_key(stmt)``, memoized by node identity."""
+        if id(stmt) not in self._keys:
+            self._keys[id(stmt)] = (stmt, statement_key(stmt))
+        return self._keys[id(stmt)][1]
 
     def _index(self, scope_node: cst.CSTNode) -> tuple[dict[type, list[cst.CSTNode]], dict[int, cst.CSTNode]]:
         if id(scope_node) not in self._by_scope:

@@ -165,7 +165,7 @@ def _resolve_into(module: cst.Module, patch: Patch, plan: Plan, index: NodeIndex
         if patch.anchor_text is None:
             plan.edits.append(Edit(patch, "append_module", module, code))
         else:
-            target = find_statement(module, patch.anchor_text, patch.scope)
+            target = find_statement(module, patch.anchor_text, patch.scope, index)
             plan.edits.append(Edit(patch, "before" if patch.before else "after", target, code))
         return
     chain = scope_chain(module, patch.scope)
@@ -173,15 +173,15 @@ def _resolve_into(module: cst.Module, patch: Patch, plan: Plan, index: NodeIndex
     plan.chain_ids.update(id(n) for n in chain)
     variables = {**patch.vars, "scope": patch.scope}
     if op == "insert":
-        target = find_statement(scope, patch.anchor_text, patch.scope)
+        target = find_statement(scope, patch.anchor_text, patch.scope, index)
         code = render(variables)
         parse_statements(code, patch)  # invalid code is this patch's error now, not the rewrite's later
         plan.edits.append(Edit(patch, "before" if patch.before else "after", target, code))
     elif op == "replace":
         if patch.through is None:
-            run = [find_statement(scope, patch.anchor, patch.scope)]
+            run = [find_statement(scope, patch.anchor, patch.scope, index)]
         else:
-            run = find_statement_range(scope, patch.anchor, patch.through, patch.scope)
+            run = find_statement_range(scope, patch.anchor, patch.through, patch.scope, index)
         code = render(variables)
         parse_statements(code, patch)
         plan.edits.append(Edit(patch, "replace", run[0], code, tuple(run[1:])))
