@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,11 +73,6 @@ class MultimodalSample:
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
-
-    def vision_inputs(self) -> dict[str, torch.Tensor]:
-        """The vision tensors this sample has, by model-input name."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name in VISION_KEYS and getattr(self, f.name) is not None}
 
 
 def load_image(path: str | Path):

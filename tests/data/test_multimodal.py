@@ -20,7 +20,7 @@ from transformers.utils import is_torchvision_available
 from transformers.video_utils import VideoMetadata
 
 from runtime.data.jsonl import ChatMessage, ChatSample, ImagePart, TextPart, TextSample, VideoPart, read_jsonl
-from runtime.data.multimodal import MultimodalSample, tokenize_multimodal
+from runtime.data.multimodal import VISION_KEYS, MultimodalSample, tokenize_multimodal
 from runtime.data.multimodal_loader import MultimodalPackedLoader
 from runtime.data.multimodal_packing import pack_multimodal_row
 from runtime.data.processor import build_test_processor, load_processor, vlm_token_ids
@@ -217,7 +217,7 @@ def test_multi_turn_labels_and_text_only_chat(qwen3, dataset) -> None:
     assert sample.image_grid_thw.shape[0] == 2
     text_only = tokenize_multimodal(ChatSample((ChatMessage("user", "Hi"), ChatMessage("assistant", "Hello."))),
                                     qwen3.processor, qwen3.rope)
-    assert text_only.vision_inputs() == {}
+    assert all(getattr(text_only, key) is None for key in VISION_KEYS)
     assert torch.equal(text_only.position_ids, torch.arange(len(text_only)).expand(4, -1))
     document = tokenize_multimodal(TextSample("Once upon a time."), qwen3.processor, qwen3.rope)
     assert torch.equal(document.labels, document.input_ids) and document.mm_token_type_ids.eq(0).all()

@@ -69,12 +69,12 @@ def test_host_seqlens_are_attached_once_and_match_the_device_values() -> None:
 
 @pytest.mark.parametrize("model_type", VLMS)
 def test_position_id_func_equals_get_rope_index(model_type: str) -> None:
-    _, model = vlm_models(model_type)
-    fn = causal_lm_class(model_type).get_position_id_func(model.config)
+    upstream, _ = vlm_models(model_type)
+    fn = causal_lm_class(model_type).get_position_id_func(upstream.config)
     fn = pickle.loads(pickle.dumps(fn))  # runs in a data worker
     batch = vlm_batch(model_type)
     args = (batch["input_ids"], batch["mm_token_type_ids"], batch["image_grid_thw"])
-    expected, _ = model.model.get_rope_index(*args)
+    expected, _ = upstream.model.get_rope_index(*args)  # upstream transformers' own method on a built model
     got = fn(*args)
     assert got.shape == (3, 1, batch["input_ids"].shape[1])
     assert torch.equal(got, expected)
