@@ -66,12 +66,17 @@ def main() -> None:
     device, dtype = torch.device(args.device), DTYPES[args.dtype]
 
     torch.manual_seed(0)
-    config = Qwen3MoeConfig(hidden_size=args.hidden, moe_intermediate_size=args.intermediate,
-                            num_experts=args.experts, num_experts_per_tok=args.top_k, hidden_act="silu")
+    config = Qwen3MoeConfig(
+        hidden_size=args.hidden,
+        moe_intermediate_size=args.intermediate,
+        num_experts=args.experts,
+        num_experts_per_tok=args.top_k,
+        hidden_act="silu",
+    )
     module = Qwen3MoeExperts(config).to(device=device, dtype=dtype)
     with torch.no_grad():
-        module.gate_up_proj.normal_(0.0, args.hidden ** -0.5)
-        module.down_proj.normal_(0.0, args.intermediate ** -0.5)
+        module.gate_up_proj.normal_(0.0, args.hidden**-0.5)
+        module.down_proj.normal_(0.0, args.intermediate**-0.5)
     tokens = args.tokens
     hidden = torch.randn(tokens, args.hidden, device=device, dtype=dtype, requires_grad=True)
     probs = torch.softmax(torch.randn(tokens, args.experts, device=device), dim=-1)
@@ -84,12 +89,15 @@ def main() -> None:
         def run() -> torch.Tensor:
             config._experts_implementation = impl
             return module(hidden, top_i, top_w)
+
         return run
 
     def ours(impl: str, backend: str | None = None) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
-            return experts_forward(hidden, top_i, top_w, module.gate_up_proj, module.down_proj, module.act_fn, impl,
-                                   backend=backend)
+            return experts_forward(
+                hidden, top_i, top_w, module.gate_up_proj, module.down_proj, module.act_fn, impl, backend=backend
+            )
+
         return run
 
     rows = tokens * args.top_k
@@ -97,9 +105,13 @@ def main() -> None:
     auto = pick_backend(hidden.detach(), module.gate_up_proj.detach())
     candidates: list[tuple[str, Callable[[], torch.Tensor] | None, str]] = [
         ("upstream eager", upstream("eager"), ""),
-        ("upstream batched_mm", upstream("batched_mm"),
-         "" if batched_bytes < 0.6 * _available_bytes(device)
-         else f"skipped: gathers {batched_bytes / 2**30:.0f} GiB of per-slot weights"),
+        (
+            "upstream batched_mm",
+            upstream("batched_mm"),
+            ""
+            if batched_bytes < 0.6 * _available_bytes(device)
+            else f"skipped: gathers {batched_bytes / 2**30:.0f} GiB of per-slot weights",
+        ),
         ("upstream grouped_mm", upstream("grouped_mm"), ""),
         ("ours eager", ours("eager"), ""),
         (f"ours grouped (auto={auto})", ours("grouped"), ""),
@@ -121,10 +133,12 @@ def main() -> None:
         _sync(device)
         return time.perf_counter() - start
 
-    print(f"MoE experts fwd+bwd: tokens={tokens} experts={args.experts} top_k={args.top_k} hidden={args.hidden} "
-          f"moe_intermediate={args.intermediate} dtype={args.dtype} device={device} "
-          f"threads={torch.get_num_threads()} rows/expert min/mean/max="
-          f"{int(counts.min())}/{rows / args.experts:.0f}/{int(counts.max())}, median of {args.repeats}")
+    print(
+        f"MoE experts fwd+bwd: tokens={tokens} experts={args.experts} top_k={args.top_k} hidden={args.hidden} "
+        f"moe_intermediate={args.intermediate} dtype={args.dtype} device={device} "
+        f"threads={torch.get_num_threads()} rows/expert min/mean/max="
+        f"{int(counts.min())}/{rows / args.experts:.0f}/{int(counts.max())}, median of {args.repeats}"
+    )
     notes: dict[str, str] = {}
     runnable: dict[str, Callable[[], torch.Tensor]] = {}
     for name, fn, note in candidates:

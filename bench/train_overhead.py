@@ -22,8 +22,16 @@ from runtime.data.sp_batch import shard_for_sp
 from runtime.models.registry import causal_lm_class
 from runtime.models.tiny import random_packed_batch, tiny_config
 
-BENCH = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-             num_key_value_heads=4, head_dim=32, vocab_size=4096, max_position_embeddings=8192)
+BENCH = dict(
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=32,
+    vocab_size=4096,
+    max_position_embeddings=8192,
+)
 
 
 def fwd_bwd_seconds(model: torch.nn.Module, batch: dict, repeats: int) -> float:
@@ -71,8 +79,9 @@ def saved_activation_bytes(model: torch.nn.Module, batch: dict) -> int:
 def _memory_worker(rank: int, world: int, port: int, seq: int, out: mp.Queue) -> None:
     from runtime.parallel.state import init_parallel_state
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     state = init_parallel_state(sp_size=world)

@@ -22,12 +22,21 @@ from patchgen.upgrade import analyze, apply, baseline_source, write_review
 from patchgen.upstream import InstalledSource, PinnedSource, WheelSource, normalize_name
 from patchgen.wheels import obtain_all, wheel_cache
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Generate reviewable training variants of upstream modeling code from declarative specs.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Generate reviewable training variants of upstream modeling code from declarative specs.",
+)
 RootOption = Annotated[Path | None, typer.Option("--root", help="project root (default: found from the cwd)")]
-FromOption = Annotated[list[str] | None, typer.Option(
-    "--from", help="read a pinned upstream package from a wheel instead of the installed package: a .whl path, or "
-                   "package==version (taken from the wheel cache, downloaded on a miss); repeatable")]
+FromOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--from",
+        help="read a pinned upstream package from a wheel instead of the installed package: a .whl path, or "
+        "package==version (taken from the wheel cache, downloaded on a miss); repeatable",
+    ),
+]
 
 
 def pinned_source(config: ProjectConfig, froms: list[str] | None) -> PinnedSource:
@@ -38,17 +47,22 @@ def pinned_source(config: ProjectConfig, froms: list[str] | None) -> PinnedSourc
     pins = {normalize_name(name): version for name, version in config.pins.items()}
     for wheel in wheels:
         if wheel.version != pins[wheel.package]:
-            raise PatchgenError(f"--from {wheel.path.name} is {wheel.pin} but the pin is {wheel.package}=="
-                                f"{pins[wheel.package]}; generated files derive from the pinned release. To move to "
-                                f"{wheel.version}, review it with `patchgen upgrade --to {wheel.pin}`")
+            raise PatchgenError(
+                f"--from {wheel.path.name} is {wheel.pin} but the pin is {wheel.package}=="
+                f"{pins[wheel.package]}; generated files derive from the pinned release. To move to "
+                f"{wheel.version}, review it with `patchgen upgrade --to {wheel.pin}`"
+            )
     return PinnedSource(config.pins, WheelSource(wheels, fallback=InstalledSource()))
 
 
 @app.command()
-def regen(models: Annotated[list[str] | None, typer.Argument(help="models (spec names) to regenerate")] = None,
-          all_: Annotated[bool, typer.Option("--all", help="regenerate every spec")] = False,
-          dry_run: Annotated[bool, typer.Option("--dry-run", help="report what would change, write nothing")] = False,
-          from_: FromOption = None, root: RootOption = None) -> None:
+def regen(
+    models: Annotated[list[str] | None, typer.Argument(help="models (spec names) to regenerate")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="regenerate every spec")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="report what would change, write nothing")] = False,
+    from_: FromOption = None,
+    root: RootOption = None,
+) -> None:
     """Regenerate generated/ files (and their .diff) from specs, templates and the pinned upstream."""
     if bool(models) == all_:
         raise PatchgenError("name the models to regenerate, or pass --all (not both)")
@@ -62,9 +76,12 @@ def regen(models: Annotated[list[str] | None, typer.Argument(help="models (spec 
 
 
 @app.command()
-def check(models: Annotated[list[str] | None, typer.Argument(help="models to check (default: all)")] = None,
-          full: Annotated[bool, typer.Option("--full", help="regenerate even when hashes prove freshness")] = False,
-          from_: FromOption = None, root: RootOption = None) -> None:
+def check(
+    models: Annotated[list[str] | None, typer.Argument(help="models to check (default: all)")] = None,
+    full: Annotated[bool, typer.Option("--full", help="regenerate even when hashes prove freshness")] = False,
+    from_: FromOption = None,
+    root: RootOption = None,
+) -> None:
     """Fail (exit 1) when a generated file differs from what spec + templates + pinned upstream produce."""
     config = load_config(root)
     specs = load_specs(config, models)
@@ -111,14 +128,24 @@ def explain(model: str, root: RootOption = None) -> None:
 
 
 @app.command()
-def upgrade(to: Annotated[list[str], typer.Option(
-                "--to", help="the new release: package==version (wheel cache, pip download on a miss) or a .whl path; "
-                             "repeatable, one per upstream package")],
-            apply_: Annotated[bool, typer.Option(
-                "--apply", help="if every patch applies, write generated/ and the pins in pyproject.toml")] = False,
-            report: Annotated[Path | None, typer.Option(
-                "--report", help="also write the Markdown report to this file (e.g. docs/upgrades/<name>.md)")] = None,
-            root: RootOption = None) -> None:
+def upgrade(
+    to: Annotated[
+        list[str],
+        typer.Option(
+            "--to",
+            help="the new release: package==version (wheel cache, pip download on a miss) or a .whl path; "
+            "repeatable, one per upstream package",
+        ),
+    ],
+    apply_: Annotated[
+        bool, typer.Option("--apply", help="if every patch applies, write generated/ and the pins in pyproject.toml")
+    ] = False,
+    report: Annotated[
+        Path | None,
+        typer.Option("--report", help="also write the Markdown report to this file (e.g. docs/upgrades/<name>.md)"),
+    ] = None,
+    root: RootOption = None,
+) -> None:
     """Regenerate every spec against a release read from its wheel (never installed) and report each patch:
     applied / anchor moved / scope missing / conflict ... Exit 0 when every patch applies, 1 otherwise."""
     config = load_config(root)
@@ -136,22 +163,32 @@ def upgrade(to: Annotated[list[str], typer.Option(
         write_atomic({report.resolve(): text})
     done = time.perf_counter()
     typer.echo(console(result))
-    typer.echo(f"review: {review.relative_to(config.root)}/ (REPORT.md, new generated files and their upstream diffs)"
-               + (f"; report also written to {report}" if report is not None else ""))
-    how = [f"{w.path.name} {'downloaded' if new else 'cached' if w.path.parent == cache else 'given'}"
-           for w, new in obtained] + [f"{name} downloaded (pinned baseline)" for name in fetched]
-    typer.echo(f"wheels in {got_wheels - started:.1f} s ({'; '.join(how)}); regenerated and compared in "
-               f"{done - got_wheels:.1f} s")
+    typer.echo(
+        f"review: {review.relative_to(config.root)}/ (REPORT.md, new generated files and their upstream diffs)"
+        + (f"; report also written to {report}" if report is not None else "")
+    )
+    how = [
+        f"{w.path.name} {'downloaded' if new else 'cached' if w.path.parent == cache else 'given'}"
+        for w, new in obtained
+    ] + [f"{name} downloaded (pinned baseline)" for name in fetched]
+    typer.echo(
+        f"wheels in {got_wheels - started:.1f} s ({'; '.join(how)}); regenerated and compared in "
+        f"{done - got_wheels:.1f} s"
+    )
     if apply_:
         if not result.ok:
-            typer.echo("--apply refused: not every patch applies; nothing under generated/ or in pyproject.toml "
-                       "changed", err=True)
+            typer.echo(
+                "--apply refused: not every patch applies; nothing under generated/ or in pyproject.toml changed",
+                err=True,
+            )
             raise typer.Exit(1)
         changed = apply(config, result)
         for path in changed:
             typer.echo(f"  wrote  {path.relative_to(config.root)}")
-        typer.echo(f"applied {', '.join(result.moves())}. Install it (pip install -e '.[runtime]'), or pass "
-                   f"`--from {' --from '.join(w.pin for w in wheels)}` to regen/check until you do")
+        typer.echo(
+            f"applied {', '.join(result.moves())}. Install it (pip install -e '.[runtime]'), or pass "
+            f"`--from {' --from '.join(w.pin for w in wheels)}` to regen/check until you do"
+        )
     if not result.ok:
         raise typer.Exit(1)
 

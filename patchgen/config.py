@@ -44,8 +44,10 @@ def load_config(root: Path | None = None) -> ProjectConfig:
         raise PatchgenError(f"{pyproject}: cannot read [tool.patchgen]: {exc}") from exc
     pins = table.get("pins", {})
     if not isinstance(pins, dict) or not all(isinstance(v, str) for v in pins.values()):
-        raise PatchgenError(f'{pyproject}: [tool.patchgen] pins must map package names to exact versions, e.g. '
-                            f'pins = {{ transformers = "5.14.1" }}')
+        raise PatchgenError(
+            f"{pyproject}: [tool.patchgen] pins must map package names to exact versions, e.g. "
+            f'pins = {{ transformers = "5.14.1" }}'
+        )
     return ProjectConfig(
         root=root,
         specs_dir=root / table.get("specs", "specs"),
@@ -72,7 +74,7 @@ def with_pins(text: str, pins: dict[str, str]) -> str:
         if count != 1:
             raise PatchgenError(f"pyproject.toml: [tool.patchgen] pins has no entry for {package!r}")
     start = section.start() + line.start()
-    text = text[:start] + new_line + text[start + len(line.group(0)):]
+    text = text[:start] + new_line + text[start + len(line.group(0)) :]
     for package, version in pins.items():  # exact requirements elsewhere, e.g. the runtime extra's
         text = text.replace(f'"{package}=={current[package]}"', f'"{package}=={version}"')
     if tomllib.loads(text)["tool"]["patchgen"]["pins"] != {**current, **pins}:

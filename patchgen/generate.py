@@ -25,8 +25,15 @@ from patchgen.spec import Spec
 from patchgen.upstream import UpstreamFile, UpstreamSource
 
 # The modules whose code decides the output bytes; their hash is an input of every generated file.
-ENGINE_FILES = ("cst/locate.py", "cst/plan.py", "cst/transform.py", "cst/prune.py", "generate.py", "header.py",
-                "templates.py")
+ENGINE_FILES = (
+    "cst/locate.py",
+    "cst/plan.py",
+    "cst/transform.py",
+    "cst/prune.py",
+    "generate.py",
+    "header.py",
+    "templates.py",
+)
 
 
 @functools.cache
@@ -57,8 +64,12 @@ class Generated:
 
 
 def unified_diff(upstream: UpstreamFile, text: str, relpath: str) -> str:
-    lines = difflib.unified_diff(upstream.text.splitlines(keepends=True), text.splitlines(keepends=True),
-                                 fromfile=f"a/{upstream.relpath} ({upstream.pin})", tofile=f"b/{relpath}")
+    lines = difflib.unified_diff(
+        upstream.text.splitlines(keepends=True),
+        text.splitlines(keepends=True),
+        fromfile=f"a/{upstream.relpath} ({upstream.pin})",
+        tofile=f"b/{relpath}",
+    )
     return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
 
@@ -82,8 +93,9 @@ def plan_error(spec: Spec, upstream: UpstreamFile, module: cst.Module, exc: Plan
     if exc.kind == RENDER_ERROR:
         lines.append("  fix the template or the patch's vars, then run `patchgen regen` again")
     else:
-        lines.append("  fix the spec's anchor/scope (copy the statement from upstream), then run `patchgen regen` "
-                     "again")
+        lines.append(
+            "  fix the spec's anchor/scope (copy the statement from upstream), then run `patchgen regen` again"
+        )
     return PatchgenError("\n".join(lines))
 
 
@@ -120,8 +132,10 @@ def build(spec: Spec, upstream: UpstreamFile, module: cst.Module, plan: Plan, co
     for key, names in (("keep", spec.keep), ("exclude", spec.exclude)):
         unknown = [n for n in names if n not in top_level]
         if unknown:
-            raise PatchgenError(f"{spec.path}: {key} names {unknown}, which {upstream.relpath} ({upstream.pin}) "
-                                f"does not define at top level")
+            raise PatchgenError(
+                f"{spec.path}: {key} names {unknown}, which {upstream.relpath} ({upstream.pin}) "
+                f"does not define at top level"
+            )
 
     transformer = PatchTransformer(plan, spec.module)
     try:
@@ -137,9 +151,11 @@ def build(spec: Spec, upstream: UpstreamFile, module: cst.Module, plan: Plan, co
     for patch in spec.patches:  # an edit inside a pruned definition would be "applied" yet absent from the output
         top = plan.renames.get(patch.scope.split(".")[0], patch.scope.split(".")[0])
         if top in removed:
-            raise PatchgenError(f"{spec.path}: {patch.label} edits {patch.scope}, but {top} is pruned: nothing "
-                                f"reachable from 'keep' uses it (upstream may build it indirectly, e.g. via "
-                                f"AutoModel). Add it to 'keep', or patch the code that builds it")
+            raise PatchgenError(
+                f"{spec.path}: {patch.label} edits {patch.scope}, but {top} is pruned: nothing "
+                f"reachable from 'keep' uses it (upstream may build it indirectly, e.g. via "
+                f"AutoModel). Add it to 'keep', or patch the code that builds it"
+            )
     body = pruned.code
     relpath = spec.output
     header = Header(
@@ -162,8 +178,10 @@ def build(spec: Spec, upstream: UpstreamFile, module: cst.Module, plan: Plan, co
     except SyntaxError as exc:
         raise PatchgenError(f"{spec.path}: generated code does not compile: {exc}") from exc
     except DanglingReference as exc:
-        raise PatchgenError(f"{spec.path}: generated code refers to pruned or excluded names: {exc}; keep them "
-                            f"(add to 'keep'), stop excluding them, or patch the reference away") from exc
+        raise PatchgenError(
+            f"{spec.path}: generated code refers to pruned or excluded names: {exc}; keep them "
+            f"(add to 'keep'), stop excluding them, or patch the reference away"
+        ) from exc
 
     return Generated(spec, upstream, relpath, text, unified_diff(upstream, text, relpath), header)
 
@@ -192,6 +210,16 @@ def explain(spec: Spec, source: UpstreamSource) -> tuple[UpstreamFile, list[Expl
         if edit.kind == "wrap":
             values["expr"] = code_of(edit.target)
         rendered = edit.code if edit.kind == "rename" else patch.template.render(values)
-        out.append(ExplainedPatch(patch.index, patch.template.name, patch.template.op, patch.scope,
-                                  patch.anchor_text, line, patch.why, rendered.rstrip("\n")))
+        out.append(
+            ExplainedPatch(
+                patch.index,
+                patch.template.name,
+                patch.template.op,
+                patch.scope,
+                patch.anchor_text,
+                line,
+                patch.why,
+                rendered.rstrip("\n"),
+            )
+        )
     return upstream, out

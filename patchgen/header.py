@@ -25,8 +25,14 @@ class Header:
 
     def inputs(self) -> tuple[str, ...]:
         """Everything the output is a function of; equal inputs + equal body hash => no drift."""
-        return (self.upstream_pin, self.upstream_sha256, self.spec_sha256, self.templates_sha256,
-                self.engine_version, self.engine_sha256)
+        return (
+            self.upstream_pin,
+            self.upstream_sha256,
+            self.spec_sha256,
+            self.templates_sha256,
+            self.engine_version,
+            self.engine_sha256,
+        )
 
     def render(self) -> str:
         lines = [
@@ -67,8 +73,13 @@ def parse_inputs(fields: dict[str, str]) -> tuple[str, ...] | None:
     try:
         pin, _, upstream_sha = fields["upstream"].split(" ")
         engine_version, engine_sha = fields["engine"].split(" ")
-        return (pin, upstream_sha.removeprefix("sha256="), fields["spec"].split(" sha256=")[1],
-                fields["templates"].removeprefix("sha256="), engine_version.removeprefix("patchgen=="),
-                engine_sha.removeprefix("sha256="))
+        return (
+            pin,
+            upstream_sha.removeprefix("sha256="),
+            fields["spec"].split(" sha256=")[1],
+            fields["templates"].removeprefix("sha256="),
+            engine_version.removeprefix("patchgen=="),
+            engine_sha.removeprefix("sha256="),
+        )
     except (KeyError, ValueError, IndexError):
         return None

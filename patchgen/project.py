@@ -22,14 +22,19 @@ def load_specs(config: ProjectConfig, models: list[str] | None) -> list[Spec]:
         return [load_spec(config.spec_path(m), config.templates_dir) for m in available]
     unknown = [m for m in models if m not in available]
     if unknown:
-        raise PatchgenError(f"unknown model(s) {unknown}: no {config.specs_dir.name}/<model>.toml; "
-                            f"available: {', '.join(available) or 'none'}")
+        raise PatchgenError(
+            f"unknown model(s) {unknown}: no {config.specs_dir.name}/<model>.toml; "
+            f"available: {', '.join(available) or 'none'}"
+        )
     return [load_spec(config.spec_path(m), config.templates_dir) for m in models]
 
 
 def outputs(config: ProjectConfig, gen: Generated) -> dict[Path, str]:
-    return {config.root / gen.relpath: gen.text, config.root / gen.diff_relpath: gen.diff,
-            **package_inits(config.root, gen.relpath)}
+    return {
+        config.root / gen.relpath: gen.text,
+        config.root / gen.diff_relpath: gen.diff,
+        **package_inits(config.root, gen.relpath),
+    }
 
 
 @dataclass(frozen=True)
@@ -38,8 +43,9 @@ class Change:
     status: str  # "new" | "changed" | "unchanged"
 
 
-def regen(config: ProjectConfig, specs: list[Spec], dry_run: bool = False,
-          source: UpstreamSource | None = None) -> list[Change]:
+def regen(
+    config: ProjectConfig, specs: list[Spec], dry_run: bool = False, source: UpstreamSource | None = None
+) -> list[Change]:
     source = source or PinnedSource(config.pins)
     files: dict[Path, str] = {}
     for spec in specs:  # generate everything first: one bad spec leaves generated/ untouched
@@ -68,10 +74,20 @@ def check_spec(config: ProjectConfig, spec: Spec, source: UpstreamSource, full: 
         return [Drift(target, f"missing; run `patchgen regen {spec.name}`")]
     text = target.read_text(encoding="utf-8")
     fields, body = split(text)
-    expected_inputs = (upstream.pin, upstream.sha256, spec.sha256, templates_sha256(spec), __version__,
-                       engine_sha256())
-    fresh = (not full and fields is not None and parse_inputs(fields) == expected_inputs
-             and fields.get("body") == f"sha256={body_hash(body)}")
+    expected_inputs = (
+        upstream.pin,
+        upstream.sha256,
+        spec.sha256,
+        templates_sha256(spec),
+        __version__,
+        engine_sha256(),
+    )
+    fresh = (
+        not full
+        and fields is not None
+        and parse_inputs(fields) == expected_inputs
+        and fields.get("body") == f"sha256={body_hash(body)}"
+    )
     drifts = []
     if fresh:
         expected_text, expected_diff = text, unified_diff(upstream, text, spec.output)
@@ -100,13 +116,20 @@ def _reason(fields: dict[str, str] | None, body: str, expected_inputs: tuple[str
 
 
 def _show(old: str, new: str, path: Path, limit: int = 60) -> str:
-    lines = list(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                      fromfile=f"{path.name} (checked in)", tofile=f"{path.name} (regenerated)"))
+    lines = list(
+        difflib.unified_diff(
+            old.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            fromfile=f"{path.name} (checked in)",
+            tofile=f"{path.name} (regenerated)",
+        )
+    )
     more = f"... {len(lines) - limit} more diff lines\n" if len(lines) > limit else ""
     return "".join(lines[:limit]) + more
 
 
-def check(config: ProjectConfig, specs: list[Spec], full: bool = False,
-          source: UpstreamSource | None = None) -> list[Drift]:
+def check(
+    config: ProjectConfig, specs: list[Spec], full: bool = False, source: UpstreamSource | None = None
+) -> list[Drift]:
     source = source or PinnedSource(config.pins)
     return [d for spec in specs for d in check_spec(config, spec, source, full)]

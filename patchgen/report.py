@@ -39,8 +39,9 @@ def verdict(upgrade: Upgrade) -> str:
 def console(upgrade: Upgrade) -> str:
     table = [COLUMNS, *rows(upgrade)]
     widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS) - 1)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
-             for row in table]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1] for row in table
+    ]
     lines.insert(1, "  ".join("-" * w for w in widths) + "  " + "-" * len(COLUMNS[-1]))
     others = f"\nunaffected specs (other upstream packages): {', '.join(upgrade.others)}" if upgrade.others else ""
     return f"upgrade {', '.join(upgrade.moves())}\n\n" + "\n".join(lines) + f"\n\n{verdict(upgrade)}{others}\n"
@@ -58,19 +59,29 @@ def _fence(text: str, lang: str = "diff") -> str:
 
 
 def markdown(upgrade: Upgrade) -> str:
-    out = [f"# Upgrade review: {', '.join(upgrade.moves())}", "",
-           f"Made by `{upgrade.command}`; a fresh run writes the same bytes (the review files land in "
-           f"`upgrade-review/{upgrade.name}/`).", ""]
+    out = [
+        f"# Upgrade review: {', '.join(upgrade.moves())}",
+        "",
+        f"Made by `{upgrade.command}`; a fresh run writes the same bytes (the review files land in "
+        f"`upgrade-review/{upgrade.name}/`).",
+        "",
+    ]
     for wheel in upgrade.wheels:
         out.append(f"- wheel `{wheel.path.name}` sha256 `{wheel.sha256}`")
     out += ["", f"**{verdict(upgrade)}.**", ""]
     if upgrade.others:
         out += [f"Specs of other upstream packages, untouched: {', '.join(upgrade.others)}.", ""]
-    out += ["Statuses: `applied`; `replaced code changed` (applies, but upstream changed the code it replaces); "
-            "`anchor moved` (the anchor matches nothing: the nearest candidate and its new line are given); "
-            "`anchor ambiguous`; `scope missing`; `scope mismatch`; `conflict`; `render error`; "
-            "`module missing` and `generation error` (the model as a whole).", "",
-            "## Patches", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    out += [
+        "Statuses: `applied`; `replaced code changed` (applies, but upstream changed the code it replaces); "
+        "`anchor moved` (the anchor matches nothing: the nearest candidate and its new line are given); "
+        "`anchor ambiguous`; `scope missing`; `scope mismatch`; `conflict`; `render error`; "
+        "`module missing` and `generation error` (the model as a whole).",
+        "",
+        "## Patches",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
     out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows(upgrade)]
     for model in upgrade.models:
         out += ["", *_model_section(model)]
@@ -98,8 +109,13 @@ def _model_section(model: ModelResult) -> list[str]:
         gone = f"gone in {new}, compared with the nearest definition `{region.near}`: " if region.near else ""
         if region.diff:
             out += [""] if out[-1] else []  # an HTML block needs a blank line before it
-            out += [f"<details><summary><code>{region.scope}</code> (lines {span}): {gone}changed</summary>", "",
-                    _fence(region.diff), "</details>", ""]
+            out += [
+                f"<details><summary><code>{region.scope}</code> (lines {span}): {gone}changed</summary>",
+                "",
+                _fence(region.diff),
+                "</details>",
+                "",
+            ]
         elif region.old_lines and region.new_lines:
             out.append(f"- `{region.scope}` (lines {span}): {gone}unchanged")
         else:
@@ -120,8 +136,14 @@ def _model_section(model: ModelResult) -> list[str]:
         out += [f"`{spec.output}`: body unchanged; only the provenance header differs.", ""]
     else:
         count = sum(1 for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---"))
-        out += [f"<details><summary><code>{spec.output}</code>: checked-in body -> new body ({count} lines "
-                f"changed; provenance header left out)</summary>", "", _fence(diff), "</details>", ""]
+        out += [
+            f"<details><summary><code>{spec.output}</code>: checked-in body -> new body ({count} lines "
+            f"changed; provenance header left out)</summary>",
+            "",
+            _fence(diff),
+            "</details>",
+            "",
+        ]
     return out
 
 

@@ -16,8 +16,16 @@ from patchgen.templates import Template, load_template
 
 SPEC_KEYS = {"module": str, "output": str, "keep": list, "exclude": list, "patch": list}
 REQUIRED_SPEC_KEYS = ("module", "output", "keep")
-PATCH_KEYS = {"template": str, "scope": str, "before": str, "after": str, "anchor": str, "through": str, "vars": dict,
-              "why": str}
+PATCH_KEYS = {
+    "template": str,
+    "scope": str,
+    "before": str,
+    "after": str,
+    "anchor": str,
+    "through": str,
+    "vars": dict,
+    "why": str,
+}
 REQUIRED_PATCH_KEYS = ("template", "scope", "why")
 
 
@@ -61,7 +69,8 @@ class Spec:
 
 def _type_name(value: Any) -> str:
     return {str: "string", int: "integer", float: "float", bool: "boolean", list: "array", dict: "table"}.get(
-        type(value), type(value).__name__)
+        type(value), type(value).__name__
+    )
 
 
 def _a(noun: str) -> str:
@@ -77,8 +86,10 @@ def _check_keys(table: dict, allowed: dict, required: tuple, path: Path, where: 
         if key not in allowed:
             raise PatchgenError(f"{path}: {where}: unknown key {key!r}; expected one of {sorted(allowed)}")
         if not isinstance(value, allowed[key]) or isinstance(value, bool) and allowed[key] is not bool:
-            raise PatchgenError(f"{path}: {where}: key {key!r} must be {_a(_type_name(allowed[key]()))}, "
-                                f"found {_type_name(value)} {value!r}")
+            raise PatchgenError(
+                f"{path}: {where}: key {key!r} must be {_a(_type_name(allowed[key]()))}, "
+                f"found {_type_name(value)} {value!r}"
+            )
 
 
 def _str_list(value: list, path: Path, key: str) -> tuple[str, ...]:
@@ -101,26 +112,39 @@ def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patc
     given = [k for k in ("before", "after", "anchor") if k in table]
     _check_anchor_keys(template.op, given, path, where)
     if "through" in table and template.op != "replace":
-        raise PatchgenError(f"{path}: {where}: 'through' (end of a replaced run of statements) needs op 'replace', "
-                            f"template {template.name} has op {template.op!r}")
+        raise PatchgenError(
+            f"{path}: {where}: 'through' (end of a replaced run of statements) needs op 'replace', "
+            f"template {template.name} has op {template.op!r}"
+        )
     values = dict(table.get("vars", {}))
     for name, value in values.items():
         var = template.var(name)
         if var is None:
             declared = ", ".join(v.name for v in template.vars) or "none"
-            raise PatchgenError(f"{path}: {where}: vars.{name} is not declared by template {template.name} "
-                                f"(declared: {declared})")
+            raise PatchgenError(
+                f"{path}: {where}: vars.{name} is not declared by template {template.name} (declared: {declared})"
+            )
         if not var.accepts(value):
-            raise PatchgenError(f"{path}: {where}: vars.{name} must be {var.type}, "
-                                f"found {_type_name(value)} {value!r}")
+            raise PatchgenError(
+                f"{path}: {where}: vars.{name} must be {var.type}, found {_type_name(value)} {value!r}"
+            )
     missing = [v.name for v in template.vars if v.required and v.name not in values]
     if missing:
         docs = "; ".join(f"{v.name} ({v.type}): {v.doc}" for v in template.vars if v.name in missing)
         raise PatchgenError(f"{path}: {where}: template {template.name} needs vars {missing}: {docs}")
     if not table["why"].strip():
         raise PatchgenError(f"{path}: {where}: 'why' must say in one line why the patch exists")
-    return Patch(index, template, table["scope"], table["why"].strip(), values,
-                 table.get("before"), table.get("after"), table.get("anchor"), table.get("through"))
+    return Patch(
+        index,
+        template,
+        table["scope"],
+        table["why"].strip(),
+        values,
+        table.get("before"),
+        table.get("after"),
+        table.get("anchor"),
+        table.get("through"),
+    )
 
 
 def _check_anchor_keys(op: str, given: list[str], path: Path, where: str) -> None:
@@ -151,5 +175,13 @@ def load_spec(path: Path, templates_dir: Path) -> Spec:
     if not data["output"].endswith(".py") or Path(data["output"]).is_absolute():
         raise PatchgenError(f"{path}: key 'output' must be a relative path ending in .py, found {data['output']!r}")
     patches = tuple(_load_patch(i, t, path, templates_dir) for i, t in enumerate(data.get("patch", []), start=1))
-    return Spec(path.stem, path, data["module"], data["output"], keep,
-                _str_list(data.get("exclude", []), path, "exclude"), patches, hashlib.sha256(raw).hexdigest())
+    return Spec(
+        path.stem,
+        path,
+        data["module"],
+        data["output"],
+        keep,
+        _str_list(data.get("exclude", []), path, "exclude"),
+        patches,
+        hashlib.sha256(raw).hexdigest(),
+    )

@@ -135,15 +135,18 @@ def parse_template(name: str, path: Path, text: str) -> Template:
         if var_name in BUILTIN_VARS:
             raise PatchgenError(f"{path}: variable {var_name!r} is builtin and cannot be declared")
         if not isinstance(decl, dict) or decl.get("type") not in VAR_TYPES or set(decl) - {"type", "doc", "default"}:
-            raise PatchgenError(f"{path}: vars.{var_name} must be a table with type (one of {sorted(VAR_TYPES)}), "
-                                f"doc, and optional default; found {decl!r}")
+            raise PatchgenError(
+                f"{path}: vars.{var_name} must be a table with type (one of {sorted(VAR_TYPES)}), "
+                f"doc, and optional default; found {decl!r}"
+            )
         var = TemplateVar(var_name, decl["type"], decl.get("doc", ""), decl.get("default", _MISSING))
         if not var.required and not var.accepts(var.default):
             raise PatchgenError(f"{path}: vars.{var_name}: default {var.default!r} is not of type {var.type}")
         variables.append(var)
-    body = text[end + 2:].lstrip("\n")
-    return Template(name, path, op, meta["doc"], tuple(variables), tuple(imports), body,
-                    hashlib.sha256(text.encode()).hexdigest())
+    body = text[end + 2 :].lstrip("\n")
+    return Template(
+        name, path, op, meta["doc"], tuple(variables), tuple(imports), body, hashlib.sha256(text.encode()).hexdigest()
+    )
 
 
 def load_template(templates_dir: Path, name: str) -> Template:

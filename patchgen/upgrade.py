@@ -96,9 +96,12 @@ class ModelResult:
         old = split(self.current)[1] if self.current is not None else ""
         new = split(self.generated.text)[1]
         what = "checked in" if self.current is not None else "absent"
-        lines = difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                     fromfile=f"a/{self.spec.output} ({what})",
-                                     tofile=f"b/{self.spec.output} ({self.generated.upstream.pin})")
+        lines = difflib.unified_diff(
+            old.splitlines(keepends=True),
+            new.splitlines(keepends=True),
+            fromfile=f"a/{self.spec.output} ({what})",
+            tofile=f"b/{self.spec.output} ({self.generated.upstream.pin})",
+        )
         return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
 
 
@@ -159,8 +162,13 @@ def baseline_source(config: ProjectConfig, packages: set[str], cache: Path) -> t
     return PinnedSource(config.pins, WheelSource(wheels, fallback=InstalledSource())), downloaded
 
 
-def analyze(config: ProjectConfig, specs: list[Spec], wheels: list[Wheel], old_source: UpstreamSource,
-            new_source: UpstreamSource | None = None) -> Upgrade:
+def analyze(
+    config: ProjectConfig,
+    specs: list[Spec],
+    wheels: list[Wheel],
+    old_source: UpstreamSource,
+    new_source: UpstreamSource | None = None,
+) -> Upgrade:
     """Every spec of an upgraded package, against the pinned release (`old_source`) and the wheels."""
     packages = {w.package for w in wheels}
     new_source = new_source or WheelSource(wheels)
@@ -176,8 +184,9 @@ def _read(source: UpstreamSource, spec: Spec) -> tuple[UpstreamFile, cst.Module]
     return upstream, parse_upstream(upstream)
 
 
-def analyze_spec(config: ProjectConfig, spec: Spec, old_source: UpstreamSource,
-                 new_source: UpstreamSource) -> ModelResult:
+def analyze_spec(
+    config: ProjectConfig, spec: Spec, old_source: UpstreamSource, new_source: UpstreamSource
+) -> ModelResult:
     target = config.root / spec.output
     current = target.read_text(encoding="utf-8") if target.is_file() else None
     old = old_module = None
@@ -189,8 +198,9 @@ def analyze_spec(config: ProjectConfig, spec: Spec, old_source: UpstreamSource,
     try:
         new, new_module = _read(new_source, spec)
     except PatchgenError as exc:
-        return ModelResult(spec, old, None, (), (), None, current,
-                           problem=f"module missing: {_clean(config, str(exc))}")
+        return ModelResult(
+            spec, old, None, (), (), None, current, problem=f"module missing: {_clean(config, str(exc))}"
+        )
     plan, errors = resolve_each(new_module, spec.patches)
     old_lines, new_lines = (_Lines(old_module) if old_module else None), _Lines(new_module)
     statuses = tuple(_status(p, plan, old_plan, errors, new_lines, old_lines, config) for p in spec.patches)
@@ -199,8 +209,9 @@ def analyze_spec(config: ProjectConfig, spec: Spec, old_source: UpstreamSource,
     try:
         generated = build(dataclasses.replace(spec, patches=applied), new, new_module, plan, config)
     except PatchgenError as exc:
-        return ModelResult(spec, old, new, statuses, regions, None, current,
-                           problem=f"generation error: {_clean(config, str(exc))}")
+        return ModelResult(
+            spec, old, new, statuses, regions, None, current, problem=f"generation error: {_clean(config, str(exc))}"
+        )
     return ModelResult(spec, old, new, statuses, regions, generated, current)
 
 
@@ -221,8 +232,15 @@ def _replaced_text(edit: Edit) -> str:
     return "\n".join(normalize(code_of(n).strip()) or code_of(n) for n in (edit.target, *edit.span))
 
 
-def _status(patch: Patch, plan: Plan, old_plan: Plan, errors: list[PlanError], new_lines: _Lines,
-            old_lines: _Lines | None, config: ProjectConfig) -> PatchStatus:
+def _status(
+    patch: Patch,
+    plan: Plan,
+    old_plan: Plan,
+    errors: list[PlanError],
+    new_lines: _Lines,
+    old_lines: _Lines | None,
+    config: ProjectConfig,
+) -> PatchStatus:
     error = next((e for e in errors if e.patch.index == patch.index), None)
     if error is not None:
         candidates = tuple(candidate_lines(new_lines.module, error))
@@ -236,15 +254,30 @@ def _status(patch: Patch, plan: Plan, old_plan: Plan, errors: list[PlanError], n
     where = _where(new_edit, new_lines)
     if old_edit is not None and old_lines is not None and _where(old_edit, old_lines) != where:
         where += f" (was {_where(old_edit, old_lines).removeprefix('line ')})"
-    if (new_edit.kind in ("replace", "replace_def") and old_edit is not None
-            and _replaced_text(old_edit) != _replaced_text(new_edit)):
-        return PatchStatus(patch, REPLACED_CHANGED, f"{where}; the upstream code it replaces changed: check the "
-                                                    f"template still does what upstream now does")
+    if (
+        new_edit.kind in ("replace", "replace_def")
+        and old_edit is not None
+        and _replaced_text(old_edit) != _replaced_text(new_edit)
+    ):
+        return PatchStatus(
+            patch,
+            REPLACED_CHANGED,
+            f"{where}; the upstream code it replaces changed: check the template still does what upstream now does",
+        )
     return PatchStatus(patch, APPLIED, where)
 
 
-def _regions(spec: Spec, old: UpstreamFile | None, old_module: cst.Module | None, old_lines: _Lines | None,
-             old_plan: Plan, new: UpstreamFile, new_module: cst.Module, new_lines: _Lines, plan: Plan):
+def _regions(
+    spec: Spec,
+    old: UpstreamFile | None,
+    old_module: cst.Module | None,
+    old_lines: _Lines | None,
+    old_plan: Plan,
+    new: UpstreamFile,
+    new_module: cst.Module,
+    new_lines: _Lines,
+    plan: Plan,
+):
     """One region per patched scope (per anchored statement for `<module>` patches)."""
     seen: set[str] = set()
     for patch in spec.patches:
@@ -276,23 +309,33 @@ def _scope_node(module: cst.Module, scope: str) -> tuple[cst.CSTNode | None, str
             if not exc.candidates:
                 return None, ""
             near = exc.candidates[0][0]  # the dotted path down to the part that did not match, corrected
-            wanted = ".".join([near, *wanted.split(".")[len(near.split(".")):]])
+            wanted = ".".join([near, *wanted.split(".")[len(near.split(".")) :]])
     return None, ""
 
 
-def _region(scope: str, old: UpstreamFile | None, old_node, old_lines: _Lines | None, new: UpstreamFile, new_node,
-            new_lines: _Lines, near: str) -> Region:
+def _region(
+    scope: str,
+    old: UpstreamFile | None,
+    old_node,
+    old_lines: _Lines | None,
+    new: UpstreamFile,
+    new_node,
+    new_lines: _Lines,
+    near: str,
+) -> Region:
     old_span = old_lines.span(old_node) if old_node is not None and old_lines is not None else None
     new_span = new_lines.span(new_node) if new_node is not None else None
     if old_span is None or new_span is None:
         return Region(scope, old_span, new_span, "", near)
-    old_text = old.text.splitlines(keepends=True)[old_span[0] - 1: old_span[1]]
-    new_text = new.text.splitlines(keepends=True)[new_span[0] - 1: new_span[1]]
-    diff = difflib.unified_diff(old_text, new_text, fromfile=f"a/{old.relpath} ({old.pin})",
-                                tofile=f"b/{new.relpath} ({new.pin})")
+    old_text = old.text.splitlines(keepends=True)[old_span[0] - 1 : old_span[1]]
+    new_text = new.text.splitlines(keepends=True)[new_span[0] - 1 : new_span[1]]
+    diff = difflib.unified_diff(
+        old_text, new_text, fromfile=f"a/{old.relpath} ({old.pin})", tofile=f"b/{new.relpath} ({new.pin})"
+    )
     lines = [_shift_hunk(line, old_span[0] - 1, new_span[0] - 1) for line in diff]
-    return Region(scope, old_span, new_span, "".join(line if line.endswith("\n") else line + "\n" for line in lines),
-                  near)
+    return Region(
+        scope, old_span, new_span, "".join(line if line.endswith("\n") else line + "\n" for line in lines), near
+    )
 
 
 _HUNK = re.compile(r"^@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
@@ -304,11 +347,11 @@ def _shift_hunk(line: str, old_offset: int, new_offset: int) -> str:
     if match is None:
         return line
     old_start, new_start = int(match.group(1)) + old_offset, int(match.group(3)) + new_offset
-    return (f"@@ -{old_start}{match.group(2) or ''} +{new_start}{match.group(4) or ''} @@"
-            + line[match.end():])
+    return f"@@ -{old_start}{match.group(2) or ''} +{new_start}{match.group(4) or ''} @@" + line[match.end() :]
 
 
 # ---- writing ------------------------------------------------------------------------------------------------
+
 
 def review_files(upgrade: Upgrade, report: str) -> dict[str, str]:
     """What the review directory holds: REPORT.md and each new generated file with its upstream diff."""
@@ -353,8 +396,9 @@ def apply(config: ProjectConfig, upgrade: Upgrade) -> list[Path]:
         files.update(outputs(config, model.generated))
     pyproject = config.root / "pyproject.toml"
     keys = {normalize_name(name): name for name in config.pins}
-    files[pyproject] = with_pins(pyproject.read_text(encoding="utf-8"),
-                                 {keys[w.package]: w.version for w in upgrade.wheels})
+    files[pyproject] = with_pins(
+        pyproject.read_text(encoding="utf-8"), {keys[w.package]: w.version for w in upgrade.wheels}
+    )
     changed = {p: t for p, t in files.items() if not p.is_file() or p.read_text(encoding="utf-8") != t}
     write_atomic(changed)
     return sorted(changed)

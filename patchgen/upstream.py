@@ -75,8 +75,10 @@ class InstalledSource:
         relpath = module_relpath(module)
         path = Path(list(found.submodule_search_locations)[0]).parent / relpath
         if not path.is_file():
-            raise PatchgenError(f"upstream module {module!r} not found in {package}=={self.version(package)} "
-                                f"(looked for {path}); check the spec's 'module' key")
+            raise PatchgenError(
+                f"upstream module {module!r} not found in {package}=={self.version(package)} "
+                f"(looked for {path}); check the spec's 'module' key"
+            )
         return UpstreamFile(package, self.version(package), module, relpath, path.read_text(encoding="utf-8"))
 
 
@@ -96,7 +98,8 @@ class PinnedSource:
                 f"installed {package}=={installed} but the pin is {package}=={self.pins[package]}; generated files "
                 f"derive from the pinned release. Install it (pip install {package}=={self.pins[package]}), read it "
                 f"from its wheel (`--from {package}=={self.pins[package]}`), or review an upgrade with "
-                f"`patchgen upgrade --to {package}=={installed}`")
+                f"`patchgen upgrade --to {package}=={installed}`"
+            )
         return installed
 
     def read(self, module: str) -> UpstreamFile:
@@ -169,8 +172,10 @@ class WheelSource:
             with zipfile.ZipFile(wheel.path) as archive:
                 data = archive.read(relpath)
         except KeyError as exc:
-            raise PatchgenError(f"upstream module {module!r} not found in {wheel.pin} (no {relpath} in "
-                                f"{wheel.path.name}); check the spec's 'module' key") from exc
+            raise PatchgenError(
+                f"upstream module {module!r} not found in {wheel.pin} (no {relpath} in "
+                f"{wheel.path.name}); check the spec's 'module' key"
+            ) from exc
         except (OSError, zipfile.BadZipFile) as exc:
             raise PatchgenError(f"{wheel.path}: cannot read {relpath}: {exc}") from exc
         text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")

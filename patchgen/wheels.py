@@ -37,8 +37,10 @@ def parse_target(text: str) -> Target:
         return Target(text, path=Path(text.strip()))
     match = _REQUIREMENT.fullmatch(text)
     if match is None:
-        raise PatchgenError(f"{text!r}: expected an exact release `package==version` (e.g. transformers==5.23.0) "
-                            f"or the path of a .whl file")
+        raise PatchgenError(
+            f"{text!r}: expected an exact release `package==version` (e.g. transformers==5.23.0) "
+            f"or the path of a .whl file"
+        )
     return Target(text, normalize_name(match.group(1)), match.group(2))
 
 
@@ -60,20 +62,35 @@ def download_wheel(package: str, version: str, cache: Path) -> Path:
     all (downloaded into a temp dir beside it, then renamed)."""
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-input",
-                   "--disable-pip-version-check", "--quiet", f"{package}=={version}", "-d", tmp]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--no-input",
+            "--disable-pip-version-check",
+            "--quiet",
+            f"{package}=={version}",
+            "-d",
+            tmp,
+        ]
         try:
             result = subprocess.run(command, capture_output=True, text=True, timeout=900)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise PatchgenError(f"cannot run pip to download {package}=={version}: {exc}") from exc
         if result.returncode != 0:
             tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
-            raise PatchgenError(f"cannot download {package}=={version} (pip exit {result.returncode}):\n{tail}\n"
-                                f"offline? put the wheel into {cache} or pass its path instead")
+            raise PatchgenError(
+                f"cannot download {package}=={version} (pip exit {result.returncode}):\n{tail}\n"
+                f"offline? put the wheel into {cache} or pass its path instead"
+            )
         found = sorted(Path(tmp).glob("*.whl"))
         if len(found) != 1:
-            raise PatchgenError(f"pip download {package}=={version} gave {[p.name for p in found]}; expected one "
-                                f"wheel")
+            raise PatchgenError(
+                f"pip download {package}=={version} gave {[p.name for p in found]}; expected one wheel"
+            )
         final = cache / found[0].name
         os.replace(found[0], final)
         return final
@@ -103,12 +120,16 @@ def obtain_all(texts: list[str], pins: dict[str, str], cache: Path, option: str)
     for text in texts:
         target = parse_target(text)
         if target.package is not None and target.package not in pinned:
-            raise PatchgenError(f"{option} {text}: unknown package {target.package!r}; the pinned upstream packages "
-                                f"are {', '.join(sorted(pins)) or 'none'}")
+            raise PatchgenError(
+                f"{option} {text}: unknown package {target.package!r}; the pinned upstream packages "
+                f"are {', '.join(sorted(pins)) or 'none'}"
+            )
         wheel, downloaded = obtain(target, cache)
         if wheel.package not in pinned:
-            raise PatchgenError(f"{option} {text}: the wheel is {wheel.pin}, not one of the pinned upstream "
-                                f"packages ({', '.join(sorted(pins)) or 'none'})")
+            raise PatchgenError(
+                f"{option} {text}: the wheel is {wheel.pin}, not one of the pinned upstream "
+                f"packages ({', '.join(sorted(pins)) or 'none'})"
+            )
         if any(w.package == wheel.package for w, _ in out):
             raise PatchgenError(f"{option} names {wheel.package} twice")
         out.append((wheel, downloaded))

@@ -19,8 +19,11 @@ def regen_matches_checked_in() -> bool:
         for name in ("pyproject.toml", "specs", "templates"):
             src = ROOT / name
             (shutil.copytree if src.is_dir() else shutil.copy)(src, scratch / name)
-        subprocess.run([sys.executable, "-m", "patchgen.cli", "regen", "--all", "--root", str(scratch)], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "patchgen.cli", "regen", "--all", "--root", str(scratch)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         fresh = sorted(p.relative_to(scratch) for p in (scratch / "generated").rglob("*") if p.is_file())
         same = [p for p in fresh if (ROOT / p).is_file() and (ROOT / p).read_bytes() == (scratch / p).read_bytes()]
         print(f"regenerated {len(fresh)} files into a scratch dir: {len(same)} identical to the checked-in copies")
@@ -33,8 +36,13 @@ def main() -> None:
     print("== 2. tiny qwen3: Ulysses SP=2 (2 gloo processes) vs single process ==")
     torchrun = Path(sys.executable).with_name("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    run = subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "runtime.demos.sp_parity"],
-                         env=env, cwd=ROOT, capture_output=True, text=True)
+    run = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "runtime.demos.sp_parity"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     print(run.stdout, end="")
     if run.returncode != 0 or "PASS" not in run.stdout:
         print(run.stderr[-4000:], file=sys.stderr)

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/llama/modeling_llama.py sha256=46d313ec0f1116bcc1bb7f2379467ab249c140415c64fb758e2d5915cd8b89a5
 # spec: specs/llama.toml sha256=bffa71b4dc112341f4b5670296749a63b4b2509a755f415e81fa0da612454704
 # templates: sha256=f2c2a96d1e231a23bf59d52b4d13081c32b2906ec616cd57fdda6a868ce12b22
-# engine: patchgen==0.1.0 sha256=d3c905421bed3d5648aca1b77091e8e0368f40accbad96e598c5afd938af3aaf
+# engine: patchgen==0.1.0 sha256=b48a4ae4634774db90ad76ae474aacd65587a6a70e2c63d03914a15bc2ffe4dc
 # body: sha256=352c5daf0dd4b7bcc3bf47b8978d278f9e78997c2e3f68c45f85f19bed28b957
 # patches:
 #   #1 sp/full_sequence_mask @ LlamaModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

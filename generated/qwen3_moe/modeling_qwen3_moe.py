@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_moe/modeling_qwen3_moe.py sha256=f07ab1b3a17e27612006a447812b83667af7ab3d527afe3ebbdf89dc5dac8a90
 # spec: specs/qwen3_moe.toml sha256=50a07714fc94dea88d1ba3ed393130f52c005d568641364061505e0428478db4
 # templates: sha256=1168d891f9343736780afd6c5b7c8a398d69500350542696bcd88e6ecb4b4d74
-# engine: patchgen==0.1.0 sha256=d3c905421bed3d5648aca1b77091e8e0368f40accbad96e598c5afd938af3aaf
+# engine: patchgen==0.1.0 sha256=b48a4ae4634774db90ad76ae474aacd65587a6a70e2c63d03914a15bc2ffe4dc
 # body: sha256=abc6e31bd7db0a77ad842c97e83eb7bf3e0d5f10143bdbae52468907a3d1ea1a
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3MoeModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
 # spec: specs/qwen3_vl_moe.toml sha256=541f82aeca4dbc70e57ec910eef07327a7e402f697a2cc4c576abf834164216a
 # templates: sha256=62e32afccba1708783d9ae8a2d3fe812b3ca1be2aa3a046524a2ae33b5ef3402
-# engine: patchgen==0.1.0 sha256=d3c905421bed3d5648aca1b77091e8e0368f40accbad96e598c5afd938af3aaf
+# engine: patchgen==0.1.0 sha256=b48a4ae4634774db90ad76ae474aacd65587a6a70e2c63d03914a15bc2ffe4dc
 # body: sha256=66c5f0aa4151d32a47c160ca08c809af14ba76bcad9de96810fee3fc24157e7b
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel

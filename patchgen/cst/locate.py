@@ -94,8 +94,11 @@ def scope_chain(module: cst.Module, scope: str) -> list[cst.CSTNode]:
             near = difflib.get_close_matches(part, names, n=5, cutoff=0.5)
             candidates = [(f"{prefix}.{n}" if prefix else n, _named(body, n)) for n in near]
             what = "no definition" if not matches else f"{len(matches)} definitions"
-            raise LocateError(f"scope {scope!r}: {what} named {part!r} in {prefix or 'the module'}", candidates,
-                              SCOPE_AMBIGUOUS if matches else SCOPE_MISSING)
+            raise LocateError(
+                f"scope {scope!r}: {what} named {part!r} in {prefix or 'the module'}",
+                candidates,
+                SCOPE_AMBIGUOUS if matches else SCOPE_MISSING,
+            )
         node = matches[0]
         chain.append(node)
     return chain
@@ -127,19 +130,23 @@ class Match:
     normalized: str
 
 
-def find_statement(scope_node: cst.CSTNode, anchor: str, scope: str,
-                   index: NodeIndex | None = None) -> cst.BaseStatement:
+def find_statement(
+    scope_node: cst.CSTNode, anchor: str, scope: str, index: NodeIndex | None = None
+) -> cst.BaseStatement:
     wanted = normalize_anchor(anchor)
     if wanted is None:
-        raise LocateError(f"anchor {anchor!r} is not a Python statement (a compound header ends with ':')", [],
-                          INVALID_ANCHOR)
+        raise LocateError(
+            f"anchor {anchor!r} is not a Python statement (a compound header ends with ':')", [], INVALID_ANCHOR
+        )
     index = index or NodeIndex()
-    return _unique(wanted, anchor, scope, [(s, index.statement_key) for s in index.statements(scope_node)],
-                   "statement")
+    return _unique(
+        wanted, anchor, scope, [(s, index.statement_key) for s in index.statements(scope_node)], "statement"
+    )
 
 
-def find_statement_range(scope_node: cst.CSTNode, anchor: str, through: str, scope: str,
-                         index: NodeIndex | None = None) -> list[cst.BaseStatement]:
+def find_statement_range(
+    scope_node: cst.CSTNode, anchor: str, through: str, scope: str, index: NodeIndex | None = None
+) -> list[cst.BaseStatement]:
     """The run of sibling statements from `anchor` to `through` (inclusive), in one block.
 
     `anchor` must be unique in the scope; `through` must match exactly once among the statements that follow
@@ -148,16 +155,21 @@ def find_statement_range(scope_node: cst.CSTNode, anchor: str, through: str, sco
     index = index or NodeIndex()
     first = find_statement(scope_node, anchor, scope, index)
     block = next(b for b in _blocks(scope_node) if any(s is first for s in b))
-    following = block[next(i for i, s in enumerate(block) if s is first):]
+    following = block[next(i for i, s in enumerate(block) if s is first) :]
     wanted = normalize_anchor(through)
     if wanted is None:
-        raise LocateError(f"'through' {through!r} is not a Python statement (a compound header ends with ':')", [],
-                          INVALID_ANCHOR)
+        raise LocateError(
+            f"'through' {through!r} is not a Python statement (a compound header ends with ':')", [], INVALID_ANCHOR
+        )
     try:
         last = _unique(wanted, through, scope, [(s, index.statement_key) for s in following], "statement")
     except LocateError as exc:
-        raise LocateError(exc.message.replace(f"anchor {through!r}", f"'through' {through!r}", 1)
-                          + f" after 'anchor' {anchor!r} in the same block", exc.candidates, exc.kind) from None
+        raise LocateError(
+            exc.message.replace(f"anchor {through!r}", f"'through' {through!r}", 1)
+            + f" after 'anchor' {anchor!r} in the same block",
+            exc.candidates,
+            exc.kind,
+        ) from None
     return following[: next(i for i, s in enumerate(following) if s is last) + 1]
 
 
@@ -240,8 +252,9 @@ class NodeIndex:
         return chain
 
 
-def find_expression(scope_node: cst.CSTNode, anchor: str, scope: str,
-                    index: NodeIndex | None = None) -> cst.BaseExpression:
+def find_expression(
+    scope_node: cst.CSTNode, anchor: str, scope: str, index: NodeIndex | None = None
+) -> cst.BaseExpression:
     wanted = normalize(anchor, mode="eval")
     try:
         parsed = cst.parse_expression(anchor.strip())
@@ -250,8 +263,9 @@ def find_expression(scope_node: cst.CSTNode, anchor: str, scope: str,
     if wanted is None:
         raise LocateError(f"anchor {anchor!r} is not a Python expression", [], INVALID_ANCHOR)
     quick = _quick_key(parsed)
-    nodes = [n for n in (index or NodeIndex()).of_type(scope_node, type(parsed))
-             if quick is None or _quick_key(n) == quick]
+    nodes = [
+        n for n in (index or NodeIndex()).of_type(scope_node, type(parsed)) if quick is None or _quick_key(n) == quick
+    ]
     return _unique(wanted, anchor, scope, [(n, lambda e: normalize(code_of(e), "eval")) for n in nodes], "expression")
 
 
@@ -274,8 +288,12 @@ def _unique(wanted: str, anchor: str, scope: str, pairs, what: str):
     if len(hits) == 1:
         return hits[0]
     if hits:
-        raise LocateError(f"anchor {anchor!r} matches {len(hits)} {what}s in scope {scope!r}; make it unique "
-                          f"(a longer statement, or a narrower scope)", [(wanted, n) for n in hits], ANCHOR_AMBIGUOUS)
+        raise LocateError(
+            f"anchor {anchor!r} matches {len(hits)} {what}s in scope {scope!r}; make it unique "
+            f"(a longer statement, or a narrower scope)",
+            [(wanted, n) for n in hits],
+            ANCHOR_AMBIGUOUS,
+        )
     texts = [text for _, text in keyed if text]
     near = difflib.get_close_matches(wanted, texts, n=3, cutoff=0.4)
     candidates = [(text, next(n for n, t in keyed if t == text)) for text in near]

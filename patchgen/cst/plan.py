@@ -34,8 +34,17 @@ CONFLICT = "conflict"  # it edits code another patch replaces, or adds a method 
 SCOPE_MISMATCH = "scope mismatch"  # the scope is not the kind of definition the op needs (e.g. a class)
 RENDER_ERROR = "render error"  # the template does not render, or renders invalid Python
 SPEC_ERROR = "spec error"  # the patch's keys do not fit its op, whatever upstream says
-KINDS = (SCOPE_MISSING, SCOPE_AMBIGUOUS, ANCHOR_MOVED, ANCHOR_AMBIGUOUS, INVALID_ANCHOR, CONFLICT, SCOPE_MISMATCH,
-         RENDER_ERROR, SPEC_ERROR)
+KINDS = (
+    SCOPE_MISSING,
+    SCOPE_AMBIGUOUS,
+    ANCHOR_MOVED,
+    ANCHOR_AMBIGUOUS,
+    INVALID_ANCHOR,
+    CONFLICT,
+    SCOPE_MISMATCH,
+    RENDER_ERROR,
+    SPEC_ERROR,
+)
 
 
 @dataclass(frozen=True)
@@ -77,8 +86,13 @@ class Plan:
 class PlanError(Exception):
     """A patch that does not apply; `kind` (one of KINDS) says why, `candidates` are the nearest upstream matches."""
 
-    def __init__(self, patch: Patch, message: str, candidates: list[tuple[str, cst.CSTNode]] | None = None,
-                 kind: str = SPEC_ERROR) -> None:
+    def __init__(
+        self,
+        patch: Patch,
+        message: str,
+        candidates: list[tuple[str, cst.CSTNode]] | None = None,
+        kind: str = SPEC_ERROR,
+    ) -> None:
         super().__init__(message)
         self.patch = patch
         self.message = message
@@ -90,8 +104,9 @@ def parse_statements(code: str, patch: Patch) -> list[cst.BaseStatement]:
     try:
         module = cst.parse_module(textwrap.dedent(code))
     except cst.ParserSyntaxError as exc:
-        raise PlanError(patch, f"rendered template is not valid Python: {exc}\n--- rendered ---\n{code}",
-                        kind=RENDER_ERROR) from exc
+        raise PlanError(
+            patch, f"rendered template is not valid Python: {exc}\n--- rendered ---\n{code}", kind=RENDER_ERROR
+        ) from exc
     body = list(module.body)
     if not body:
         raise PlanError(patch, "rendered template is empty", kind=RENDER_ERROR)
@@ -191,19 +206,22 @@ def _resolve_into(module: cst.Module, patch: Patch, plan: Plan, index: NodeIndex
         try:
             cst.parse_expression(code.strip())
         except cst.ParserSyntaxError as exc:
-            raise PlanError(patch, f"rendered wrap is not a Python expression: {code.strip()!r}",
-                            kind=RENDER_ERROR) from exc
+            raise PlanError(
+                patch, f"rendered wrap is not a Python expression: {code.strip()!r}", kind=RENDER_ERROR
+            ) from exc
         plan.edits.append(Edit(patch, "wrap", target, ""))
     elif op == "add_method":
         if not isinstance(scope, cst.ClassDef):
-            raise PlanError(patch, f"op add_method needs a class scope, {patch.scope!r} is not a class",
-                            kind=SCOPE_MISMATCH)
+            raise PlanError(
+                patch, f"op add_method needs a class scope, {patch.scope!r} is not a class", kind=SCOPE_MISMATCH
+            )
         code = render(variables)
         existing = {s.name.value for s in scope.body.body if isinstance(s, cst.FunctionDef)}
         clash = sorted(existing & set(_defined_names(parse_statements(code, patch))))
         if clash:
-            raise PlanError(patch, f"{patch.scope} already defines {clash}; use a replace_method template instead",
-                            kind=CONFLICT)
+            raise PlanError(
+                patch, f"{patch.scope} already defines {clash}; use a replace_method template instead", kind=CONFLICT
+            )
         plan.edits.append(Edit(patch, "add_members", scope, code))
     elif op in ("replace_method", "replace_definition"):
         want_method = op == "replace_method"
@@ -236,11 +254,17 @@ def _conflicts(edits: list[Edit]) -> list[PlanError]:
         inside = {id(n) for node in (outer.target, *outer.span) for n in _subtree(node)} - {id(outer.target)}
         for edit in edits:
             same = edit.target is outer.target and edit.kind not in ("before", "after")
-            if edit.patch.index != outer.patch.index and edit.patch.index not in errors and (
-                    id(edit.target) in inside or same):
+            if (
+                edit.patch.index != outer.patch.index
+                and edit.patch.index not in errors
+                and (id(edit.target) in inside or same)
+            ):
                 errors[edit.patch.index] = PlanError(
-                    edit.patch, f"conflicts with patch {outer.patch.index} ({outer.patch.template.name}), which "
-                                f"replaces the code this patch edits; merge them or re-anchor", kind=CONFLICT)
+                    edit.patch,
+                    f"conflicts with patch {outer.patch.index} ({outer.patch.template.name}), which "
+                    f"replaces the code this patch edits; merge them or re-anchor",
+                    kind=CONFLICT,
+                )
     return list(errors.values())
 
 

@@ -57,12 +57,19 @@ def _trim_all(stmt: cst.BaseStatement, removed_names: set[str]) -> cst.BaseState
     if not (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1):
         return stmt
     assign = stmt.body[0]
-    if not (isinstance(assign, cst.Assign) and len(assign.targets) == 1
-            and isinstance(assign.targets[0].target, cst.Name) and assign.targets[0].target.value == "__all__"
-            and isinstance(assign.value, cst.List | cst.Tuple)):
+    if not (
+        isinstance(assign, cst.Assign)
+        and len(assign.targets) == 1
+        and isinstance(assign.targets[0].target, cst.Name)
+        and assign.targets[0].target.value == "__all__"
+        and isinstance(assign.value, cst.List | cst.Tuple)
+    ):
         return stmt
-    elements = [e for e in assign.value.elements
-                if not (isinstance(e.value, cst.SimpleString) and e.value.evaluated_value in removed_names)]
+    elements = [
+        e
+        for e in assign.value.elements
+        if not (isinstance(e.value, cst.SimpleString) and e.value.evaluated_value in removed_names)
+    ]
     if len(elements) == len(assign.value.elements):
         return stmt
     if elements:  # the last kept element inherits the original's trailing comma style

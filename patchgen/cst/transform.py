@@ -31,13 +31,18 @@ def with_marker(stmt: cst.BaseStatement, text: str) -> cst.BaseStatement:
 
 def marked_block(edit: Edit, code: str, leading: list[cst.EmptyLine] | None = None) -> list[cst.BaseStatement]:
     body = parse_statements(code, edit.patch)
-    first = body[0].with_changes(leading_lines=[*(leading or []), cst.EmptyLine(
-        comment=cst.Comment(marker_text(_patch_label(edit), len(body), edit.patch.why))), *body[0].leading_lines])
+    first = body[0].with_changes(
+        leading_lines=[
+            *(leading or []),
+            cst.EmptyLine(comment=cst.Comment(marker_text(_patch_label(edit), len(body), edit.patch.why))),
+            *body[0].leading_lines,
+        ]
+    )
     return [first, *body[1:]]
 
 
 def absolute_module(module: str, level: int, name: str | None) -> str:
-    package = module.split(".")[: -level]
+    package = module.split(".")[:-level]
     return ".".join([*package, name] if name else package)
 
 
@@ -134,16 +139,21 @@ class PatchTransformer(cst.CSTTransformer):
 
     def _rename_exports(self, node: cst.Assign) -> cst.Assign:
         """`__all__` names definitions in strings: a renamed definition is exported under its new name."""
-        if not (len(node.targets) == 1 and isinstance(node.targets[0].target, cst.Name)
-                and node.targets[0].target.value == "__all__" and isinstance(node.value, cst.List | cst.Tuple)):
+        if not (
+            len(node.targets) == 1
+            and isinstance(node.targets[0].target, cst.Name)
+            and node.targets[0].target.value == "__all__"
+            and isinstance(node.value, cst.List | cst.Tuple)
+        ):
             return node
         elements = []
         for element in node.value.elements:
             value = element.value
             if isinstance(value, cst.SimpleString) and value.evaluated_value in self.renames:
                 edit = self.renames[value.evaluated_value]
-                element = element.with_changes(value=value.with_changes(
-                    value=f"{value.prefix}{value.quote}{edit.code}{value.quote}"))
+                element = element.with_changes(
+                    value=value.with_changes(value=f"{value.prefix}{value.quote}{edit.code}{value.quote}")
+                )
                 self._markers[-1].append(marker_text(_patch_label(edit), 1, edit.patch.why))
             elements.append(element)
         return node.with_changes(value=node.value.with_changes(elements=elements))
@@ -209,4 +219,5 @@ def insert_imports(module: cst.Module, imports: list[str]) -> cst.Module:
 
 def _is_import(stmt: cst.CSTNode) -> bool:
     return isinstance(stmt, cst.SimpleStatementLine) and all(
-        isinstance(s, cst.Import | cst.ImportFrom) for s in stmt.body)
+        isinstance(s, cst.Import | cst.ImportFrom) for s in stmt.body
+    )

@@ -162,8 +162,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     if "cuda" in state and torch.cuda.is_available():
         cuda_states = state["cuda"]
         if len(cuda_states) != torch.cuda.device_count():
-            logger.warning("checkpoint holds CUDA RNG states of %d devices, this process sees %d; restoring the "
-                           "first ones only", len(cuda_states), torch.cuda.device_count())
+            logger.warning(
+                "checkpoint holds CUDA RNG states of %d devices, this process sees %d; restoring the first ones only",
+                len(cuda_states),
+                torch.cuda.device_count(),
+            )
         for device, cuda_state in enumerate(cuda_states[: torch.cuda.device_count()]):
             torch.cuda.set_rng_state(cuda_state, device)
     if "numpy" in state:
@@ -342,8 +345,13 @@ def load_checkpoint(
     # they are for DCP itself, which unpickles its metadata.
     per_rank = torch.load(own if same_layout else _rank_file(path, 0), weights_only=False)
     if not same_layout:
-        logger.warning("%s was saved by %d ranks, loading on %d: model and optimizer are resharded, RNG states are "
-                       "not restored and every rank gets rank 0's extra", path, per_rank["world_size"], world_size)
+        logger.warning(
+            "%s was saved by %d ranks, loading on %d: model and optimizer are resharded, RNG states are "
+            "not restored and every rank gets rank 0's extra",
+            path,
+            per_rank["world_size"],
+            world_size,
+        )
     if scheduler is not None:
         if per_rank["scheduler"] is None:
             raise ValueError(f"{path} holds no scheduler state")

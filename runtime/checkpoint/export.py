@@ -123,8 +123,9 @@ def export_config(config: Any, dtype: torch.dtype | None = None) -> Any:
 
     model_type = getattr(config, "model_type", None)
     if model_type not in CONFIG_MAPPING:
-        raise ValueError(f"model_type {model_type!r} is unknown to plain transformers; cannot export it for "
-                         "AutoModelForCausalLM")
+        raise ValueError(
+            f"model_type {model_type!r} is unknown to plain transformers; cannot export it for AutoModelForCausalLM"
+        )
     config = copy.deepcopy(config)
     upstream = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     if upstream is not None:
@@ -140,8 +141,11 @@ def export_config(config: Any, dtype: torch.dtype | None = None) -> Any:
 def _scrub_config_json(path: Path) -> None:
     """Drop any runtime-only attention implementation that made it into the json (it would not resolve)."""
     data = json.loads(path.read_text())
-    dirty = [k for k, v in data.items() if "attn_implementation" in k and isinstance(v, str)
-             and v.startswith(_RUNTIME_ATTN_PREFIXES)]
+    dirty = [
+        k
+        for k, v in data.items()
+        if "attn_implementation" in k and isinstance(v, str) and v.startswith(_RUNTIME_ATTN_PREFIXES)
+    ]
     for key in dirty:
         del data[key]
     if dirty:

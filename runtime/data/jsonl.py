@@ -127,8 +127,10 @@ def _parse_message(item: Any, index: int, base_dir: Path) -> ChatMessage:
     if isinstance(content, str):
         return ChatMessage(role, content)
     if not isinstance(content, list) or not content:
-        raise _LineError(f"messages[{index}].content must be a string, got {type(content).__name__} (a non-empty "
-                         f"list of {'/'.join(PART_TYPES)} parts is accepted too)")
+        raise _LineError(
+            f"messages[{index}].content must be a string, got {type(content).__name__} (a non-empty "
+            f"list of {'/'.join(PART_TYPES)} parts is accepted too)"
+        )
     where = f"messages[{index}].content"
     return ChatMessage(role, tuple(_parse_part(part, f"{where}[{k}]", base_dir) for k, part in enumerate(content)))
 

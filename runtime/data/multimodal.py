@@ -93,8 +93,12 @@ def _hf_messages(sample: ChatSample) -> list[dict[str, Any]]:
         if isinstance(m.content, str):
             content: str | list[dict[str, str]] = m.content
         else:
-            content = [{"type": "text", "text": p.text} if isinstance(p, TextPart)
-                       else {"type": "image" if isinstance(p, ImagePart) else "video"} for p in m.content]
+            content = [
+                {"type": "text", "text": p.text}
+                if isinstance(p, TextPart)
+                else {"type": "image" if isinstance(p, ImagePart) else "video"}
+                for p in m.content
+            ]
         messages.append({"role": m.role, "content": content})
     return messages
 
@@ -115,8 +119,10 @@ def placeholder_expander(processor, images: Sequence[str], videos: Sequence[str]
             kind = match.lastgroup
             k = seen[kind]
             if k >= len(replacements[kind]):
-                raise ValueError(f"the chat template placed more {kind} placeholders than the sample has "
-                                 f"{kind}s ({len(replacements[kind])})")
+                raise ValueError(
+                    f"the chat template placed more {kind} placeholders than the sample has "
+                    f"{kind}s ({len(replacements[kind])})"
+                )
             seen[kind] += 1
             return replacements[kind][k]
 
@@ -157,21 +163,29 @@ def _check_token_count(ids: torch.Tensor, token_id: int, grid: torch.Tensor | No
     expected = 0 if grid is None else int(grid.prod(-1).sum()) // merge**2
     found = int((ids == token_id).sum())
     if found != expected:
-        raise ValueError(f"the tokenized sample has {found} {what} tokens but its {what}s need {expected}; does the "
-                         f"chat template place one placeholder per {what}?")
+        raise ValueError(
+            f"the tokenized sample has {found} {what} tokens but its {what}s need {expected}; does the "
+            f"chat template place one placeholder per {what}?"
+        )
 
 
-def mrope_position_ids(position_id_func: PositionIdFunc, input_ids: torch.Tensor, mm_token_type_ids: torch.Tensor,
-                       **vision: torch.Tensor | None) -> torch.Tensor:
+def mrope_position_ids(
+    position_id_func: PositionIdFunc,
+    input_ids: torch.Tensor,
+    mm_token_type_ids: torch.Tensor,
+    **vision: torch.Tensor | None,
+) -> torch.Tensor:
     """``(4, L)``: the text positions ``0..L-1``, then the ``(3, 1, L)`` M-RoPE ids of ``position_id_func``."""
     length = input_ids.shape[0]
     seconds = vision.get("second_per_grid_ts")
     extra = {} if seconds is None else {"second_per_grid_ts": seconds}  # qwen2_5_vl's temporal RoPE spacing
-    mrope = position_id_func(input_ids[None], mm_token_type_ids[None], vision.get("image_grid_thw"),
-                             vision.get("video_grid_thw"), **extra)
+    mrope = position_id_func(
+        input_ids[None], mm_token_type_ids[None], vision.get("image_grid_thw"), vision.get("video_grid_thw"), **extra
+    )
     if tuple(mrope.shape) != (3, 1, length):
-        raise ValueError(f"position_id_func must return M-RoPE ids of shape (3, 1, {length}), "
-                         f"got {tuple(mrope.shape)}")
+        raise ValueError(
+            f"position_id_func must return M-RoPE ids of shape (3, 1, {length}), got {tuple(mrope.shape)}"
+        )
     return torch.cat([torch.arange(length)[None], mrope[:, 0].long()])
 
 

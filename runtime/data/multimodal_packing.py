@@ -32,8 +32,10 @@ def pack_multimodal_row(samples: Sequence[MultimodalSample], token_budget: int) 
         raise ValueError("a row needs at least one sample")
     total = sum(len(s) for s in samples)
     if total > token_budget:
-        raise ValueError(f"the samples hold {total} tokens, more than the budget of {token_budget} "
-                         f"(multimodal samples are never truncated)")
+        raise ValueError(
+            f"the samples hold {total} tokens, more than the budget of {token_budget} "
+            f"(multimodal samples are never truncated)"
+        )
     labels = []
     for sample in samples:
         own = sample.labels.clone()

@@ -77,8 +77,10 @@ def _read_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ValueError(f"{path} not found: a processor directory needs it (save the processor with "
-                         f"save_pretrained, or build one with build_test_processor)") from None
+        raise ValueError(
+            f"{path} not found: a processor directory needs it (save the processor with "
+            f"save_pretrained, or build one with build_test_processor)"
+        ) from None
 
 
 def _chat_template(path: Path, tokenizer) -> str | None:
@@ -95,19 +97,27 @@ def _pil_image_processor(path: Path):
     base = name.removesuffix("Fast").removesuffix("Pil")
     cls = getattr(transformers, base + "Pil", None)
     if cls is None:
-        raise ValueError(f"{path / 'preprocessor_config.json'}: image_processor_type {name!r} has no PIL variant "
-                         f"({base}Pil); without torchvision only PIL image processors can be loaded")
+        raise ValueError(
+            f"{path / 'preprocessor_config.json'}: image_processor_type {name!r} has no PIL variant "
+            f"({base}Pil); without torchvision only PIL image processors can be loaded"
+        )
     return cls.from_pretrained(str(path))
 
 
 def _load_image_only(path: Path):
     name = _read_json(path / "processor_config.json").get("processor_class")
     if name not in _IMAGE_ONLY:
-        raise ValueError(f"{path / 'processor_config.json'}: processor_class {name!r} needs torchvision in "
-                         f"transformers {transformers.__version__}; without it only {', '.join(_IMAGE_ONLY)} load")
+        raise ValueError(
+            f"{path / 'processor_config.json'}: processor_class {name!r} needs torchvision in "
+            f"transformers {transformers.__version__}; without it only {', '.join(_IMAGE_ONLY)} load"
+        )
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
-    return _IMAGE_ONLY[name](image_processor=_pil_image_processor(path), tokenizer=tokenizer, video_processor=None,
-                             chat_template=_chat_template(path, tokenizer))
+    return _IMAGE_ONLY[name](
+        image_processor=_pil_image_processor(path),
+        tokenizer=tokenizer,
+        video_processor=None,
+        chat_template=_chat_template(path, tokenizer),
+    )
 
 
 def load_processor(path: str | Path):
@@ -166,16 +176,29 @@ def build_test_processor(
         raise ValueError(f"need 0 < min_pixels <= max_pixels, got {min_pixels}, {max_pixels}")
     processor_class, video_class = _FAMILIES[model_type]
     directory = Path(directory)
-    build_test_tokenizer(directory, corpus_path().read_text(encoding="utf-8"), vocab_size,
-                         extra_special_tokens=VISION_TOKENS, chat_template=VLM_TEST_CHAT_TEMPLATE)
-    sizes = dict(patch_size=TINY_VISION["patch_size"], temporal_patch_size=TINY_VISION["temporal_patch_size"],
-                 merge_size=TINY_VISION["spatial_merge_size"], **_NORMALISATION[model_type])
+    build_test_tokenizer(
+        directory,
+        corpus_path().read_text(encoding="utf-8"),
+        vocab_size,
+        extra_special_tokens=VISION_TOKENS,
+        chat_template=VLM_TEST_CHAT_TEMPLATE,
+    )
+    sizes = dict(
+        patch_size=TINY_VISION["patch_size"],
+        temporal_patch_size=TINY_VISION["temporal_patch_size"],
+        merge_size=TINY_VISION["spatial_merge_size"],
+        **_NORMALISATION[model_type],
+    )
     pixels = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
     transformers.Qwen2VLImageProcessorPil(size=pixels, **sizes).save_pretrained(str(directory))
     # So that AutoProcessor (with torchvision) finds a complete processor; the pipeline itself does not use it.
     # Written as JSON because the video processor classes cannot be instantiated without torchvision.
-    video = {"video_processor_type": video_class, "do_sample_frames": False, **sizes,
-             "size": {"shortest_edge": min_pixels, "longest_edge": max_pixels * 8}}  # bounds frames x h x w
+    video = {
+        "video_processor_type": video_class,
+        "do_sample_frames": False,
+        **sizes,
+        "size": {"shortest_edge": min_pixels, "longest_edge": max_pixels * 8},
+    }  # bounds frames x h x w
     _write_json(directory / "video_preprocessor_config.json", video)
     _write_json(directory / "processor_config.json", {"processor_class": processor_class})
     return directory

@@ -46,8 +46,10 @@ def shard_row(batch: dict[str, torch.Tensor], sp_size: int, sp_rank: int) -> dic
     padded = pad_to_multiple(batch, sp_size)
     chunk = padded["input_ids"].shape[1] // sp_size
     # A copy, not a view: in-place edits of one rank's slice must not reach the full row.
-    return {k: v[:, sp_rank * chunk:(sp_rank + 1) * chunk].clone() if k in SEQUENCE_KEYS else v
-            for k, v in padded.items()}
+    return {
+        k: v[:, sp_rank * chunk : (sp_rank + 1) * chunk].clone() if k in SEQUENCE_KEYS else v
+        for k, v in padded.items()
+    }
 
 
 def shard_for_sp(batch: dict[str, torch.Tensor], state: ParallelState) -> dict[str, torch.Tensor]:

@@ -47,8 +47,12 @@ def _draw_square(path: Path, colour: str, scene: Scene) -> None:
 
 
 def _chat(parts: list[dict], question: str, answer: str) -> dict:
-    return {"messages": [{"role": "user", "content": [*parts, {"type": "text", "text": question}]},
-                         {"role": "assistant", "content": answer}]}
+    return {
+        "messages": [
+            {"role": "user", "content": [*parts, {"type": "text", "text": question}]},
+            {"role": "assistant", "content": answer},
+        ]
+    }
 
 
 def _one_image(index: int, directory: Path, rng: random.Random) -> dict:
@@ -73,8 +77,9 @@ def _video(index: int, directory: Path, rng: random.Random) -> dict:
     names = [f"videos/{index:04d}_f{k}.png" for k in range(VIDEO_FRAMES)]
     for k, name in enumerate(names):
         _draw_square(directory / name, before if k < VIDEO_FRAMES // 2 else after, scene)
-    return _chat([{"type": "video", "video": names, "fps": 2}], "What colour does the square turn?",
-                 f"{after.capitalize()}.")
+    return _chat(
+        [{"type": "video", "video": names, "fps": 2}], "What colour does the square turn?", f"{after.capitalize()}."
+    )
 
 
 def write_synthetic_vlm_dataset(directory: str | Path, num_samples: int, seed: int = 0) -> Path:

@@ -151,8 +151,10 @@ def tokenize_sample(sample: Sample, tokenizer) -> TokenizedSample:
         return tokenize_text(sample.text, tokenizer)
     if isinstance(sample, ChatSample):
         if sample.is_multimodal:
-            raise ValueError("this chat sample holds images or videos: tokenize it with a VLM processor "
-                             "(runtime.data.multimodal.tokenize_multimodal), not a text tokenizer")
+            raise ValueError(
+                "this chat sample holds images or videos: tokenize it with a VLM processor "
+                "(runtime.data.multimodal.tokenize_multimodal), not a text tokenizer"
+            )
         return tokenize_chat([{"role": m.role, "content": m.text} for m in sample.messages], tokenizer)
     raise TypeError(f"not a sample: {type(sample).__name__}")
 

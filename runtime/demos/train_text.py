@@ -20,19 +20,35 @@ from runtime.data.corpus import corpus_path
 from runtime.data.tokenization import build_test_tokenizer
 
 STEPS, SAVE_EVERY, MOE_STEPS = 30, 15, 12
-MODEL = {"vocab_size": 512, "hidden_size": 96, "intermediate_size": 256, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24, "max_position_embeddings": 1024,
-         "tie_word_embeddings": False}
+MODEL = {
+    "vocab_size": 512,
+    "hidden_size": 96,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 24,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": False,
+}
 
 
-MOE_MODEL = {**MODEL, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
-             "decoder_sparse_step": 1, "output_router_logits": True, "router_aux_loss_coef": 0.01}
+MOE_MODEL = {
+    **MODEL,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 64,
+    "decoder_sparse_step": 1,
+    "output_router_logits": True,
+    "router_aux_loss_coef": 0.01,
+}
 
 
 def write_config(work: Path, log_dir: str, moe: bool = False) -> Path:
     raw = {
-        "model": {"type": "qwen3_moe", "config": MOE_MODEL, "seed": 0} if moe else
-                 {"type": "qwen3", "config": MODEL, "seed": 0},
+        "model": {"type": "qwen3_moe", "config": MOE_MODEL, "seed": 0}
+        if moe
+        else {"type": "qwen3", "config": MODEL, "seed": 0},
         "data": {"path": str(corpus_path()), "tokenizer": str(work / "tokenizer"), "token_budget": 512},
         "parallel": {"ep": 2} if moe else {"sp": 2},
         "optim": {"lr": 4e-3, "warmup_steps": 3, "min_lr_ratio": 0.1},
@@ -49,8 +65,11 @@ def write_config(work: Path, log_dir: str, moe: bool = False) -> Path:
 def torchrun(config: Path) -> None:
     torchrun_bin = Path(sys.executable).with_name("torchrun")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    subprocess.run([str(torchrun_bin), "--standalone", "--nproc-per-node", "2", "-m", "runtime.train", str(config)],
-                   check=True, env=env)
+    subprocess.run(
+        [str(torchrun_bin), "--standalone", "--nproc-per-node", "2", "-m", "runtime.train", str(config)],
+        check=True,
+        env=env,
+    )
 
 
 def losses(log_dir: Path) -> dict[int, float]:
@@ -90,13 +109,17 @@ def main() -> bool:
         print(f"loss step 1 -> {STEPS}: {straight[1]:.4f} -> {straight[STEPS]:.4f} ({trend})")
         print(f"resumed steps {SAVE_EVERY + 1}-{STEPS} bitwise equal to the uninterrupted run: {same}")
         print(f"plain transformers loads the export with identical logits: {exported}")
-        print(f"-- qwen3_moe, {MOE_STEPS} steps, ep=2 (8 experts, 4 per rank, tokens exchanged by all-to-all)",
-              flush=True)
+        print(
+            f"-- qwen3_moe, {MOE_STEPS} steps, ep=2 (8 experts, 4 per rank, tokens exchanged by all-to-all)",
+            flush=True,
+        )
         torchrun(write_config(work, "moe", moe=True))
         moe = losses(work / "moe")
         moe_falling = moe[MOE_STEPS] < moe[1] - 0.3
-        print(f"qwen3_moe loss step 1 -> {MOE_STEPS}: {moe[1]:.4f} -> {moe[MOE_STEPS]:.4f} "
-              f"({'falling' if moe_falling else 'NOT falling'})")
+        print(
+            f"qwen3_moe loss step 1 -> {MOE_STEPS}: {moe[1]:.4f} -> {moe[MOE_STEPS]:.4f} "
+            f"({'falling' if moe_falling else 'NOT falling'})"
+        )
         return same and falling and exported and moe_falling
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -19,8 +19,11 @@ from runtime.models.tiny import TINY_VISION, tiny_vlm_text_config
 
 STEPS, SAMPLES = 24, 48
 # the test processor's tokenizer has 512 tokens; M-RoPE sections (2, 3, 3) fill head_dim / 2 = 8
-MODEL = {"text_config": {**tiny_vlm_text_config("qwen3_vl"), "vocab_size": 512, "max_position_embeddings": 1024},
-         "vision_config": TINY_VISION, "tie_word_embeddings": False}
+MODEL = {
+    "text_config": {**tiny_vlm_text_config("qwen3_vl"), "vocab_size": 512, "max_position_embeddings": 1024},
+    "vision_config": TINY_VISION,
+    "tie_word_embeddings": False,
+}
 
 
 def write_config(work: Path, data: Path, processor: Path) -> Path:
@@ -49,15 +52,19 @@ def main() -> bool:
         data = write_synthetic_vlm_dataset(work / "data", SAMPLES, seed=0)
         images = sum(1 for _ in (work / "data").rglob("*.png"))
         processor = build_test_processor(work / "processor", "qwen3_vl")
-        print(f"-- {SAMPLES} chats over {images} generated PNGs (one video); {STEPS} steps, torchrun 2 processes, "
-              f"sp=2", flush=True)
+        print(
+            f"-- {SAMPLES} chats over {images} generated PNGs (one video); {STEPS} steps, torchrun 2 processes, sp=2",
+            flush=True,
+        )
         torchrun(write_config(work, data, processor))
         curve = losses(work / "log")
         falling = curve[STEPS] < curve[1] - 0.5
         plain = transformers.AutoModelForImageTextToText.from_pretrained(work / "hf")
         loaded = type(plain).__name__ == "Qwen3VLForConditionalGeneration"
-        print(f"qwen3_vl loss step 1 -> {STEPS}: {curve[1]:.4f} -> {curve[STEPS]:.4f} "
-              f"({'falling' if falling else 'NOT falling'})")
+        print(
+            f"qwen3_vl loss step 1 -> {STEPS}: {curve[1]:.4f} -> {curve[STEPS]:.4f} "
+            f"({'falling' if falling else 'NOT falling'})"
+        )
         print(f"plain transformers loads the export ({type(plain).__name__}): {loaded}")
         return falling and loaded
     finally:

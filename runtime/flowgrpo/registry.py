@@ -78,8 +78,9 @@ class VelocityAdapter(DiffusionModelBase):
     method: SdeMethod
 
     @abc.abstractmethod
-    def velocity(self, module: nn.Module, batch: dict[str, Any], latents: torch.Tensor,
-                 step_index: int | torch.Tensor) -> torch.Tensor: ...
+    def velocity(
+        self, module: nn.Module, batch: dict[str, Any], latents: torch.Tensor, step_index: int | torch.Tensor
+    ) -> torch.Tensor: ...
 
     def step(
         self,

@@ -38,6 +38,7 @@ TINY_SD3 = {
     "pos_embed_max_size": 8,
 }
 
+
 @register_diffusion_model("SD3Transformer2DModel", "flowgrpo")
 class SD3FlowGRPO(VelocityAdapter):
     def __init__(

@@ -161,10 +161,18 @@ class VllmOmniRollout:
             outputs.extend(engine.generate(req.prompt, self._sampling_params(req.sampling)))
         return outputs
 
-    def _requests(self, prompts: Sequence[str], group_size: int, seeds: Sequence[int],
-                  num_inference_steps: int) -> list[Any]:
-        return build_requests(prompts, group_size=group_size, seeds=seeds, num_inference_steps=num_inference_steps,
-                              guidance_scale=self.guidance_scale, height=self.height, width=self.width)
+    def _requests(
+        self, prompts: Sequence[str], group_size: int, seeds: Sequence[int], num_inference_steps: int
+    ) -> list[Any]:
+        return build_requests(
+            prompts,
+            group_size=group_size,
+            seeds=seeds,
+            num_inference_steps=num_inference_steps,
+            guidance_scale=self.guidance_scale,
+            height=self.height,
+            width=self.width,
+        )
 
     def generate_images(
         self, prompts: Sequence[str], *, group_size: int, seeds: Sequence[int], num_inference_steps: int

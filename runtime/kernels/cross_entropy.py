@@ -27,11 +27,12 @@ def _chunk_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor
 
 class _LinearCrossEntropySum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int,
-                ignore_index: int) -> Tensor:
+    def forward(
+        ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, chunk_size: int, ignore_index: int
+    ) -> Tensor:
         total = hidden.new_zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32))
         for start in range(0, hidden.shape[0], chunk_size):
-            h, t = hidden[start:start + chunk_size], targets[start:start + chunk_size]
+            h, t = hidden[start : start + chunk_size], targets[start : start + chunk_size]
             logits = _chunk_logits(h, weight, bias)
             valid = t != ignore_index
             picked = logits.gather(1, t.clamp_min(0)[:, None])[:, 0]
@@ -47,13 +48,13 @@ class _LinearCrossEntropySum(torch.autograd.Function):
         grad_weight = torch.zeros_like(weight, dtype=total_dtype(weight))
         grad_bias = None if bias is None else torch.zeros_like(bias, dtype=total_dtype(bias))
         for start in range(0, hidden.shape[0], ctx.chunk_size):
-            h, t = hidden[start:start + ctx.chunk_size], targets[start:start + ctx.chunk_size]
+            h, t = hidden[start : start + ctx.chunk_size], targets[start : start + ctx.chunk_size]
             logits = _chunk_logits(h, weight, bias)
-            valid = (t != ctx.ignore_index)
+            valid = t != ctx.ignore_index
             grad_logits = torch.softmax(logits, dim=1)
             grad_logits[torch.arange(len(t)), t.clamp_min(0)] -= 1.0
             grad_logits = grad_logits * (valid[:, None] * grad_total)
-            grad_hidden[start:start + ctx.chunk_size] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
+            grad_hidden[start : start + ctx.chunk_size] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
             grad_weight += grad_logits.t() @ h.to(grad_logits.dtype)
             if grad_bias is not None:
                 grad_bias += grad_logits.sum(0)
@@ -61,8 +62,14 @@ class _LinearCrossEntropySum(torch.autograd.Function):
         return grad_hidden, grad_weight.to(weight.dtype), grad_bias, None, None, None
 
 
-def linear_cross_entropy_sum(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Tensor | None = None,
-                             chunk_size: int = 1024, ignore_index: int = IGNORE_INDEX) -> tuple[Tensor, Tensor]:
+def linear_cross_entropy_sum(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    bias: Tensor | None = None,
+    chunk_size: int = 1024,
+    ignore_index: int = IGNORE_INDEX,
+) -> tuple[Tensor, Tensor]:
     """(sum of token losses, number of counted tokens) for logits = hidden @ weight.T + bias.
 
     `hidden` is (..., d) and `targets` (...,) with `ignore_index` marking tokens that carry no loss.

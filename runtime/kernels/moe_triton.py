@@ -64,12 +64,25 @@ def _kernels() -> tuple[Any, Any]:
 
     @triton.jit
     def _grouped_mm_kernel(
-        a_ptr, b_ptr, c_ptr, tile_expert_ptr, tile_row_ptr, ends_ptr,
-        N, K,
-        stride_am, stride_ak,
-        stride_be, stride_bk, stride_bn,
-        stride_cm, stride_cn,
-        IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        a_ptr,
+        b_ptr,
+        c_ptr,
+        tile_expert_ptr,
+        tile_row_ptr,
+        ends_ptr,
+        N,
+        K,
+        stride_am,
+        stride_ak,
+        stride_be,
+        stride_bk,
+        stride_bn,
+        stride_cm,
+        stride_cn,
+        IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
     ):
         # c[rows of expert e, n] = sum_k a[row, k] * b[e, k, n]  (b addressed through its strides)
         pid_m = tl.program_id(0)
@@ -99,12 +112,24 @@ def _kernels() -> tuple[Any, Any]:
 
     @triton.jit
     def _grouped_wgrad_kernel(
-        g_ptr, x_ptr, w_ptr, starts_ptr, ends_ptr,
-        N, K,
-        stride_gm, stride_gn,
-        stride_xm, stride_xk,
-        stride_we, stride_wn, stride_wk,
-        IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        g_ptr,
+        x_ptr,
+        w_ptr,
+        starts_ptr,
+        ends_ptr,
+        N,
+        K,
+        stride_gm,
+        stride_gn,
+        stride_xm,
+        stride_xk,
+        stride_we,
+        stride_wn,
+        stride_wk,
+        IEEE: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr,
     ):
         # w[e, n, k] = sum over rows r of expert e: g[r, n] * x[r, k]
         expert = tl.program_id(0)
@@ -122,10 +147,16 @@ def _kernels() -> tuple[Any, Any]:
             rows = m0 + ms
             row_ok = rows < row_end
             rows64 = rows.to(tl.int64)
-            g_t = tl.load(g_ptr + rows64[None, :] * stride_gm + ns[:, None] * stride_gn,
-                          mask=n_ok[:, None] & row_ok[None, :], other=0.0)
-            x = tl.load(x_ptr + rows64[:, None] * stride_xm + ks[None, :] * stride_xk,
-                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            g_t = tl.load(
+                g_ptr + rows64[None, :] * stride_gm + ns[:, None] * stride_gn,
+                mask=n_ok[:, None] & row_ok[None, :],
+                other=0.0,
+            )
+            x = tl.load(
+                x_ptr + rows64[:, None] * stride_xm + ks[None, :] * stride_xk,
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
             if IEEE:
                 acc = tl.dot(g_t, x, acc, input_precision="ieee")
             else:
@@ -158,8 +189,9 @@ def _tile_table(counts: Tensor, rows: int) -> tuple[Tensor, Tensor, Tensor, Tens
     return tile_expert, tile_row.to(torch.int32), starts.to(torch.int32), ends.to(torch.int32), num_programs
 
 
-def _launch_mm(a: Tensor, weight: Tensor, table: tuple[Tensor, Tensor, Tensor, Tensor, int], transpose_b: bool
-               ) -> Tensor:
+def _launch_mm(
+    a: Tensor, weight: Tensor, table: tuple[Tensor, Tensor, Tensor, Tensor, int], transpose_b: bool
+) -> Tensor:
     """``c[block e] = a[block e] @ (weight[e].T if transpose_b else weight[e])`` for ``weight`` (E, N, K)."""
     mm_kernel, _ = _kernels()
     tile_expert, tile_row, _, ends, num_programs = table
@@ -172,30 +204,56 @@ def _launch_mm(a: Tensor, weight: Tensor, table: tuple[Tensor, Tensor, Tensor, T
     out = a.new_empty(a.size(0), out_cols)
     grid = (num_programs, _cdiv(out_cols, BLOCK_N))
     mm_kernel[grid](
-        a, weight, out, tile_expert, tile_row, ends,
-        out_cols, red,
-        a.stride(0), a.stride(1),
-        weight.stride(0), stride_bk, stride_bn,
-        out.stride(0), out.stride(1),
-        IEEE=a.dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        a,
+        weight,
+        out,
+        tile_expert,
+        tile_row,
+        ends,
+        out_cols,
+        red,
+        a.stride(0),
+        a.stride(1),
+        weight.stride(0),
+        stride_bk,
+        stride_bn,
+        out.stride(0),
+        out.stride(1),
+        IEEE=a.dtype == torch.float32,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
     )
     return out
 
 
-def _launch_wgrad(grad: Tensor, x: Tensor, weight: Tensor, table: tuple[Tensor, Tensor, Tensor, Tensor, int]
-                  ) -> Tensor:
+def _launch_wgrad(
+    grad: Tensor, x: Tensor, weight: Tensor, table: tuple[Tensor, Tensor, Tensor, Tensor, int]
+) -> Tensor:
     _, wgrad_kernel = _kernels()
     _, _, starts, ends, _ = table
     experts, n, k = weight.shape
     out = torch.empty_like(weight, memory_format=torch.contiguous_format)
     grid = (experts, _cdiv(n, BLOCK_N), _cdiv(k, BLOCK_K))
     wgrad_kernel[grid](
-        grad, x, out, starts, ends,
-        n, k,
-        grad.stride(0), grad.stride(1),
-        x.stride(0), x.stride(1),
-        out.stride(0), out.stride(1), out.stride(2),
-        IEEE=x.dtype == torch.float32, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        grad,
+        x,
+        out,
+        starts,
+        ends,
+        n,
+        k,
+        grad.stride(0),
+        grad.stride(1),
+        x.stride(0),
+        x.stride(1),
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        IEEE=x.dtype == torch.float32,
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
     )
     return out
 

@@ -37,13 +37,27 @@ REGISTRY: dict[str, GeneratedModel] = {
         GeneratedModel("qwen3", "generated.qwen3.modeling_qwen3", "Qwen3ForCausalLM", "qwen3"),
         GeneratedModel("llama", "generated.llama.modeling_llama", "LlamaForCausalLM", "llama"),
         GeneratedModel("qwen3_moe", "generated.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeForCausalLM", "qwen3_moe"),
-        GeneratedModel("qwen3_vl", "generated.qwen3_vl.modeling_qwen3_vl", "Qwen3VLForConditionalGeneration",
-                       "qwen3_vl", upstream_auto="AutoModelForImageTextToText"),
-        GeneratedModel("qwen3_vl_moe", "generated.qwen3_vl_moe.modeling_qwen3_vl_moe",
-                       "Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe",
-                       upstream_auto="AutoModelForImageTextToText"),
-        GeneratedModel("qwen2_5_vl", "generated.qwen2_5_vl.modeling_qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration",
-                       "qwen2_5_vl", upstream_auto="AutoModelForImageTextToText"),
+        GeneratedModel(
+            "qwen3_vl",
+            "generated.qwen3_vl.modeling_qwen3_vl",
+            "Qwen3VLForConditionalGeneration",
+            "qwen3_vl",
+            upstream_auto="AutoModelForImageTextToText",
+        ),
+        GeneratedModel(
+            "qwen3_vl_moe",
+            "generated.qwen3_vl_moe.modeling_qwen3_vl_moe",
+            "Qwen3VLMoeForConditionalGeneration",
+            "qwen3_vl_moe",
+            upstream_auto="AutoModelForImageTextToText",
+        ),
+        GeneratedModel(
+            "qwen2_5_vl",
+            "generated.qwen2_5_vl.modeling_qwen2_5_vl",
+            "Qwen2_5_VLForConditionalGeneration",
+            "qwen2_5_vl",
+            upstream_auto="AutoModelForImageTextToText",
+        ),
     )
 }
 
@@ -53,8 +67,10 @@ def lookup(model_type: str) -> GeneratedModel:
         return REGISTRY[model_type]
     except KeyError:
         known = ", ".join(sorted(REGISTRY))
-        raise ValueError(f"no generated model for model_type {model_type!r}; known: {known}. Add a spec under "
-                         f"specs/, run `patchgen regen`, and register it in runtime/models/registry.py") from None
+        raise ValueError(
+            f"no generated model for model_type {model_type!r}; known: {known}. Add a spec under "
+            f"specs/, run `patchgen regen`, and register it in runtime/models/registry.py"
+        ) from None
 
 
 def causal_lm_class(model_type: str) -> type:

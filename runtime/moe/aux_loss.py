@@ -83,8 +83,10 @@ def global_load_balancing_loss(
         else:
             token_mask = token_mask.reshape(-1).to(device)
             if token_mask.numel() != layers[0].size(0):
-                raise ValueError(f"global_load_balancing_loss: token_mask has {token_mask.numel()} elements for "
-                                 f"{layers[0].size(0)} tokens per layer")
+                raise ValueError(
+                    f"global_load_balancing_loss: token_mask has {token_mask.numel()} elements for "
+                    f"{layers[0].size(0)} tokens per layer"
+                )
             row_weight = (token_mask != 0).repeat(len(layers))
             rows = row_weight.sum(dtype=torch.float64)
             expert_mask = expert_mask * row_weight[:, None, None]

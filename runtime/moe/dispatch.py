@@ -27,12 +27,22 @@ def _local(param: torch.Tensor) -> torch.Tensor:
 
 
 def _experts_kernel(impl: str) -> Callable[..., torch.Tensor]:
-    def forward(module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
         gate_up, down = _local(module.gate_up_proj), _local(module.down_proj)
         if getattr(module, "ep_sharded", False):
-            return ep_experts_forward(hidden_states, top_k_index, top_k_weights, gate_up, down, module.act_fn,
-                                      module.num_experts, get_parallel_state().ep_group, impl=impl)
+            return ep_experts_forward(
+                hidden_states,
+                top_k_index,
+                top_k_weights,
+                gate_up,
+                down,
+                module.act_fn,
+                module.num_experts,
+                get_parallel_state().ep_group,
+                impl=impl,
+            )
         return experts_forward(hidden_states, top_k_index, top_k_weights, gate_up, down, module.act_fn, impl=impl)
 
     forward.__name__ = f"{impl}_experts_forward"

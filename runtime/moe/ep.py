@@ -67,8 +67,7 @@ class _AllToAllUneven(torch.autograd.Function):
         return _all_to_all(grad, ctx.recv_splits, ctx.send_splits, ctx.group), None, None, None
 
 
-def all_to_all_uneven(x: Tensor, send_splits: list[int], recv_splits: list[int],
-                      group: ProcessGroup | None) -> Tensor:
+def all_to_all_uneven(x: Tensor, send_splits: list[int], recv_splits: list[int], group: ProcessGroup | None) -> Tensor:
     """Send rows ``[sum(send_splits[:j]), ...+send_splits[j])`` of ``x`` to group rank ``j``; arrivals by rank.
 
     ``recv_splits[j]`` rows come from rank ``j``. Differentiable: backward is the all-to-all with swapped splits.
@@ -126,7 +125,8 @@ def ep_experts_forward(
         send_splits = counts.view(ep_size, per_rank).sum(1).tolist()
         recv_splits = recv_counts.sum(1).tolist()
         local_ids = torch.repeat_interleave(
-            torch.arange(per_rank, device=counts.device).repeat(ep_size), recv_counts.reshape(-1),
+            torch.arange(per_rank, device=counts.device).repeat(ep_size),
+            recv_counts.reshape(-1),
             output_size=sum(recv_splits),
         )
 

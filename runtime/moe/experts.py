@@ -59,8 +59,9 @@ IMPLS = ("eager", "grouped", "triton")
 GROUPED_BACKENDS = ("torch", "segment", "bmm")
 
 
-def _check_inputs(hidden: Tensor, top_k_index: Tensor, top_k_weights: Tensor, gate_up_proj: Tensor,
-                  down_proj: Tensor) -> None:
+def _check_inputs(
+    hidden: Tensor, top_k_index: Tensor, top_k_weights: Tensor, gate_up_proj: Tensor, down_proj: Tensor
+) -> None:
     if hidden.dim() != 2:
         raise ValueError(f"experts_forward: hidden must be (tokens, hidden), got shape {tuple(hidden.shape)}")
     if top_k_index.dim() != 2 or top_k_index.shape != top_k_weights.shape or top_k_index.size(0) != hidden.size(0):
@@ -83,8 +84,15 @@ def _check_inputs(hidden: Tensor, top_k_index: Tensor, top_k_weights: Tensor, ga
 # --- eager reference ------------------------------------------------------------------------------------------------
 
 
-def _eager(hidden: Tensor, top_k_index: Tensor, top_k_weights: Tensor, gate_up_proj: Tensor, down_proj: Tensor,
-           act_fn: Callable[[Tensor], Tensor], expert_offset: int) -> Tensor:
+def _eager(
+    hidden: Tensor,
+    top_k_index: Tensor,
+    top_k_weights: Tensor,
+    gate_up_proj: Tensor,
+    down_proj: Tensor,
+    act_fn: Callable[[Tensor], Tensor],
+    expert_offset: int,
+) -> Tensor:
     num_experts = gate_up_proj.size(0)
     final_hidden_states = torch.zeros_like(hidden)
     with torch.no_grad():
@@ -166,7 +174,7 @@ def _mm_segments(a: Tensor, b: Tensor, counts: list[int], out: Tensor) -> Tensor
     start = 0
     for e, c in enumerate(counts):
         if c:
-            torch.mm(a[start:start + c], b[e], out=out[start:start + c])
+            torch.mm(a[start : start + c], b[e], out=out[start : start + c])
         start += c
     return out
 
@@ -176,7 +184,7 @@ def _wgrad_segments(grad: Tensor, x: Tensor, counts: list[int], out: Tensor) -> 
     start = 0
     for e, c in enumerate(counts):
         if c:
-            torch.mm(grad[start:start + c].t(), x[start:start + c], out=out[e])
+            torch.mm(grad[start : start + c].t(), x[start : start + c], out=out[e])
         else:
             out[e].zero_()
         start += c
@@ -215,8 +223,9 @@ class _GroupedLinear(torch.autograd.Function):
     """``y[block e] = x[block e] @ weight[e].T`` with a hand-written backward (no full-size per-expert grads)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, counts_t: Tensor, counts: list[int] | None,
-                backend: str) -> Tensor:
+    def forward(
+        ctx: Any, x: Tensor, weight: Tensor, counts_t: Tensor, counts: list[int] | None, backend: str
+    ) -> Tensor:
         ctx.save_for_backward(x, weight, counts_t)
         ctx.counts, ctx.backend = counts, backend
         return _forward_mm(x, weight.transpose(1, 2), counts_t, counts, backend)
@@ -301,8 +310,16 @@ def _gated(gate_up: Tensor, act_fn: Callable[[Tensor], Tensor]) -> Tensor:
     return act_fn(gate) * up
 
 
-def _grouped(hidden: Tensor, top_k_index: Tensor, top_k_weights: Tensor, gate_up_proj: Tensor, down_proj: Tensor,
-             act_fn: Callable[[Tensor], Tensor], expert_offset: int, linear: Callable[..., Tensor]) -> Tensor:
+def _grouped(
+    hidden: Tensor,
+    top_k_index: Tensor,
+    top_k_weights: Tensor,
+    gate_up_proj: Tensor,
+    down_proj: Tensor,
+    act_fn: Callable[[Tensor], Tensor],
+    expert_offset: int,
+    linear: Callable[..., Tensor],
+) -> Tensor:
     top_k = top_k_index.size(1)
     with torch.no_grad():
         order, counts = sort_by_expert(top_k_index, gate_up_proj.size(0), expert_offset)
@@ -337,6 +354,7 @@ def experts_forward(
     if impl == "eager":
         return _eager(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, act_fn, expert_offset)
     if impl == "grouped":
+
         def linear(x: Tensor, w: Tensor, counts: Tensor) -> Tensor:
             return grouped_linear(x, w, counts, backend)
 
@@ -347,6 +365,7 @@ def experts_forward(
         reason = triton_unavailable_reason(hidden)
         if reason is not None:
             raise RuntimeError(f"experts_forward(impl='triton'): {reason}")
-        return _grouped(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, act_fn, expert_offset,
-                        triton_grouped_linear)
+        return _grouped(
+            hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, act_fn, expert_offset, triton_grouped_linear
+        )
     raise ValueError(f"experts_forward: unknown impl {impl!r}; expected one of {IMPLS}")

@@ -20,8 +20,9 @@ def global_aux_loss(loss_func: Callable[..., torch.Tensor]) -> Callable[..., tor
     if state.loss_group is None or state.world_size == 1:
         return loss_func
 
-    def global_loss(gate_logits: Any, num_experts: int | None = None, top_k: int = 2,
-                    attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def global_loss(
+        gate_logits: Any, num_experts: int | None = None, top_k: int = 2, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         from runtime.moe.aux_loss import global_load_balancing_loss
 
         if attention_mask is not None:

@@ -85,8 +85,9 @@ def check_sp_compatible(num_heads: int, num_kv_heads: int, seq_len: int | None, 
         raise ValueError(f"sp_size must be a positive integer, got {sp_size!r}")
     repeat = kv_repeat_factor(num_heads, num_kv_heads, sp_size)
     if seq_len is not None and seq_len < sp_size:
-        raise ValueError(f"a sequence of {seq_len} tokens cannot be split over sp={sp_size}: sp must not exceed the "
-                         f"sequence length")
+        raise ValueError(
+            f"a sequence of {seq_len} tokens cannot be split over sp={sp_size}: sp must not exceed the sequence length"
+        )
     return repeat
 
 

@@ -29,8 +29,9 @@ def global_shift_labels(labels: torch.Tensor, group: Any, ignore_index: int = IG
     return slice_for_rank(shifted, 1, group)
 
 
-def _token_weighted(loss_sum: torch.Tensor, count: torch.Tensor, num_items_in_batch: Any,
-                    state: ParallelState) -> torch.Tensor:
+def _token_weighted(
+    loss_sum: torch.Tensor, count: torch.Tensor, num_items_in_batch: Any, state: ParallelState
+) -> torch.Tensor:
     """Mean over the SP group's tokens, or over `num_items_in_batch` tokens counted by the caller."""
     if num_items_in_batch is not None:  # counted over all micro-batches and ranks: spread so the group sums to it
         count = torch.as_tensor(num_items_in_batch, dtype=torch.float32) / state.sp_size
@@ -43,34 +44,50 @@ def sp_causal_lm_loss(loss_function: Callable[..., torch.Tensor]) -> Callable[..
     if not state.sp_enabled:
         return loss_function
 
-    def loss(logits: torch.Tensor, labels: torch.Tensor | None, vocab_size: int,
-             num_items_in_batch: torch.Tensor | int | None = None, ignore_index: int = IGNORE_INDEX,
-             shift_labels: torch.Tensor | None = None, **_: Any) -> torch.Tensor:
+    def loss(
+        logits: torch.Tensor,
+        labels: torch.Tensor | None,
+        vocab_size: int,
+        num_items_in_batch: torch.Tensor | int | None = None,
+        ignore_index: int = IGNORE_INDEX,
+        shift_labels: torch.Tensor | None = None,
+        **_: Any,
+    ) -> torch.Tensor:
         if shift_labels is None:
             shift_labels = global_shift_labels(labels, state.sp_group, ignore_index)
         targets = shift_labels.reshape(-1).to(logits.device)
-        loss_sum = F.cross_entropy(logits.float().reshape(-1, vocab_size), targets, ignore_index=ignore_index,
-                                   reduction="sum")
+        loss_sum = F.cross_entropy(
+            logits.float().reshape(-1, vocab_size), targets, ignore_index=ignore_index, reduction="sum"
+        )
         return _token_weighted(loss_sum, (targets != ignore_index).sum(), num_items_in_batch, state)
 
     return loss
 
 
-def causal_lm_logits_and_loss(lm_head: torch.nn.Module, hidden_states: torch.Tensor, labels: torch.Tensor | None,
-                              loss_function: Callable[..., torch.Tensor], vocab_size: int,
-                              loss_chunk_size: int | None = None, **kwargs: Any):
+def causal_lm_logits_and_loss(
+    lm_head: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    labels: torch.Tensor | None,
+    loss_function: Callable[..., torch.Tensor],
+    vocab_size: int,
+    loss_chunk_size: int | None = None,
+    **kwargs: Any,
+):
     """(logits, loss) exactly as upstream computes them unless SP is on or `loss_chunk_size` is given."""
     if loss_chunk_size is None or labels is None:
         logits = lm_head(hidden_states)
         if labels is None:
             return logits, None
-        return logits, sp_causal_lm_loss(loss_function)(logits=logits, labels=labels, vocab_size=vocab_size,
-                                                          **kwargs)
+        return logits, sp_causal_lm_loss(loss_function)(logits=logits, labels=labels, vocab_size=vocab_size, **kwargs)
     state = get_parallel_state()
     shift_labels = kwargs.get("shift_labels")
     if shift_labels is None:
-        shift_labels = (global_shift_labels(labels, state.sp_group) if state.sp_enabled
-                        else F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:])
-    loss_sum, count = linear_cross_entropy_sum(hidden_states, lm_head.weight, shift_labels,
-                                               bias=getattr(lm_head, "bias", None), chunk_size=loss_chunk_size)
+        shift_labels = (
+            global_shift_labels(labels, state.sp_group)
+            if state.sp_enabled
+            else F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
+        )
+    loss_sum, count = linear_cross_entropy_sum(
+        hidden_states, lm_head.weight, shift_labels, bias=getattr(lm_head, "bias", None), chunk_size=loss_chunk_size
+    )
     return None, _token_weighted(loss_sum, count, kwargs.get("num_items_in_batch"), state)

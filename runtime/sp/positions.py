@@ -39,8 +39,10 @@ def full_sequence_mask(make_mask: Callable[..., Any]) -> Callable[..., Any]:
         position_ids = kwargs.get("position_ids")
         if position_ids is None or position_ids.shape[-1] != full:
             got = None if position_ids is None else tuple(position_ids.shape)
-            raise ValueError(f"sequence parallel (sp={state.sp_size}) needs global position_ids of length {full} "
-                             f"(local length {embeds.shape[1]} x sp), got {got}; the SP collator provides them")
+            raise ValueError(
+                f"sequence parallel (sp={state.sp_size}) needs global position_ids of length {full} "
+                f"(local length {embeds.shape[1]} x sp), got {got}; the SP collator provides them"
+            )
         if kwargs.get("past_key_values") is not None:
             raise ValueError("sequence parallel training does not support a KV cache (past_key_values)")
         kwargs["inputs_embeds"] = embeds[:, :1].expand(embeds.shape[0], full, *embeds.shape[2:])

@@ -27,8 +27,10 @@ def kv_repeat_factor(num_heads: int, num_kv_heads: int, sp: int) -> int:
         return 1
     if sp % num_kv_heads == 0:
         return sp // num_kv_heads
-    raise ValueError(f"{num_kv_heads} key/value heads cannot be split over sp={sp}: sp must divide the KV head "
-                     f"count or be a multiple of it")
+    raise ValueError(
+        f"{num_kv_heads} key/value heads cannot be split over sp={sp}: sp must divide the KV head "
+        f"count or be a multiple of it"
+    )
 
 
 def repeat_kv_heads(x: torch.Tensor, repeat: int) -> torch.Tensor:
@@ -51,16 +53,23 @@ class _HeadShard:
 
 
 def ulysses_attention(inner: str):
-    def forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    def forward(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
         state = get_parallel_state()
         group, sp = state.sp_group, state.sp_size
         num_heads, num_kv_heads = query.shape[1], key.shape[1]
         repeat = kv_repeat_factor(num_heads, num_kv_heads, sp)
         key, value = repeat_kv_heads(key, repeat), repeat_kv_heads(value, repeat)
         # (b, h, s/sp, d) -> (b, h/sp, s, d)
-        query, key, value = (gather_seq_scatter_heads(t, seq_dim=2, head_dim=1, group=group)
-                             for t in (query, key, value))
+        query, key, value = (
+            gather_seq_scatter_heads(t, seq_dim=2, head_dim=1, group=group) for t in (query, key, value)
+        )
         shard = _HeadShard(module, num_heads // (num_kv_heads * repeat))
         out, _ = ALL_ATTENTION_FUNCTIONS[inner](shard, query, key, value, attention_mask, **kwargs)
         # inner implementations return (b, s, h/sp, d) -> (b, s/sp, h, d)
@@ -77,8 +86,10 @@ def ulysses_attn_implementation(name: str) -> str:
     if name.startswith(PREFIX):
         return name
     if name not in ALL_ATTENTION_FUNCTIONS:
-        raise ValueError(f"Ulysses SP wraps a registered attention implementation (sdpa, flash_attention_2, ...); "
-                         f"the model uses {name!r}. Load it with attn_implementation='sdpa'.")
+        raise ValueError(
+            f"Ulysses SP wraps a registered attention implementation (sdpa, flash_attention_2, ...); "
+            f"the model uses {name!r}. Load it with attn_implementation='sdpa'."
+        )
     wrapped = PREFIX + name
     if wrapped not in ALL_ATTENTION_FUNCTIONS:
         AttentionInterface.register(wrapped, ulysses_attention(name))

@@ -122,9 +122,18 @@ class RunConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
 
 
-_POSITIVE = {"data.token_budget", "train.steps", "train.micro_batches", "parallel.sp", "parallel.ep",
-             "parallel.dp_replicate",
-             "parallel.dp_shard", "train.loss_chunk_size", "log.interval", "checkpoint.keep"}
+_POSITIVE = {
+    "data.token_budget",
+    "train.steps",
+    "train.micro_batches",
+    "parallel.sp",
+    "parallel.ep",
+    "parallel.dp_replicate",
+    "parallel.dp_shard",
+    "train.loss_chunk_size",
+    "log.interval",
+    "checkpoint.keep",
+}
 _NON_NEGATIVE = {"optim.lr", "optim.weight_decay", "optim.grad_clip", "optim.warmup_steps", "checkpoint.interval"}
 
 
@@ -137,8 +146,11 @@ def _check_type(value: Any, annotation: Any, key: str) -> Any:
     for kind in hint:
         if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
-        if kind in (int, str, bool, list, dict) and isinstance(value, kind) and not (
-                kind is int and isinstance(value, bool)):
+        if (
+            kind in (int, str, bool, list, dict)
+            and isinstance(value, kind)
+            and not (kind is int and isinstance(value, bool))
+        ):
             return value
     names = " or ".join(getattr(k, "__name__", str(k)) for k in hint if k is not type(None))
     raise ConfigError(f"{key}: expected {names}, found {type(value).__name__} {value!r}")
@@ -151,8 +163,9 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
-        raise ConfigError(f"{prefix + '.' if prefix else ''}{unknown[0]}: unknown key; expected one of "
-                          f"{', '.join(fields)}")
+        raise ConfigError(
+            f"{prefix + '.' if prefix else ''}{unknown[0]}: unknown key; expected one of {', '.join(fields)}"
+        )
     values = {}
     for name, f in fields.items():
         key = f"{prefix}.{name}" if prefix else name
@@ -192,17 +205,23 @@ def _check_model_kind(config: RunConfig) -> None:
         return  # build_model names the known types
     if entry.is_vlm:
         if config.data.processor is None:
-            raise ConfigError(f"data.processor: required for the vision-language model {config.model.type!r} (a local "
-                              f"processor directory: tokenizer with vision tokens + image/video processors)")
+            raise ConfigError(
+                f"data.processor: required for the vision-language model {config.model.type!r} (a local "
+                f"processor directory: tokenizer with vision tokens + image/video processors)"
+            )
         if config.data.tokenizer is not None:
-            raise ConfigError("data.tokenizer: a vision-language model reads its tokenizer from data.processor; "
-                              "remove data.tokenizer")
+            raise ConfigError(
+                "data.tokenizer: a vision-language model reads its tokenizer from data.processor; "
+                "remove data.tokenizer"
+            )
     else:
         if config.data.tokenizer is None:
             raise ConfigError("data.tokenizer: required key missing")
         if config.data.processor is not None:
-            raise ConfigError(f"data.processor: only vision-language models take a processor; {config.model.type!r} "
-                              f"is a text model (use data.tokenizer)")
+            raise ConfigError(
+                f"data.processor: only vision-language models take a processor; {config.model.type!r} "
+                f"is a text model (use data.tokenizer)"
+            )
         if config.model.freeze_vision:
             raise ConfigError(f"model.freeze_vision: {config.model.type!r} has no vision tower")
 

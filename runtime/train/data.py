@@ -48,8 +48,10 @@ def check_vocab(model: torch.nn.Module, processor: Any) -> None:
     tokenizer = getattr(processor, "tokenizer", processor)
     vocab = model.config.get_text_config().vocab_size
     if len(tokenizer) > vocab:
-        raise ConfigError(f"model.config: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
-                          f"{vocab}; raise vocab_size (text_config.vocab_size for a VLM) to at least {len(tokenizer)}")
+        raise ConfigError(
+            f"model.config: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
+            f"{vocab}; raise vocab_size (text_config.vocab_size for a VLM) to at least {len(tokenizer)}"
+        )
 
 
 def build_loader(config: RunConfig, state: ParallelState, model: torch.nn.Module, processor: Any):

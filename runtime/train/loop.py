@@ -38,8 +38,9 @@ class RunResult:
 def setup_parallel(config: RunConfig) -> ParallelState:
     p = config.parallel
     try:
-        return init_parallel_state(sp_size=p.sp, dp_replicate_size=p.dp_replicate, dp_shard_size=p.dp_shard,
-                                   ep_size=p.ep)
+        return init_parallel_state(
+            sp_size=p.sp, dp_replicate_size=p.dp_replicate, dp_shard_size=p.dp_shard, ep_size=p.ep
+        )
     except ValueError as exc:
         raise ConfigError(f"parallel: {exc}") from None
 
@@ -89,8 +90,7 @@ def train(config: RunConfig) -> RunResult:
     model.train()
     o = config.optim
     trained = [p for p in model.parameters() if p.requires_grad]  # model.freeze_vision leaves the ViT out
-    optimizer = torch.optim.AdamW(trained, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-                                  weight_decay=o.weight_decay)
+    optimizer = torch.optim.AdamW(trained, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
     scheduler = build_scheduler(optimizer, o.warmup_steps, config.train.steps, o.min_lr_ratio)
 
     start_step = 0
@@ -105,8 +105,13 @@ def train(config: RunConfig) -> RunResult:
         loader.load_state_dict(extra["data"])
         start_step = int(extra["step"])
 
-    logger = MetricsLogger(Path(config.log.dir), config.train.steps, enabled=state.rank == 0,
-                           tensorboard=config.log.tensorboard, progress=config.log.progress)
+    logger = MetricsLogger(
+        Path(config.log.dir),
+        config.train.steps,
+        enabled=state.rank == 0,
+        tensorboard=config.log.tensorboard,
+        progress=config.log.progress,
+    )
     if state.rank == 0 and resume_from is not None:
         print(f"resumed from {resume_from} at step {start_step}", flush=True)
     peak = config.log.peak_tflops or detect_peak_tflops()
@@ -117,8 +122,15 @@ def train(config: RunConfig) -> RunResult:
             metrics.append(train_step(step, model, optimizer, scheduler, loader, state, config, flops_token, peak))
             logger.log(metrics[-1], echo=step % config.log.interval == 0 or step == config.train.steps)
             if ckpt.interval and step % ckpt.interval == 0:
-                save_checkpoint(Path(ckpt.dir), step, model, optimizer, scheduler,
-                                {"step": step, "data": loader.state_dict()}, keep=ckpt.keep)
+                save_checkpoint(
+                    Path(ckpt.dir),
+                    step,
+                    model,
+                    optimizer,
+                    scheduler,
+                    {"step": step, "data": loader.state_dict()},
+                    keep=ckpt.keep,
+                )
     finally:
         logger.close()
     if config.export.dir:
@@ -128,8 +140,17 @@ def train(config: RunConfig) -> RunResult:
     return RunResult(metrics, start_step)
 
 
-def train_step(step: int, model, optimizer, scheduler, loader, state: ParallelState,
-               config: RunConfig, flops_token: float, peak_tflops: float | None) -> StepMetrics:
+def train_step(
+    step: int,
+    model,
+    optimizer,
+    scheduler,
+    loader,
+    state: ParallelState,
+    config: RunConfig,
+    flops_token: float,
+    peak_tflops: float | None,
+) -> StepMetrics:
     started = time.perf_counter()
     rows = [next(loader) for _ in range(config.train.micro_batches)]
     device = train_device(state)
@@ -141,8 +162,9 @@ def train_step(step: int, model, optimizer, scheduler, loader, state: ParallelSt
         batch = shard_for_sp(row, state)
         if varlen:  # the packed segments, computed here rather than by a device sync inside the forward
             batch.update(packed_attention_kwargs(batch["position_ids"]))
-        out = model(**to_device(batch, device), num_items_in_batch=tokens,
-                    loss_chunk_size=config.train.loss_chunk_size)
+        out = model(
+            **to_device(batch, device), num_items_in_batch=tokens, loss_chunk_size=config.train.loss_chunk_size
+        )
         out.loss.backward()
         # MoE: the load-balancing term is the global value on every rank (not a share); report it once.
         row_aux = getattr(out, "aux_loss", None)
@@ -158,6 +180,13 @@ def train_step(step: int, model, optimizer, scheduler, loader, state: ParallelSt
     elapsed = time.perf_counter() - started
     processed = sum(row["input_ids"].numel() for row in rows) * state.dp_size
     tflops = flops_token * processed / elapsed / state.world_size / 1e12
-    return StepMetrics(step=step, loss=loss.item(), grad_norm=float(grad_norm), lr=lr, tokens=int(tokens),
-                       tokens_per_s=processed / elapsed, tflops_per_device=tflops,
-                       mfu=None if peak_tflops is None else tflops / peak_tflops)
+    return StepMetrics(
+        step=step,
+        loss=loss.item(),
+        grad_norm=float(grad_norm),
+        lr=lr,
+        tokens=int(tokens),
+        tokens_per_s=processed / elapsed,
+        tflops_per_device=tflops,
+        mfu=None if peak_tflops is None else tflops / peak_tflops,
+    )

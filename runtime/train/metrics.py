@@ -56,8 +56,15 @@ class StepMetrics:
 class MetricsLogger:
     """Rank-0 sink; other ranks construct it with enabled=False and every call is a no-op."""
 
-    def __init__(self, log_dir: Path, total_steps: int, enabled: bool, tensorboard: bool, progress: bool,
-                 stream: TextIO = sys.stdout) -> None:
+    def __init__(
+        self,
+        log_dir: Path,
+        total_steps: int,
+        enabled: bool,
+        tensorboard: bool,
+        progress: bool,
+        stream: TextIO = sys.stdout,
+    ) -> None:
         self.enabled, self.total_steps, self.stream = enabled, total_steps, stream
         self._jsonl = self._writer = self._bar = None
         if not enabled:
@@ -89,8 +96,10 @@ class MetricsLogger:
         if not echo:
             return
         mfu = f" mfu {m.mfu:.1%}" if m.mfu is not None else ""
-        line = (f"step {m.step:>5}/{self.total_steps} loss {m.loss:.4f} grad_norm {m.grad_norm:.3f} lr {m.lr:.2e} "
-                f"tok/s {m.tokens_per_s:,.0f} tflops/dev {m.tflops_per_device:.3f}{mfu}")
+        line = (
+            f"step {m.step:>5}/{self.total_steps} loss {m.loss:.4f} grad_norm {m.grad_norm:.3f} lr {m.lr:.2e} "
+            f"tok/s {m.tokens_per_s:,.0f} tflops/dev {m.tflops_per_device:.3f}{mfu}"
+        )
         if self._bar is not None:
             self._bar.set_postfix_str(f"loss {m.loss:.4f}")
             self._bar.update(m.step - self._bar.n)

@@ -23,12 +23,13 @@ def build_model(cfg: ModelConfig, fixed: dict[str, Any] | None = None) -> torch.
         raise ConfigError(f"model.type: {exc}") from None
     moe = {"experts_implementation": cfg.experts_implementation} if hasattr(cls, "_ep_plan") else {}
     if cfg.path is not None:
-        model = cls.from_pretrained(cfg.path, attn_implementation=cfg.attn_implementation, dtype=torch.float32,
-                                    **moe)
+        model = cls.from_pretrained(cfg.path, attn_implementation=cfg.attn_implementation, dtype=torch.float32, **moe)
         for key, value in fixed.items():
             if getattr(model.config, key, None) != value:
-                raise ConfigError(f"model.path: {cfg.path} has {key}={getattr(model.config, key, None)!r} but the "
-                                  f"processor's tokenizer says {value!r}; use the checkpoint's own processor")
+                raise ConfigError(
+                    f"model.path: {cfg.path} has {key}={getattr(model.config, key, None)!r} but the "
+                    f"processor's tokenizer says {value!r}; use the checkpoint's own processor"
+                )
     else:
         try:
             config = transformers.AutoConfig.for_model(cfg.type, **{"use_cache": False, **cfg.config, **fixed})

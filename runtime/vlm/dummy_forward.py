@@ -33,7 +33,7 @@ def needs_dummy_forward() -> bool:
 def dummy_vision_inputs(vision_config: Any, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """(pixel_values, grid_thw) of one all-zero image of a single merge unit: ``merge**2`` flattened patches."""
     merge = vision_config.spatial_merge_size
-    patch_dim = vision_config.in_channels * vision_config.temporal_patch_size * vision_config.patch_size ** 2
+    patch_dim = vision_config.in_channels * vision_config.temporal_patch_size * vision_config.patch_size**2
     pixels = torch.zeros(merge * merge, patch_dim, device=device, dtype=dtype)
     grid = torch.tensor([[1, merge, merge]], device=device, dtype=torch.long)
     return pixels, grid

@@ -40,9 +40,16 @@ class RopeIndexFunction:
     model_cls: type
     config: Any
 
-    def __call__(self, input_ids: Tensor, mm_token_type_ids: Tensor, image_grid_thw: Tensor | None = None,
-                 video_grid_thw: Tensor | None = None, **extra: Any) -> Tensor:
+    def __call__(
+        self,
+        input_ids: Tensor,
+        mm_token_type_ids: Tensor,
+        image_grid_thw: Tensor | None = None,
+        video_grid_thw: Tensor | None = None,
+        **extra: Any,
+    ) -> Tensor:
         host = _ConfigOnly(self.model_cls, self.config)
-        position_ids, _ = self.model_cls.get_rope_index(host, input_ids, mm_token_type_ids, image_grid_thw,
-                                                        video_grid_thw, **extra)
+        position_ids, _ = self.model_cls.get_rope_index(
+            host, input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw, **extra
+        )
         return position_ids

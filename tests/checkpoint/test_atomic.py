@@ -41,8 +41,12 @@ def test_sigkill_during_save_keeps_previous_checkpoint(tmp_path: Path) -> None:
     root = tmp_path / "ckpt"
     log = tmp_path / "child.log"
     with open(log, "w") as log_file:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.checkpoint.kill_child", str(root)], cwd=REPO,
-                                stdout=log_file, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.checkpoint.kill_child", str(root)],
+            cwd=REPO,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
     try:
         _wait_for(tmp_path / "ready", proc, log)
     finally:

@@ -39,8 +39,13 @@ def _export_and_compare(model, config, out: Path, state, rank: int) -> dict | No
         theirs = upstream(input_ids=input_ids).logits
     with safe_open(out / "model.safetensors", "pt") as f:
         keys = sorted(f.keys())
-    return {"ours": ours, "theirs": theirs, "class": type(upstream).__module__, "keys": keys,
-            "files": sorted(os.listdir(out))}
+    return {
+        "ours": ours,
+        "theirs": theirs,
+        "class": type(upstream).__module__,
+        "keys": keys,
+        "files": sorted(os.listdir(out)),
+    }
 
 
 def _uninterrupted(rank: int, world_size: int, root: Path, export_root: Path) -> dict:

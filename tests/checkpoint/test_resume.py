@@ -25,8 +25,13 @@ def _resume(rank: int, world_size: int, root: Path) -> dict:
     _, model, optimizer, scheduler = build(seed=77, **CONFIG)
     extra = load_checkpoint(latest_checkpoint(root), model, optimizer, scheduler)
     losses = train(model, optimizer, scheduler, extra["step"], TOTAL_STEPS)
-    return {"extra": extra, "losses": losses, "params": full_params(model), "lr": scheduler.get_last_lr(),
-            "python_random": random.random()}
+    return {
+        "extra": extra,
+        "losses": losses,
+        "params": full_params(model),
+        "lr": scheduler.get_last_lr(),
+        "python_random": random.random(),
+    }
 
 
 def test_exact_resume_single_process(tmp_path: Path) -> None:

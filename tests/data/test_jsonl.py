@@ -23,8 +23,14 @@ def write_lines(path: Path, lines: list[str]) -> Path:
 
 
 def test_reads_text_and_chat_lines(tmp_path: Path) -> None:
-    chat = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                         {"role": "assistant", "content": "Hello."}], "id": 7}
+    chat = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."},
+        ],
+        "id": 7,
+    }
     path = write_lines(tmp_path / "d.jsonl", [json.dumps({"text": "Once upon a time."}), "", json.dumps(chat)])
     assert read_jsonl(path) == [
         TextSample("Once upon a time."),

@@ -97,13 +97,18 @@ def test_jsonl_reads_media_parts_relative_to_the_file(tmp_path: Path) -> None:
     for name in ("sub/a.png", "f0.png", "f1.png"):
         Image.new("RGB", (16, 16)).save(tmp_path / name)
     absolute = tmp_path / "f1.png"
-    content = [{"type": "text", "text": "Look: "}, {"type": "image", "image": "sub/a.png"},
-               {"type": "video", "video": ["f0.png", str(absolute)], "fps": 4}]
+    content = [
+        {"type": "text", "text": "Look: "},
+        {"type": "image", "image": "sub/a.png"},
+        {"type": "video", "video": ["f0.png", str(absolute)], "fps": 4},
+    ]
     line = {"messages": [{"role": "user", "content": content}, {"role": "assistant", "content": "Seen."}]}
     (tmp_path / "d.jsonl").write_text(json.dumps(line) + "\n")
     (sample,) = read_jsonl(tmp_path / "d.jsonl")
-    user = ChatMessage("user", (TextPart("Look: "), ImagePart(tmp_path / "sub/a.png"),
-                                VideoPart((tmp_path / "f0.png", absolute), 4.0)))
+    user = ChatMessage(
+        "user",
+        (TextPart("Look: "), ImagePart(tmp_path / "sub/a.png"), VideoPart((tmp_path / "f0.png", absolute), 4.0)),
+    )
     assert sample == ChatSample((user, ChatMessage("assistant", "Seen.")))
     assert sample.is_multimodal and user.text == "Look: "
 
@@ -123,8 +128,12 @@ def test_jsonl_reads_media_parts_relative_to_the_file(tmp_path: Path) -> None:
 def test_bad_media_part_names_file_line_and_what(tmp_path: Path, part, expected: str) -> None:
     Image.new("RGB", (16, 16)).save(tmp_path / "ok.png")
     good = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
-    bad = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Q"}, part]},
-                        {"role": "assistant", "content": "A"}]}
+    bad = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Q"}, part]},
+            {"role": "assistant", "content": "A"},
+        ]
+    }
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
     with pytest.raises(ValueError) as info:
@@ -167,8 +176,10 @@ def test_test_processor_is_a_qwen_processor_with_tiny_vision_sizes(processors, t
         build_test_processor(tmp_path, "llama")
 
 
-@pytest.mark.skipif(not is_torchvision_available(), reason="transformers 5.14.1 builds Qwen-VL processors (their "
-                    "video processors) only with torchvision")
+@pytest.mark.skipif(
+    not is_torchvision_available(),
+    reason="transformers 5.14.1 builds Qwen-VL processors (their video processors) only with torchvision",
+)
 def test_auto_processor_round_trip(tmp_path: Path, processors) -> None:
     from transformers import AutoProcessor
 
@@ -205,18 +216,21 @@ def test_labels_cover_only_assistant_text_in_every_sample(qwen3, dataset, tokeni
 
 def test_multi_turn_labels_and_text_only_chat(qwen3, dataset) -> None:
     image = dataset[0].messages[0].content[0]
-    chat = ChatSample((
-        ChatMessage("system", "Be brief."),
-        ChatMessage("user", (image, TextPart("Colour?"))),
-        ChatMessage("assistant", "Purple."),
-        ChatMessage("user", (TextPart("And this one?"), image)),
-        ChatMessage("assistant", "Also purple."),
-    ))
+    chat = ChatSample(
+        (
+            ChatMessage("system", "Be brief."),
+            ChatMessage("user", (image, TextPart("Colour?"))),
+            ChatMessage("assistant", "Purple."),
+            ChatMessage("user", (TextPart("And this one?"), image)),
+            ChatMessage("assistant", "Also purple."),
+        )
+    )
     sample = tokenize_multimodal(chat, qwen3.processor, qwen3.rope)
     assert trained_text(qwen3.processor, sample) == ["Purple." + IM_END, "Also purple." + IM_END]
     assert sample.image_grid_thw.shape[0] == 2
-    text_only = tokenize_multimodal(ChatSample((ChatMessage("user", "Hi"), ChatMessage("assistant", "Hello."))),
-                                    qwen3.processor, qwen3.rope)
+    text_only = tokenize_multimodal(
+        ChatSample((ChatMessage("user", "Hi"), ChatMessage("assistant", "Hello."))), qwen3.processor, qwen3.rope
+    )
     assert all(getattr(text_only, key) is None for key in VISION_KEYS)
     assert torch.equal(text_only.position_ids, torch.arange(len(text_only)).expand(4, -1))
     document = tokenize_multimodal(TextSample("Once upon a time."), qwen3.processor, qwen3.rope)
@@ -228,7 +242,7 @@ def test_video_sample_patches_and_layout(qwen3, dataset, tokenized) -> None:
     processor, sample, part = qwen3.processor, tokenized[1], dataset[1].messages[0].content[0]
     ids = vlm_token_ids(processor)
     frames = [Image.open(f).convert("RGB") for f in part.frames]
-    (t, h, w), = sample.video_grid_thw.tolist()
+    ((t, h, w),) = sample.video_grid_thw.tolist()
     assert t == len(frames) // 2 and sample.pixel_values_videos.shape == (t * h * w, 96)
     # Each temporal group of 2 frames: columns (channel, frame, patch row, patch col) hold frame 2g + k's patches.
     per_frame = processor.image_processor(images=frames, return_tensors="pt")["pixel_values"]
@@ -253,9 +267,12 @@ def test_video_replacement_matches_upstream_processors(processors, dataset) -> N
         processor = processors[model_type]
         clip = video_inputs(processor.image_processor, frames, fps=2.0)
         standin = SimpleNamespace(
-            video_processor=SimpleNamespace(merge_size=2, temporal_patch_size=2), video_token=processor.video_token,
-            vision_start_token="<|vision_start|>", vision_end_token="<|vision_end|>",
-            _calculate_timestamps=functools.partial(Qwen3VLProcessor._calculate_timestamps, None))
+            video_processor=SimpleNamespace(merge_size=2, temporal_patch_size=2),
+            video_token=processor.video_token,
+            vision_start_token="<|vision_start|>",
+            vision_end_token="<|vision_end|>",
+            _calculate_timestamps=functools.partial(Qwen3VLProcessor._calculate_timestamps, None),
+        )
         metadata = VideoMetadata(total_num_frames=3, fps=2.0, frames_indices=[0, 1, 2])
         inputs = {"video_grid_thw": torch.tensor([clip.grid_thw]), "video_metadata": [metadata]}
         assert video_replacement(processor, clip) == cls.replace_video_token(standin, inputs, 0)
@@ -265,9 +282,17 @@ def test_image_tokens_equal_the_processor_call(qwen3, dataset, tokenized) -> Non
     """Our expansion and tokenization give exactly what upstream's processor __call__ gives for the same text."""
     processor = qwen3.processor
     chat = dataset[2]
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "image"},
-                                             {"type": "text", "text": chat.messages[0].content[-1].text}]},
-                {"role": "assistant", "content": chat.messages[1].content}]
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image"},
+                {"type": "image"},
+                {"type": "text", "text": chat.messages[0].content[-1].text},
+            ],
+        },
+        {"role": "assistant", "content": chat.messages[1].content},
+    ]
     text = processor.apply_chat_template(messages, tokenize=False)
     images = [Image.open(p.path).convert("RGB") for p in chat.messages[0].content[:2]]
     reference = processor(text=[text], images=images, return_tensors="pt")
@@ -287,13 +312,15 @@ def test_position_ids_equal_upstream_get_rope_index(qwen3, tokenized) -> None:
     hook = getattr(type(qwen3.model), "get_position_id_func", None)
     for sample in tokenized[:3]:  # image, video, two images
         assert torch.equal(sample.position_ids[0], torch.arange(len(sample)))
-        expected = upstream(sample.input_ids[None], sample.mm_token_type_ids[None], sample.image_grid_thw,
-                            sample.video_grid_thw)
+        expected = upstream(
+            sample.input_ids[None], sample.mm_token_type_ids[None], sample.image_grid_thw, sample.video_grid_thw
+        )
         assert torch.equal(sample.position_ids[1:], expected[:, 0])
         assert sample.position_ids[1:].amax() < len(sample) - 1  # vision tokens really share positions
         if hook is not None:  # the generated classes' own hook, once it exists, gives the same ids
-            ids = hook(qwen3.model.config)(sample.input_ids[None], sample.mm_token_type_ids[None],
-                                           sample.image_grid_thw, sample.video_grid_thw)
+            ids = hook(qwen3.model.config)(
+                sample.input_ids[None], sample.mm_token_type_ids[None], sample.image_grid_thw, sample.video_grid_thw
+            )
             assert torch.equal(ids[:, 0], sample.position_ids[1:])
 
 
@@ -305,8 +332,13 @@ def test_qwen2_5_vl_tokenizes_images_and_video(processors, dataset) -> None:
         sample = tokenize_multimodal(chat, processor, rope_ids(model))
         assert trained_text(processor, sample) == [chat.messages[-1].content + IM_END]
         extra = {} if sample.second_per_grid_ts is None else {"second_per_grid_ts": sample.second_per_grid_ts}
-        expected = upstream(sample.input_ids[None], sample.mm_token_type_ids[None], sample.image_grid_thw,
-                            sample.video_grid_thw, **extra)
+        expected = upstream(
+            sample.input_ids[None],
+            sample.mm_token_type_ids[None],
+            sample.image_grid_thw,
+            sample.video_grid_thw,
+            **extra,
+        )
         assert torch.equal(sample.position_ids[1:], expected[:, 0])
     video = tokenize_multimodal(dataset[1], processor, rope_ids(model))
     assert video.second_per_grid_ts.tolist() == [1.0]  # 2 frames per group at 2 fps
@@ -331,8 +363,14 @@ def test_packed_row_keeps_samples_and_pixels_in_order(tokenized) -> None:
     assert starts == [0, len(samples[0]), len(samples[0]) + len(samples[1])]
     assert row["position_ids"][0, :, starts].eq(0).all()  # every channel restarts per sample
     assert row["labels"][0, starts].eq(-100).all()
-    assert set(pack_multimodal_row([tokenized[0]], 1000)) == {"input_ids", "labels", "mm_token_type_ids",
-                                                               "position_ids", "pixel_values", "image_grid_thw"}
+    assert set(pack_multimodal_row([tokenized[0]], 1000)) == {
+        "input_ids",
+        "labels",
+        "mm_token_type_ids",
+        "position_ids",
+        "pixel_values",
+        "image_grid_thw",
+    }
     with pytest.raises(ValueError, match="never truncated"):
         pack_multimodal_row(samples, length - 1)
 
@@ -368,8 +406,11 @@ def test_loader_drops_over_long_samples_and_resumes(tokenized) -> None:
 
 
 def test_sp_collator_matches_the_reference_layout(tokenized) -> None:
-    samples = next(c for c in ([tokenized[2], tokenized[1]], [tokenized[2]], [tokenized[0], tokenized[1]])
-                   if sum(len(s) for s in c) % 2)
+    samples = next(
+        c
+        for c in ([tokenized[2], tokenized[1]], [tokenized[2]], [tokenized[0], tokenized[1]])
+        if sum(len(s) for s in c) % 2
+    )
     row = pack_multimodal_row(samples, 1000)
     length = row["input_ids"].shape[1]
     assert length % 2 == 1
@@ -406,17 +447,25 @@ def test_text_rows_shard_as_before() -> None:
 
 def test_synthetic_dataset_is_deterministic_and_varied(tmp_path: Path, dataset) -> None:
     def digest(jsonl: Path) -> dict[str, str]:
-        return {p.relative_to(jsonl.parent).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-                for p in sorted(jsonl.parent.rglob("*")) if p.is_file()}
+        return {
+            p.relative_to(jsonl.parent).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(jsonl.parent.rglob("*"))
+            if p.is_file()
+        }
 
     a = digest(write_synthetic_vlm_dataset(tmp_path / "a", 8, seed=0))
     assert a == digest(write_synthetic_vlm_dataset(tmp_path / "b", 8, seed=0))
     assert a != digest(write_synthetic_vlm_dataset(tmp_path / "c", 8, seed=1))
     kinds = [[type(p).__name__ for p in s.messages[0].content if not isinstance(p, TextPart)] for s in dataset]
     assert kinds.count(["VideoPart"]) == 1 and kinds.count(["ImagePart", "ImagePart"]) == 2
-    files = [path for sample in dataset for part in sample.messages[0].content
-             for path in (part.frames if isinstance(part, VideoPart) else [part.path] if isinstance(part, ImagePart)
-                          else [])]
+    files = [
+        path
+        for sample in dataset
+        for part in sample.messages[0].content
+        for path in (
+            part.frames if isinstance(part, VideoPart) else [part.path] if isinstance(part, ImagePart) else []
+        )
+    ]
     assert len(files) == 5 + 2 * 2 + 4  # 5 one-image samples, 2 two-image, 4 frames
     for path in files:
         width, height = Image.open(path).size

@@ -9,8 +9,11 @@ from runtime.data.sp_batch import packed_attention_kwargs, pad_to_multiple
 
 
 def test_segments_of_a_padded_text_row() -> None:
-    row = {"input_ids": torch.ones(1, 9, dtype=torch.long), "labels": torch.ones(1, 9, dtype=torch.long),
-           "position_ids": torch.tensor([[0, 1, 2, 3, 0, 1, 0, 1, 2]])}
+    row = {
+        "input_ids": torch.ones(1, 9, dtype=torch.long),
+        "labels": torch.ones(1, 9, dtype=torch.long),
+        "position_ids": torch.tensor([[0, 1, 2, 3, 0, 1, 0, 1, 2]]),
+    }
     padded = pad_to_multiple(row, 4)  # 3 padding tokens: their own segment
     kwargs = packed_attention_kwargs(padded["position_ids"])
     assert kwargs["cu_seq_lens_q"].tolist() == [0, 4, 6, 9, 12]

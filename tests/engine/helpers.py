@@ -34,19 +34,34 @@ PLAIN = "fixturepkg.plain"
 
 # One patch per operation (rename aside: it changes names the other patches anchor on).
 ALL_OPS = [
-    dict(template="fx/insert_trace", scope="ToyLayer.forward", after="residual = hidden",
-         vars=dict(name="toy", level=3, enabled=False, tags=["a", "b"], ratio=0.25, dims=[1, 2]),
-         why="trace the residual"),
-    dict(template="fx/replace_rescale", scope="ToyLayer.forward",
-         anchor="hidden = rescale(hidden, factor=self.config.scale)", vars=dict(factor=2.0), why="scale more"),
+    dict(
+        template="fx/insert_trace",
+        scope="ToyLayer.forward",
+        after="residual = hidden",
+        vars=dict(name="toy", level=3, enabled=False, tags=["a", "b"], ratio=0.25, dims=[1, 2]),
+        why="trace the residual",
+    ),
+    dict(
+        template="fx/replace_rescale",
+        scope="ToyLayer.forward",
+        anchor="hidden = rescale(hidden, factor=self.config.scale)",
+        vars=dict(factor=2.0),
+        why="scale more",
+    ),
     dict(template="fx/wrap_guard", scope="ToyForTask.forward", anchor="self.loss_function", why="guard the loss"),
     dict(template="fx/add_method", scope="ToyModel", vars=dict(name="double_depth"), why="a new method"),
     dict(template="fx/replace_method", scope="ToyModel.default_mask", why="constant mask"),
-    dict(template="fx/add_definition", scope="<module>", vars=dict(name="bounded", low=-1.0, high=1.0),
-         why="a helper"),
+    dict(
+        template="fx/add_definition", scope="<module>", vars=dict(name="bounded", low=-1.0, high=1.0), why="a helper"
+    ),
     dict(template="fx/replace_definition", scope="rescale", vars=dict(gain=3), why="gain"),
-    dict(template="fx/insert_code", scope="ToyForTask.forward", before="if labels is not None:",
-         vars=dict(code="labels = list(labels) if labels else labels"), why="anchored on a compound header"),
+    dict(
+        template="fx/insert_code",
+        scope="ToyForTask.forward",
+        before="if labels is not None:",
+        vars=dict(code="labels = list(labels) if labels else labels"),
+        why="anchored on a compound header",
+    ),
 ]
 
 
@@ -87,20 +102,24 @@ class FixtureSource:
         return UpstreamFile(package, self.version(package), module, relpath, text)
 
 
-def build_wheel(directory: Path, version: str, overrides: dict[str, str] | None = None,
-                name: str | None = None) -> Path:
+def build_wheel(
+    directory: Path, version: str, overrides: dict[str, str] | None = None, name: str | None = None
+) -> Path:
     """A minimal, byte-reproducible wheel of the fixture upstream package at `version`: every file of
     tests/fixtures/upstream/fixturepkg (or its override, keyed by module name) plus a dist-info METADATA."""
     overrides = {module_relpath(module): text for module, text in (overrides or {}).items()}
     path = directory / (name or f"{PACKAGE}-{version}-py3-none-any.whl")
     directory.mkdir(parents=True, exist_ok=True)
     dist = f"{PACKAGE}-{version}.dist-info"
-    members = {p.relative_to(UPSTREAM_DIR).as_posix(): p.read_text(encoding="utf-8")
-               for p in sorted((UPSTREAM_DIR / PACKAGE).rglob("*.py"))}
+    members = {
+        p.relative_to(UPSTREAM_DIR).as_posix(): p.read_text(encoding="utf-8")
+        for p in sorted((UPSTREAM_DIR / PACKAGE).rglob("*.py"))
+    }
     members.update(overrides)
     members[f"{dist}/METADATA"] = f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {version}\n"
-    members[f"{dist}/WHEEL"] = ("Wheel-Version: 1.0\nGenerator: patchgen-tests\nRoot-Is-Purelib: true\n"
-                                "Tag: py3-none-any\n")
+    members[f"{dist}/WHEEL"] = (
+        "Wheel-Version: 1.0\nGenerator: patchgen-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    )
     members[f"{dist}/RECORD"] = ""
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
         for member, text in members.items():
@@ -122,11 +141,19 @@ def toml_value(value: Any) -> str:
     raise TypeError(value)
 
 
-def spec_toml(module: str = TOY, output: str = "generated/toy/modeling_toy.py", keep: list[str] | None = None,
-              patches: list[dict[str, Any]] = (), **extra: Any) -> str:
+def spec_toml(
+    module: str = TOY,
+    output: str = "generated/toy/modeling_toy.py",
+    keep: list[str] | None = None,
+    patches: list[dict[str, Any]] = (),
+    **extra: Any,
+) -> str:
     """A spec file's text; patches are dicts of patch keys (vars as a dict)."""
-    lines = [f"module = {toml_value(module)}", f"output = {toml_value(output)}",
-             f"keep = {toml_value(keep if keep is not None else ['ToyForTask'])}"]
+    lines = [
+        f"module = {toml_value(module)}",
+        f"output = {toml_value(output)}",
+        f"keep = {toml_value(keep if keep is not None else ['ToyForTask'])}",
+    ]
     lines += [f"{key} = {toml_value(value)}" for key, value in extra.items()]
     for patch in patches:
         lines += ["", "[[patch]]"] + [f"{key} = {toml_value(value)}" for key, value in patch.items()]
@@ -154,18 +181,24 @@ class FixtureProject:
 
     def snapshot(self) -> dict[str, tuple[bytes, int]]:
         """Bytes and mtime of every file under the project (to prove nothing was written)."""
-        return {p.relative_to(self.root).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
-                for p in sorted(self.root.rglob("*")) if p.is_file()}
+        return {
+            p.relative_to(self.root).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(self.root.rglob("*"))
+            if p.is_file()
+        }
 
 
-def make_project(root: Path, specs: dict[str, str] | str | None = None,
-                 pins: dict[str, str] | None = None) -> FixtureProject:
+def make_project(
+    root: Path, specs: dict[str, str] | str | None = None, pins: dict[str, str] | None = None
+) -> FixtureProject:
     """A throwaway patchgen project: pyproject.toml with [tool.patchgen], specs/, templates/ (fixture + core)."""
     root.mkdir(parents=True, exist_ok=True)
     pins = pins if pins is not None else {PACKAGE: VERSION}
     (root / "pyproject.toml").write_text(
         '[project]\nname = "fixture-project"\nversion = "0"\n\n[tool.patchgen]\nspecs = "specs"\n'
-        f'templates = "templates"\ngenerated = "generated"\npins = {toml_value(pins)}\n', encoding="utf-8")
+        f'templates = "templates"\ngenerated = "generated"\npins = {toml_value(pins)}\n',
+        encoding="utf-8",
+    )
     (root / "specs").mkdir(exist_ok=True)
     shutil.copytree(FIXTURE_TEMPLATES, root / "templates", dirs_exist_ok=True)
     shutil.copytree(REPO / "templates" / "core", root / "templates" / "core", dirs_exist_ok=True)
@@ -187,8 +220,13 @@ MARKER = re.compile(r"^# patchgen (?:#\d+ \S+|imports) \((\d+) stmt\): ")
 
 
 def _marker_count(stmt: cst.BaseStatement) -> int | None:
-    counts = [int(m.group(1)) for line in stmt.leading_lines if line.comment is not None
-              for m in [MARKER.match(line.comment.value)] if m]
+    counts = [
+        int(m.group(1))
+        for line in stmt.leading_lines
+        if line.comment is not None
+        for m in [MARKER.match(line.comment.value)]
+        if m
+    ]
     return max(counts) if counts else None
 
 
@@ -220,8 +258,8 @@ class _StripMarked(cst.CSTTransformer):
         starts = [i for i, line in enumerate(header) if line.comment is not None and MARKER.match(line.comment.value)]
         if starts and updated.body:
             first = updated.body[0]
-            moved = first.with_changes(leading_lines=[*header[starts[0]:], *first.leading_lines])
-            updated = updated.with_changes(header=header[:starts[0]], body=[moved, *updated.body[1:]])
+            moved = first.with_changes(leading_lines=[*header[starts[0] :], *first.leading_lines])
+            updated = updated.with_changes(header=header[: starts[0]], body=[moved, *updated.body[1:]])
         return updated.with_changes(body=self._strip(updated.body))
 
 

@@ -46,8 +46,13 @@ def real(tmp_path: Path) -> Path:
 
 def patchgen(root: Path, *args: str) -> subprocess.CompletedProcess:
     command, *rest = args
-    return subprocess.run([str(PATCHGEN), command, *rest, "--root", str(root)], cwd=root.parent,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(PATCHGEN), command, *rest, "--root", str(root)],
+        cwd=root.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def in_process(root: Path, capsys, *args: str) -> tuple[int, str, str]:
@@ -68,8 +73,11 @@ def in_process(root: Path, capsys, *args: str) -> tuple[int, str, str]:
 
 
 def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
-    return {p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 def generated_snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
@@ -148,8 +156,14 @@ CHECK_WITHOUT_TORCH = textwrap.dedent("""
 def test_check_passes_and_never_imports_torch_or_transformers(real) -> None:
     """`check` (hash fast path) and `check --full` (regenerates from upstream text) both exit 0, torch-free."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-c", CHECK_WITHOUT_TORCH, str(real)], cwd=real.parent,
-                            capture_output=True, text=True, timeout=120, env=env)
+    result = subprocess.run(
+        [sys.executable, "-c", CHECK_WITHOUT_TORCH, str(real)],
+        cwd=real.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr
     assert f"ok: {len(models(real))} spec(s) match generated/" in result.stdout
     assert result.stdout.strip().splitlines()[-1] == "exit [0, 0] leaked []", result.stdout + result.stderr
@@ -166,7 +180,7 @@ def test_check_fails_on_a_one_character_edit_and_names_the_file(real) -> None:
     target = real / QWEN3
     text = target.read_text()
     at = text.index("class Qwen3RMSNorm")
-    target.write_text(text[:at] + "class Qwen3RmSNorm" + text[at + len("class Qwen3RMSNorm"):])
+    target.write_text(text[:at] + "class Qwen3RmSNorm" + text[at + len("class Qwen3RMSNorm") :])
     result = patchgen(real, "check")
     assert result.returncode == 1
     assert f"DRIFT {QWEN3}: edited by hand" in result.stderr
@@ -176,16 +190,21 @@ def test_check_fails_on_a_one_character_edit_and_names_the_file(real) -> None:
 
 def test_regen_with_a_missing_anchor_exits_2_lists_candidates_and_writes_nothing(real) -> None:
     spec = real / "specs" / "qwen3.toml"
-    index, patch = next((i, p) for i, p in enumerate(spec_patches(real, "qwen3"), start=1)
-                        if p.get("anchor", "").endswith(")") and "(" in p["anchor"])  # a call anchor
+    index, patch = next(
+        (i, p)
+        for i, p in enumerate(spec_patches(real, "qwen3"), start=1)
+        if p.get("anchor", "").endswith(")") and "(" in p["anchor"]
+    )  # a call anchor
     anchor = patch["anchor"]
     missing = anchor[:-1] + "_missing)"  # a call that upstream does not contain
     spec.write_text(spec.read_text().replace(f'anchor = "{anchor}"', f'anchor = "{missing}"'))
     before = generated_snapshot(real)
     result = patchgen(real, "regen", "qwen3")
     assert result.returncode == 2
-    assert result.stderr.startswith(f"error: {spec}: patch {index} ({patch['template']}) in scope "
-                                    f"'{patch['scope']}': anchor {missing!r} matches no ")
+    assert result.stderr.startswith(
+        f"error: {spec}: patch {index} ({patch['template']}) in scope "
+        f"'{patch['scope']}': anchor {missing!r} matches no "
+    )
     root, version = installed_transformers()
     where = f"transformers=={version} transformers/models/qwen3/modeling_qwen3.py"
     assert f"nearest candidates in {where}:" in result.stderr
@@ -200,15 +219,19 @@ def test_explain_prints_template_upstream_line_and_rendered_code(real, capsys) -
     assert code == 0, err
     root, version = installed_transformers()
     upstream = root / "models" / "qwen3" / "modeling_qwen3.py"
-    assert out.startswith(f"qwen3: qwen3.toml -> {QWEN3} from transformers=={version} "
-                                    f"transformers/models/qwen3/modeling_qwen3.py\n")
+    assert out.startswith(
+        f"qwen3: qwen3.toml -> {QWEN3} from transformers=={version} transformers/models/qwen3/modeling_qwen3.py\n"
+    )
     sections = out.split("\n#")[1:]
     patches = spec_patches(real, "qwen3")
     assert len(sections) == len(patches)
     for index, (section, patch) in enumerate(zip(sections, patches, strict=True), start=1):
         header = section.splitlines()[0]
-        match = re.fullmatch(rf"{index} {re.escape(patch['template'])} \(op (\w+)\) @ {re.escape(patch['scope'])}, "
-                             rf"upstream line (\d+)", header)
+        match = re.fullmatch(
+            rf"{index} {re.escape(patch['template'])} \(op (\w+)\) @ {re.escape(patch['scope'])}, "
+            rf"upstream line (\d+)",
+            header,
+        )
         assert match, header
         assert int(match.group(2)) == expression_line(upstream, patch["scope"], patch["anchor"])
         assert f"  why: {patch['why']}\n" in section and f"  anchor: {patch['anchor']}\n" in section
@@ -275,9 +298,11 @@ def test_usage_errors_exit_2_with_a_message_not_a_traceback(real, capsys) -> Non
     result = patchgen(real, "regen", "--bogus")
     assert result.returncode == 2 and "No such option: --bogus" in result.stderr
     assert "Traceback" not in result.stderr
-    for args, message in ((("regen",), "name the models to regenerate, or pass --all"),
-                          (("explain",), "Missing argument"),
-                          (("regen", "qwen4"), "unknown model(s) ['qwen4']")):
+    for args, message in (
+        (("regen",), "name the models to regenerate, or pass --all"),
+        (("explain",), "Missing argument"),
+        (("regen", "qwen4"), "unknown model(s) ['qwen4']"),
+    ):
         code, _, err = in_process(real, capsys, *args)
         assert code == 2 and message in err, (args, err)
     assert in_process(real, capsys, "check", "--help")[0] == 0

@@ -12,8 +12,9 @@ from patchgen.project import regen
 from patchgen.upstream import PinnedSource
 from tests.engine.helpers import TOY, FixtureSource, spec_toml, upstream_line, upstream_text
 
-INSERT = dict(template="fx/insert_code", scope="ToyLayer.forward", after="residual = hidden",
-              vars=dict(code="pass"), why="x")
+INSERT = dict(
+    template="fx/insert_code", scope="ToyLayer.forward", after="residual = hidden", vars=dict(code="pass"), why="x"
+)
 
 
 def load_error(project, text: str) -> tuple[str, str]:
@@ -36,10 +37,13 @@ def candidates(message: str) -> list[tuple[int, str]]:
 
 # ---- spec loading -------------------------------------------------------------------------------------------
 
+
 def test_unknown_key(project) -> None:
     message, path = load_error(project, spec_toml(modul="x"))
-    assert message == f"{path}: top level: unknown key 'modul'; expected one of ['exclude', 'keep', 'module', " \
-                      f"'output', 'patch']"
+    assert (
+        message == f"{path}: top level: unknown key 'modul'; expected one of ['exclude', 'keep', 'module', "
+        f"'output', 'patch']"
+    )
     message, path = load_error(project, spec_toml(patches=[INSERT, {**INSERT, "anchr": "y"}]))
     assert message.startswith(f"{path}: patch 2 (fx/insert_code): unknown key 'anchr'; expected one of [")
     listed = set(re.findall(r"'(\w+)'", message.split("expected one of")[1]))
@@ -75,25 +79,31 @@ def test_unknown_template_lists_available(project) -> None:
 
 def test_undeclared_var(project) -> None:
     message, path = load_error(project, spec_toml(patches=[{**INSERT, "vars": dict(code="pass", color="red")}]))
-    assert message == (f"{path}: patch 1 (fx/insert_code): vars.color is not declared by template fx/insert_code "
-                       f"(declared: code)")
+    assert message == (
+        f"{path}: patch 1 (fx/insert_code): vars.color is not declared by template fx/insert_code (declared: code)"
+    )
 
 
 def test_missing_required_var(project) -> None:
     message, path = load_error(project, spec_toml(patches=[{**INSERT, "vars": {}}]))
-    assert message == f"{path}: patch 1 (fx/insert_code): template fx/insert_code needs vars ['code']: code (str): " \
-                      f"the statements"
+    assert (
+        message == f"{path}: patch 1 (fx/insert_code): template fx/insert_code needs vars ['code']: code (str): "
+        f"the statements"
+    )
     # a template whose every var is required, and no vars table at all
     rename = dict(template="core/rename", scope="ToyLayer", why="x")
     message, path = load_error(project, spec_toml(patches=[rename]))
     assert message.startswith(f"{path}: patch 1 (core/rename): template core/rename needs vars ['to']")
 
 
-@pytest.mark.parametrize("value, found", [
-    ("3", "string '3'"),
-    (True, "boolean True"),  # TOML true is not an int
-    (1.5, "float 1.5"),
-])
+@pytest.mark.parametrize(
+    "value, found",
+    [
+        ("3", "string '3'"),
+        (True, "boolean True"),  # TOML true is not an int
+        (1.5, "float 1.5"),
+    ],
+)
 def test_wrong_var_type(project, value, found) -> None:
     patch = {**INSERT, "template": "fx/insert_trace", "vars": dict(name="n", level=value)}
     message, path = load_error(project, spec_toml(patches=[patch]))
@@ -108,12 +118,16 @@ def test_wrong_list_item_type(project) -> None:
 
 def test_wrong_anchor_keys_for_the_op(project) -> None:
     message, path = load_error(project, spec_toml(patches=[{**INSERT, "before": "residual = hidden"}]))
-    assert message == (f"{path}: patch 1 (fx/insert_code): op 'insert' takes exactly one of 'before' or 'after'; "
-                       f"found ['before', 'after']")
+    assert message == (
+        f"{path}: patch 1 (fx/insert_code): op 'insert' takes exactly one of 'before' or 'after'; "
+        f"found ['before', 'after']"
+    )
     wrap = dict(template="fx/wrap_guard", scope="ToyModel.forward", after="x", why="x")
     message, path = load_error(project, spec_toml(patches=[wrap]))
-    assert message == f"{path}: patch 1 (fx/wrap_guard): op 'wrap' takes 'anchor' (the expression to wrap); " \
-                      f"found ['after']"
+    assert (
+        message == f"{path}: patch 1 (fx/wrap_guard): op 'wrap' takes 'anchor' (the expression to wrap); "
+        f"found ['after']"
+    )
 
 
 def test_bad_toml(project) -> None:
@@ -124,15 +138,20 @@ def test_bad_toml(project) -> None:
 
 # ---- anchors and scopes -------------------------------------------------------------------------------------
 
+
 def test_anchor_miss_lists_nearest_candidates_with_upstream_lines(project) -> None:
     anchor = "hidden = rescale(hidden, factor=self.config.scal)"
     message, path = generate_error(project, [INSERT, {**INSERT, "after": anchor}])
-    assert message.startswith(f"{path}: patch 2 (fx/insert_code) in scope 'ToyLayer.forward': anchor {anchor!r} "
-                              f"matches no statement in scope 'ToyLayer.forward'")
+    assert message.startswith(
+        f"{path}: patch 2 (fx/insert_code) in scope 'ToyLayer.forward': anchor {anchor!r} "
+        f"matches no statement in scope 'ToyLayer.forward'"
+    )
     assert "nearest candidates in fixturepkg==1.2.3 fixturepkg/models/modeling_toy.py:" in message
     found = candidates(message)
-    assert found[0] == (upstream_line(TOY, "hidden = rescale(hidden,"),
-                        "hidden = rescale(hidden, factor=self.config.scale)")
+    assert found[0] == (
+        upstream_line(TOY, "hidden = rescale(hidden,"),
+        "hidden = rescale(hidden, factor=self.config.scale)",
+    )
     assert len(found) == 3
     for line, text in found[1:]:  # the other candidates are one-liners: find them by text
         assert line == upstream_line(TOY, text)
@@ -141,18 +160,27 @@ def test_anchor_miss_lists_nearest_candidates_with_upstream_lines(project) -> No
 def test_expression_anchor_miss_lists_candidates(project) -> None:
     wrap = dict(template="fx/wrap_guard", scope="ToyModel.forward", anchor="self.default_mask(len(hiden))", why="x")
     message, path = generate_error(project, [wrap])
-    assert message.startswith(f"{path}: patch 1 (fx/wrap_guard) in scope 'ToyModel.forward': anchor "
-                              f"'self.default_mask(len(hiden))' matches no expression")
-    assert candidates(message)[0] == (upstream_line(TOY, "self.default_mask(len(hidden))"),
-                                      "self.default_mask(len(hidden))")
+    assert message.startswith(
+        f"{path}: patch 1 (fx/wrap_guard) in scope 'ToyModel.forward': anchor "
+        f"'self.default_mask(len(hiden))' matches no expression"
+    )
+    assert candidates(message)[0] == (
+        upstream_line(TOY, "self.default_mask(len(hidden))"),
+        "self.default_mask(len(hidden))",
+    )
 
 
 def test_ambiguous_anchor_lists_every_match(project) -> None:
     message, path = generate_error(project, [{**INSERT, "scope": "<module>", "after": "self.config = config"}])
-    assert message.startswith(f"{path}: patch 1 (fx/insert_code) in scope '<module>': anchor 'self.config = config' "
-                              f"matches 2 statements in scope '<module>'")
-    lines = [no for no, line in enumerate(upstream_text(TOY).splitlines(), start=1)
-             if line.strip() == "self.config = config"]
+    assert message.startswith(
+        f"{path}: patch 1 (fx/insert_code) in scope '<module>': anchor 'self.config = config' "
+        f"matches 2 statements in scope '<module>'"
+    )
+    lines = [
+        no
+        for no, line in enumerate(upstream_text(TOY).splitlines(), start=1)
+        if line.strip() == "self.config = config"
+    ]
     assert candidates(message) == [(n, "self.config = config") for n in lines]
     assert len(lines) == 2
 
@@ -165,45 +193,60 @@ def test_compound_header_without_colon_does_not_match(project) -> None:
 
 def test_scope_missing_lists_nearest_scopes(project) -> None:
     message, path = generate_error(project, [{**INSERT, "scope": "ToyModle.forward"}])
-    assert message.startswith(f"{path}: patch 1 (fx/insert_code) in scope 'ToyModle.forward': scope "
-                              f"'ToyModle.forward': no definition named 'ToyModle' in the module")
+    assert message.startswith(
+        f"{path}: patch 1 (fx/insert_code) in scope 'ToyModle.forward': scope "
+        f"'ToyModle.forward': no definition named 'ToyModle' in the module"
+    )
     found = dict((text, line) for line, text in candidates(message))
     assert found["ToyModel"] == upstream_line(TOY, "class ToyModel:")
     assert found["ToyLayer"] == upstream_line(TOY, "class ToyLayer:")
     message, path = generate_error(project, [{**INSERT, "scope": "ToyModel.forwrd"}])
     assert "no definition named 'forwrd' in ToyModel" in message
-    assert candidates(message) == [(upstream_line(TOY, "def forward(self, hidden, attention_mask: Optional"),
-                                    "ToyModel.forward")]
+    assert candidates(message) == [
+        (upstream_line(TOY, "def forward(self, hidden, attention_mask: Optional"), "ToyModel.forward")
+    ]
 
 
 def test_wrap_anchor_that_is_not_an_expression(project) -> None:
     wrap = dict(template="fx/wrap_guard", scope="ToyModel.forward", anchor="attention_mask = None", why="x")
     message, path = generate_error(project, [wrap])
-    assert message.startswith(f"{path}: patch 1 (fx/wrap_guard) in scope 'ToyModel.forward': anchor "
-                              f"'attention_mask = None' is not a Python expression")
+    assert message.startswith(
+        f"{path}: patch 1 (fx/wrap_guard) in scope 'ToyModel.forward': anchor "
+        f"'attention_mask = None' is not a Python expression"
+    )
 
 
 def test_wrap_template_rendering_a_statement(project) -> None:
     wrap = dict(template="fx/wrap_not_expression", scope="ToyModel.forward", anchor="self.default_mask", why="x")
     message, path = generate_error(project, [wrap])
-    assert message.startswith(f"{path}: patch 1 (fx/wrap_not_expression) in scope 'ToyModel.forward': rendered wrap "
-                              f"is not a Python expression: 'self.default_mask = 1'")
+    assert message.startswith(
+        f"{path}: patch 1 (fx/wrap_not_expression) in scope 'ToyModel.forward': rendered wrap "
+        f"is not a Python expression: 'self.default_mask = 1'"
+    )
 
 
 def test_rendered_template_with_a_syntax_error(project) -> None:
-    bad = dict(template="fx/bad_syntax", scope="ToyModel.forward", before="return [h / norm for h in hidden]",
-               vars=dict(cond="ready"), why="x")
+    bad = dict(
+        template="fx/bad_syntax",
+        scope="ToyModel.forward",
+        before="return [h / norm for h in hidden]",
+        vars=dict(cond="ready"),
+        why="x",
+    )
     message, path = generate_error(project, [INSERT, bad])
-    assert message.startswith(f"{path}: patch 2 (fx/bad_syntax) in scope 'ToyModel.forward': rendered template is "
-                              f"not valid Python")
+    assert message.startswith(
+        f"{path}: patch 2 (fx/bad_syntax) in scope 'ToyModel.forward': rendered template is not valid Python"
+    )
     assert "--- rendered ---\nif ready\n    pass\n" in message
 
 
 def test_add_method_clashing_with_an_existing_method(project) -> None:
     add = dict(template="fx/add_method", scope="ToyModel", vars=dict(name="forward"), why="x")
     message, path = generate_error(project, [add])
-    assert message.startswith(f"{path}: patch 1 (fx/add_method) in scope 'ToyModel': ToyModel already defines "
-                              f"['forward']; use a replace_method template")
+    assert message.startswith(
+        f"{path}: patch 1 (fx/add_method) in scope 'ToyModel': ToyModel already defines "
+        f"['forward']; use a replace_method template"
+    )
 
 
 def test_add_method_needs_a_class(project) -> None:
@@ -214,57 +257,118 @@ def test_add_method_needs_a_class(project) -> None:
 
 def test_replace_method_needs_a_method_scope(project) -> None:
     message, path = generate_error(project, [dict(template="fx/replace_method", scope="ToyModel", why="x")])
-    assert f"{path}: patch 1 (fx/replace_method) in scope 'ToyModel': op replace_method takes scope " \
-           f"'Class.method', found 'ToyModel'" in message
+    assert (
+        f"{path}: patch 1 (fx/replace_method) in scope 'ToyModel': op replace_method takes scope "
+        f"'Class.method', found 'ToyModel'" in message
+    )
 
 
-@pytest.mark.parametrize("patches, culprit, owner", [
-    ([dict(template="fx/replace_code", scope="ToyLayer.forward", anchor="if attention_mask is not None:",
-           vars=dict(code="pass"), why="x"),
-      dict(template="fx/wrap_guard", scope="ToyLayer.forward", anchor="zip(hidden, attention_mask)", why="y")],
-     "patch 2 (fx/wrap_guard) in scope 'ToyLayer.forward'", "patch 1 (fx/replace_code)"),
-    ([dict(template="fx/insert_code", scope="ToyModel.default_mask", before="return [1.0] * length",
-           vars=dict(code="pass"), why="y"),
-      dict(template="fx/replace_method", scope="ToyModel.default_mask", why="x")],
-     "patch 1 (fx/insert_code) in scope 'ToyModel.default_mask'", "patch 2 (fx/replace_method)"),
-    ([dict(template="fx/replace_code", scope="ToyLayer.forward", anchor="residual = hidden",
-           vars=dict(code="pass"), why="x"),
-      dict(template="fx/replace_code", scope="ToyLayer.forward", anchor="residual = hidden",
-           vars=dict(code="residual = 0"), why="y")],
-     "patch 2 (fx/replace_code) in scope 'ToyLayer.forward'", "patch 1 (fx/replace_code)"),
-])
+@pytest.mark.parametrize(
+    "patches, culprit, owner",
+    [
+        (
+            [
+                dict(
+                    template="fx/replace_code",
+                    scope="ToyLayer.forward",
+                    anchor="if attention_mask is not None:",
+                    vars=dict(code="pass"),
+                    why="x",
+                ),
+                dict(
+                    template="fx/wrap_guard", scope="ToyLayer.forward", anchor="zip(hidden, attention_mask)", why="y"
+                ),
+            ],
+            "patch 2 (fx/wrap_guard) in scope 'ToyLayer.forward'",
+            "patch 1 (fx/replace_code)",
+        ),
+        (
+            [
+                dict(
+                    template="fx/insert_code",
+                    scope="ToyModel.default_mask",
+                    before="return [1.0] * length",
+                    vars=dict(code="pass"),
+                    why="y",
+                ),
+                dict(template="fx/replace_method", scope="ToyModel.default_mask", why="x"),
+            ],
+            "patch 1 (fx/insert_code) in scope 'ToyModel.default_mask'",
+            "patch 2 (fx/replace_method)",
+        ),
+        (
+            [
+                dict(
+                    template="fx/replace_code",
+                    scope="ToyLayer.forward",
+                    anchor="residual = hidden",
+                    vars=dict(code="pass"),
+                    why="x",
+                ),
+                dict(
+                    template="fx/replace_code",
+                    scope="ToyLayer.forward",
+                    anchor="residual = hidden",
+                    vars=dict(code="residual = 0"),
+                    why="y",
+                ),
+            ],
+            "patch 2 (fx/replace_code) in scope 'ToyLayer.forward'",
+            "patch 1 (fx/replace_code)",
+        ),
+    ],
+)
 def test_conflicting_patches(project, patches, culprit, owner) -> None:
     message, path = generate_error(project, patches)
     assert message.startswith(f"{path}: {culprit}: conflicts with {owner}, which replaces the code this patch edits")
 
 
-RUN = dict(template="fx/replace_code", scope="ToyLayer.forward", anchor="residual = hidden",
-           through="hidden = rescale(hidden, factor=self.config.scale)", vars=dict(code="pass"), why="run")
+RUN = dict(
+    template="fx/replace_code",
+    scope="ToyLayer.forward",
+    anchor="residual = hidden",
+    through="hidden = rescale(hidden, factor=self.config.scale)",
+    vars=dict(code="pass"),
+    why="run",
+)
 
 
-@pytest.mark.parametrize("anchor, through", [
-    ("residual = hidden", "hidden = [h * m for h, m in zip(hidden, attention_mask)]"),  # another block
-    ("hidden = rescale(hidden, factor=self.config.scale)", "residual = hidden"),  # wrong order
-])
+@pytest.mark.parametrize(
+    "anchor, through",
+    [
+        ("residual = hidden", "hidden = [h * m for h, m in zip(hidden, attention_mask)]"),  # another block
+        ("hidden = rescale(hidden, factor=self.config.scale)", "residual = hidden"),  # wrong order
+    ],
+)
 def test_replace_run_ends_among_the_statements_after_the_anchor(project, anchor, through) -> None:
     message, path = generate_error(project, [{**RUN, "anchor": anchor, "through": through}])
     assert message.startswith(f"{path}: patch 1 (fx/replace_code) in scope 'ToyLayer.forward': ")
-    assert f"'through' {through!r} matches no statement in scope 'ToyLayer.forward' after 'anchor' {anchor!r} " \
-           f"in the same block" in message
+    assert (
+        f"'through' {through!r} matches no statement in scope 'ToyLayer.forward' after 'anchor' {anchor!r} "
+        f"in the same block" in message
+    )
 
 
 def test_replace_run_conflicts_with_an_edit_inside_it(project) -> None:
-    inside = dict(template="fx/insert_code", scope="ToyLayer.forward",
-                  after="hidden = rescale(hidden, factor=self.config.scale)", vars=dict(code="pass"), why="x")
+    inside = dict(
+        template="fx/insert_code",
+        scope="ToyLayer.forward",
+        after="hidden = rescale(hidden, factor=self.config.scale)",
+        vars=dict(code="pass"),
+        why="x",
+    )
     message, path = generate_error(project, [RUN, inside])
-    assert message.startswith(f"{path}: patch 2 (fx/insert_code) in scope 'ToyLayer.forward': conflicts with patch 1 "
-                              f"(fx/replace_code)")
+    assert message.startswith(
+        f"{path}: patch 2 (fx/insert_code) in scope 'ToyLayer.forward': conflicts with patch 1 (fx/replace_code)"
+    )
 
 
 def test_through_needs_op_replace(project) -> None:
     message, path = load_error(project, spec_toml(patches=[{**INSERT, "through": "return hidden"}]))
-    assert message == (f"{path}: patch 1 (fx/insert_code): 'through' (end of a replaced run of statements) needs op "
-                       f"'replace', template fx/insert_code has op 'insert'")
+    assert message == (
+        f"{path}: patch 1 (fx/insert_code): 'through' (end of a replaced run of statements) needs op "
+        f"'replace', template fx/insert_code has op 'insert'"
+    )
 
 
 @pytest.mark.parametrize("key", ["keep", "exclude"])
@@ -272,11 +376,14 @@ def test_keep_or_exclude_naming_a_nonexistent_definition(project, key) -> None:
     extra = {"keep": ["ToyForTask", "Nope"]} if key == "keep" else {"exclude": ["Nah"]}
     message, path = generate_error(project, [], **extra)
     missing = "['Nope']" if key == "keep" else "['Nah']"
-    assert message == (f"{path}: {key} names {missing}, which fixturepkg/models/modeling_toy.py (fixturepkg==1.2.3) "
-                       f"does not define at top level")
+    assert message == (
+        f"{path}: {key} names {missing}, which fixturepkg/models/modeling_toy.py (fixturepkg==1.2.3) "
+        f"does not define at top level"
+    )
 
 
 # ---- upstream versions ---------------------------------------------------------------------------------------
+
 
 def test_installed_version_differs_from_pin(project) -> None:
     proj = project(spec_toml(patches=[INSERT]), pins={"fixturepkg": "1.0.0"})
@@ -299,7 +406,12 @@ def test_pinned_source_passes_through_the_pinned_version() -> None:
 
 
 def test_patch_inside_a_pruned_definition_is_an_error(project) -> None:
-    patch = dict(template="fx/insert_code", scope="UnusedThing.run", before="return only_used_by_unused(1)",
-                 vars=dict(code="pass"), why="edits code nothing keeps")
+    patch = dict(
+        template="fx/insert_code",
+        scope="UnusedThing.run",
+        before="return only_used_by_unused(1)",
+        vars=dict(code="pass"),
+        why="edits code nothing keeps",
+    )
     message, path = generate_error(project, [patch])
     assert message.startswith(f"{path}: patch 1 (fx/insert_code) edits UnusedThing.run, but UnusedThing is pruned")

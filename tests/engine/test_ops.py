@@ -17,61 +17,78 @@ def all_ops(tmp_path_factory):
 
 
 def test_insert_after_with_every_var_type(all_ops) -> None:
-    assert ("        residual = hidden\n"
-            "        # patchgen #1 fx/insert_trace (2 stmt): trace the residual\n"
-            "        logger = logging.getLogger(\"toy\")\n"
-            "        trace_event(logger, level=3, enabled=False, tags=['a', 'b'], ratio=0.25, dims=[1, 2])\n"
-            "        # patchgen #2 fx/replace_rescale (2 stmt): scale more\n"
-            "        hidden = rescale(hidden, factor=self.config.scale * 2.0)\n"
-            "        hidden = checkpoint(hidden)\n"
-            "        if attention_mask is not None:\n"
-            "            # mask out padded positions\n") in all_ops.text
+    assert (
+        "        residual = hidden\n"
+        "        # patchgen #1 fx/insert_trace (2 stmt): trace the residual\n"
+        '        logger = logging.getLogger("toy")\n'
+        "        trace_event(logger, level=3, enabled=False, tags=['a', 'b'], ratio=0.25, dims=[1, 2])\n"
+        "        # patchgen #2 fx/replace_rescale (2 stmt): scale more\n"
+        "        hidden = rescale(hidden, factor=self.config.scale * 2.0)\n"
+        "        hidden = checkpoint(hidden)\n"
+        "        if attention_mask is not None:\n"
+        "            # mask out padded positions\n"
+    ) in all_ops.text
 
 
 def test_var_defaults_are_used(project) -> None:
-    patch = dict(template="fx/insert_trace", scope="ToyLayer.forward", before="residual = hidden",
-                 vars=dict(name="d"), why="defaults")
+    patch = dict(
+        template="fx/insert_trace",
+        scope="ToyLayer.forward",
+        before="residual = hidden",
+        vars=dict(name="d"),
+        why="defaults",
+    )
     gen = project(spec_toml(patches=[patch])).generate()
-    assert ("        # patchgen #1 fx/insert_trace (2 stmt): defaults\n"
-            "        logger = logging.getLogger(\"d\")\n"
-            "        trace_event(logger, level=1, enabled=True, tags=[], ratio=0.5, dims=[0])\n"
-            "        residual = hidden\n") in gen.text
+    assert (
+        "        # patchgen #1 fx/insert_trace (2 stmt): defaults\n"
+        '        logger = logging.getLogger("d")\n'
+        "        trace_event(logger, level=1, enabled=True, tags=[], ratio=0.5, dims=[0])\n"
+        "        residual = hidden\n"
+    ) in gen.text
 
 
 def test_insert_before_compound_header(all_ops) -> None:
-    assert ("        loss = None\n"
-            "        # patchgen #8 fx/insert_code (1 stmt): anchored on a compound header\n"
-            "        labels = list(labels) if labels else labels\n"
-            "        if labels is not None:\n") in all_ops.text
+    assert (
+        "        loss = None\n"
+        "        # patchgen #8 fx/insert_code (1 stmt): anchored on a compound header\n"
+        "        labels = list(labels) if labels else labels\n"
+        "        if labels is not None:\n"
+    ) in all_ops.text
 
 
 def test_wrap_uses_expr_and_scope_and_marks_the_statement(all_ops) -> None:
-    assert ("        if labels is not None:\n"
-            "            # patchgen #3 fx/wrap_guard (1 stmt): guard the loss\n"
-            '            loss = guard(self.loss_function, scope="ToyForTask.forward")(out, labels)\n') in all_ops.text
+    assert (
+        "        if labels is not None:\n"
+        "            # patchgen #3 fx/wrap_guard (1 stmt): guard the loss\n"
+        '            loss = guard(self.loss_function, scope="ToyForTask.forward")(out, labels)\n'
+    ) in all_ops.text
 
 
 def test_add_method_appends_to_the_class(all_ops) -> None:
-    assert ("        return lazy_helper()\n"
-            "\n"
-            "    # patchgen #4 fx/add_method (1 stmt): a new method\n"
-            "    def double_depth(self):\n"
-            "        \"\"\"Added by a fixture template.\"\"\"\n"
-            "        return self.depth * 2\n"
-            "\n"
-            "\n"
-            "class ToyForTask(ToyModel):\n") in all_ops.text
+    assert (
+        "        return lazy_helper()\n"
+        "\n"
+        "    # patchgen #4 fx/add_method (1 stmt): a new method\n"
+        "    def double_depth(self):\n"
+        '        """Added by a fixture template."""\n'
+        "        return self.depth * 2\n"
+        "\n"
+        "\n"
+        "class ToyForTask(ToyModel):\n"
+    ) in all_ops.text
 
 
 def test_replace_method_keeps_leading_blank_line_and_decorators(all_ops) -> None:
-    assert ("        self.ToyLayer = ToyLayer  # an attribute that happens to share the class name\n"
-            "\n"
-            "    # patchgen #5 fx/replace_method (1 stmt): constant mask\n"
-            "    @staticmethod\n"
-            "    def default_mask(length):\n"
-            "        return [0.5] * length\n"
-            "\n"
-            "    @property\n") in all_ops.text
+    assert (
+        "        self.ToyLayer = ToyLayer  # an attribute that happens to share the class name\n"
+        "\n"
+        "    # patchgen #5 fx/replace_method (1 stmt): constant mask\n"
+        "    @staticmethod\n"
+        "    def default_mask(length):\n"
+        "        return [0.5] * length\n"
+        "\n"
+        "    @property\n"
+    ) in all_ops.text
 
 
 def test_add_definition_appends_to_the_module_and_is_kept(all_ops) -> None:
@@ -81,44 +98,72 @@ def test_add_definition_appends_to_the_module_and_is_kept(all_ops) -> None:
         "\n"
         "# patchgen #6 fx/add_definition (1 stmt): a helper\n"
         "def bounded(x):\n"
-        "    return clamp(x, -1.0, 1.0)\n")
+        "    return clamp(x, -1.0, 1.0)\n"
+    )
 
 
 def test_add_definition_after_an_anchor(project) -> None:
-    gen = project(spec_toml(patches=[dict(template="fx/add_definition", scope="<module>", after="EPS = 1e-6",
-                                          vars=dict(name="lo", low=0.0, high=2.0), why="placed")])).generate()
-    assert ("EPS   =   1e-6  # odd spacing kept verbatim\n"
-            "# patchgen #1 fx/add_definition (1 stmt): placed\n"
-            "def lo(x):\n"
-            "    return clamp(x, 0.0, 2.0)\n") in gen.text
+    gen = project(
+        spec_toml(
+            patches=[
+                dict(
+                    template="fx/add_definition",
+                    scope="<module>",
+                    after="EPS = 1e-6",
+                    vars=dict(name="lo", low=0.0, high=2.0),
+                    why="placed",
+                )
+            ]
+        )
+    ).generate()
+    assert (
+        "EPS   =   1e-6  # odd spacing kept verbatim\n"
+        "# patchgen #1 fx/add_definition (1 stmt): placed\n"
+        "def lo(x):\n"
+        "    return clamp(x, 0.0, 2.0)\n"
+    ) in gen.text
 
 
 def test_replace_definition(all_ops) -> None:
-    assert ("\n\n# patchgen #7 fx/replace_definition (1 stmt): gain\n"
-            "def rescale(x, factor=1.0):\n"
-            "    return [v * factor * 3 for v in x]\n") in all_ops.text
+    assert (
+        "\n\n# patchgen #7 fx/replace_definition (1 stmt): gain\n"
+        "def rescale(x, factor=1.0):\n"
+        "    return [v * factor * 3 for v in x]\n"
+    ) in all_ops.text
     assert "return [v * factor for v in x]" not in all_ops.text
 
 
 def test_imports_block_after_module_imports_in_patch_order_without_duplicates(all_ops) -> None:
-    assert ("from fixturepkg.models.sibling import (\n"
-            "    SiblingHelper,\n"
-            "    sibling_scale,  # a comment inside a multi-line import\n"
-            ")\n"
-            "# patchgen imports (4 stmt): names the patches below use\n"
-            "import logging\n"
-            "from fixturepkg.extra import trace_event\n"
-            "from fixturepkg.extra import checkpoint\n"
-            "from fixturepkg.extra import guard\n"
-            "\n"
-            "try:\n") in all_ops.text
+    assert (
+        "from fixturepkg.models.sibling import (\n"
+        "    SiblingHelper,\n"
+        "    sibling_scale,  # a comment inside a multi-line import\n"
+        ")\n"
+        "# patchgen imports (4 stmt): names the patches below use\n"
+        "import logging\n"
+        "from fixturepkg.extra import trace_event\n"
+        "from fixturepkg.extra import checkpoint\n"
+        "from fixturepkg.extra import guard\n"
+        "\n"
+        "try:\n"
+    ) in all_ops.text
     assert all_ops.text.count("import logging") == 1
 
 
 def test_no_imports_block_when_templates_import_nothing(project) -> None:
-    gen = project(spec_toml(patches=[dict(template="fx/insert_code", scope="ToyModel.forward",
-                                          after="norm = math.sqrt(sum(h * h for h in hidden) + EPS)",
-                                          vars=dict(code="norm = norm or 1.0"), why="x")])).generate()
+    gen = project(
+        spec_toml(
+            patches=[
+                dict(
+                    template="fx/insert_code",
+                    scope="ToyModel.forward",
+                    after="norm = math.sqrt(sum(h * h for h in hidden) + EPS)",
+                    vars=dict(code="norm = norm or 1.0"),
+                    why="x",
+                )
+            ]
+        )
+    ).generate()
     assert "patchgen imports" not in gen.text
 
 
@@ -141,10 +186,22 @@ def test_relative_imports_become_absolute(all_ops) -> None:
 
 
 def test_function_level_relative_import_becomes_absolute_when_its_class_is_not_patched(project) -> None:
-    gen = project(spec_toml(patches=[dict(template="fx/insert_code", scope="ToyLayer.forward",
-                                          after="residual = hidden", vars=dict(code="pass"), why="x")])).generate()
-    assert "        from fixturepkg.models.sibling import lazy_helper  # a function-level relative import\n" \
-        in gen.text
+    gen = project(
+        spec_toml(
+            patches=[
+                dict(
+                    template="fx/insert_code",
+                    scope="ToyLayer.forward",
+                    after="residual = hidden",
+                    vars=dict(code="pass"),
+                    why="x",
+                )
+            ]
+        )
+    ).generate()
+    assert (
+        "        from fixturepkg.models.sibling import lazy_helper  # a function-level relative import\n" in gen.text
+    )
     assert "from ." not in gen.text
 
 
@@ -158,15 +215,24 @@ def test_pruning(all_ops) -> None:
     text = all_ops.text
     for pruned in ("class UnusedThing", "def unused_function", "def only_used_by_unused"):
         assert pruned not in text
-    for kept in ("def traced(fn):", "def debug_dump(obj)", "class ToyConfig:", "class ToyLayer:", "class ToyModel:",
-                 "class ToyForTask(ToyModel):", "def rescale(", "def bounded("):
+    for kept in (
+        "def traced(fn):",
+        "def debug_dump(obj)",
+        "class ToyConfig:",
+        "class ToyLayer:",
+        "class ToyModel:",
+        "class ToyForTask(ToyModel):",
+        "def rescale(",
+        "def bounded(",
+    ):
         assert kept in text
     # module-level try/if blocks and assignments stay verbatim
-    for verbatim in ("try:\n    import json as _json\nexcept ImportError:  # pragma: no cover - json is stdlib\n"
-                     "    _json = None\n",
-                     'if os.environ.get("FIXTUREPKG_DEBUG"):  # a module-level compound statement\n'
-                     "    DEBUG_HOOK = debug_dump\nelse:\n    DEBUG_HOOK = None\n",
-                     "_REGISTRY = make_registry()\nEPS   =   1e-6  # odd spacing kept verbatim\n"):
+    for verbatim in (
+        "try:\n    import json as _json\nexcept ImportError:  # pragma: no cover - json is stdlib\n    _json = None\n",
+        'if os.environ.get("FIXTUREPKG_DEBUG"):  # a module-level compound statement\n'
+        "    DEBUG_HOOK = debug_dump\nelse:\n    DEBUG_HOOK = None\n",
+        "_REGISTRY = make_registry()\nEPS   =   1e-6  # odd spacing kept verbatim\n",
+    ):
         assert verbatim in text
     assert '__all__ = ["ToyConfig", "ToyModel", "ToyForTask"]\n' in text
 
@@ -196,16 +262,28 @@ def test_exclude_with_a_remaining_reference_is_an_error_naming_the_reference(pro
 
 
 def test_exclude_of_a_reference_patched_away_is_fine(project) -> None:
-    gen = project(spec_toml(keep=["ToyForTask"], exclude=["traced"], patches=[
-        dict(template="fx/replace_code", scope="ToyLayer", anchor="def forward(self, hidden, attention_mask=None):",
-             vars=dict(code="def forward(self, hidden, attention_mask=None):\n    return hidden"),
-             why="drop the traced forward")])).generate()
+    gen = project(
+        spec_toml(
+            keep=["ToyForTask"],
+            exclude=["traced"],
+            patches=[
+                dict(
+                    template="fx/replace_code",
+                    scope="ToyLayer",
+                    anchor="def forward(self, hidden, attention_mask=None):",
+                    vars=dict(code="def forward(self, hidden, attention_mask=None):\n    return hidden"),
+                    why="drop the traced forward",
+                )
+            ],
+        )
+    ).generate()
     assert "def traced" not in gen.text and "@traced" not in gen.text
 
 
 def test_rename_changes_definition_and_references_but_not_attributes_or_keywords(project) -> None:
-    gen = project(spec_toml(patches=[dict(template="core/rename", scope="ToyLayer", vars=dict(to="SPToyLayer"),
-                                          why="SP layer")])).generate()
+    gen = project(
+        spec_toml(patches=[dict(template="core/rename", scope="ToyLayer", vars=dict(to="SPToyLayer"), why="SP layer")])
+    ).generate()
     text = body_of(gen.text)
     assert "# patchgen #1 core/rename (1 stmt): SP layer\nclass SPToyLayer:\n" in text
     assert "self.layers = [SPToyLayer(config, i) for i in range(config.num_layers)]\n" in text
@@ -216,45 +294,86 @@ def test_rename_changes_definition_and_references_but_not_attributes_or_keywords
 
 
 def test_rename_of_an_exported_definition_updates_all(project) -> None:
-    gen = project(spec_toml(patches=[dict(template="core/rename", scope="ToyForTask", vars=dict(to="SPToyForTask"),
-                                          why="SP head")])).generate()
+    gen = project(
+        spec_toml(
+            patches=[dict(template="core/rename", scope="ToyForTask", vars=dict(to="SPToyForTask"), why="SP head")]
+        )
+    ).generate()
     assert "class SPToyForTask(ToyModel):" in gen.text
     assert '__all__ = ["ToyConfig", "ToyModel", "SPToyForTask"]\n' in gen.text
 
 
 def test_template_imports_do_not_duplicate_existing_imports(project) -> None:
-    proj = project(spec_toml(patches=[dict(template="fx/insert_trace", scope="ToyLayer.forward",
-                                           after="residual = hidden", vars=dict(name="n"), why="x")]))
+    proj = project(
+        spec_toml(
+            patches=[
+                dict(
+                    template="fx/insert_trace",
+                    scope="ToyLayer.forward",
+                    after="residual = hidden",
+                    vars=dict(name="n"),
+                    why="x",
+                )
+            ]
+        )
+    )
     src = UPSTREAM.replace("import math\n", "import math\nimport logging\n")
     text = proj.generate(source=FixtureSource(overrides={TOY: src})).text
     assert text.count("import logging\n") == 1
-    assert ("# patchgen imports (1 stmt): names the patches below use\n"
-            "from fixturepkg.extra import trace_event\n") in text
+    assert (
+        "# patchgen imports (1 stmt): names the patches below use\nfrom fixturepkg.extra import trace_event\n"
+    ) in text
 
 
 def test_try_header_is_an_anchor(project) -> None:
-    src = UPSTREAM.replace("        residual = hidden\n",
-                           "        residual = hidden\n        try:\n            pass\n        except ValueError:\n"
-                           "            pass\n")
-    gen = project(spec_toml(patches=[dict(template="fx/insert_code", scope="ToyLayer.forward", before="try:",
-                                          vars=dict(code="probe = 1"), why="before a try")])).generate(
-        source=FixtureSource(overrides={TOY: src}))
-    assert ("        residual = hidden\n"
-            "        # patchgen #1 fx/insert_code (1 stmt): before a try\n"
-            "        probe = 1\n"
-            "        try:\n") in gen.text
+    src = UPSTREAM.replace(
+        "        residual = hidden\n",
+        "        residual = hidden\n        try:\n            pass\n        except ValueError:\n            pass\n",
+    )
+    gen = project(
+        spec_toml(
+            patches=[
+                dict(
+                    template="fx/insert_code",
+                    scope="ToyLayer.forward",
+                    before="try:",
+                    vars=dict(code="probe = 1"),
+                    why="before a try",
+                )
+            ]
+        )
+    ).generate(source=FixtureSource(overrides={TOY: src}))
+    assert (
+        "        residual = hidden\n"
+        "        # patchgen #1 fx/insert_code (1 stmt): before a try\n"
+        "        probe = 1\n"
+        "        try:\n"
+    ) in gen.text
 
 
 def test_comments_in_a_template_body_survive(project) -> None:
     code = "# leading comment\nw = 2  # trailing comment\n# comment between\nv = 3"
-    gen = project(spec_toml(patches=[dict(template="fx/insert_code", scope="ToyLayer.forward",
-                                          after="residual = hidden", vars=dict(code=code), why="c")])).generate()
-    assert ("        residual = hidden\n"
-            "        # patchgen #1 fx/insert_code (2 stmt): c\n"
-            "        # leading comment\n"
-            "        w = 2  # trailing comment\n"
-            "        # comment between\n"
-            "        v = 3\n") in gen.text
+    gen = project(
+        spec_toml(
+            patches=[
+                dict(
+                    template="fx/insert_code",
+                    scope="ToyLayer.forward",
+                    after="residual = hidden",
+                    vars=dict(code=code),
+                    why="c",
+                )
+            ]
+        )
+    ).generate()
+    assert (
+        "        residual = hidden\n"
+        "        # patchgen #1 fx/insert_code (2 stmt): c\n"
+        "        # leading comment\n"
+        "        w = 2  # trailing comment\n"
+        "        # comment between\n"
+        "        v = 3\n"
+    ) in gen.text
 
 
 def test_no_trailing_whitespace_in_lines_the_engine_writes(project) -> None:
@@ -263,35 +382,64 @@ def test_no_trailing_whitespace_in_lines_the_engine_writes(project) -> None:
 
 
 def test_replace_a_run_of_statements_anchor_through(project) -> None:
-    gen = project(spec_toml(patches=[dict(
-        template="fx/replace_code", scope="ToyLayer.forward", anchor="residual = hidden",
-        through="hidden = rescale(hidden, factor=self.config.scale)",
-        vars=dict(code="# one statement for two\nresidual = hidden = rescale(hidden)"), why="run")])).generate()
-    assert ("    def forward(self, hidden, attention_mask=None):\n"
-            "        # patchgen #1 fx/replace_code (1 stmt): run\n"
-            "        # one statement for two\n"
-            "        residual = hidden = rescale(hidden)\n"
-            "        if attention_mask is not None:\n") in gen.text
+    gen = project(
+        spec_toml(
+            patches=[
+                dict(
+                    template="fx/replace_code",
+                    scope="ToyLayer.forward",
+                    anchor="residual = hidden",
+                    through="hidden = rescale(hidden, factor=self.config.scale)",
+                    vars=dict(code="# one statement for two\nresidual = hidden = rescale(hidden)"),
+                    why="run",
+                )
+            ]
+        )
+    ).generate()
+    assert (
+        "    def forward(self, hidden, attention_mask=None):\n"
+        "        # patchgen #1 fx/replace_code (1 stmt): run\n"
+        "        # one statement for two\n"
+        "        residual = hidden = rescale(hidden)\n"
+        "        if attention_mask is not None:\n"
+    ) in gen.text
     assert "factor=self.config.scale)" not in gen.text
 
 
 def test_replace_a_run_through_the_end_of_a_block(project) -> None:
-    gen = project(spec_toml(patches=[dict(
-        template="fx/replace_code", scope="ToyLayer.forward",
-        anchor="hidden = rescale(hidden, factor=self.config.scale)", through="return hidden",
-        vars=dict(code="return rescale(hidden)"), why="tail")])).generate()
-    assert ("        residual = hidden\n"
-            "        # patchgen #1 fx/replace_code (1 stmt): tail\n"
-            "        return rescale(hidden)\n"
-            "\n"
-            "\n"
-            "class ToyModel:\n") in gen.text
+    gen = project(
+        spec_toml(
+            patches=[
+                dict(
+                    template="fx/replace_code",
+                    scope="ToyLayer.forward",
+                    anchor="hidden = rescale(hidden, factor=self.config.scale)",
+                    through="return hidden",
+                    vars=dict(code="return rescale(hidden)"),
+                    why="tail",
+                )
+            ]
+        )
+    ).generate()
+    assert (
+        "        residual = hidden\n"
+        "        # patchgen #1 fx/replace_code (1 stmt): tail\n"
+        "        return rescale(hidden)\n"
+        "\n"
+        "\n"
+        "class ToyModel:\n"
+    ) in gen.text
 
 
 @pytest.mark.parametrize("key, anchor", [("after", "EPS = 1e-6"), ("anchor", "_REGISTRY = make_registry()")])
 def test_definitions_a_patch_writes_at_top_level_are_not_pruned(project, key, anchor) -> None:
     template = "fx/insert_code" if key == "after" else "fx/replace_code"
-    patch = dict(template=template, scope="<module>", **{key: anchor}, vars=dict(code="def helper():\n    return 1"),
-                 why="module def")
+    patch = dict(
+        template=template,
+        scope="<module>",
+        **{key: anchor},
+        vars=dict(code="def helper():\n    return 1"),
+        why="module def",
+    )
     gen = project(spec_toml(patches=[patch])).generate()
     assert f"# patchgen #1 {template} (1 stmt): module def\ndef helper():\n    return 1\n" in gen.text

@@ -39,8 +39,9 @@ DETERMINISM_SCRIPT = textwrap.dedent("""
 def run_determinism(cwd, seed: str) -> str:
     """The script's digest, run in a fresh interpreter with this working directory and hash seed."""
     env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(REPO)}
-    result = subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT], cwd=cwd, env=env, capture_output=True,
-                            text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", DETERMINISM_SCRIPT], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 
@@ -57,8 +58,12 @@ def test_output_bytes_are_identical_across_runs_cwds_and_hash_seeds(tmp_path) ->
 
 
 def test_regen_is_idempotent_and_check_passes_right_after(project) -> None:
-    proj = project({"toy": spec_toml(patches=ALL_OPS),
-                    "other": spec_toml(output="generated/other/modeling_other.py", keep=["ToyConfig"])})
+    proj = project(
+        {
+            "toy": spec_toml(patches=ALL_OPS),
+            "other": spec_toml(output="generated/other/modeling_other.py", keep=["ToyConfig"]),
+        }
+    )
     config, source = proj.config, FixtureSource()
     specs = load_specs(config, None)
     first = regen(config, specs, source=source)
@@ -84,8 +89,9 @@ def test_written_diff_is_the_review_diff_against_upstream(project) -> None:
     proj = project(spec_toml(patches=ALL_OPS))
     regen(proj.config, [proj.spec()], source=FixtureSource())
     diff = (proj.root / "generated/toy/modeling_toy.py.diff").read_text()
-    assert diff.startswith("--- a/fixturepkg/models/modeling_toy.py (fixturepkg==1.2.3)\n"
-                           "+++ b/generated/toy/modeling_toy.py\n")
+    assert diff.startswith(
+        "--- a/fixturepkg/models/modeling_toy.py (fixturepkg==1.2.3)\n+++ b/generated/toy/modeling_toy.py\n"
+    )
     assert "\n-from ..util import clamp, make_registry\n" in diff
     assert "\n+from fixturepkg.util import clamp, make_registry\n" in diff
     assert "-class UnusedThing:\n" in diff
@@ -111,17 +117,31 @@ def test_check_notices_a_changed_input(project) -> None:
     proj = project(spec_toml(patches=ALL_OPS))
     config = proj.config
     regen(config, [proj.spec()], source=FixtureSource())
-    changed = FixtureSource(overrides={"fixturepkg.models.modeling_toy": (
-        REPO / "tests/fixtures/upstream/fixturepkg/models/modeling_toy.py").read_text().replace("EPS   =", "EPS =")})
+    changed = FixtureSource(
+        overrides={
+            "fixturepkg.models.modeling_toy": (REPO / "tests/fixtures/upstream/fixturepkg/models/modeling_toy.py")
+            .read_text()
+            .replace("EPS   =", "EPS =")
+        }
+    )
     drifts = check(config, [proj.spec()], source=changed)
     assert len(drifts) == 2 and "upstream source" in drifts[0].reason
 
 
 def test_regen_with_one_good_and_one_bad_spec_writes_nothing(project) -> None:
-    bad = dict(template="fx/insert_code", scope="ToyModel.forward", after="no_such_statement()",
-               vars=dict(code="pass"), why="x")
-    proj = project({"a_good": spec_toml(output="generated/good/modeling_toy.py", patches=ALL_OPS),
-                    "b_bad": spec_toml(output="generated/bad/modeling_toy.py", patches=[bad])})
+    bad = dict(
+        template="fx/insert_code",
+        scope="ToyModel.forward",
+        after="no_such_statement()",
+        vars=dict(code="pass"),
+        why="x",
+    )
+    proj = project(
+        {
+            "a_good": spec_toml(output="generated/good/modeling_toy.py", patches=ALL_OPS),
+            "b_bad": spec_toml(output="generated/bad/modeling_toy.py", patches=[bad]),
+        }
+    )
     before = proj.snapshot()
     with pytest.raises(PatchgenError, match="b_bad.toml: patch 1 .* matches no statement"):
         regen(proj.config, load_specs(proj.config, None), source=FixtureSource())

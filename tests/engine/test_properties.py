@@ -38,8 +38,9 @@ SNIPPETS = [
     "try:\n    probe = 1\nexcept Exception:  # broad\n    probe = 2",
 ]
 # database=None: no .hypothesis/ directory in the repository; modest example counts keep the suite fast.
-SETTINGS = settings(max_examples=20, deadline=None, database=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=20, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 def anchor_text(stmt: cst.BaseStatement) -> str:
@@ -81,9 +82,9 @@ def run_candidates() -> list[tuple[str, str, str, list[cst.BaseStatement]]]:
     out = []
     for block in blocks:
         for i, first in enumerate(block):
-            for last in block[i + 1: i + 3]:
+            for last in block[i + 1 : i + 3]:
                 if id(first) in anchors and id(last) in anchors and anchors[id(first)][0] == anchors[id(last)][0]:
-                    run = block[i: block.index(last) + 1]
+                    run = block[i : block.index(last) + 1]
                     out.append((anchors[id(first)][0], anchors[id(first)][1], anchors[id(last)][1], run))
     return out
 
@@ -129,8 +130,15 @@ def test_the_fixture_offers_enough_anchors() -> None:
     assert len(STATEMENTS) >= 30 and len(RUNS) >= 10 and len(CALLS) >= 10
     anchors = {anchor for _, anchor, _ in STATEMENTS}
     # compound headers of every kind are usable anchors
-    for header in ("def fib(n):", "if n < 2:", "for i, (a, b) in enumerate(itertools.pairwise(items)):",
-                   "while self.value > LIMIT:", "try:", "with open(os_devnull()) as handle:", "class Counter:"):
+    for header in (
+        "def fib(n):",
+        "if n < 2:",
+        "for i, (a, b) in enumerate(itertools.pairwise(items)):",
+        "while self.value > LIMIT:",
+        "try:",
+        "with open(os_devnull()) as handle:",
+        "class Counter:",
+    ):
         assert header in anchors, header
 
 
@@ -144,29 +152,54 @@ def generate(proj, patches: list[dict]) -> str:
     return body_of(proj.generate(source=FixtureSource()).text)
 
 
-inserts = st.lists(st.tuples(st.integers(0, len(STATEMENTS) - 1), st.sampled_from(["before", "after"]),
-                             st.integers(0, len(SNIPPETS) - 1)), min_size=1, max_size=5)
+inserts = st.lists(
+    st.tuples(
+        st.integers(0, len(STATEMENTS) - 1), st.sampled_from(["before", "after"]), st.integers(0, len(SNIPPETS) - 1)
+    ),
+    min_size=1,
+    max_size=5,
+)
 
 
 @SETTINGS
 @given(inserts)
 def test_removing_marked_insert_regions_gives_back_upstream(plain_project, picks) -> None:
-    patches = [dict(template="fx/insert_code", scope=STATEMENTS[i][0], **{where: STATEMENTS[i][1]},
-                    vars=dict(code=SNIPPETS[s]), why=f"probe {n}") for n, (i, where, s) in enumerate(picks)]
+    patches = [
+        dict(
+            template="fx/insert_code",
+            scope=STATEMENTS[i][0],
+            **{where: STATEMENTS[i][1]},
+            vars=dict(code=SNIPPETS[s]),
+            why=f"probe {n}",
+        )
+        for n, (i, where, s) in enumerate(picks)
+    ]
     body = generate(plain_project, patches)
     compile(body, "plain.py", "exec")
     assert body.count("# patchgen #") == len(patches)
     assert strip_marked(body) == UPSTREAM
 
 
-edits = st.lists(st.one_of(
-    st.tuples(st.just("insert"), st.integers(0, len(STATEMENTS) - 1), st.sampled_from(["before", "after"]),
-              st.integers(0, len(SNIPPETS) - 1)),
-    st.tuples(st.just("replace"), st.integers(0, len(STATEMENTS) - 1), st.just("anchor"),
-              st.integers(0, len(SNIPPETS) - 1)),
-    st.tuples(st.just("wrap"), st.integers(0, len(CALLS) - 1), st.just("anchor"), st.just(0)),
-    st.tuples(st.just("run"), st.integers(0, len(RUNS) - 1), st.just("anchor"), st.integers(0, len(SNIPPETS) - 1)),
-), min_size=1, max_size=5)
+edits = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("insert"),
+            st.integers(0, len(STATEMENTS) - 1),
+            st.sampled_from(["before", "after"]),
+            st.integers(0, len(SNIPPETS) - 1),
+        ),
+        st.tuples(
+            st.just("replace"),
+            st.integers(0, len(STATEMENTS) - 1),
+            st.just("anchor"),
+            st.integers(0, len(SNIPPETS) - 1),
+        ),
+        st.tuples(st.just("wrap"), st.integers(0, len(CALLS) - 1), st.just("anchor"), st.just(0)),
+        st.tuples(st.just("run"), st.integers(0, len(RUNS) - 1), st.just("anchor"), st.integers(0, len(SNIPPETS) - 1)),
+    ),
+    min_size=1,
+    max_size=5,
+)
 
 
 @SETTINGS
@@ -180,14 +213,23 @@ def test_everything_outside_replace_and_wrap_regions_is_byte_identical(plain_pro
             touched.append(holder)
         elif kind == "run":
             scope, anchor, through, run = RUNS[i]
-            patches.append(dict(template="fx/replace_code", scope=scope, anchor=anchor, through=through,
-                                vars=dict(code=SNIPPETS[s]), why=f"run {n}"))
+            patches.append(
+                dict(
+                    template="fx/replace_code",
+                    scope=scope,
+                    anchor=anchor,
+                    through=through,
+                    vars=dict(code=SNIPPETS[s]),
+                    why=f"run {n}",
+                )
+            )
             touched.extend(run)
         else:
             scope, anchor, stmt = STATEMENTS[i]
             template = "fx/insert_code" if kind == "insert" else "fx/replace_code"
-            patches.append(dict(template=template, scope=scope, **{key: anchor}, vars=dict(code=SNIPPETS[s]),
-                                why=f"{kind} {n}"))
+            patches.append(
+                dict(template=template, scope=scope, **{key: anchor}, vars=dict(code=SNIPPETS[s]), why=f"{kind} {n}")
+            )
             if kind == "replace":
                 touched.append(stmt)
     try:
@@ -209,11 +251,15 @@ class _Unwrap(cst.CSTTransformer):
 @settings(SETTINGS, max_examples=10)
 @given(st.lists(st.integers(0, len(CALLS) - 1), min_size=1, max_size=4, unique=True))
 def test_unwrapping_wraps_gives_back_upstream(plain_project, picks) -> None:
-    patches = [dict(template="fx/wrap_guard", scope=CALLS[i][0], anchor=CALLS[i][1], why=f"w{n}")
-               for n, i in enumerate(picks)]
+    patches = [
+        dict(template="fx/wrap_guard", scope=CALLS[i][0], anchor=CALLS[i][1], why=f"w{n}") for n, i in enumerate(picks)
+    ]
     body = generate(plain_project, patches)
     assert body.count("guard(") == len(picks)
     unwrapped = cst.parse_module(body).visit(_Unwrap()).code
-    lines = [line for line in unwrapped.splitlines(keepends=True)
-             if not line.lstrip().startswith("# patchgen ") and line != "from fixturepkg.extra import guard\n"]
+    lines = [
+        line
+        for line in unwrapped.splitlines(keepends=True)
+        if not line.lstrip().startswith("# patchgen ") and line != "from fixturepkg.extra import guard\n"
+    ]
     assert "".join(lines) == UPSTREAM

@@ -37,8 +37,9 @@ from tests.engine.helpers import (
 )
 
 V1, V2 = "1.2.3", "2.0.0"
-INSERT_CODE = dict(template="fx/insert_code", scope="ToyLayer.forward", after="residual = hidden",
-                   vars=dict(code="pass"), why="x")
+INSERT_CODE = dict(
+    template="fx/insert_code", scope="ToyLayer.forward", after="residual = hidden", vars=dict(code="pass"), why="x"
+)
 
 
 def _replace_once(text: str, old: str, new: str) -> str:
@@ -48,45 +49,94 @@ def _replace_once(text: str, old: str, new: str) -> str:
 
 def toy_v2() -> str:
     text = upstream_text(TOY)
-    text = _replace_once(text, "EPS   =   1e-6  # odd spacing kept verbatim\n",  # every line below moves down
-                         "EPS   =   1e-6  # odd spacing kept verbatim\nSCALE = 2.0\n\n\ndef new_helper(x):\n"
-                         "    return x * SCALE\n")
+    text = _replace_once(
+        text,
+        "EPS   =   1e-6  # odd spacing kept verbatim\n",  # every line below moves down
+        "EPS   =   1e-6  # odd spacing kept verbatim\nSCALE = 2.0\n\n\ndef new_helper(x):\n    return x * SCALE\n",
+    )
     text = text.replace("ToyLayer", "ToyDecoderLayer")  # a renamed class
-    text = _replace_once(text, "    @staticmethod\n    def default_mask(length):\n        return [1.0] * length\n\n",
-                         "")  # a removed method ...
-    text = _replace_once(text, "attention_mask = self.default_mask(len(hidden))",
-                         "attention_mask = [1.0] * len(hidden)")  # ... and its caller
-    text = _replace_once(text, "norm = math.sqrt(sum(h * h for h in hidden) + EPS)",
-                         "norm = math.sqrt(sum(h * h for h in hidden) + EPS * len(hidden))")  # an edited anchor
-    text = _replace_once(text, "def forward(self, hidden, labels=None):",
-                         "def forward(self, hidden, labels=None, **kwargs):")  # a changed signature
-    return _replace_once(text, "        loss = None\n        if labels is not None:\n"
-                               "            loss = self.loss_function(out, labels)\n",
-                         "        aux = self.loss_function(out, labels) if labels is not None else None\n"
-                         "        loss = None\n        if labels is not None:\n            loss = aux\n")
+    text = _replace_once(
+        text, "    @staticmethod\n    def default_mask(length):\n        return [1.0] * length\n\n", ""
+    )  # a removed method ...
+    text = _replace_once(
+        text, "attention_mask = self.default_mask(len(hidden))", "attention_mask = [1.0] * len(hidden)"
+    )  # ... and its caller
+    text = _replace_once(
+        text,
+        "norm = math.sqrt(sum(h * h for h in hidden) + EPS)",
+        "norm = math.sqrt(sum(h * h for h in hidden) + EPS * len(hidden))",
+    )  # an edited anchor
+    text = _replace_once(
+        text, "def forward(self, hidden, labels=None):", "def forward(self, hidden, labels=None, **kwargs):"
+    )  # a changed signature
+    return _replace_once(
+        text,
+        "        loss = None\n        if labels is not None:\n            loss = self.loss_function(out, labels)\n",
+        "        aux = self.loss_function(out, labels) if labels is not None else None\n"
+        "        loss = None\n        if labels is not None:\n            loss = aux\n",
+    )
 
 
 PATCHES = [
-    dict(template="fx/insert_code", scope="ToyModel.forward", before="if attention_mask is None:",
-         vars=dict(code="hidden = list(hidden)"), why="only its line moves"),
-    dict(template="fx/replace_rescale", scope="ToyLayer.forward",
-         anchor="hidden = rescale(hidden, factor=self.config.scale)", vars=dict(factor=2.0), why="class renamed"),
+    dict(
+        template="fx/insert_code",
+        scope="ToyModel.forward",
+        before="if attention_mask is None:",
+        vars=dict(code="hidden = list(hidden)"),
+        why="only its line moves",
+    ),
+    dict(
+        template="fx/replace_rescale",
+        scope="ToyLayer.forward",
+        anchor="hidden = rescale(hidden, factor=self.config.scale)",
+        vars=dict(factor=2.0),
+        why="class renamed",
+    ),
     dict(template="fx/replace_method", scope="ToyModel.default_mask", why="method removed"),
-    dict(template="fx/insert_code", scope="ToyForTask", before="def forward(self, hidden, labels=None):",
-         vars=dict(code="LABELS = 'labels'"), why="signature changed"),
-    dict(template="fx/replace_code", scope="ToyForTask.forward", anchor="out = super().forward(hidden)",
-         through="loss = None", vars=dict(code="out, loss = super().forward(hidden), None"), why="run grew"),
-    dict(template="fx/wrap_guard", scope="ToyForTask.forward", anchor="self.loss_function",
-         why="now inside patch 5's run"),
-    dict(template="fx/add_definition", scope="<module>", vars=dict(name="bounded", low=-1.0, high=1.0),
-         why="appended"),
+    dict(
+        template="fx/insert_code",
+        scope="ToyForTask",
+        before="def forward(self, hidden, labels=None):",
+        vars=dict(code="LABELS = 'labels'"),
+        why="signature changed",
+    ),
+    dict(
+        template="fx/replace_code",
+        scope="ToyForTask.forward",
+        anchor="out = super().forward(hidden)",
+        through="loss = None",
+        vars=dict(code="out, loss = super().forward(hidden), None"),
+        why="run grew",
+    ),
+    dict(
+        template="fx/wrap_guard",
+        scope="ToyForTask.forward",
+        anchor="self.loss_function",
+        why="now inside patch 5's run",
+    ),
+    dict(
+        template="fx/add_definition", scope="<module>", vars=dict(name="bounded", low=-1.0, high=1.0), why="appended"
+    ),
     dict(template="fx/replace_definition", scope="rescale", vars=dict(gain=3), why="unchanged upstream"),
-    dict(template="fx/insert_code", scope="ToyModel.forward",
-         after="norm = math.sqrt(sum(h * h for h in hidden) + EPS)", vars=dict(code="norm = norm or 1.0"),
-         why="anchor edited upstream"),
+    dict(
+        template="fx/insert_code",
+        scope="ToyModel.forward",
+        after="norm = math.sqrt(sum(h * h for h in hidden) + EPS)",
+        vars=dict(code="norm = norm or 1.0"),
+        why="anchor edited upstream",
+    ),
 ]
-EXPECTED = {1: "applied", 2: "scope missing", 3: "scope missing", 4: "anchor moved", 5: "replaced code changed",
-            6: "conflict", 7: "applied", 8: "applied", 9: "anchor moved"}
+EXPECTED = {
+    1: "applied",
+    2: "scope missing",
+    3: "scope missing",
+    4: "anchor moved",
+    5: "replaced code changed",
+    6: "conflict",
+    7: "applied",
+    8: "applied",
+    9: "anchor moved",
+}
 APPLYING = [PATCHES[i - 1] for i, status in EXPECTED.items() if status in ("applied", "replaced code changed")]
 
 
@@ -135,17 +185,23 @@ def upgrade_project(root: Path, capsys, patches: list[dict] = PATCHES):
 
 
 def snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
-    return {p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 # ---- statuses ------------------------------------------------------------------------------------------------
 
+
 def test_each_patch_gets_its_status_and_the_new_file_keeps_only_what_applies(tmp_path, capsys, downloads) -> None:
     proj = upgrade_project(tmp_path / "proj", capsys)
     cache = wheel_cache(proj.root)
-    old, new = read_wheel(cache / f"fixturepkg-{V1}-py3-none-any.whl"), read_wheel(cache / f"fixturepkg-{V2}-"
-                                                                                      f"py3-none-any.whl")
+    old, new = (
+        read_wheel(cache / f"fixturepkg-{V1}-py3-none-any.whl"),
+        read_wheel(cache / f"fixturepkg-{V2}-py3-none-any.whl"),
+    )
     result = analyze(proj.config, load_specs(proj.config, None), [new], WheelSource([old]))
     [model] = result.models
     status = {s.patch.index: s for s in model.patches}
@@ -156,16 +212,22 @@ def test_each_patch_gets_its_status_and_the_new_file_keeps_only_what_applies(tmp
     assert status[1].detail == f"line {v2_line('if attention_mask is None:')} (was {was})"
     assert status[2].candidates[0] == (v2_line("class ToyDecoderLayer:"), "ToyDecoderLayer")
     assert "no definition named 'default_mask' in ToyModel" in status[3].detail
-    assert status[4].candidates[0] == (v2_line("def forward(self, hidden, labels=None, **kwargs):"),
-                                       "def forward(self, hidden, labels=None, **kwargs):")
-    assert status[5].detail.startswith(f"line {v2_line('out = super().forward(hidden)')} (was "
-                                       f"{upstream_line(TOY, 'out = super().forward(hidden)')}); the upstream code "
-                                       f"it replaces changed")
+    assert status[4].candidates[0] == (
+        v2_line("def forward(self, hidden, labels=None, **kwargs):"),
+        "def forward(self, hidden, labels=None, **kwargs):",
+    )
+    assert status[5].detail.startswith(
+        f"line {v2_line('out = super().forward(hidden)')} (was "
+        f"{upstream_line(TOY, 'out = super().forward(hidden)')}); the upstream code "
+        f"it replaces changed"
+    )
     assert status[6].detail.startswith("conflicts with patch 5 (fx/replace_code)")
     assert status[7].detail == "end of module"
     assert status[8].detail == f"line {v2_line('def rescale(')} (was {upstream_line(TOY, 'def rescale(')})"
-    assert status[9].candidates[0] == (v2_line("norm = math.sqrt("),
-                                       "norm = math.sqrt(sum((h * h for h in hidden)) + EPS * len(hidden))")
+    assert status[9].candidates[0] == (
+        v2_line("norm = math.sqrt("),
+        "norm = math.sqrt(sum((h * h for h in hidden)) + EPS * len(hidden))",
+    )
 
     # the review file is built from the patches that apply, and says so in its header
     text = model.generated.text
@@ -186,8 +248,8 @@ def hunks_match_the_files(diff: str, old: str, new: str) -> int:
         old_at, new_at = (int(n) for n in re.match(r"@@ -(\d+)(?:,\d+)? \+(\d+)", header).groups())
         olds = [line[1:] for line in body if line[:1] in " -"]
         news = [line[1:] for line in body if line[:1] in " +"]
-        assert old_lines[old_at - 1: old_at - 1 + len(olds)] == olds, header
-        assert new_lines[new_at - 1: new_at - 1 + len(news)] == news, header
+        assert old_lines[old_at - 1 : old_at - 1 + len(olds)] == olds, header
+        assert new_lines[new_at - 1 : new_at - 1 + len(news)] == news, header
         count += 1
     return count
 
@@ -198,13 +260,23 @@ def test_upstream_diff_of_each_patched_region(tmp_path, capsys, downloads) -> No
     wheels_ = [read_wheel(p) for p in sorted(cache.glob("*.whl"))]
     result = analyze(proj.config, load_specs(proj.config, None), [wheels_[1]], WheelSource([wheels_[0]]))
     regions = {r.scope: r for r in result.models[0].regions}
-    assert list(regions) == ["ToyModel.forward", "ToyLayer.forward", "ToyModel.default_mask", "ToyForTask",
-                             "ToyForTask.forward", "rescale"]  # once per scope, in patch order
+    assert list(regions) == [
+        "ToyModel.forward",
+        "ToyLayer.forward",
+        "ToyModel.default_mask",
+        "ToyForTask",
+        "ToyForTask.forward",
+        "rescale",
+    ]  # once per scope, in patch order
     forward = regions["ToyForTask.forward"]
-    assert forward.old_lines == (upstream_line(TOY, "def forward(self, hidden, labels=None):"),
-                                 upstream_line(TOY, "return out, loss"))
-    assert "-    def forward(self, hidden, labels=None):\n+    def forward(self, hidden, labels=None, **kwargs):\n" \
-           in forward.diff
+    assert forward.old_lines == (
+        upstream_line(TOY, "def forward(self, hidden, labels=None):"),
+        upstream_line(TOY, "return out, loss"),
+    )
+    assert (
+        "-    def forward(self, hidden, labels=None):\n+    def forward(self, hidden, labels=None, **kwargs):\n"
+        in forward.diff
+    )
     assert "+        aux = self.loss_function(out, labels) if labels is not None else None\n" in forward.diff
     assert hunks_match_the_files(forward.diff, upstream_text(TOY), toy_v2()) == 1
     assert hunks_match_the_files(regions["ToyModel.forward"].diff, upstream_text(TOY), toy_v2()) == 1
@@ -216,11 +288,24 @@ def test_upstream_diff_of_each_patched_region(tmp_path, capsys, downloads) -> No
 
 
 def test_resolve_each_records_every_failure_and_keeps_the_rest(project) -> None:
-    ok = dict(template="fx/insert_trace", scope="ToyLayer.forward", after="residual = hidden", vars=dict(name="t"),
-              why="applies")
+    ok = dict(
+        template="fx/insert_trace",
+        scope="ToyLayer.forward",
+        after="residual = hidden",
+        vars=dict(name="t"),
+        why="applies",
+    )
     failing = [
-        (dict(template="fx/bad_syntax", scope="ToyModel.forward", before="return [h / norm for h in hidden]",
-              vars=dict(cond="ready"), why="x"), "render error"),
+        (
+            dict(
+                template="fx/bad_syntax",
+                scope="ToyModel.forward",
+                before="return [h / norm for h in hidden]",
+                vars=dict(cond="ready"),
+                why="x",
+            ),
+            "render error",
+        ),
         (dict(template="fx/add_method", scope="rescale", vars=dict(name="extra"), why="x"), "scope mismatch"),
         (dict(template="fx/add_method", scope="ToyModel", vars=dict(name="forward"), why="x"), "conflict"),
         ({**INSERT_CODE, "scope": "<module>", "after": "self.config = config"}, "anchor ambiguous"),
@@ -239,6 +324,7 @@ def test_resolve_each_records_every_failure_and_keeps_the_rest(project) -> None:
 
 # ---- the command ---------------------------------------------------------------------------------------------
 
+
 def test_upgrade_reports_refuses_apply_and_leaves_nothing_behind(tmp_path, capsys, downloads) -> None:
     proj = upgrade_project(tmp_path / "proj", capsys)
     before = snapshot(proj.root)
@@ -248,26 +334,35 @@ def test_upgrade_reports_refuses_apply_and_leaves_nothing_behind(tmp_path, capsy
     assert "--apply refused: not every patch applies; nothing under generated/ or in pyproject.toml changed" in err
     for index, expected in EXPECTED.items():
         patch = PATCHES[index - 1]
-        assert re.search(rf"^toy +#{index} {re.escape(patch['template'])} +{re.escape(patch['scope'])} +"
-                         rf"{re.escape(expected)} ", out, re.M), (index, out)
+        assert re.search(
+            rf"^toy +#{index} {re.escape(patch['template'])} +{re.escape(patch['scope'])} +"
+            rf"{re.escape(expected)} ",
+            out,
+            re.M,
+        ), (index, out)
     assert "4 of 9 patches apply in 1 model(s); not applying: toy" in out
     assert "fixturepkg-2.0.0-py3-none-any.whl cached" in out and "(pinned baseline)" not in out
 
     after = snapshot(proj.root)
     review = "upgrade-review/fixturepkg-2.0.0/"
-    assert {k for k in after if k not in before} == {review + "REPORT.md", review + "generated/toy/modeling_toy.py",
-                                                      review + "generated/toy/modeling_toy.py.diff"}
+    assert {k for k in after if k not in before} == {
+        review + "REPORT.md",
+        review + "generated/toy/modeling_toy.py",
+        review + "generated/toy/modeling_toy.py.diff",
+    }
     assert all(after[k] == before[k] for k in before)  # generated/, pyproject.toml, specs, cache: untouched
     markdown = (proj.root / review / "REPORT.md").read_text()
     assert report.read_text() == markdown
     assert str(tmp_path) not in markdown and "| toy | #6 fx/wrap_guard | ToyForTask.forward | conflict |" in markdown
-    assert markdown.startswith("# Upgrade review: fixturepkg 1.2.3 -> 2.0.0\n\nMade by `patchgen upgrade --to "
-                               "fixturepkg==2.0.0`")
+    assert markdown.startswith(
+        "# Upgrade review: fixturepkg 1.2.3 -> 2.0.0\n\nMade by `patchgen upgrade --to fixturepkg==2.0.0`"
+    )
 
     # a fresh run, from another copy of the project, writes the same report; still no download
     other = upgrade_project(tmp_path / "elsewhere" / "copy", capsys)
-    code, _, _ = cli(other.root, capsys, "upgrade", "--to", str(wheel_cache(proj.root) / "fixturepkg-2.0.0-py3-none-"
-                                                                                      "any.whl"))
+    code, _, _ = cli(
+        other.root, capsys, "upgrade", "--to", str(wheel_cache(proj.root) / "fixturepkg-2.0.0-py3-none-any.whl")
+    )
     assert code == 1
     assert (other.root / review / "REPORT.md").read_text() == markdown
     assert downloads == []
@@ -278,8 +373,7 @@ def test_apply_writes_generated_files_and_pins_when_every_patch_applies(tmp_path
     code, out, err = cli(proj.root, capsys, "upgrade", "--to", f"fixturepkg=={V2}", "--apply")
     assert code == 0, err
     assert "  wrote  generated/toy/modeling_toy.py\n" in out and "  wrote  pyproject.toml\n" in out
-    assert tomllib.loads((proj.root / "pyproject.toml").read_text())["tool"]["patchgen"]["pins"] == {
-        "fixturepkg": V2}
+    assert tomllib.loads((proj.root / "pyproject.toml").read_text())["tool"]["patchgen"]["pins"] == {"fixturepkg": V2}
     generated = (proj.root / "generated/toy/modeling_toy.py").read_text()
     assert "# upstream: fixturepkg==2.0.0 fixturepkg/models/modeling_toy.py" in generated
     assert generated == (proj.root / "upgrade-review/fixturepkg-2.0.0/generated/toy/modeling_toy.py").read_text()
@@ -318,6 +412,7 @@ def test_user_errors_exit_2_and_write_nothing(tmp_path, capsys, downloads) -> No
 
 # ---- wheels --------------------------------------------------------------------------------------------------
 
+
 def test_a_cache_miss_downloads_with_pip_once_then_works_offline(tmp_path, monkeypatch) -> None:
     cache = tmp_path / "cache"
     calls: list[list[str]] = []
@@ -325,8 +420,15 @@ def test_a_cache_miss_downloads_with_pip_once_then_works_offline(tmp_path, monke
 
     def fake_pip(command, **kwargs):
         calls.append(command)
-        assert command[:7] == [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                               "--no-input"]
+        assert command[:7] == [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--no-input",
+        ]
         assert "fixturepkg==2.0.0" in command
         build_wheel(Path(command[command.index("-d") + 1]), V2, {TOY: toy_v2()})
         return subprocess.CompletedProcess(command, 0, "", "")
@@ -359,8 +461,11 @@ def test_wheel_source_reads_the_same_text_as_an_installed_package(tmp_path) -> N
     assert (wheel.package, wheel.version) == ("fixturepkg", V1)  # from METADATA, not the file name
     from_wheel, installed = WheelSource([wheel]).read(TOY), FixtureSource().read(TOY)
     assert from_wheel == installed and from_wheel.sha256 == installed.sha256
-    with pytest.raises(PatchgenError, match=r"upstream module 'fixturepkg\.models\.nope' not found in "
-                                            r"fixturepkg==1\.2\.3 \(no fixturepkg/models/nope\.py in renamed-on"):
+    with pytest.raises(
+        PatchgenError,
+        match=r"upstream module 'fixturepkg\.models\.nope' not found in "
+        r"fixturepkg==1\.2\.3 \(no fixturepkg/models/nope\.py in renamed-on",
+    ):
         WheelSource([wheel]).read("fixturepkg.models.nope")
     with pytest.raises(PatchgenError, match="no wheel given for upstream package 'transformers'"):
         WheelSource([wheel]).version("transformers")
@@ -374,7 +479,8 @@ def test_with_pins_edits_only_the_pins() -> None:
     assert new["tool"]["patchgen"]["pins"] == {**old["tool"]["patchgen"]["pins"], "transformers": "5.23.0"}
     pinned = [r for r in old["project"]["optional-dependencies"]["runtime"] if r.startswith("transformers==")]
     assert [r for r in new["project"]["optional-dependencies"]["runtime"] if r.startswith("transformers==")] == (
-        ["transformers==5.23.0"] if pinned else [])
+        ["transformers==5.23.0"] if pinned else []
+    )
     changed = [(a, b) for a, b in zip(text.splitlines(), new_text.splitlines(), strict=True) if a != b]
     assert len(changed) == 1 + len(pinned)
 
@@ -385,6 +491,7 @@ def test_upgrade_to_the_pinned_release_reproduces_the_checked_in_files(tmp_path,
     assert code == 0, err
     assert "9 of 9 patches apply in 1 model(s); `--apply` would update generated/ and the pins" in out
     review = proj.root / "upgrade-review" / f"fixturepkg-{V1}"
-    assert (review / "generated/toy/modeling_toy.py").read_bytes() == \
-        (proj.root / "generated/toy/modeling_toy.py").read_bytes()
+    assert (review / "generated/toy/modeling_toy.py").read_bytes() == (
+        proj.root / "generated/toy/modeling_toy.py"
+    ).read_bytes()
     assert "`generated/toy/modeling_toy.py`: unchanged.\n" in (review / "REPORT.md").read_text()

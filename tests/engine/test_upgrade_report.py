@@ -24,9 +24,23 @@ def test_committed_report_matches_a_fresh_run(report: Path, tmp_path: Path) -> N
     if (ROOT / ".patchgen-cache").is_dir():  # reuse downloaded wheels; a clean clone downloads once
         shutil.copytree(ROOT / ".patchgen-cache", project / ".patchgen-cache")
     fresh = tmp_path / "fresh.md"
-    done = subprocess.run([sys.executable, "-m", "patchgen.cli", "upgrade", "--to", f"{package}=={version}",
-                           "--root", str(project), "--report", str(fresh)], capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "patchgen.cli",
+            "upgrade",
+            "--to",
+            f"{package}=={version}",
+            "--root",
+            str(project),
+            "--report",
+            str(fresh),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if done.returncode == 2 and "download" in done.stderr.lower():
         pytest.skip(f"cannot obtain the {package}=={version} wheel here (no registry access): {done.stderr[-300:]}")
     assert done.returncode in (0, 1), done.stderr

@@ -21,8 +21,11 @@ def grpo_worker(rank: int, world: int, ranks_in_one: int = 1) -> dict:
         def generators(self, batch_size: int) -> list[torch.Generator]:
             per_rank = batch_size // ranks_in_one
             base = (self.config.seed * 1_000_003 + self.iteration) * 100_003  # the trainer's seeding rule
-            return [torch.Generator().manual_seed(base + r * 10_007 + i)
-                    for r in range(ranks_in_one) for i in range(per_rank)]
+            return [
+                torch.Generator().manual_seed(base + r * 10_007 + i)
+                for r in range(ranks_in_one)
+                for i in range(per_rank)
+            ]
 
     if world > 1:
         from runtime.parallel.state import init_parallel_state
@@ -33,8 +36,10 @@ def grpo_worker(rank: int, world: int, ranks_in_one: int = 1) -> dict:
     cls = RanksInOneTrainer if ranks_in_one > 1 else FlowGRPOTrainer
     trainer = cls(adapter, module, LatentMeanReward(0.5), GRPOConfig(group_size=3, lr=1e-2), latent_shape=(4, 8, 8))
     metrics = trainer.train_step(PROMPTS * ranks_in_one, batch)
-    params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-              for n, p in trainer.module.named_parameters()}
+    params = {
+        n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        for n, p in trainer.module.named_parameters()
+    }
     return {"metrics": metrics, "params": params}
 
 

@@ -42,7 +42,7 @@ def _rank_data(tokens: int, allowed: list[int], seed: int) -> dict[str, torch.Te
 
 def _weights(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(E, 2 * INTER, H, generator=g) * H ** -0.5, torch.randn(E, H, INTER, generator=g) * INTER ** -0.5
+    return torch.randn(E, 2 * INTER, H, generator=g) * H**-0.5, torch.randn(E, H, INTER, generator=g) * INTER**-0.5
 
 
 ALL = list(range(E))
@@ -71,7 +71,9 @@ def _ep_case(rank: int, ep_rank: int, ep_size: int, group, impl: str, data: dict
     out.backward(data["grad_out"])
     zeros = torch.zeros_like  # eager leaves never-hit weights without a gradient
     return {
-        "out": out.detach(), "d_hidden": hidden.grad, "d_weights": weights.grad,
+        "out": out.detach(),
+        "d_hidden": hidden.grad,
+        "d_weights": weights.grad,
         "d_gate_up": local_gu.grad if local_gu.grad is not None else zeros(local_gu),
         "d_down": local_dn.grad if local_dn.grad is not None else zeros(local_dn),
     }
@@ -133,8 +135,10 @@ def _aux_inputs(seed: int, tokens: tuple[int, ...], layers: int = 2) -> dict:
 
 @pytest.fixture(scope="module")
 def world2():
-    per_rank = {name: (impl, [_rank_data(t, allowed, seed=100 + 10 * i + r) for r, (t, allowed) in enumerate(spec)])
-                for i, (name, (impl, spec)) in enumerate(EP2_CASES.items())}
+    per_rank = {
+        name: (impl, [_rank_data(t, allowed, seed=100 + 10 * i + r) for r, (t, allowed) in enumerate(spec)])
+        for i, (name, (impl, spec)) in enumerate(EP2_CASES.items())
+    }
     weights = _weights(7)
     aux = _aux_inputs(8, (5, 11))
     return per_rank, weights, aux, run_distributed(_world2, 2, per_rank, weights, aux)
@@ -194,4 +198,4 @@ def test_ep2_in_two_groups_at_world4():
     weights = _weights(9)
     results = run_distributed(_world4, 4, per_rank, weights)
     for first in (0, 2):
-        _check_ep_group(f"group {first}", per_rank[first:first + 2], results[first:first + 2], *weights, 2)
+        _check_ep_group(f"group {first}", per_rank[first : first + 2], results[first : first + 2], *weights, 2)

@@ -15,8 +15,8 @@ E, K, H, INTER = 8, 2, 32, 16
 
 def _weights(seed: int = 0, experts: int = E, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    gate_up = torch.randn(experts, 2 * INTER, H, generator=g, dtype=dtype) * H ** -0.5
-    down = torch.randn(experts, H, INTER, generator=g, dtype=dtype) * INTER ** -0.5
+    gate_up = torch.randn(experts, 2 * INTER, H, generator=g, dtype=dtype) * H**-0.5
+    down = torch.randn(experts, H, INTER, generator=g, dtype=dtype) * INTER**-0.5
     return gate_up, down
 
 
@@ -46,8 +46,14 @@ def qwen3_experts():
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts, Qwen3MoeTopKRouter
 
-    config = Qwen3MoeConfig(hidden_size=H, moe_intermediate_size=INTER, num_experts=E, num_experts_per_tok=K,
-                            hidden_act="silu", norm_topk_prob=True)
+    config = Qwen3MoeConfig(
+        hidden_size=H,
+        moe_intermediate_size=INTER,
+        num_experts=E,
+        num_experts_per_tok=K,
+        hidden_act="silu",
+        norm_topk_prob=True,
+    )
     config._experts_implementation = "eager"
     torch.manual_seed(0)
     experts, router = Qwen3MoeExperts(config), Qwen3MoeTopKRouter(config)
@@ -72,8 +78,14 @@ def test_eager_is_bitwise_transformers(qwen3_experts):
     ref_out.backward(grad_out)
     ref = [ref_out.detach(), leaves[0].grad, leaves[1].grad, experts.gate_up_proj.grad, experts.down_proj.grad]
 
-    ours = _run(lambda h, w, gu, dn: experts_forward(h, index, w, gu, dn, experts.act_fn, "eager"),
-                hidden, weights, experts.gate_up_proj, experts.down_proj, grad_out)
+    ours = _run(
+        lambda h, w, gu, dn: experts_forward(h, index, w, gu, dn, experts.act_fn, "eager"),
+        hidden,
+        weights,
+        experts.gate_up_proj,
+        experts.down_proj,
+        grad_out,
+    )
     for name, a, b in zip(("out", "d_hidden", "d_weights", "d_gate_up", "d_down"), ours, ref, strict=True):
         assert torch.equal(a, b), name
 
@@ -83,10 +95,22 @@ def test_eager_local_experts_are_bitwise_the_full_run():
     gate_up, down = _weights(1)
     index, weights = _routing(19, [4, 5, 6, 7], seed=2)
     hidden, grad_out = torch.randn(19, H), torch.randn(19, H)
-    full = _run(lambda h, w, gu, dn: experts_forward(h, index, w, gu, dn, F.silu, "eager"),
-                hidden, weights, gate_up, down, grad_out)
-    local = _run(lambda h, w, gu, dn: experts_forward(h, index, w, gu, dn, F.silu, "eager", expert_offset=4),
-                 hidden, weights, gate_up[4:], down[4:], grad_out)
+    full = _run(
+        lambda h, w, gu, dn: experts_forward(h, index, w, gu, dn, F.silu, "eager"),
+        hidden,
+        weights,
+        gate_up,
+        down,
+        grad_out,
+    )
+    local = _run(
+        lambda h, w, gu, dn: experts_forward(h, index, w, gu, dn, F.silu, "eager", expert_offset=4),
+        hidden,
+        weights,
+        gate_up[4:],
+        down[4:],
+        grad_out,
+    )
     for a, b in zip(local[:3], full[:3], strict=True):
         assert torch.equal(a, b)
     assert torch.equal(local[3], full[3][4:]) and torch.equal(local[4], full[4][4:])
@@ -104,11 +128,22 @@ def test_grouped_matches_eager(backend):
     for index, weights in cases:
         tokens = index.size(0)
         hidden, grad_out = torch.randn(tokens, H), torch.randn(tokens, H)
-        ref = _run(lambda h, w, gu, dn, idx=index: experts_forward(h, idx, w, gu, dn, F.silu, "eager"),
-                   hidden, weights, gate_up, down, grad_out)
-        got = _run(lambda h, w, gu, dn, idx=index: experts_forward(h, idx, w, gu, dn, F.silu, "grouped",
-                                                                   backend=backend),
-                   hidden, weights, gate_up, down, grad_out)
+        ref = _run(
+            lambda h, w, gu, dn, idx=index: experts_forward(h, idx, w, gu, dn, F.silu, "eager"),
+            hidden,
+            weights,
+            gate_up,
+            down,
+            grad_out,
+        )
+        got = _run(
+            lambda h, w, gu, dn, idx=index: experts_forward(h, idx, w, gu, dn, F.silu, "grouped", backend=backend),
+            hidden,
+            weights,
+            gate_up,
+            down,
+            grad_out,
+        )
         for name, a, b in zip(("out", "d_hidden", "d_weights", "d_gate_up", "d_down"), got, ref, strict=True):
             assert _rel(a, b) < 1e-6, (name, backend, _rel(a, b))
         unused = torch.ones(E, dtype=torch.bool)
@@ -122,10 +157,22 @@ def test_grouped_other_activations():
     index, weights = _routing(21, list(range(E)), seed=15)
     hidden, grad_out = torch.randn(21, H), torch.randn(21, H)
     for act in (F.gelu, torch.nn.SiLU(), torch.tanh):
-        ref = _run(lambda h, w, gu, dn, a=act: experts_forward(h, index, w, gu, dn, a, "eager"),
-                   hidden, weights, gate_up, down, grad_out)
-        got = _run(lambda h, w, gu, dn, a=act: experts_forward(h, index, w, gu, dn, a, "grouped"),
-                   hidden, weights, gate_up, down, grad_out)
+        ref = _run(
+            lambda h, w, gu, dn, a=act: experts_forward(h, index, w, gu, dn, a, "eager"),
+            hidden,
+            weights,
+            gate_up,
+            down,
+            grad_out,
+        )
+        got = _run(
+            lambda h, w, gu, dn, a=act: experts_forward(h, index, w, gu, dn, a, "grouped"),
+            hidden,
+            weights,
+            gate_up,
+            down,
+            grad_out,
+        )
         for a, b in zip(got, ref, strict=True):
             assert _rel(a, b) < 1e-6, act
 
@@ -135,8 +182,10 @@ def test_grouped_expert_offset_and_empty_inputs():
     index, weights = _routing(17, list(range(E)), seed=10)
     hidden = torch.randn(17, H)
     full = experts_forward(hidden, index, weights, gate_up, down, F.silu, "grouped")
-    halves = sum(experts_forward(hidden, index, weights, gate_up[a:b], down[a:b], F.silu, "grouped", expert_offset=a)
-                 for a, b in (local_expert_range(E, 2, 0), local_expert_range(E, 2, 1)))
+    halves = sum(
+        experts_forward(hidden, index, weights, gate_up[a:b], down[a:b], F.silu, "grouped", expert_offset=a)
+        for a, b in (local_expert_range(E, 2, 0), local_expert_range(E, 2, 1))
+    )
     assert _rel(halves, full) < 1e-6
     # No tokens at all, and tokens none of which is routed to the local experts: zeros, zero weight grads.
     for h, idx, w in ((hidden[:0], index[:0], weights[:0]), (hidden, index % 4, weights)):
@@ -184,20 +233,34 @@ def test_errors():
             experts_forward(hidden, index, weights, gate_up, down, F.silu, "triton")
 
 
-@pytest.mark.skipif(triton_unavailable_reason() is not None,
-                    reason=f"Triton path: {triton_unavailable_reason()}")
+@pytest.mark.skipif(triton_unavailable_reason() is not None, reason=f"Triton path: {triton_unavailable_reason()}")
 def test_triton_matches_eager():
-    device = "cuda" if torch.cuda.is_available() and triton_unavailable_reason(torch.empty(0, device="cuda")) is None \
+    device = (
+        "cuda"
+        if torch.cuda.is_available() and triton_unavailable_reason(torch.empty(0, device="cuda")) is None
         else "cpu"
+    )
     gate_up, down = (t.to(device) for t in _weights(12))
     # 300 tokens x top-2 over 5 of 8 experts: ~120 rows each, so full and partial 64-row tiles, and unused experts.
     index, weights = _routing(300, [0, 1, 3, 4, 5], seed=13)
     index, weights = index.to(device), weights.to(device)
     hidden, grad_out = torch.randn(300, H, device=device), torch.randn(300, H, device=device)
-    ref = _run(lambda h, w, gu, dn: experts_forward(h, index, w, gu, dn, F.silu, "eager"),
-               hidden, weights, gate_up, down, grad_out)
-    got = _run(lambda h, w, gu, dn: experts_forward(h, index, w, gu, dn, F.silu, "triton"),
-               hidden, weights, gate_up, down, grad_out)
+    ref = _run(
+        lambda h, w, gu, dn: experts_forward(h, index, w, gu, dn, F.silu, "eager"),
+        hidden,
+        weights,
+        gate_up,
+        down,
+        grad_out,
+    )
+    got = _run(
+        lambda h, w, gu, dn: experts_forward(h, index, w, gu, dn, F.silu, "triton"),
+        hidden,
+        weights,
+        gate_up,
+        down,
+        grad_out,
+    )
     for name, a, b in zip(("out", "d_hidden", "d_weights", "d_gate_up", "d_down"), got, ref, strict=True):
         assert _rel(a, b) < 1e-5, (name, _rel(a, b))
     empty = experts_forward(hidden[:0], index[:0], weights[:0], gate_up, down, F.silu, "triton")

@@ -82,8 +82,14 @@ def _full_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.full_tensor().detach().clone() for n, p in model.named_parameters()}
 
 
-def _train_step(state: ParallelState, row_lengths: list[tuple[int, ...]], *, keep_grads: bool,
-                activation_checkpointing: bool = False, composable_ac: bool = False) -> dict[str, object]:
+def _train_step(
+    state: ParallelState,
+    row_lengths: list[tuple[int, ...]],
+    *,
+    keep_grads: bool,
+    activation_checkpointing: bool = False,
+    composable_ac: bool = False,
+) -> dict[str, object]:
     """One forward/backward of this rank's row under FSDP2: the global loss, the clip results and, if
     ``keep_grads``, the full gradients before and after clipping (every rank gathers; only keepers ship them)."""
     from runtime.data.sp_batch import shard_for_sp
@@ -101,8 +107,12 @@ def _train_step(state: ParallelState, row_lengths: list[tuple[int, ...]], *, kee
     # The SP loss value is already the SP group's share, so one rank per SP group contributes: sum over dp.
     total = loss.detach().clone()
     dist.all_reduce(total, group=state.dp_group)
-    out: dict[str, object] = {"loss": total, "local_loss": loss.detach(), "mlp_calls": mlp_calls[0],
-                              "blocks_after_sharding": len(block_modules(model))}  # FSDP renames the classes
+    out: dict[str, object] = {
+        "loss": total,
+        "local_loss": loss.detach(),
+        "mlp_calls": mlp_calls[0],
+        "blocks_after_sharding": len(block_modules(model)),
+    }  # FSDP renames the classes
     grads = _full_grads(model)
     params = list(model.parameters())
     # Mixed DTensor + plain gradients: a replicated plain parameter adds its norm to the total.
@@ -127,8 +137,11 @@ def _world2_worker(rank: int, world_size: int) -> dict[str, object]:
     out: dict[str, object] = {"plain": plain, "fsdp_mesh_shape": tuple(state.fsdp_mesh.shape)}
     for key, kwargs in {"hf_ac": {"activation_checkpointing": True}, "composable_ac": {"composable_ac": True}}.items():
         got = _train_step(state, ROWS_2, keep_grads=True, **kwargs)  # compared here rather than shipped
-        out[key] = {"loss_equal": torch.equal(got["loss"], plain["loss"]), "mlp_calls": got["mlp_calls"],
-                    "grad_diff": _max_diff(got["grads"], plain["grads"])}
+        out[key] = {
+            "loss_equal": torch.equal(got["loss"], plain["loss"]),
+            "mlp_calls": got["mlp_calls"],
+            "grad_diff": _max_diff(got["grads"], plain["grads"]),
+        }
     if rank:  # rank 0's copy is enough
         del plain["grads"], plain["clipped"]
     return out
@@ -281,10 +294,14 @@ def test_single_process_state_has_no_fsdp_loss_or_ep_groups():
 @pytest.mark.parametrize(
     "kwargs, pattern",
     [
-        ({"world_size": 4, "dp_shard_size": 2, "sp_size": 2, "ep_size": 3},
-         r"^ep_size=3 must divide dp_shard_size x sp_size = 4 .*world size 4$"),
-        ({"world_size": 4, "dp_replicate_size": 2, "dp_shard_size": 2, "ep_size": 4},
-         r"^ep_size=4 must divide dp_shard_size x sp_size = 2 "),
+        (
+            {"world_size": 4, "dp_shard_size": 2, "sp_size": 2, "ep_size": 3},
+            r"^ep_size=3 must divide dp_shard_size x sp_size = 4 .*world size 4$",
+        ),
+        (
+            {"world_size": 4, "dp_replicate_size": 2, "dp_shard_size": 2, "ep_size": 4},
+            r"^ep_size=4 must divide dp_shard_size x sp_size = 2 ",
+        ),
         ({"world_size": 2, "dp_shard_size": 2, "ep_size": 0}, r"positive integers: .*ep_size=0"),
     ],
 )
@@ -320,8 +337,9 @@ def test_single_process_apply_fsdp_only_checkpoints():
 
     model = apply_fsdp(_model(), ParallelState(), activation_checkpointing=True)
     blocks = block_modules(model)
-    assert len(blocks) == 2 and all(isinstance(b, GradientCheckpointingLayer) and b.gradient_checkpointing
-                                    for b in blocks)
+    assert len(blocks) == 2 and all(
+        isinstance(b, GradientCheckpointingLayer) and b.gradient_checkpointing for b in blocks
+    )
     assert not any(isinstance(p, torch.distributed.tensor.DTensor) for p in model.parameters())
     with pytest.raises(ValueError, match=re.escape("declares no _no_split_modules")):
         block_modules(torch.nn.Linear(2, 2))

@@ -55,7 +55,7 @@ def _vit_worker(rank: int, world_size: int, x: torch.Tensor, mask: torch.Tensor,
     cos_sin = vision.vit_pad_and_slice((x[:, 0], x[:, 1]), pad)
     heads = local.reshape(1, local.shape[0], 4, -1).transpose(1, 2)  # (1, heads, local patches, d)
     (full_heads,) = vision.vit_all_to_all((heads,), to="heads", seq_dim=2, head_dim=1)
-    back, = vision.vit_all_to_all((full_heads.transpose(1, 2) * 2,), to="sequence", seq_dim=1, head_dim=2)
+    (back,) = vision.vit_all_to_all((full_heads.transpose(1, 2) * 2,), to="sequence", seq_dim=1, head_dim=2)
     gathered = vision.vit_gather(back.reshape(local.shape) + local, pad)
     deep = vision.vit_gather([local * 3], pad)[0]
     out = (gathered * torch.arange(1.0, 1 + gathered.numel()).reshape(gathered.shape)).sum() + deep.sum()
@@ -65,12 +65,20 @@ def _vit_worker(rank: int, world_size: int, x: torch.Tensor, mask: torch.Tensor,
 
     e = embeds.clone().requires_grad_(True)
     local_len = mask.shape[1] // world_size
-    local_mask = mask[:, rank * local_len:(rank + 1) * local_len]
+    local_mask = mask[:, rank * local_len : (rank + 1) * local_len]
     picked, picked_levels = vision.local_visual_tokens(local_mask, e, [e * 2])
-    return {"pad": pad, "local_rows": local.shape[0], "cos_rows": cos_sin[0].shape[0],
-            "full_heads": tuple(full_heads.shape), "gathered": gathered.detach(), "deep": deep.detach(),
-            "x_grad": x_grad, "picked": picked.detach(), "picked_level": picked_levels[0].detach(),
-            "local_mask": local_mask}
+    return {
+        "pad": pad,
+        "local_rows": local.shape[0],
+        "cos_rows": cos_sin[0].shape[0],
+        "full_heads": tuple(full_heads.shape),
+        "gathered": gathered.detach(),
+        "deep": deep.detach(),
+        "x_grad": x_grad,
+        "picked": picked.detach(),
+        "picked_level": picked_levels[0].detach(),
+        "local_mask": local_mask,
+    }
 
 
 @pytest.mark.dist
@@ -94,7 +102,7 @@ def test_vit_hooks_on_two_ranks_match_single_process() -> None:
         torch.testing.assert_close(got["gathered"], ref_gathered.detach(), rtol=0, atol=0)
         torch.testing.assert_close(got["deep"], ref_x.detach() * 3, rtol=0, atol=0)
         torch.testing.assert_close(got["x_grad"], ref_x.grad, rtol=1e-6, atol=1e-6)
-        index = ordinal[:, rank * 4:(rank + 1) * 4][got["local_mask"]]
+        index = ordinal[:, rank * 4 : (rank + 1) * 4][got["local_mask"]]
         assert torch.equal(got["picked"], embeds[index])
         assert torch.equal(got["picked_level"], embeds[index] * 2)
     # the ranks' picks, placed row-major into their slices, are masked_scatter's global order

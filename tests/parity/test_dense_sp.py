@@ -46,10 +46,13 @@ def test_kv_heads_repeat_only_when_needed() -> None:
     assert kv_repeat_factor(8, 1, 4) == 4
 
 
-@pytest.mark.parametrize(("heads", "kv", "sp", "message"), [
-    (6, 2, 4, "6 attention heads cannot be split over sp=4"),
-    (12, 3, 2, "3 key/value heads cannot be split over sp=2"),
-])
+@pytest.mark.parametrize(
+    ("heads", "kv", "sp", "message"),
+    [
+        (6, 2, 4, "6 attention heads cannot be split over sp=4"),
+        (12, 3, 2, "3 key/value heads cannot be split over sp=2"),
+    ],
+)
 def test_heads_that_cannot_be_split_are_refused(heads: int, kv: int, sp: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         kv_repeat_factor(heads, kv, sp)

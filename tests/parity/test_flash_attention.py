@@ -25,6 +25,6 @@ def test_flash_attention_packed_parity(model_type: str) -> None:
     assert torch.equal(ref.logits, got.logits)
     start = 0
     for n in (37, 64, 27):  # varlen: no attention across packed samples
-        alone = generated(input_ids=batch["input_ids"][:, start:start + n]).logits
-        assert relative_error(got.logits[:, start:start + n].float(), alone.float()) < 2e-2
+        alone = generated(input_ids=batch["input_ids"][:, start : start + n]).logits
+        assert relative_error(got.logits[:, start : start + n].float(), alone.float()) < 2e-2
         start += n

@@ -40,8 +40,11 @@ def reference(num_rows: int) -> dict:
     out = model(**batch)
     out.loss.backward()
     coef = model.config.router_aux_loss_coef
-    return {"lm": (out.loss - coef * out.aux_loss).detach(), "aux": out.aux_loss.detach(),
-            "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+    return {
+        "lm": (out.loss - coef * out.aux_loss).detach(),
+        "aux": out.aux_loss.detach(),
+        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+    }
 
 
 def parallel_worker(rank: int, world: int, layout: dict) -> dict:

@@ -15,9 +15,9 @@ def test_packed_row_equals_samples_run_separately(model_type: str) -> None:
     packed = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
     start = 0
     for n in lengths:
-        alone = model(input_ids=batch["input_ids"][:, start:start + n]).logits
-        assert relative_error(packed[:, start:start + n], alone) < 1e-6, (n, start)
+        alone = model(input_ids=batch["input_ids"][:, start : start + n]).logits
+        assert relative_error(packed[:, start : start + n], alone) < 1e-6, (n, start)
         start += n
     # and the packing really is what separates them: without position ids the row is one long sequence
     unpacked = model(input_ids=batch["input_ids"]).logits
-    assert relative_error(unpacked[:, lengths[0]:], packed[:, lengths[0]:]) > 1e-3
+    assert relative_error(unpacked[:, lengths[0] :], packed[:, lengths[0] :]) > 1e-3

@@ -19,8 +19,14 @@ from tests.parity.test_vlm_sp import CASES, forward_kwargs, full_batch, pad_row,
 
 MODEL = "qwen3_vl_moe"
 # The dim along which the packed reference concatenates the rows' tensors.
-PACKED_KEYS = {"input_ids": 1, "labels": 1, "mm_token_type_ids": 1, "position_ids": 2, "pixel_values": 0,
-               "image_grid_thw": 0}
+PACKED_KEYS = {
+    "input_ids": 1,
+    "labels": 1,
+    "mm_token_type_ids": 1,
+    "position_ids": 2,
+    "pixel_values": 0,
+    "image_grid_thw": 0,
+}
 
 
 def _model(experts_implementation: str):
@@ -63,8 +69,11 @@ def reference(num_rows: int, sp: int) -> dict:
     out = model(**_packed(_rows(num_rows), sp), **forward_kwargs(MODEL))
     out.loss.backward()
     coef = model.config.text_config.router_aux_loss_coef
-    return {"lm": (out.loss - coef * out.aux_loss).detach(), "aux": out.aux_loss.detach(),
-            "grads": {n: p.grad.clone() for n, p in model.named_parameters()}}
+    return {
+        "lm": (out.loss - coef * out.aux_loss).detach(),
+        "aux": out.aux_loss.detach(),
+        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+    }
 
 
 def parallel_worker(rank: int, world: int, layout: dict) -> dict:
@@ -121,8 +130,15 @@ def test_vlm_expert_parallel_matches_single_process(name: str) -> None:
         assert relative_error(got["aux"], ref["aux"]) < 1e-5
     grads = results[0]["grads"]
     assert grads.keys() == ref["grads"].keys()
-    for part in ("model.visual.blocks.", "model.visual.merger.", "model.visual.deepstack_merger_list.",
-                 "mlp.gate.weight", "mlp.experts.gate_up_proj", "mlp.experts.down_proj", "self_attn.q_proj"):
+    for part in (
+        "model.visual.blocks.",
+        "model.visual.merger.",
+        "model.visual.deepstack_merger_list.",
+        "mlp.gate.weight",
+        "mlp.experts.gate_up_proj",
+        "mlp.experts.down_proj",
+        "self_attn.q_proj",
+    ):
         assert any(part in key for key in grads), part
     for key, value in ref["grads"].items():
         assert relative_error(grads[key], value) < 1e-5, key

@@ -52,8 +52,9 @@ def test_batch_first_position_ids_match_upstream_layout(model_type: str) -> None
     """A collator's (bs, 3, L) M-RoPE ids give exactly what upstream computes from (3, bs, L)."""
     upstream, generated = vlm_models(model_type)
     batch = vlm_batch(model_type)
-    position_ids, _ = upstream.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"],
-                                                    batch["image_grid_thw"])
+    position_ids, _ = upstream.model.get_rope_index(
+        batch["input_ids"], batch["mm_token_type_ids"], batch["image_grid_thw"]
+    )
     assert position_ids.shape[0] == 3  # upstream's layout is channels-first
     ref = upstream(**batch, position_ids=position_ids)
     got = generated(**batch, position_ids=position_ids.transpose(0, 1).contiguous())

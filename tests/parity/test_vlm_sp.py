@@ -38,8 +38,9 @@ def full_batch(model_type: str, grids, text, videos=()) -> dict[str, torch.Tenso
     """The whole row with global position ids (bs, 4, L): text row, then upstream's get_rope_index T/H/W rows."""
     _, model = vlm_models(model_type)
     batch = vlm_batch(model_type, grids, text, videos=videos)
-    mrope, _ = model.model.get_rope_index(batch["input_ids"], batch["mm_token_type_ids"], batch.get("image_grid_thw"),
-                                          batch.get("video_grid_thw"))
+    mrope, _ = model.model.get_rope_index(
+        batch["input_ids"], batch["mm_token_type_ids"], batch.get("image_grid_thw"), batch.get("video_grid_thw")
+    )
     length = batch["input_ids"].shape[1]
     text_row = torch.arange(length)[None, None].expand(1, 1, length)
     batch["position_ids"] = torch.cat([text_row, mrope.transpose(0, 1)], dim=1)  # (bs, 4, L), batch-first
@@ -64,7 +65,7 @@ def shard(batch: dict[str, torch.Tensor], sp: int, rank: int) -> dict[str, torch
     out = pad_row(batch, sp)
     local = out["input_ids"].shape[1] // sp
     for key in ("input_ids", "labels", "mm_token_type_ids"):
-        out[key] = out[key][:, rank * local:(rank + 1) * local]
+        out[key] = out[key][:, rank * local : (rank + 1) * local]
     return out
 
 

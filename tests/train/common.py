@@ -5,13 +5,28 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-TINY_MODEL = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512,
-              "tie_word_embeddings": False}
+TINY_MODEL = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+}
 
 
-TINY_MOE = {**TINY_MODEL, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-            "decoder_sparse_step": 1, "output_router_logits": True, "router_aux_loss_coef": 0.01}
+TINY_MOE = {
+    **TINY_MODEL,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "decoder_sparse_step": 1,
+    "output_router_logits": True,
+    "router_aux_loss_coef": 0.01,
+}
 
 
 def tokenizer_dir(root: Path) -> Path:
@@ -53,5 +68,6 @@ def train_worker(rank: int, world_size: int, raw: dict) -> list[dict]:
         result = train(parse_config(raw))
     finally:
         set_parallel_state(None)
-    return [dataclasses.asdict(m) for m in result.metrics] + [{"start_step": result.start_step,
-                                                               "threads": torch.get_num_threads()}]
+    return [dataclasses.asdict(m) for m in result.metrics] + [
+        {"start_step": result.start_step, "threads": torch.get_num_threads()}
+    ]

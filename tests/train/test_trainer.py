@@ -40,11 +40,15 @@ def test_moe_ep2_matches_single_process_every_step(tmp_path: Path) -> None:
     checks the global version).
     """
     moe = {"type": "qwen3_moe", "config": {**TINY_MOE, "router_aux_loss_coef": 0.0}}
-    reference = run_distributed(train_worker, 1, run_config(
-        tmp_path, model={**moe, "experts_implementation": "eager"}, train={"steps": 3, "micro_batches": 2}),
-        timeout=300)[0][:-1]
-    per_rank = run_distributed(train_worker, 2, run_config(
-        tmp_path, model=moe, parallel={"ep": 2}, train={"steps": 3}), timeout=300)
+    reference = run_distributed(
+        train_worker,
+        1,
+        run_config(tmp_path, model={**moe, "experts_implementation": "eager"}, train={"steps": 3, "micro_batches": 2}),
+        timeout=300,
+    )[0][:-1]
+    per_rank = run_distributed(
+        train_worker, 2, run_config(tmp_path, model=moe, parallel={"ep": 2}, train={"steps": 3}), timeout=300
+    )
     for got, ref in zip(per_rank[0][:-1], reference, strict=True):
         assert abs(got["loss"] - ref["loss"]) <= 1e-5 * abs(ref["loss"]), (got, ref)
         assert abs(got["grad_norm"] - ref["grad_norm"]) <= 1e-5 * abs(ref["grad_norm"]), (got, ref)
@@ -52,8 +56,12 @@ def test_moe_ep2_matches_single_process_every_step(tmp_path: Path) -> None:
 
 def test_resume_is_bitwise_identical(tmp_path: Path) -> None:
     """Six steps straight vs. the same run restarted in a new process from its step-3 checkpoint."""
-    raw = run_config(tmp_path, train={"steps": 6}, checkpoint={"dir": str(tmp_path / "ckpt"), "interval": 3},
-                     model={"config": {**run_config(tmp_path)["model"]["config"], "attention_dropout": 0.1}})
+    raw = run_config(
+        tmp_path,
+        train={"steps": 6},
+        checkpoint={"dir": str(tmp_path / "ckpt"), "interval": 3},
+        model={"config": {**run_config(tmp_path)["model"]["config"], "attention_dropout": 0.1}},
+    )
     straight = run_distributed(train_worker, 1, raw, timeout=300)[0][:-1]
     shutil.rmtree(tmp_path / "ckpt" / "step_000006")  # as if the run died after its step-3 checkpoint
     resumed = run_distributed(train_worker, 1, raw, timeout=300)[0]
@@ -69,8 +77,12 @@ def test_export_loads_in_plain_transformers(tmp_path: Path) -> None:
     from runtime.checkpoint.dcp import latest_checkpoint, load_checkpoint
     from runtime.models.registry import causal_lm_class
 
-    raw = run_config(tmp_path, train={"steps": 2}, checkpoint={"dir": str(tmp_path / "ckpt"), "interval": 2},
-                     export={"dir": str(tmp_path / "hf")})
+    raw = run_config(
+        tmp_path,
+        train={"steps": 2},
+        checkpoint={"dir": str(tmp_path / "ckpt"), "interval": 2},
+        export={"dir": str(tmp_path / "hf")},
+    )
     run_distributed(train_worker, 1, raw, timeout=300)
     plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="sdpa")
     assert type(plain).__module__.startswith("transformers.")
@@ -84,17 +96,21 @@ def test_export_loads_in_plain_transformers(tmp_path: Path) -> None:
 def run_cli(config: dict | str, tmp_path: Path) -> subprocess.CompletedProcess:
     path = tmp_path / "run.yaml"
     path.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
-    return subprocess.run([sys.executable, "-m", "runtime.train", str(path)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "runtime.train", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
 
 
-@pytest.mark.parametrize(("mutate", "message"), [
-    (lambda raw: raw["optim"].update(lr="fast"), "optim.lr: expected float, found str 'fast'"),
-    (lambda raw: raw["train"].update(stepz=3), "train.stepz: unknown key"),
-    (lambda raw: raw.pop("data"), "data: required key missing"),
-    (lambda raw: raw.update(parallel={"sp": 3}), "parallel:"),
-    (lambda raw: raw["model"].update(type="gpt9"), "model.type: no generated model for model_type 'gpt9'"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda raw: raw["optim"].update(lr="fast"), "optim.lr: expected float, found str 'fast'"),
+        (lambda raw: raw["train"].update(stepz=3), "train.stepz: unknown key"),
+        (lambda raw: raw.pop("data"), "data: required key missing"),
+        (lambda raw: raw.update(parallel={"sp": 3}), "parallel:"),
+        (lambda raw: raw["model"].update(type="gpt9"), "model.type: no generated model for model_type 'gpt9'"),
+    ],
+)
 def test_user_errors_exit_2_with_one_line(tmp_path: Path, mutate, message: str) -> None:
     raw = run_config(tmp_path)
     mutate(raw)
@@ -117,9 +133,14 @@ def test_moe_ep2_resume_and_export(tmp_path: Path) -> None:
     from runtime.checkpoint.dcp import latest_checkpoint, load_checkpoint
     from runtime.models.registry import causal_lm_class
 
-    raw = run_config(tmp_path, model={"type": "qwen3_moe", "config": TINY_MOE}, parallel={"ep": 2},
-                     train={"steps": 4}, checkpoint={"dir": str(tmp_path / "ckpt"), "interval": 2},
-                     export={"dir": str(tmp_path / "hf")})
+    raw = run_config(
+        tmp_path,
+        model={"type": "qwen3_moe", "config": TINY_MOE},
+        parallel={"ep": 2},
+        train={"steps": 4},
+        checkpoint={"dir": str(tmp_path / "ckpt"), "interval": 2},
+        export={"dir": str(tmp_path / "hf")},
+    )
     straight = run_distributed(train_worker, 2, raw, timeout=300)[0][:-1]
     shutil.rmtree(tmp_path / "ckpt" / "step_000004")
     resumed = run_distributed(train_worker, 2, raw, timeout=300)[0]
@@ -127,8 +148,9 @@ def test_moe_ep2_resume_and_export(tmp_path: Path) -> None:
     for got, ref in zip(resumed[:-1], straight[2:], strict=True):
         assert got["loss"] == ref["loss"] and got["grad_norm"] == ref["grad_norm"], (got, ref)
 
-    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="sdpa",
-                                                              experts_implementation="eager")
+    plain = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "hf", attn_implementation="sdpa", experts_implementation="eager"
+    )
     ours = causal_lm_class("qwen3_moe")(plain.config)
     load_checkpoint(latest_checkpoint(tmp_path / "ckpt"), ours, restore_rng=False)
     ids = torch.randint(0, 512, (1, 29), generator=torch.Generator().manual_seed(0))

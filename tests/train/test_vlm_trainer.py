@@ -23,8 +23,7 @@ def _close(a: float, b: float, tol: float = 1e-5) -> bool:
 @pytest.mark.parametrize("model_type", ["qwen3_vl", "qwen2_5_vl"])
 def test_vlm_sp2_matches_sp1_every_step(tmp_path: Path, model_type: str) -> None:
     reference = run_distributed(train_worker, 1, vlm_run_config(tmp_path, model_type), timeout=300)[0][:-1]
-    per_rank = run_distributed(train_worker, 2, vlm_run_config(tmp_path, model_type, parallel={"sp": 2}),
-                               timeout=300)
+    per_rank = run_distributed(train_worker, 2, vlm_run_config(tmp_path, model_type, parallel={"sp": 2}), timeout=300)
     assert len(reference) == 3
     for rank_metrics in per_rank:
         for got, ref in zip(rank_metrics[:-1], reference, strict=True):
@@ -39,8 +38,16 @@ def test_vlm_moe_ep2_matches_single_process_every_step(tmp_path: Path) -> None:
     over micro-batches it is per row, across replicas global (tests/parity/test_vlm_moe_ep.py checks that one)."""
     raw = vlm_run_config(tmp_path, "qwen3_vl_moe")
     raw["model"]["config"]["text_config"]["router_aux_loss_coef"] = 0.0
-    reference = run_distributed(train_worker, 1, {**raw, "model": {**raw["model"], "experts_implementation": "eager"},
-                                                  "train": {"steps": 3, "micro_batches": 2}}, timeout=300)[0][:-1]
+    reference = run_distributed(
+        train_worker,
+        1,
+        {
+            **raw,
+            "model": {**raw["model"], "experts_implementation": "eager"},
+            "train": {"steps": 3, "micro_batches": 2},
+        },
+        timeout=300,
+    )[0][:-1]
     per_rank = run_distributed(train_worker, 2, {**raw, "parallel": {"ep": 2}}, timeout=300)
     for got, ref in zip(per_rank[0][:-1], reference, strict=True):
         assert _close(got["loss"], ref["loss"]), (got, ref)
@@ -60,8 +67,10 @@ def _image_presence(raw: dict, dp_size: int, steps: int) -> list[list[bool]]:
     model = build_model(config.model, vlm_token_ids(processor))
     fn = type(model).get_position_id_func(model.config)
     samples = [tokenize_multimodal(s, processor, fn) for s in read_samples(config.data.path)]
-    loaders = [MultimodalPackedLoader(samples, config.data.token_budget, seed=config.data.seed, dp_rank=r,
-                                      dp_size=dp_size) for r in range(dp_size)]
+    loaders = [
+        MultimodalPackedLoader(samples, config.data.token_budget, seed=config.data.seed, dp_rank=r, dp_size=dp_size)
+        for r in range(dp_size)
+    ]
     return [["pixel_values" in next(loader) for loader in loaders] for _ in range(steps)]
 
 
@@ -82,8 +91,9 @@ def test_freeze_vision_keeps_the_vit_and_exports(tmp_path: Path) -> None:
     from runtime.data.processor import load_processor, vlm_token_ids
     from runtime.train.model import build_model
 
-    raw = vlm_run_config(tmp_path, model={"freeze_vision": True}, train={"steps": 2},
-                         export={"dir": str(tmp_path / "hf")})
+    raw = vlm_run_config(
+        tmp_path, model={"freeze_vision": True}, train={"steps": 2}, export={"dir": str(tmp_path / "hf")}
+    )
     run_distributed(train_worker, 1, raw, timeout=300)
     config = parse_config(raw)
     initial = build_model(config.model, vlm_token_ids(load_processor(config.data.processor))).state_dict()
@@ -91,8 +101,10 @@ def test_freeze_vision_keeps_the_vit_and_exports(tmp_path: Path) -> None:
     assert exported.keys() == initial.keys()
     vision = [k for k in initial if k.startswith("model.visual.")]
     assert vision and all(torch.equal(exported[k], initial[k]) for k in vision)
-    assert not torch.equal(exported["model.language_model.layers.0.mlp.up_proj.weight"],
-                           initial["model.language_model.layers.0.mlp.up_proj.weight"])
+    assert not torch.equal(
+        exported["model.language_model.layers.0.mlp.up_proj.weight"],
+        initial["model.language_model.layers.0.mlp.up_proj.weight"],
+    )
     assert vlm_token_ids(load_processor(tmp_path / "hf")) == vlm_token_ids(load_processor(config.data.processor))
 
 

@@ -32,9 +32,15 @@ def dataset(root: Path, text_only: int = 0) -> Path:
 
     path = write_synthetic_vlm_dataset(root / "data", 12)
     if text_only:
-        chats = [{"messages": [{"role": "user", "content": f"Count to {n}."},
-                               {"role": "assistant", "content": " ".join(str(i) for i in range(1, n + 1))}]}
-                 for n in range(3, 3 + text_only)]
+        chats = [
+            {
+                "messages": [
+                    {"role": "user", "content": f"Count to {n}."},
+                    {"role": "assistant", "content": " ".join(str(i) for i in range(1, n + 1))},
+                ]
+            }
+            for n in range(3, 3 + text_only)
+        ]
         with path.open("a", encoding="utf-8") as f:
             f.writelines(json.dumps(c) + "\n" for c in chats)
     return path
@@ -43,8 +49,11 @@ def dataset(root: Path, text_only: int = 0) -> Path:
 def vlm_run_config(root: Path, model_type: str = "qwen3_vl", text_only: int = 0, **sections) -> dict:
     raw = {
         "model": {"type": model_type, "config": vlm_model_config(model_type), "seed": 0},
-        "data": {"path": str(dataset(root, text_only)), "processor": str(processor_dir(root, model_type)),
-                 "token_budget": 96},
+        "data": {
+            "path": str(dataset(root, text_only)),
+            "processor": str(processor_dir(root, model_type)),
+            "token_budget": 96,
+        },
         "optim": {"lr": 3e-3, "warmup_steps": 1},
         "train": {"steps": 3},
         "log": {"dir": str(root / "log"), "progress": False},
