@@ -14,8 +14,8 @@ from patchgen.errors import PatchgenError
 from patchgen.files import write_atomic
 from patchgen.generate import explain as explain_spec
 from patchgen.generate import generate
+from patchgen.project import ORPHAN, load_specs
 from patchgen.project import check as check_project
-from patchgen.project import load_specs
 from patchgen.project import regen as regen_project
 from patchgen.report import console, markdown
 from patchgen.upgrade import analyze, apply, baseline_source, write_review
@@ -72,7 +72,12 @@ def regen(
     verb = "would write" if dry_run else "wrote"
     for change in changes:
         rel = change.path.relative_to(config.root)
-        typer.echo(f"{change.status:>9}  {rel}" + (f"  ({verb})" if change.status != "unchanged" else ""))
+        if change.status == "orphan":
+            typer.echo(f"   orphan  {rel}  ({ORPHAN})", err=True)
+        else:
+            typer.echo(f"{change.status:>9}  {rel}" + (f"  ({verb})" if change.status != "unchanged" else ""))
+    if any(change.status == "orphan" for change in changes):
+        raise typer.Exit(1)
 
 
 @app.command()

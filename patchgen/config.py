@@ -48,13 +48,30 @@ def load_config(root: Path | None = None) -> ProjectConfig:
             f"{pyproject}: [tool.patchgen] pins must map package names to exact versions, e.g. "
             f'pins = {{ transformers = "5.14.1" }}'
         )
+    dirs = {key: _directory(table, key, root, pyproject) for key in ("specs", "templates", "generated")}
+    generated = dirs["generated"].resolve()
+    if generated == root.resolve() or not generated.is_relative_to(root.resolve()):
+        raise PatchgenError(
+            f"{pyproject}: [tool.patchgen] generated = {table['generated']!r}: must be a directory inside the "
+            f'project, below its root (e.g. generated = "generated"); patchgen writes only there'
+        )
     return ProjectConfig(
         root=root,
-        specs_dir=root / table.get("specs", "specs"),
-        templates_dir=root / table.get("templates", "templates"),
-        generated_dir=root / table.get("generated", "generated"),
+        specs_dir=dirs["specs"],
+        templates_dir=dirs["templates"],
+        generated_dir=dirs["generated"],
         pins=dict(pins),
     )
+
+
+def _directory(table: dict, key: str, root: Path, pyproject: Path) -> Path:
+    value = table.get(key, key)
+    if not isinstance(value, str) or not value.strip():
+        raise PatchgenError(
+            f"{pyproject}: [tool.patchgen] {key} must be a directory path relative to the project root, "
+            f"found {value!r}"
+        )
+    return root / value
 
 
 def with_pins(text: str, pins: dict[str, str]) -> str:

@@ -32,11 +32,14 @@ def write_atomic(files: dict[Path, str]) -> None:
             tmp.unlink(missing_ok=True)
 
 
-def package_inits(root: Path, relpath: str) -> dict[Path, str]:
-    """The `__init__.py` files that make a generated module importable as a package member."""
+def package_inits(generated_dir: Path, target: Path) -> dict[Path, str]:
+    """The `__init__.py` files that make a generated module importable as a package member: one in every
+    directory from the generated directory down to the module's, never above it (that is the user's code)."""
     inits = {}
-    parent = Path(relpath).parent
-    while parent != Path("."):
-        inits[root / parent / "__init__.py"] = PACKAGE_INIT
+    parent = target.parent
+    while parent.is_relative_to(generated_dir):
+        inits[parent / "__init__.py"] = PACKAGE_INIT
+        if parent == generated_dir:
+            break
         parent = parent.parent
     return inits

@@ -1,10 +1,18 @@
-"""Project-level jobs: regenerate and drift-check every spec, all in memory before anything is written."""
+"""Project-level jobs: regenerate and drift-check every spec, all in memory before anything is written.
+
+Before any generation, the specs are checked as a set: each `output` lies inside the generated directory, no two
+specs share one, and every `module` belongs to a pinned upstream package. `owned_paths` is the one definition of
+the files a spec owns under the generated directory; anything else there is an orphan.
+"""
 
 from __future__ import annotations
 
 import difflib
+import os
+import sys
+import tomllib
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from patchgen import __version__
 from patchgen.config import ProjectConfig
@@ -13,34 +21,155 @@ from patchgen.files import package_inits, write_atomic
 from patchgen.generate import Generated, engine_sha256, generate, templates_sha256, unified_diff
 from patchgen.header import body_hash, parse_inputs, split
 from patchgen.spec import Spec, load_spec
-from patchgen.upstream import PinnedSource, UpstreamSource
+from patchgen.upstream import PinnedSource, UpstreamSource, normalize_name
+
+SIDECAR_SUFFIX = ".model.json"  # `<output without .py>.model.json`: the model's registry entry, beside the output
 
 
 def load_specs(config: ProjectConfig, models: list[str] | None) -> list[Spec]:
+    """The named specs (all when `models` is empty), each checked against the project before anything runs."""
     available = config.models()
-    if not models:
-        return [load_spec(config.spec_path(m), config.templates_dir) for m in available]
-    unknown = [m for m in models if m not in available]
+    if not available:
+        raise PatchgenError(
+            f"no specs: {config.specs_dir} has no *.toml file ([tool.patchgen] specs = "
+            f"{_rel(config, config.specs_dir)!r} in {config.root / 'pyproject.toml'}); fix the path or add a spec"
+        )
+    unknown = [m for m in models or [] if m not in available]
     if unknown:
         raise PatchgenError(
-            f"unknown model(s) {unknown}: no {config.specs_dir.name}/<model>.toml; "
-            f"available: {', '.join(available) or 'none'}"
+            f"unknown model(s) {unknown}: no {config.specs_dir.name}/<model>.toml; available: {', '.join(available)}"
         )
-    return [load_spec(config.spec_path(m), config.templates_dir) for m in models]
+    specs = [load_spec(config.spec_path(m), config.templates_dir) for m in (models or available)]
+    for spec in specs:
+        check_output(config, spec)
+        check_module(config, spec)
+    check_unique_outputs(config, specs)
+    return specs
+
+
+def _rel(config: ProjectConfig, path: Path) -> str:
+    return path.relative_to(config.root).as_posix() if path.is_relative_to(config.root) else str(path)
+
+
+def check_output(config: ProjectConfig, spec: Spec) -> None:
+    """`output` is a plain relative path that resolves, symlinks included, to a module inside the generated dir."""
+    output, generated = spec.output, _rel(config, config.generated_dir)
+    where = f"{spec.path}: key 'output' = {output!r}"
+    plain = PurePosixPath(output)
+    if "\\" in output or plain.as_posix() != output or any(part in (".", "..") for part in plain.parts):
+        raise PatchgenError(
+            f"{where}: write it as a plain relative path inside the generated directory, e.g. "
+            f"'{generated}/{spec.name}/modeling_{spec.name}.py' (no '..', './', '//' or backslashes)"
+        )
+    target = config.root / output
+    if not target.is_relative_to(config.generated_dir):
+        raise PatchgenError(
+            f"{where}: outside the generated directory ([tool.patchgen] generated = {generated!r}); patchgen "
+            f"writes only there, e.g. '{generated}/{spec.name}/modeling_{spec.name}.py'"
+        )
+    resolved, inside = target.resolve(), config.generated_dir.resolve()
+    if not resolved.is_relative_to(inside):
+        raise PatchgenError(
+            f"{where}: resolves to {resolved} (through a symlink), outside the generated directory {inside}"
+        )
+    if plain.name == "__init__.py":
+        raise PatchgenError(
+            f"{where}: __init__.py is the package file patchgen writes itself; name the module, e.g. "
+            f"modeling_{spec.name}.py"
+        )
+
+
+def check_module(config: ProjectConfig, spec: Spec) -> None:
+    """The upstream module must come from a pinned package (generated files derive from exact releases)."""
+    package = spec.module.split(".")[0]
+    pinned = sorted(config.pins)
+    if normalize_name(package) in {normalize_name(p) for p in pinned}:
+        return
+    where = f"{spec.path}: key 'module' = {spec.module!r}"
+    listed = ", ".join(pinned) or "none"
+    if package in sys.stdlib_module_names:
+        raise PatchgenError(
+            f"{where}: {package!r} is a standard-library module, not an upstream package; name a module of a "
+            f"pinned upstream package ({listed}), e.g. transformers.models.<model>.modeling_<model>"
+        )
+    raise PatchgenError(
+        f"{where}: package {package!r} is not pinned ([tool.patchgen] pins: {listed}); name a module of a pinned "
+        f"package, or, if {package} is an upstream package to generate from, add it to [tool.patchgen] pins "
+        f'with its exact version ({package} = "<version>")'
+    )
+
+
+def check_unique_outputs(config: ProjectConfig, specs: list[Spec]) -> None:
+    """No two specs may write the same file; specs not loaded are compared by their raw `output` value."""
+    claimed: dict[Path, Path] = {}
+    loaded = {spec.name for spec in specs}
+    others = [(path, output) for name, path, output in _declared_outputs(config) if name not in loaded]
+    for path, output in [*((s.path, s.output) for s in specs), *others]:
+        key = (config.root / output).resolve()
+        if key in claimed and claimed[key] != path:
+            first, second = sorted([claimed[key], path])
+            raise PatchgenError(
+                f"{second}: key 'output' = {output!r} is also the output of {first}; give each spec its own output"
+            )
+        claimed.setdefault(key, path)
+
+
+def _declared_outputs(config: ProjectConfig) -> list[tuple[str, Path, str]]:
+    """(name, path, output) of every spec file whose TOML names a string output (the others fail on their own)."""
+    found = []
+    for name in config.models():
+        path = config.spec_path(name)
+        try:
+            output = tomllib.loads(path.read_text(encoding="utf-8")).get("output")
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            continue
+        if isinstance(output, str):
+            found.append((name, path, output))
+    return found
+
+
+def owned_paths(config: ProjectConfig, output: str) -> set[Path]:
+    """Every file under the generated directory that the spec with this `output` owns."""
+    target = config.root / output
+    return {
+        target,
+        target.with_name(target.name + ".diff"),
+        target.with_name(target.name.removesuffix(".py") + SIDECAR_SUFFIX),
+        *package_inits(config.generated_dir, target),
+    }
+
+
+def orphans(config: ProjectConfig, specs: list[Spec]) -> list[Path]:
+    """Files under the generated directory that no spec owns (bytecode caches aside)."""
+    owned = set().union(*(owned_paths(config, spec.output) for spec in specs))
+    found = []
+    for folder, dirs, files in os.walk(config.generated_dir):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        found += [Path(folder) / name for name in files if Path(folder) / name not in owned]
+    return sorted(found)
+
+
+def is_whole_project(config: ProjectConfig, specs: list[Spec]) -> bool:
+    return {spec.name for spec in specs} == set(config.models())
 
 
 def outputs(config: ProjectConfig, gen: Generated) -> dict[Path, str]:
+    """What regen writes for one generated model (a subset of `owned_paths`)."""
+    target = config.root / gen.relpath
     return {
-        config.root / gen.relpath: gen.text,
+        target: gen.text,
         config.root / gen.diff_relpath: gen.diff,
-        **package_inits(config.root, gen.relpath),
+        **package_inits(config.generated_dir, target),
     }
+
+
+ORPHAN = "no spec owns it (a removed or renamed spec's output?); delete it or restore its spec"
 
 
 @dataclass(frozen=True)
 class Change:
     path: Path
-    status: str  # "new" | "changed" | "unchanged"
+    status: str  # "new" | "changed" | "unchanged" | "orphan" (a file no spec owns; never deleted)
 
 
 def regen(
@@ -56,6 +185,8 @@ def regen(
         changes.append(Change(path, "new" if old is None else "unchanged" if old == text else "changed"))
     if not dry_run:
         write_atomic({c.path: files[c.path] for c in changes if c.status != "unchanged"})
+    if is_whole_project(config, specs):
+        changes += [Change(path, "orphan") for path in orphans(config, specs)]
     return changes
 
 
@@ -99,7 +230,7 @@ def check_spec(config: ProjectConfig, spec: Spec, source: UpstreamSource, full: 
     diff_path = target.with_name(target.name + ".diff")
     if not diff_path.is_file() or diff_path.read_text(encoding="utf-8") != expected_diff:
         drifts.append(Drift(diff_path, f"review diff missing or stale; run `patchgen regen {spec.name}`"))
-    for init in package_inits(config.root, spec.output):
+    for init in package_inits(config.generated_dir, target):
         if not init.is_file():
             drifts.append(Drift(init, f"package file missing; run `patchgen regen {spec.name}`"))
     return drifts
@@ -132,4 +263,7 @@ def check(
     config: ProjectConfig, specs: list[Spec], full: bool = False, source: UpstreamSource | None = None
 ) -> list[Drift]:
     source = source or PinnedSource(config.pins)
-    return [d for spec in specs for d in check_spec(config, spec, source, full)]
+    drifts = [d for spec in specs for d in check_spec(config, spec, source, full)]
+    if is_whole_project(config, specs):
+        drifts += [Drift(path, ORPHAN) for path in orphans(config, specs)]
+    return drifts

@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import libcst as cst
+import pytest
 
 from patchgen.config import ProjectConfig, load_config
 from patchgen.errors import PatchgenError
@@ -280,3 +282,18 @@ class _DropStatements(cst.CSTTransformer):
 
 def drop_statements(module: cst.Module, statements: list[cst.CSTNode]) -> str:
     return module.visit(_DropStatements({id(s) for s in statements})).code
+
+
+def run_cli(root: Path, capsys, *args: str) -> tuple[int, str, str]:
+    """`patchgen <args> --root <root>` through cli.main in this process: (exit code, stdout, stderr)."""
+    from patchgen.cli import main
+
+    argv = sys.argv
+    sys.argv = ["patchgen", *args, "--root", str(root)]
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            main()
+    finally:
+        sys.argv = argv
+    out, err = capsys.readouterr()
+    return exit_.value.code, out, err
