@@ -4,13 +4,19 @@
 upstream state-dict keys and config class, so all this takes is the full state dict (gathered to rank 0), the
 config with its ``architectures`` pointing at the upstream class and without runtime-only settings, and, if given,
 the tokenizer. The directory appears atomically (written as ``.<name>.tmp`` next to it, then renamed).
+
+An export replaces its directory, so it never touches one it did not write: the exporter leaves a marker
+(``EXPORT_MARKER``, listing every file it wrote) in each export, and ``check_export_target`` refuses a non-empty
+directory without it, one holding files the marker does not list, and (unless ``overwrite``) an earlier export.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +28,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from runtime.checkpoint.dcp import replace_dir_atomically
 from runtime.parallel.state import ParallelState, get_parallel_state
 
+EXPORT_MARKER = "patchgen_export.json"
+_MARKER_FORMAT = "patchgen-export"
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024**3
@@ -152,7 +160,7 @@ def _scrub_config_json(path: Path) -> None:
         path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-_MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors.index.json"}
+_MODEL_FILES = {"config.json", "generation_config.json", "model.safetensors.index.json", EXPORT_MARKER}
 
 
 def _copy_processor_files(source: Path, out_dir: Path) -> None:
@@ -177,6 +185,101 @@ def _save_tokenizer(tokenizer: Any, out_dir: Path) -> None:
     tokenizer.save_pretrained(out_dir)
 
 
+class ExportTargetError(ValueError):
+    """The export directory is not one an export may replace; the message is one line naming it."""
+
+
+def _marker_files(directory: Path) -> set[str] | None:
+    """The files an export listed in its marker, or None when ``directory`` holds no (readable) marker."""
+    try:
+        data = json.loads((directory / EXPORT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    files = data.get("files") if isinstance(data, dict) and data.get("format") == _MARKER_FORMAT else None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return None
+    return set(files)
+
+
+def _write_marker(directory: Path) -> None:
+    files = sorted({p.name for p in directory.iterdir()} | {EXPORT_MARKER})
+    text = json.dumps({"format": _MARKER_FORMAT, "version": 1, "files": files}, indent=2) + "\n"
+    (directory / EXPORT_MARKER).write_text(text, encoding="utf-8")
+
+
+def _is_within(path: Path, other: Path) -> bool:
+    """``path`` is ``other`` or lies below it."""
+    return path == other or other in path.parents
+
+
+def _check_replaceable(directory: Path, what: str, overwrite: bool) -> None:
+    """``directory`` (existing) may be removed: empty, or an export whose marker lists every file in it."""
+    if not directory.is_dir():
+        raise ExportTargetError(f"{what} {directory} exists and is not a directory")
+    entries = sorted(p.name for p in directory.iterdir())
+    if not entries:
+        return
+    listed = _marker_files(directory)
+    if listed is None:
+        raise ExportTargetError(
+            f"{what} {directory} is a non-empty directory that is not an earlier export (no {EXPORT_MARKER}); an "
+            f"export replaces its whole directory: choose a new or empty one"
+        )
+    foreign = [name for name in entries if name not in listed]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ExportTargetError(
+            f"{what} {directory} holds files the export did not write ({shown}); move them or choose another directory"
+        )
+    if not overwrite:
+        raise ExportTargetError(
+            f"{what} {directory} holds an earlier export; set export.overwrite: true to replace it, or choose "
+            f"another directory"
+        )
+
+
+def check_export_target(
+    out_dir: str | Path, *, overwrite: bool = False, protected: dict[str, str | Path] | None = None
+) -> Path:
+    """Refuse an export target that would delete something else; return it resolved. Cheap: call it before training.
+
+    Refused: the file system root; a path equal to or containing any ``protected`` one (name -> path, e.g. the
+    checkpoint or log directory: named in the message); an existing non-directory; a non-empty directory that is not
+    an earlier export or holds files the export did not write; an earlier export unless ``overwrite``; a place where
+    the export's temporary sibling cannot be created. Raises ``ExportTargetError`` (one line, starting
+    ``export.dir:``).
+    """
+    what = "export.dir:"
+    out = Path(os.path.abspath(out_dir))  # resolves ".", keeps symlinks as the user wrote them
+    if out.parent == out:
+        raise ExportTargetError(f"{what} {out} is the file system root")
+    real = out.resolve()
+    for name, path in (protected or {}).items():
+        if path is not None and _is_within(Path(path).resolve(), real):
+            raise ExportTargetError(
+                f"{what} {out} is or contains {name} {path}; an export replaces its whole directory: choose a "
+                f"separate one"
+            )
+    if out.exists() or out.is_symlink():
+        _check_replaceable(out, what, overwrite)
+    tmp = out.with_name(f".{out.name}.tmp")
+    if tmp.exists():
+        _check_replaceable(tmp, f"{what} the leftover", overwrite=True)
+    ancestor = out.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    try:
+        if not ancestor.is_dir():
+            raise NotADirectoryError(f"{ancestor} is not a directory")
+        fd, probe = tempfile.mkstemp(prefix=".patchgen-write-probe-", dir=ancestor)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ExportTargetError(f"{what} cannot write {out}: {ancestor}: {reason}") from None
+    return out
+
+
 def export_hf(
     model: torch.nn.Module,
     config: Any,
@@ -186,26 +289,30 @@ def export_hf(
     tokenizer: Any | None = None,
     dtype: torch.dtype | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    overwrite: bool = False,
 ) -> Path:
     """Write ``out_dir`` for ``AutoModelForCausalLM.from_pretrained``. Collective: every rank calls it.
 
     The full state dict is gathered to rank 0 (on CPU), which alone writes. ``dtype`` casts the floating weights,
     which otherwise keep the training dtype; either way the saved config's ``dtype`` records it. ``tokenizer`` is a
     path (a tokenizer directory, or a VLM processor directory: copied) or an object with ``save_pretrained``.
+    ``out_dir`` must pass ``check_export_target`` (``overwrite`` replaces an earlier export; nothing else is ever
+    replaced): checked again here on every rank, so a directory that changed during training is still refused.
     Returns ``out_dir`` once it is in place on every rank.
     """
     state = state if state is not None else get_parallel_state()
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else state.rank
-    out_dir = Path(out_dir)
+    out_dir = check_export_target(out_dir, overwrite=overwrite)
     # Collective for FSDP2; with cpu_offload only rank 0 ends up holding the tensors.
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
         tensors = prepare_state_dict(full, model, config, dtype)
         del full
         tmp = out_dir.with_name(f".{out_dir.name}.tmp")
-        if tmp.exists():  # left by an export that died
+        if tmp.exists():  # left by an export that died (check_export_target made sure it is one)
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
+        _write_marker(tmp)  # first, so that a leftover of this export is recognisably one
         save_safetensors(tensors, tmp, max_shard_bytes)
         floating = {t.dtype for t in tensors.values() if t.is_floating_point()}
         hf_config = export_config(config, dtype if dtype is not None or len(floating) != 1 else floating.pop())
@@ -213,6 +320,7 @@ def export_hf(
         _scrub_config_json(tmp / "config.json")
         if tokenizer is not None:
             _save_tokenizer(tokenizer, tmp)
+        _write_marker(tmp)  # now listing every file written
         replace_dir_atomically(tmp, out_dir)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

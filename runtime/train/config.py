@@ -22,7 +22,8 @@ Example (every key shown with its default unless marked required)::
     train: {steps: 100, micro_batches: 1, loss_chunk_size: null}
     checkpoint: {dir: null, interval: 0, resume: auto, keep: 2}
     log: {dir: runs/latest, interval: 1, tensorboard: false, peak_tflops: null, progress: true}
-    export: {dir: null}       # write a plain-transformers checkpoint at the end
+    export: {dir: null, overwrite: false}  # write a plain-transformers checkpoint at the end; overwrite replaces an
+                                           # earlier export (a directory the exporter wrote), never anything else
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class LogConfig:
 @dataclass(frozen=True)
 class ExportConfig:
     dir: str | None = None
+    overwrite: bool = False  # replace an earlier export in `dir` (other directories are always refused)
 
 
 @dataclass(frozen=True)

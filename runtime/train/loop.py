@@ -25,6 +25,7 @@ from runtime.train.data import build_loader, check_sp, check_vocab, fixed_model_
 from runtime.train.metrics import MetricsLogger, StepMetrics, detect_peak_tflops, flops_per_token
 from runtime.train.model import build_model
 from runtime.train.schedule import build_scheduler
+from runtime.train.validate import check_inputs
 
 IGNORE_INDEX = -100
 
@@ -68,6 +69,7 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 def train(config: RunConfig) -> RunResult:
     state = setup_parallel(config)
+    check_inputs(config)  # before the model is built: a user error costs seconds, not a model build or a run
     torch.manual_seed(config.model.seed)
     processor = load_text_processor(config)  # a tokenizer, or a VLM's processor
     model = build_model(config.model, fixed_model_config(config, processor))
@@ -134,7 +136,13 @@ def train(config: RunConfig) -> RunResult:
     finally:
         logger.close()
     if config.export.dir:
-        export_hf(model, mc, Path(config.export.dir), tokenizer=config.data.processor or processor)
+        export_hf(
+            model,
+            mc,
+            Path(config.export.dir),
+            tokenizer=config.data.processor or processor,
+            overwrite=config.export.overwrite,
+        )
         if state.rank == 0:
             print(f"exported a plain-transformers checkpoint to {config.export.dir}", flush=True)
     return RunResult(metrics, start_step)

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from runtime.checkpoint import export_hf
+from runtime.checkpoint.export import EXPORT_MARKER, ExportTargetError
 from tests.checkpoint.common import build, train
 
 
@@ -67,7 +68,12 @@ def test_sharded_export_replaces_previous(tmp_path: Path) -> None:
     out = tmp_path / "hf"
     export_hf(model, config, out)
     assert (out / "model.safetensors").is_file()
-    export_hf(model, config, out, max_shard_bytes=40_000)  # several files and an index, replacing the first export
+    marker = json.loads((out / EXPORT_MARKER).read_text())
+    assert marker["files"] == sorted(p.name for p in out.iterdir())
+    with pytest.raises(ExportTargetError, match="earlier export; set export.overwrite: true"):
+        export_hf(model, config, out)
+    # several files and an index, replacing the first export
+    export_hf(model, config, out, max_shard_bytes=40_000, overwrite=True)
     files = sorted(p.name for p in out.iterdir())
     shards = [f for f in files if f.startswith("model-")]
     assert len(shards) > 2 and "model.safetensors" not in files and "model.safetensors.index.json" in files
@@ -84,3 +90,18 @@ def test_export_casts_dtype(tmp_path: Path) -> None:
     ref = model.model.embed_tokens.weight.to(torch.bfloat16)
     assert torch.equal(upstream.model.embed_tokens.weight, ref)
     assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
+
+
+def test_export_never_replaces_a_directory_it_did_not_write(tmp_path: Path) -> None:
+    config, model = _trained("qwen3")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    with pytest.raises(ExportTargetError, match="not an earlier export"):
+        export_hf(model, config, mine, overwrite=True)
+    leftover = tmp_path / ".hf.tmp"  # named like an export's temporary directory, but the user's
+    leftover.mkdir()
+    (leftover / "data.bin").write_bytes(b"1")
+    with pytest.raises(ExportTargetError, match="leftover"):
+        export_hf(model, config, tmp_path / "hf")
+    assert (mine / "notes.txt").read_text() == "keep" and (leftover / "data.bin").is_file()

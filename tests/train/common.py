@@ -71,3 +71,28 @@ def train_worker(rank: int, world_size: int, raw: dict) -> list[dict]:
     return [dataclasses.asdict(m) for m in result.metrics] + [
         {"start_step": result.start_step, "threads": torch.get_num_threads()}
     ]
+
+
+def run_main(raw: dict | str, root: Path) -> tuple[int, str]:
+    """``python -m runtime.train`` in this process (no torch import per case): exit code and stderr.
+
+    The global RNG and the parallel-state handle the trainer sets are given back afterwards.
+    """
+    import contextlib
+    import io
+
+    import torch
+    import yaml
+
+    from runtime.parallel.state import set_parallel_state
+    from runtime.train.__main__ import main
+
+    path = root / "run.yaml"
+    path.write_text(raw if isinstance(raw, str) else yaml.safe_dump(raw))
+    err = io.StringIO()
+    with torch.random.fork_rng(devices=[]), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(path)])
+        finally:
+            set_parallel_state(None)
+    return code, err.getvalue()
