@@ -1,20 +1,38 @@
 """Per-model patch specs: TOML data -> frozen dataclasses, validated against the templates they name.
 
-Loading a spec parses TOML and reads template front matter; it never executes code from either.
+Loading a spec parses TOML and reads template front matter; it never executes code from either. Every value that
+can reach generated code is validated against a declared kind first (`patchgen.varkinds`); `why` is one line and
+only ever lands in comments.
+
+A spec may `extends = "<other spec>"`: it inherits that spec's keep/exclude roots, patches and `[model]` table,
+with `class_prefix = { from = "Qwen3VL", to = "Qwen3VLMoe" }` renaming every class name that starts with `from`
+(in scopes, anchors, roots and code-valued vars), then appends its own patches and overrides what it names.
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from patchgen.errors import PatchgenError
+from patchgen.model import ModelTable, merge_tables, parse_model_table
 from patchgen.templates import Template, load_template
+from patchgen.varkinds import VarError, is_dotted, is_identifier
 
-SPEC_KEYS = {"module": str, "output": str, "keep": list, "exclude": list, "patch": list}
+SPEC_KEYS = {
+    "module": str,
+    "output": str,
+    "keep": list,
+    "exclude": list,
+    "patch": list,
+    "extends": str,
+    "class_prefix": dict,
+    "model": dict,
+}
 REQUIRED_SPEC_KEYS = ("module", "output", "keep")
 PATCH_KEYS = {
     "template": str,
@@ -27,6 +45,9 @@ PATCH_KEYS = {
     "why": str,
 }
 REQUIRED_PATCH_KEYS = ("template", "scope", "why")
+ANCHOR_KEYS = ("before", "after", "anchor", "through")
+MAX_EXTENDS_DEPTH = 4
+CODE_KINDS = ("identifier", "dotted", "expr")  # var kinds whose values class_prefix renames
 
 
 @dataclass(frozen=True)
@@ -59,7 +80,9 @@ class Spec:
     keep: tuple[str, ...]
     exclude: tuple[str, ...]
     patches: tuple[Patch, ...]
-    sha256: str
+    sha256: str  # of this file and, for an `extends` spec, of every spec it inherits from
+    model: ModelTable | None = None
+    extends: tuple[Path, ...] = ()  # the inherited spec files, nearest first
 
     @property
     def package(self) -> str:
@@ -92,10 +115,14 @@ def _check_keys(table: dict, allowed: dict, required: tuple, path: Path, where: 
             )
 
 
-def _str_list(value: list, path: Path, key: str) -> tuple[str, ...]:
-    if not all(isinstance(v, str) and v for v in value):
-        raise PatchgenError(f"{path}: key {key!r} must be an array of non-empty strings, found {value!r}")
+def _names(value: list, path: Path, key: str) -> tuple[str, ...]:
+    if not all(isinstance(v, str) and is_identifier(v) for v in value):
+        raise PatchgenError(f"{path}: key {key!r} must be an array of top-level definition names, found {value!r}")
     return tuple(value)
+
+
+def _is_scope(scope: str) -> bool:
+    return scope == "<module>" or is_dotted(scope)
 
 
 def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patch:
@@ -124,27 +151,25 @@ def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patc
             raise PatchgenError(
                 f"{path}: {where}: vars.{name} is not declared by template {template.name} (declared: {declared})"
             )
-        if not var.accepts(value):
-            raise PatchgenError(
-                f"{path}: {where}: vars.{name} must be {var.type}, found {_type_name(value)} {value!r}"
-            )
+        try:
+            var.prepare(value)
+        except VarError as exc:
+            raise PatchgenError(f"{path}: {where}: vars.{name} must be {exc}") from None
     missing = [v.name for v in template.vars if v.required and v.name not in values]
     if missing:
-        docs = "; ".join(f"{v.name} ({v.type}): {v.doc}" for v in template.vars if v.name in missing)
+        docs = "; ".join(v.describe() for v in template.vars if v.name in missing)
         raise PatchgenError(f"{path}: {where}: template {template.name} needs vars {missing}: {docs}")
-    if not table["why"].strip():
-        raise PatchgenError(f"{path}: {where}: 'why' must say in one line why the patch exists")
-    return Patch(
-        index,
-        template,
-        table["scope"],
-        table["why"].strip(),
-        values,
-        table.get("before"),
-        table.get("after"),
-        table.get("anchor"),
-        table.get("through"),
-    )
+    why = table["why"].strip()
+    if not why or not why.isprintable():
+        raise PatchgenError(
+            f"{path}: {where}: 'why' must say in one line (no line breaks or control characters) why the patch exists"
+        )
+    if not _is_scope(table["scope"]):
+        raise PatchgenError(
+            f"{path}: {where}: 'scope' must be '<module>', a top-level name or a dotted path such as Class.method; "
+            f"found {table['scope']!r}"
+        )
+    return Patch(index, template, table["scope"], why, values, *(table.get(k) for k in ANCHOR_KEYS))
 
 
 def _check_anchor_keys(op: str, given: list[str], path: Path, where: str) -> None:
@@ -158,30 +183,131 @@ def _check_anchor_keys(op: str, given: list[str], path: Path, where: str) -> Non
         raise PatchgenError(f"{path}: {where}: op {op!r} takes {expected[0]}; found {given or 'none'}")
 
 
-def load_spec(path: Path, templates_dir: Path) -> Spec:
+def _read_toml(path: Path) -> tuple[dict, bytes]:
     if not path.is_file():
         raise PatchgenError(f"{path}: spec file not found")
-    raw = path.read_bytes()
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raw = path.read_bytes()
+        return tomllib.loads(raw.decode("utf-8")), raw
+    except UnicodeDecodeError as exc:
+        raise PatchgenError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except tomllib.TOMLDecodeError as exc:
         raise PatchgenError(f"{path}: not valid TOML: {exc}") from exc
+    except OSError as exc:
+        raise PatchgenError(f"{path}: cannot read the spec: {exc.strerror}") from exc
+
+
+def _prefix_renamer(rule: Any, path: Path):
+    """`{from, to}` -> a function renaming every identifier that starts with `from` inside a code string."""
+    if not (
+        isinstance(rule, dict)
+        and set(rule) == {"from", "to"}
+        and all(isinstance(rule[k], str) and is_identifier(rule[k]) for k in rule)
+    ):
+        raise PatchgenError(
+            f'{path}: class_prefix must be {{ from = "<OldPrefix>", to = "<NewPrefix>" }} with identifier values, '
+            f"found {rule!r}"
+        )
+    pattern = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(rule['from'])}(?=[A-Za-z0-9_]*)")
+    return lambda text: pattern.sub(rule["to"], text)
+
+
+def _renamed_patch(patch: dict, rename, templates_dir: Path, path: Path) -> dict:
+    """A base spec's patch table with class names renamed in its scope, anchors and code-valued vars."""
+    out = dict(patch)
+    for key in ("scope", *ANCHOR_KEYS):
+        if isinstance(out.get(key), str):
+            out[key] = rename(out[key])
+    if isinstance(out.get("vars"), dict) and isinstance(out.get("template"), str):
+        try:
+            template = load_template(templates_dir, out["template"])
+        except PatchgenError as exc:
+            raise PatchgenError(f"{path}: inherited patch: {exc}") from exc
+        variables = {}
+        for name, value in out["vars"].items():
+            var = template.var(name)
+            if var is not None and var.kind.scalar in CODE_KINDS:
+                value = (
+                    [rename(v) if isinstance(v, str) else v for v in value]
+                    if isinstance(value, list)
+                    else (rename(value) if isinstance(value, str) else value)
+                )
+            variables[name] = value
+        out["vars"] = variables
+    return out
+
+
+def _resolve_extends(data: dict, path: Path, templates_dir: Path, depth: int = 0) -> tuple[dict, list[bytes], list]:
+    """The spec table with everything it inherits merged in; the raw bytes and paths of the inherited files."""
+    if "extends" not in data:
+        if "class_prefix" in data:
+            raise PatchgenError(f"{path}: class_prefix renames what a spec inherits; it needs 'extends'")
+        return data, [], []
+    name = data["extends"]
+    if not isinstance(name, str) or not is_identifier(name):
+        raise PatchgenError(
+            f"{path}: 'extends' must name another spec in the same folder (a file stem), found {name!r}"
+        )
+    if depth >= MAX_EXTENDS_DEPTH:
+        raise PatchgenError(f"{path}: 'extends' chain deeper than {MAX_EXTENDS_DEPTH} (a cycle?)")
+    base_path = path.with_name(f"{name}.toml")
+    if base_path.resolve() == path.resolve():
+        raise PatchgenError(f"{path}: a spec cannot extend itself")
+    base, raw = _read_toml(base_path)
+    base, raws, paths = _resolve_extends(base, base_path, templates_dir, depth + 1)
+    rename = _prefix_renamer(data["class_prefix"], path) if "class_prefix" in data else (lambda text: text)
+    merged = {k: v for k, v in data.items() if k not in ("extends", "class_prefix", "patch", "model")}
+    for key in ("keep", "exclude"):
+        if key not in merged and isinstance(base.get(key), list):
+            merged[key] = [rename(v) if isinstance(v, str) else v for v in base[key]]
+    inherited = base.get("patch", [])
+    if not isinstance(inherited, list):
+        raise PatchgenError(f"{base_path}: key 'patch' must be an array of tables")
+    own = data.get("patch", [])
+    if not isinstance(own, list):
+        raise PatchgenError(f"{path}: key 'patch' must be an array of tables")
+    merged["patch"] = [
+        _renamed_patch(p, rename, templates_dir, base_path) if isinstance(p, dict) else p for p in inherited
+    ] + own
+    base_model = base.get("model")
+    if isinstance(base_model, dict) or "model" in data:
+        renamed = dict(base_model) if isinstance(base_model, dict) else {}
+        if isinstance(renamed.get("class"), str):
+            renamed["class"] = rename(renamed["class"])
+        merged["model"] = (
+            merge_tables(renamed, data.get("model", {})) if isinstance(data.get("model", {}), dict) else data["model"]
+        )
+    return merged, [raw, *raws], [base_path, *paths]
+
+
+def load_spec(path: Path, templates_dir: Path) -> Spec:
+    own, raw = _read_toml(path)
+    _check_keys(own, SPEC_KEYS, ("module", "output") if "extends" in own else REQUIRED_SPEC_KEYS, path, "")
+    data, inherited_raw, inherited_paths = _resolve_extends(own, path, templates_dir)
     _check_keys(data, SPEC_KEYS, REQUIRED_SPEC_KEYS, path, "")
-    keep = _str_list(data["keep"], path, "keep")
+    keep = _names(data["keep"], path, "keep")
     if not keep:
         raise PatchgenError(f"{path}: key 'keep' must name at least one root definition to keep")
-    if not data["module"].replace(".", "").replace("_", "").isalnum():
+    if not is_dotted(data["module"]):
         raise PatchgenError(f"{path}: key 'module' must be a dotted module name, found {data['module']!r}")
     if not data["output"].endswith(".py") or Path(data["output"]).is_absolute():
         raise PatchgenError(f"{path}: key 'output' must be a relative path ending in .py, found {data['output']!r}")
     patches = tuple(_load_patch(i, t, path, templates_dir) for i, t in enumerate(data.get("patch", []), start=1))
+    model = parse_model_table(data["model"], str(path)) if "model" in data else None
+    if model is not None and model.cls not in keep:
+        raise PatchgenError(f"{path}: [model] class {model.cls!r} must be one of the 'keep' roots {list(keep)}")
+    digest = hashlib.sha256(raw)
+    for extra in inherited_raw:
+        digest.update(b"\0" + hashlib.sha256(extra).digest())
     return Spec(
         path.stem,
         path,
         data["module"],
         data["output"],
         keep,
-        _str_list(data.get("exclude", []), path, "exclude"),
+        _names(data.get("exclude", []), path, "exclude"),
         patches,
-        hashlib.sha256(raw).hexdigest(),
+        digest.hexdigest(),
+        model,
+        tuple(inherited_paths),
     )

@@ -7,74 +7,58 @@ A template file looks like::
     doc = "Keep this SP rank's slice of the RoPE table computed from global position ids."
     imports = ["from runtime.sp.positions import slice_position_embeddings"]
     [vars.seq_dim]
-    type = "int"
+    kind = "int"
     default = 1
     doc = "sequence dimension of cos/sin"
     #}
     slice_position_embeddings({{ expr }}, seq_dim={{ seq_dim }})
 
-The front matter is data (TOML); the body is rendered with StrictUndefined so a missing variable is an error,
-never an empty string in generated code.
+The front matter is data (TOML). Every variable declares a kind (`patchgen.varkinds`) and spec values are validated
+against it before rendering; the body renders in jinja2's immutable sandbox with StrictUndefined and no globals, so a
+template can neither reach Python internals nor render a missing variable as an empty string.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jinja2
+import jinja2.sandbox
 
 from patchgen.errors import PatchgenError
+from patchgen.varkinds import Kind, VarError, is_identifier, parse_kind, prepare
 
-# op -> the anchor keys a spec patch must (exactly one of) or may give, and the builtin variables it gets.
-OPS: dict[str, dict[str, Any]] = {
-    "insert": {"anchors": ("before", "after"), "builtins": ()},
-    "replace": {"anchors": ("anchor",), "builtins": ()},
-    "wrap": {"anchors": ("anchor",), "builtins": ("expr",)},
-    "add_method": {"anchors": (), "builtins": ()},
-    "replace_method": {"anchors": (), "builtins": ()},
-    "add_definition": {"anchors": ("before", "after", None), "builtins": ()},
-    "replace_definition": {"anchors": (), "builtins": ()},
-    "rename": {"anchors": (), "builtins": ()},
-}
+OPS = ("insert", "replace", "wrap", "add_method", "replace_method", "add_definition", "replace_definition", "rename")
 BUILTIN_VARS = ("expr", "scope")
-VAR_TYPES: dict[str, Any] = {
-    "str": str,
-    "int": int,
-    "float": (int, float),
-    "bool": bool,
-    "list[str]": (list, str),
-    "list[int]": (list, int),
-}
+_TEMPLATE_NAME = re.compile(r"[A-Za-z0-9_]+(/[A-Za-z0-9_]+)*\Z")
 _MISSING = object()
 
 
 @dataclass(frozen=True)
 class TemplateVar:
     name: str
-    type: str
+    kind: Kind
     doc: str
     default: Any = _MISSING
+    choices: tuple[str, ...] = ()
 
     @property
     def required(self) -> bool:
         return self.default is _MISSING
 
-    def accepts(self, value: Any) -> bool:
-        kind = VAR_TYPES[self.type]
-        if isinstance(kind, tuple) and kind[0] is list:
-            return isinstance(value, list) and all(_is(item, kind[1]) for item in value)
-        return _is(value, kind)
+    def prepare(self, value: Any) -> Any:
+        """The template input for a spec value; raises VarError when the value does not fit the kind."""
+        return prepare(self.kind, value, self.choices)
 
-
-def _is(value: Any, kind: Any) -> bool:
-    if isinstance(value, bool) and kind is not bool and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        return False  # TOML true is not an int
-    return isinstance(value, kind)
+    def describe(self) -> str:
+        choices = f" of {list(self.choices)}" if self.choices else ""
+        return f"{self.name} ({self.kind.name}{choices}): {self.doc}"
 
 
 @dataclass(frozen=True)
@@ -91,21 +75,86 @@ class Template:
     def var(self, name: str) -> TemplateVar | None:
         return next((v for v in self.vars if v.name == name), None)
 
-    def render(self, values: dict[str, Any]) -> str:
-        """Render the body; `values` must already be validated (see spec loading)."""
-        merged = {v.name: v.default for v in self.vars if not v.required}
-        merged.update(values)
+    def render(self, values: dict[str, Any], builtins: dict[str, str] | None = None) -> str:
+        """Render the body from spec values (validated again here, so no path renders an unchecked value) and the
+        engine's builtin variables (`scope`, and `expr` for wraps: code the engine itself produced)."""
+        builtins = {**{k: values[k] for k in BUILTIN_VARS if k in values}, **(builtins or {})}
+        merged = {}
+        for var in self.vars:
+            if var.name in values:
+                value = values[var.name]
+            elif not var.required:
+                value = var.default
+            else:
+                raise PatchgenError(f"{self.path}: variable {var.name!r} has no value")
+            try:
+                merged[var.name] = var.prepare(value)
+            except VarError as exc:
+                raise PatchgenError(f"{self.path}: vars.{var.name} must be {exc}") from exc
+        merged.update(builtins)
         try:
             return _compiled(self.body).render(**merged)
         except jinja2.TemplateError as exc:
             raise PatchgenError(f"{self.path}: rendering failed: {exc}") from exc
+        except RecursionError as exc:
+            raise PatchgenError(f"{self.path}: rendering failed: nested too deeply") from exc
+
+
+def _environment() -> jinja2.Environment:
+    """An immutable sandbox with no globals: no lipsum/range/cycler/namespace, no attribute starting with `_`."""
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
+    )
+    env.globals.clear()
+    return env
+
+
+_ENV = _environment()
 
 
 @functools.lru_cache(maxsize=256)
 def _compiled(body: str) -> jinja2.Template:
     """Compiling a jinja2 template costs far more than rendering it; a spec renders each template many times."""
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
-    return env.from_string(body)
+    return _ENV.from_string(body)
+
+
+def _parse_var(path: Path, var_name: str, decl: Any) -> TemplateVar:
+    where = f"{path}: vars.{var_name}"
+    if var_name in BUILTIN_VARS:
+        raise PatchgenError(f"{where}: {var_name!r} is builtin and cannot be declared")
+    if not is_identifier(var_name):
+        raise PatchgenError(f"{where}: a variable name must be a Python identifier")
+    if not isinstance(decl, dict):
+        raise PatchgenError(f"{where} must be a table with kind, doc and optional default/choices; found {decl!r}")
+    unknown = set(decl) - {"kind", "doc", "default", "choices"}
+    if "type" in decl:
+        raise PatchgenError(
+            f"{where}: 'type' is now 'kind' (one of int, float, bool, identifier, dotted, expr, str, "
+            f"word, or list[...] of them)"
+        )
+    if unknown:
+        raise PatchgenError(f"{where}: unknown key(s) {sorted(unknown)}; expected kind, doc, default, choices")
+    kind = parse_kind(decl.get("kind"))
+    if kind is None:
+        raise PatchgenError(
+            f"{where}: kind must be one of int, float, bool, identifier, dotted, expr, str, word or "
+            f"list[<one of those>]; found {decl.get('kind')!r}"
+        )
+    if not isinstance(decl.get("doc", ""), str):
+        raise PatchgenError(f"{where}: doc must be a string")
+    choices = decl.get("choices", [])
+    if (kind.scalar == "word") != bool(choices) or not all(isinstance(c, str) and is_identifier(c) for c in choices):
+        raise PatchgenError(
+            f"{where}: kind word (or list[word]) needs choices = [...] of identifiers, and only it "
+            f"takes choices; found kind {kind.name!r}, choices {choices!r}"
+        )
+    var = TemplateVar(var_name, kind, decl.get("doc", ""), decl.get("default", _MISSING), tuple(choices))
+    if not var.required:
+        try:
+            var.prepare(var.default)
+        except VarError as exc:
+            raise PatchgenError(f"{where}: default must be {exc}") from exc
+    return var
 
 
 def parse_template(name: str, path: Path, text: str) -> Template:
@@ -130,31 +179,45 @@ def parse_template(name: str, path: Path, text: str) -> Template:
     imports = meta.get("imports", [])
     if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
         raise PatchgenError(f"{path}: 'imports' must be a list of import statements (strings)")
-    variables = []
-    for var_name, decl in meta.get("vars", {}).items():
-        if var_name in BUILTIN_VARS:
-            raise PatchgenError(f"{path}: variable {var_name!r} is builtin and cannot be declared")
-        if not isinstance(decl, dict) or decl.get("type") not in VAR_TYPES or set(decl) - {"type", "doc", "default"}:
-            raise PatchgenError(
-                f"{path}: vars.{var_name} must be a table with type (one of {sorted(VAR_TYPES)}), "
-                f"doc, and optional default; found {decl!r}"
-            )
-        var = TemplateVar(var_name, decl["type"], decl.get("doc", ""), decl.get("default", _MISSING))
-        if not var.required and not var.accepts(var.default):
-            raise PatchgenError(f"{path}: vars.{var_name}: default {var.default!r} is not of type {var.type}")
-        variables.append(var)
+    declared = meta.get("vars", {})
+    if not isinstance(declared, dict):
+        raise PatchgenError(f"{path}: 'vars' must be a table of variable declarations")
+    variables = tuple(_parse_var(path, var_name, decl) for var_name, decl in declared.items())
     body = text[end + 2 :].lstrip("\n")
+    try:
+        _compiled(body)
+    except jinja2.TemplateSyntaxError as exc:
+        raise PatchgenError(f"{path}:{exc.lineno}: template body is not valid jinja2: {exc.message}") from exc
     return Template(
-        name, path, op, meta["doc"], tuple(variables), tuple(imports), body, hashlib.sha256(text.encode()).hexdigest()
+        name, path, op, meta["doc"], variables, tuple(imports), body, hashlib.sha256(text.encode()).hexdigest()
     )
 
 
+def template_path(templates_dir: Path, name: str) -> Path:
+    """`family/kind` -> its file, refusing any name that could leave the templates directory."""
+    if not isinstance(name, str) or not _TEMPLATE_NAME.match(name):
+        raise PatchgenError(f"template name {name!r} must be family/kind: letters, digits and _ separated by '/'")
+    root = templates_dir.resolve()
+    path = (templates_dir / f"{name}.py.j2").resolve()
+    if not path.is_relative_to(root):
+        raise PatchgenError(f"template {name!r} resolves to {path}, outside the templates directory {root}")
+    return path
+
+
 def load_template(templates_dir: Path, name: str) -> Template:
-    path = templates_dir / f"{name}.py.j2"
+    path = template_path(templates_dir, name)
     if not path.is_file():
         available = ", ".join(available_templates(templates_dir)) or "none"
-        raise PatchgenError(f"unknown template {name!r} (no file {path}); available: {available}")
-    return parse_template(name, path, path.read_text(encoding="utf-8"))
+        raise PatchgenError(
+            f"unknown template {name!r} (no file {templates_dir / (name + '.py.j2')}); available: {available}"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise PatchgenError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except OSError as exc:
+        raise PatchgenError(f"{path}: cannot read the template: {exc.strerror}") from exc
+    return parse_template(name, path, text)
 
 
 def available_templates(templates_dir: Path) -> list[str]:

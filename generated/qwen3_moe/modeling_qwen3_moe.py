@@ -3,9 +3,9 @@
 # template and run `patchgen regen qwen3_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_moe/modeling_qwen3_moe.py sha256=f07ab1b3a17e27612006a447812b83667af7ab3d527afe3ebbdf89dc5dac8a90
 # spec: specs/qwen3_moe.toml sha256=50a07714fc94dea88d1ba3ed393130f52c005d568641364061505e0428478db4
-# templates: sha256=1168d891f9343736780afd6c5b7c8a398d69500350542696bcd88e6ecb4b4d74
-# engine: patchgen==0.1.0 sha256=b48a4ae4634774db90ad76ae474aacd65587a6a70e2c63d03914a15bc2ffe4dc
-# body: sha256=abc6e31bd7db0a77ad842c97e83eb7bf3e0d5f10143bdbae52468907a3d1ea1a
+# templates: sha256=ff0b4eb81e8db5780999843cb3031f99c0f8bd804de0c6094312450497982f5a
+# engine: patchgen==0.1.0 sha256=cd57cc95b358c6cb60cf58575f8e346b547833c33664c46b98987ea4d71bc742
+# body: sha256=68a93ce74d5eecb46950c4a05c0171f6b96ee545baeb90286041f95962848303
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3MoeModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
 #   #2 sp/rope_slice @ Qwen3MoeModel.forward: RoPE comes from global position ids; each SP rank keeps the slice for its tokens
@@ -409,7 +409,7 @@ class Qwen3MoePreTrainedModel(PreTrainedModel):
 
     # patchgen #6 moe/ep_plan (1 stmt): expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
     # Expert parallelism plan, read by runtime.moe.sharding: parameter suffix -> dim split over the ep group.
-    _ep_plan = {"mlp.experts.gate_up_proj": 0, "mlp.experts.down_proj": 0}
+    _patchgen_ep_plan = {"mlp.experts.gate_up_proj": 0, "mlp.experts.down_proj": 0}
 
 
 class Qwen3MoeRotaryEmbedding(nn.Module):

@@ -2,9 +2,9 @@
 # Made by patchgen 0.1.0 from specs/qwen3_vl.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_vl`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl/modeling_qwen3_vl.py sha256=fcb5571ef95e4a6679af866ef9ef4dfa5cee017f9f91453daf28c7804c7a50fe
-# spec: specs/qwen3_vl.toml sha256=67ae765b8393585d51ffdf6d372f5c88af3813b4cbe190e8d708c7a464aa8b5e
-# templates: sha256=6e7766db9d29aa405e0c4997a705ad17e70846578cac50113850ddc05cb2b0a0
-# engine: patchgen==0.1.0 sha256=b48a4ae4634774db90ad76ae474aacd65587a6a70e2c63d03914a15bc2ffe4dc
+# spec: specs/qwen3_vl.toml sha256=1b6927331e70a9a7fddeba52ffcd8ba1b20f0e33346a1502f529f899a8da8bb0
+# templates: sha256=e1ab20ce9d27ef40423ad9c01a6f74e5586b27bb3d58760fd512d236a2811829
+# engine: patchgen==0.1.0 sha256=cd57cc95b358c6cb60cf58575f8e346b547833c33664c46b98987ea4d71bc742
 # body: sha256=8541dfdef386a791fc788da62d6310d7a8582b0b7c7baeb930bd5403130d99ed
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel

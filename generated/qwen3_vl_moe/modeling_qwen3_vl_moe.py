@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/qwen3_vl_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_vl_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
-# spec: specs/qwen3_vl_moe.toml sha256=541f82aeca4dbc70e57ec910eef07327a7e402f697a2cc4c576abf834164216a
-# templates: sha256=62e32afccba1708783d9ae8a2d3fe812b3ca1be2aa3a046524a2ae33b5ef3402
-# engine: patchgen==0.1.0 sha256=b48a4ae4634774db90ad76ae474aacd65587a6a70e2c63d03914a15bc2ffe4dc
-# body: sha256=66c5f0aa4151d32a47c160ca08c809af14ba76bcad9de96810fee3fc24157e7b
+# spec: specs/qwen3_vl_moe.toml sha256=71555fb8fdaa13e727d1e49b5b6134bbca99819d9cb3527c24fbb3fc90c6b94d
+# templates: sha256=5b1c487972a660e554d7e0fca03c3c2ec4c19722b7b07d57e52a469e96238f61
+# engine: patchgen==0.1.0 sha256=cd57cc95b358c6cb60cf58575f8e346b547833c33664c46b98987ea4d71bc742
+# body: sha256=f972826272d6c622d1d1250e1d756a69053e13bfc0701753e1dd948326834cde
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel
 #   #2 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the text model is this file's patched class, not upstream's via AutoModel
@@ -457,7 +457,7 @@ class Qwen3VLMoePreTrainedModel(PreTrainedModel):
 
     # patchgen #16 moe/ep_plan (1 stmt): expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
     # Expert parallelism plan, read by runtime.moe.sharding: parameter suffix -> dim split over the ep group.
-    _ep_plan = {"mlp.experts.gate_up_proj": 0, "mlp.experts.down_proj": 0}
+    _patchgen_ep_plan = {"mlp.experts.gate_up_proj": 0, "mlp.experts.down_proj": 0}
 
 
 class Qwen3VLMoeVisionRotaryEmbedding(nn.Module):

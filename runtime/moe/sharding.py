@@ -1,4 +1,4 @@
-"""Expert parallelism: split the stacked expert parameters over the ep group, as the model's `_ep_plan` says.
+"""Expert parallelism: split the stacked expert parameters over the ep group, as the model's `_patchgen_ep_plan` says.
 
 The plan is data in the generated modeling file (template `moe/ep_plan`): parameter-name suffix -> dim. Each
 matching parameter becomes a DTensor sharded on the ep mesh (rank r holds experts [r*E/ep, (r+1)*E/ep)), so
@@ -15,10 +15,10 @@ from runtime.parallel.state import ParallelState
 
 
 def expert_modules(model: nn.Module) -> list[nn.Module]:
-    """Modules that own parameters named in the model's `_ep_plan`."""
-    plan = getattr(model, "_ep_plan", None)
+    """Modules that own parameters named in the model's `_patchgen_ep_plan`."""
+    plan = getattr(model, "_patchgen_ep_plan", None)
     if not plan:
-        raise ValueError(f"{type(model).__name__} has no _ep_plan; its spec needs the moe/ep_plan patch for EP")
+        raise ValueError(f"{type(model).__name__} has no _patchgen_ep_plan: its spec needs the moe/ep_plan patch")
     owners: dict[int, nn.Module] = {}
     for name, module in model.named_modules():
         for suffix in plan:
@@ -54,4 +54,4 @@ def shard_experts(model: nn.Module, state: ParallelState) -> list[nn.Module]:
 
 
 def _planned(model: nn.Module, module: nn.Module) -> list[str]:
-    return sorted({suffix.rpartition(".")[2] for suffix in model._ep_plan} & set(module._parameters))
+    return sorted({suffix.rpartition(".")[2] for suffix in model._patchgen_ep_plan} & set(module._parameters))

@@ -21,7 +21,7 @@ def build_model(cfg: ModelConfig, fixed: dict[str, Any] | None = None) -> torch.
         cls = lookup(cfg.type).causal_lm_class()
     except ValueError as exc:
         raise ConfigError(f"model.type: {exc}") from None
-    moe = {"experts_implementation": cfg.experts_implementation} if hasattr(cls, "_ep_plan") else {}
+    moe = {"experts_implementation": cfg.experts_implementation} if hasattr(cls, "_patchgen_ep_plan") else {}
     if cfg.path is not None:
         model = cls.from_pretrained(cfg.path, attn_implementation=cfg.attn_implementation, dtype=torch.float32, **moe)
         for key, value in fixed.items():

@@ -61,7 +61,7 @@ ALL_OPS = [
         template="fx/insert_code",
         scope="ToyForTask.forward",
         before="if labels is not None:",
-        vars=dict(code="labels = list(labels) if labels else labels"),
+        vars=dict(code="labels_list"),
         why="anchored on a compound header",
     ),
 ]

@@ -13,7 +13,7 @@ from patchgen.upstream import PinnedSource
 from tests.engine.helpers import TOY, FixtureSource, spec_toml, upstream_line, upstream_text
 
 INSERT = dict(
-    template="fx/insert_code", scope="ToyLayer.forward", after="residual = hidden", vars=dict(code="pass"), why="x"
+    template="fx/insert_code", scope="ToyLayer.forward", after="residual = hidden", vars=dict(code="nothing"), why="x"
 )
 
 
@@ -41,8 +41,8 @@ def candidates(message: str) -> list[tuple[int, str]]:
 def test_unknown_key(project) -> None:
     message, path = load_error(project, spec_toml(modul="x"))
     assert (
-        message == f"{path}: top level: unknown key 'modul'; expected one of ['exclude', 'keep', 'module', "
-        f"'output', 'patch']"
+        message == f"{path}: top level: unknown key 'modul'; expected one of ['class_prefix', "
+        f"'exclude', 'extends', 'keep', 'model', 'module', 'output', 'patch']"
     )
     message, path = load_error(project, spec_toml(patches=[INSERT, {**INSERT, "anchr": "y"}]))
     assert message.startswith(f"{path}: patch 2 (fx/insert_code): unknown key 'anchr'; expected one of [")
@@ -78,7 +78,7 @@ def test_unknown_template_lists_available(project) -> None:
 
 
 def test_undeclared_var(project) -> None:
-    message, path = load_error(project, spec_toml(patches=[{**INSERT, "vars": dict(code="pass", color="red")}]))
+    message, path = load_error(project, spec_toml(patches=[{**INSERT, "vars": dict(code="nothing", color="red")}]))
     assert message == (
         f"{path}: patch 1 (fx/insert_code): vars.color is not declared by template fx/insert_code (declared: code)"
     )
@@ -86,9 +86,9 @@ def test_undeclared_var(project) -> None:
 
 def test_missing_required_var(project) -> None:
     message, path = load_error(project, spec_toml(patches=[{**INSERT, "vars": {}}]))
-    assert (
-        message == f"{path}: patch 1 (fx/insert_code): template fx/insert_code needs vars ['code']: code (str): "
-        f"the statements"
+    assert message.startswith(
+        f"{path}: patch 1 (fx/insert_code): template fx/insert_code needs vars ['code']: code (word of "
+        f"['nothing', 'probe', "
     )
     # a template whose every var is required, and no vars table at all
     rename = dict(template="core/rename", scope="ToyLayer", why="x")
@@ -107,13 +107,16 @@ def test_missing_required_var(project) -> None:
 def test_wrong_var_type(project, value, found) -> None:
     patch = {**INSERT, "template": "fx/insert_trace", "vars": dict(name="n", level=value)}
     message, path = load_error(project, spec_toml(patches=[patch]))
-    assert message == f"{path}: patch 1 (fx/insert_trace): vars.level must be int, found {found}"
+    assert message == f"{path}: patch 1 (fx/insert_trace): vars.level must be an integer, found {found}"
 
 
 def test_wrong_list_item_type(project) -> None:
     patch = {**INSERT, "template": "fx/insert_trace", "vars": dict(name="n", tags=["a", 1])}
     message, path = load_error(project, spec_toml(patches=[patch]))
-    assert message == f"{path}: patch 1 (fx/insert_trace): vars.tags must be list[str], found array ['a', 1]"
+    assert message == (
+        f"{path}: patch 1 (fx/insert_trace): vars.tags must be an array whose every item is a string (rendered as "
+        f"a quoted literal), found integer 1 (item 1 of array ['a', 1])"
+    )
 
 
 def test_wrong_anchor_keys_for_the_op(project) -> None:
@@ -272,7 +275,7 @@ def test_replace_method_needs_a_method_scope(project) -> None:
                     template="fx/replace_code",
                     scope="ToyLayer.forward",
                     anchor="if attention_mask is not None:",
-                    vars=dict(code="pass"),
+                    vars=dict(code="nothing"),
                     why="x",
                 ),
                 dict(
@@ -288,7 +291,7 @@ def test_replace_method_needs_a_method_scope(project) -> None:
                     template="fx/insert_code",
                     scope="ToyModel.default_mask",
                     before="return [1.0] * length",
-                    vars=dict(code="pass"),
+                    vars=dict(code="nothing"),
                     why="y",
                 ),
                 dict(template="fx/replace_method", scope="ToyModel.default_mask", why="x"),
@@ -302,14 +305,14 @@ def test_replace_method_needs_a_method_scope(project) -> None:
                     template="fx/replace_code",
                     scope="ToyLayer.forward",
                     anchor="residual = hidden",
-                    vars=dict(code="pass"),
+                    vars=dict(code="nothing"),
                     why="x",
                 ),
                 dict(
                     template="fx/replace_code",
                     scope="ToyLayer.forward",
                     anchor="residual = hidden",
-                    vars=dict(code="residual = 0"),
+                    vars=dict(code="residual_zero"),
                     why="y",
                 ),
             ],
@@ -328,7 +331,7 @@ RUN = dict(
     scope="ToyLayer.forward",
     anchor="residual = hidden",
     through="hidden = rescale(hidden, factor=self.config.scale)",
-    vars=dict(code="pass"),
+    vars=dict(code="nothing"),
     why="run",
 )
 
@@ -354,7 +357,7 @@ def test_replace_run_conflicts_with_an_edit_inside_it(project) -> None:
         template="fx/insert_code",
         scope="ToyLayer.forward",
         after="hidden = rescale(hidden, factor=self.config.scale)",
-        vars=dict(code="pass"),
+        vars=dict(code="nothing"),
         why="x",
     )
     message, path = generate_error(project, [RUN, inside])
@@ -410,7 +413,7 @@ def test_patch_inside_a_pruned_definition_is_an_error(project) -> None:
         template="fx/insert_code",
         scope="UnusedThing.run",
         before="return only_used_by_unused(1)",
-        vars=dict(code="pass"),
+        vars=dict(code="nothing"),
         why="edits code nothing keeps",
     )
     message, path = generate_error(project, [patch])

@@ -21,7 +21,7 @@ def test_insert_after_with_every_var_type(all_ops) -> None:
         "        residual = hidden\n"
         "        # patchgen #1 fx/insert_trace (2 stmt): trace the residual\n"
         '        logger = logging.getLogger("toy")\n'
-        "        trace_event(logger, level=3, enabled=False, tags=['a', 'b'], ratio=0.25, dims=[1, 2])\n"
+        '        trace_event(logger, level=3, enabled=False, tags=["a", "b"], ratio=0.25, dims=[1, 2])\n'
         "        # patchgen #2 fx/replace_rescale (2 stmt): scale more\n"
         "        hidden = rescale(hidden, factor=self.config.scale * 2.0)\n"
         "        hidden = checkpoint(hidden)\n"
@@ -158,7 +158,7 @@ def test_no_imports_block_when_templates_import_nothing(project) -> None:
                     template="fx/insert_code",
                     scope="ToyModel.forward",
                     after="norm = math.sqrt(sum(h * h for h in hidden) + EPS)",
-                    vars=dict(code="norm = norm or 1.0"),
+                    vars=dict(code="norm_default"),
                     why="x",
                 )
             ]
@@ -193,7 +193,7 @@ def test_function_level_relative_import_becomes_absolute_when_its_class_is_not_p
                     template="fx/insert_code",
                     scope="ToyLayer.forward",
                     after="residual = hidden",
-                    vars=dict(code="pass"),
+                    vars=dict(code="nothing"),
                     why="x",
                 )
             ]
@@ -271,7 +271,7 @@ def test_exclude_of_a_reference_patched_away_is_fine(project) -> None:
                     template="fx/replace_code",
                     scope="ToyLayer",
                     anchor="def forward(self, hidden, attention_mask=None):",
-                    vars=dict(code="def forward(self, hidden, attention_mask=None):\n    return hidden"),
+                    vars=dict(code="forward_def"),
                     why="drop the traced forward",
                 )
             ],
@@ -337,7 +337,7 @@ def test_try_header_is_an_anchor(project) -> None:
                     template="fx/insert_code",
                     scope="ToyLayer.forward",
                     before="try:",
-                    vars=dict(code="probe = 1"),
+                    vars=dict(code="snippet_0"),
                     why="before a try",
                 )
             ]
@@ -352,7 +352,6 @@ def test_try_header_is_an_anchor(project) -> None:
 
 
 def test_comments_in_a_template_body_survive(project) -> None:
-    code = "# leading comment\nw = 2  # trailing comment\n# comment between\nv = 3"
     gen = project(
         spec_toml(
             patches=[
@@ -360,7 +359,7 @@ def test_comments_in_a_template_body_survive(project) -> None:
                     template="fx/insert_code",
                     scope="ToyLayer.forward",
                     after="residual = hidden",
-                    vars=dict(code=code),
+                    vars=dict(code="commented"),
                     why="c",
                 )
             ]
@@ -390,7 +389,7 @@ def test_replace_a_run_of_statements_anchor_through(project) -> None:
                     scope="ToyLayer.forward",
                     anchor="residual = hidden",
                     through="hidden = rescale(hidden, factor=self.config.scale)",
-                    vars=dict(code="# one statement for two\nresidual = hidden = rescale(hidden)"),
+                    vars=dict(code="one_for_two"),
                     why="run",
                 )
             ]
@@ -415,7 +414,7 @@ def test_replace_a_run_through_the_end_of_a_block(project) -> None:
                     scope="ToyLayer.forward",
                     anchor="hidden = rescale(hidden, factor=self.config.scale)",
                     through="return hidden",
-                    vars=dict(code="return rescale(hidden)"),
+                    vars=dict(code="return_rescaled"),
                     why="tail",
                 )
             ]
@@ -438,8 +437,16 @@ def test_definitions_a_patch_writes_at_top_level_are_not_pruned(project, key, an
         template=template,
         scope="<module>",
         **{key: anchor},
-        vars=dict(code="def helper():\n    return 1"),
+        vars=dict(code="helper_def"),
         why="module def",
     )
     gen = project(spec_toml(patches=[patch])).generate()
     assert f"# patchgen #1 {template} (1 stmt): module def\ndef helper():\n    return 1\n" in gen.text
+
+
+def test_checked_in_code_templates_match_the_snippet_table() -> None:
+    from tests.engine.helpers import FIXTURE_TEMPLATES
+    from tests.engine.snippets import code_template
+
+    for op in ("insert", "replace"):
+        assert (FIXTURE_TEMPLATES / "fx" / f"{op}_code.py.j2").read_text(encoding="utf-8") == code_template(op)

@@ -133,7 +133,7 @@ def test_regen_with_one_good_and_one_bad_spec_writes_nothing(project) -> None:
         template="fx/insert_code",
         scope="ToyModel.forward",
         after="no_such_statement()",
-        vars=dict(code="pass"),
+        vars=dict(code="nothing"),
         why="x",
     )
     proj = project(

@@ -23,20 +23,12 @@ from tests.engine.helpers import (
     strip_marked,
     upstream_text,
 )
+from tests.engine.snippets import SNIPPETS
 
 UPSTREAM = upstream_text(PLAIN)
 MODULE = cst.parse_module(UPSTREAM)
 KEEP = ["memo", "fib", "pairs", "Counter", "os_devnull"]
 SCOPES = ["<module>", "fib", "pairs", "Counter", "Counter.__init__", "Counter.add", "Counter.reset", "os_devnull"]
-SNIPPETS = [
-    "probe = 1",
-    "print('probe')  # with a trailing comment",
-    "probe_a = 1\nprobe_b = (\n    probe_a,\n    2,\n)",
-    "if LIMIT:\n    probe = [\n        1,\n        2,\n    ]\nelse:\n    probe = None",
-    "for _probe in range(2):\n    pass",
-    "# a leading comment\nprobe = {'k': 1}",
-    "try:\n    probe = 1\nexcept Exception:  # broad\n    probe = 2",
-]
 # database=None: no .hypothesis/ directory in the repository; modest example counts keep the suite fast.
 SETTINGS = settings(
     max_examples=20, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
@@ -169,7 +161,7 @@ def test_removing_marked_insert_regions_gives_back_upstream(plain_project, picks
             template="fx/insert_code",
             scope=STATEMENTS[i][0],
             **{where: STATEMENTS[i][1]},
-            vars=dict(code=SNIPPETS[s]),
+            vars=dict(code=f"snippet_{s}"),
             why=f"probe {n}",
         )
         for n, (i, where, s) in enumerate(picks)
@@ -219,7 +211,7 @@ def test_everything_outside_replace_and_wrap_regions_is_byte_identical(plain_pro
                     scope=scope,
                     anchor=anchor,
                     through=through,
-                    vars=dict(code=SNIPPETS[s]),
+                    vars=dict(code=f"snippet_{s}"),
                     why=f"run {n}",
                 )
             )
@@ -228,7 +220,9 @@ def test_everything_outside_replace_and_wrap_regions_is_byte_identical(plain_pro
             scope, anchor, stmt = STATEMENTS[i]
             template = "fx/insert_code" if kind == "insert" else "fx/replace_code"
             patches.append(
-                dict(template=template, scope=scope, **{key: anchor}, vars=dict(code=SNIPPETS[s]), why=f"{kind} {n}")
+                dict(
+                    template=template, scope=scope, **{key: anchor}, vars=dict(code=f"snippet_{s}"), why=f"{kind} {n}"
+                )
             )
             if kind == "replace":
                 touched.append(stmt)

@@ -38,7 +38,7 @@ from tests.engine.helpers import (
 
 V1, V2 = "1.2.3", "2.0.0"
 INSERT_CODE = dict(
-    template="fx/insert_code", scope="ToyLayer.forward", after="residual = hidden", vars=dict(code="pass"), why="x"
+    template="fx/insert_code", scope="ToyLayer.forward", after="residual = hidden", vars=dict(code="nothing"), why="x"
 )
 
 
@@ -82,7 +82,7 @@ PATCHES = [
         template="fx/insert_code",
         scope="ToyModel.forward",
         before="if attention_mask is None:",
-        vars=dict(code="hidden = list(hidden)"),
+        vars=dict(code="hidden_list"),
         why="only its line moves",
     ),
     dict(
@@ -97,7 +97,7 @@ PATCHES = [
         template="fx/insert_code",
         scope="ToyForTask",
         before="def forward(self, hidden, labels=None):",
-        vars=dict(code="LABELS = 'labels'"),
+        vars=dict(code="labels_const"),
         why="signature changed",
     ),
     dict(
@@ -105,7 +105,7 @@ PATCHES = [
         scope="ToyForTask.forward",
         anchor="out = super().forward(hidden)",
         through="loss = None",
-        vars=dict(code="out, loss = super().forward(hidden), None"),
+        vars=dict(code="super_forward"),
         why="run grew",
     ),
     dict(
@@ -122,7 +122,7 @@ PATCHES = [
         template="fx/insert_code",
         scope="ToyModel.forward",
         after="norm = math.sqrt(sum(h * h for h in hidden) + EPS)",
-        vars=dict(code="norm = norm or 1.0"),
+        vars=dict(code="norm_default"),
         why="anchor edited upstream",
     ),
 ]
