@@ -11,7 +11,7 @@ import typer
 
 from patchgen.config import ProjectConfig, load_config
 from patchgen.errors import PatchgenError
-from patchgen.files import write_atomic
+from patchgen.files import recover, write_text_atomic
 from patchgen.generate import explain as explain_spec
 from patchgen.generate import generate
 from patchgen.project import ORPHAN, load_specs
@@ -37,6 +37,17 @@ FromOption = Annotated[
         "package==version (taken from the wheel cache, downloaded on a miss); repeatable",
     ),
 ]
+
+
+def open_project(root: Path | None) -> ProjectConfig:
+    """The project's configuration, after finishing any write a killed patchgen process left half done."""
+    config = load_config(root)
+    outcome = recover(config.root)
+    if outcome == "discarded":
+        typer.echo("note: removed the leftovers of an interrupted write (.patchgen-txn/)", err=True)
+    elif outcome is not None:
+        typer.echo(f"note: finished an interrupted write ({outcome}: .patchgen-txn/journal.json)", err=True)
+    return config
 
 
 def pinned_source(config: ProjectConfig, froms: list[str] | None) -> PinnedSource:
@@ -66,7 +77,7 @@ def regen(
     """Regenerate generated/ files (and their .diff) from specs, templates and the pinned upstream."""
     if bool(models) == all_:
         raise PatchgenError("name the models to regenerate, or pass --all (not both)")
-    config = load_config(root)
+    config = open_project(root)
     specs = load_specs(config, None if all_ else models)
     changes = regen_project(config, specs, dry_run=dry_run, source=pinned_source(config, from_))
     verb = "would write" if dry_run else "wrote"
@@ -88,7 +99,7 @@ def check(
     root: RootOption = None,
 ) -> None:
     """Fail (exit 1) when a generated file differs from what spec + templates + pinned upstream produce."""
-    config = load_config(root)
+    config = open_project(root)
     specs = load_specs(config, models)
     drifts = check_project(config, specs, full=full, source=pinned_source(config, from_))
     for drift in drifts:
@@ -103,7 +114,7 @@ def check(
 @app.command("list")
 def list_models(root: RootOption = None) -> None:
     """Specs in this project: model, upstream module, output, patch count."""
-    config = load_config(root)
+    config = open_project(root)
     for spec in load_specs(config, None):
         typer.echo(f"{spec.name:<16} {spec.module:<56} {spec.output}  ({len(spec.patches)} patches)")
 
@@ -111,7 +122,7 @@ def list_models(root: RootOption = None) -> None:
 @app.command()
 def diff(model: str, root: RootOption = None) -> None:
     """Print the unified diff from upstream to the generated file, as regenerated now."""
-    config = load_config(root)
+    config = open_project(root)
     [spec] = load_specs(config, [model])
     typer.echo(generate(spec, PinnedSource(config.pins), config).diff, nl=False)
 
@@ -119,7 +130,7 @@ def diff(model: str, root: RootOption = None) -> None:
 @app.command()
 def explain(model: str, root: RootOption = None) -> None:
     """Every patch: template and op, scope, the upstream line of its anchor, why, and the rendered code."""
-    config = load_config(root)
+    config = open_project(root)
     [spec] = load_specs(config, [model])
     upstream, patches = explain_spec(spec, PinnedSource(config.pins))
     typer.echo(f"{spec.name}: {spec.path.name} -> {spec.output} from {upstream.pin} {upstream.relpath}")
@@ -153,7 +164,7 @@ def upgrade(
 ) -> None:
     """Regenerate every spec against a release read from its wheel (never installed) and report each patch:
     applied / anchor moved / scope missing / conflict ... Exit 0 when every patch applies, 1 otherwise."""
-    config = load_config(root)
+    config = open_project(root)
     specs = load_specs(config, None)
     cache = wheel_cache(config.root)
     started = time.perf_counter()
@@ -165,7 +176,7 @@ def upgrade(
     text = markdown(result)
     review = write_review(config, result, text)
     if report is not None:
-        write_atomic({report.resolve(): text})
+        write_text_atomic(report.resolve(), text)
     done = time.perf_counter()
     typer.echo(console(result))
     typer.echo(

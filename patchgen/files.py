@@ -1,35 +1,37 @@
-"""Atomic, all-or-nothing writes of generated outputs."""
+"""All-or-nothing writes of generated outputs: stage every file, then commit them under a journal.
+
+A commit, under an exclusive lock on the project root:
+1. stage: each new text is written and fsynced in `<root>/.patchgen-txn/` (a directory that git-ignores itself),
+   each existing target is hard-linked (or copied) there as its backup, and every target is checked to be
+   writable (no directory where a file goes, no file where a directory goes);
+2. journal: `journal.json` lists (target, staged file, backup) and the directories to create; it is written to a
+   temp name, fsynced and renamed into place. That rename is the commit point;
+3. apply: each staged file is renamed over its target;
+4. finish: the journal is removed, then the staging directory.
+
+A failure before the commit point leaves every target untouched; a failure while applying restores every target
+from its backup (a `rollback` marker makes that resumable). A process killed at any instant leaves a journal that
+the next patchgen command (`recover`, run first by every command) rolls forward, or back when that fails; without a
+journal, staging leftovers are discarded. Files get their mode from the umask, like any file the user writes.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import filecmp
+import json
 import os
-import tempfile
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
+from patchgen.errors import PatchgenError
+
 PACKAGE_INIT = "# Package of generated modeling files; written by `patchgen regen`.\n"
-
-
-def write_atomic(files: dict[Path, str]) -> None:
-    """Stage every file as a temp file beside its target, then rename each into place.
-
-    A failure while staging leaves every target untouched; a crash between renames leaves each file
-    either old or new, never partial.
-    """
-    staged: list[tuple[Path, Path]] = []
-    try:
-        for path, text in sorted(files.items()):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-                handle.write(text)
-                handle.flush()
-                os.fsync(handle.fileno())
-            staged.append((Path(tmp), path))
-        for tmp, path in staged:
-            os.replace(tmp, path)
-    finally:
-        for tmp, _ in staged:
-            tmp.unlink(missing_ok=True)
+TXN_DIR = ".patchgen-txn"
+GITIGNORE = "*\n"  # the staging directory ignores itself (and all it holds) in any git repository
+JOURNAL = "journal.json"
+ROLLBACK = "rollback"
 
 
 def package_inits(generated_dir: Path, target: Path) -> dict[Path, str]:
@@ -43,3 +45,227 @@ def package_inits(generated_dir: Path, target: Path) -> dict[Path, str]:
             break
         parent = parent.parent
     return inits
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """One file outside a project's outputs (e.g. a report): a temp file beside it, renamed over it."""
+    temp = path.with_name(f".{path.name}.patchgen-tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_durable(temp, text.encode("utf-8"))
+        os.replace(temp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise PatchgenError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def write_atomic(files: dict[Path, str], root: Path) -> None:
+    """Write every file or none (see the module docstring); every path must lie inside `root`."""
+    if not files:
+        return
+    outside = [str(p) for p in files if not p.is_relative_to(root)]
+    if outside:
+        raise ValueError(f"write_atomic: {outside} outside the project root {root}")
+    with _locked(root):
+        _recover_locked(root)
+        txn = root / TXN_DIR
+        try:
+            journal = _stage(root, txn, files)
+        except BaseException as exc:
+            shutil.rmtree(txn, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise PatchgenError(f"cannot stage the outputs in {txn}: {_why(exc)}; nothing was changed") from exc
+            raise
+        try:
+            _roll_forward(root, journal)
+        except OSError as exc:
+            failed = _why(exc)
+            try:
+                _roll_back(root, journal)
+            except OSError as again:
+                raise PatchgenError(
+                    f"writing the outputs failed ({failed}) and restoring the old ones failed too ({_why(again)}); "
+                    f"the journal in {txn} is kept: rerun any patchgen command to finish restoring them"
+                ) from again
+            _finish(txn)
+            raise PatchgenError(f"cannot write the outputs: {failed}; nothing was changed") from exc
+        _finish(txn)
+
+
+def recover(root: Path) -> str | None:
+    """Finish a commit a killed process left behind: 'rolled forward', 'rolled back', 'discarded' (staging without
+    a journal: nothing had changed) or None (nothing to do). Every patchgen command calls this first."""
+    if not (root / TXN_DIR).exists():
+        return None
+    with _locked(root):
+        return _recover_locked(root)
+
+
+def _recover_locked(root: Path) -> str | None:
+    txn = root / TXN_DIR
+    if not txn.exists():
+        return None
+    journal_path = txn / JOURNAL
+    if not journal_path.is_file():
+        shutil.rmtree(txn)
+        return "discarded"
+    try:
+        journal = json.loads(journal_path.read_text(encoding="utf-8"))
+        journal["entries"], journal["dirs"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PatchgenError(
+            f"{journal_path}: an interrupted write left a journal that cannot be read ({exc}); restore generated/ "
+            f"from git (git checkout -- generated) and delete {txn}"
+        ) from exc
+    try:
+        if (txn / ROLLBACK).exists():
+            _roll_back(root, journal)
+            outcome = "rolled back"
+        else:
+            try:
+                _roll_forward(root, journal)
+                outcome = "rolled forward"
+            except OSError:
+                _roll_back(root, journal)
+                outcome = "rolled back"
+    except OSError as exc:
+        raise PatchgenError(
+            f"cannot finish an interrupted write recorded in {journal_path}: {_why(exc)}; fix that and rerun"
+        ) from exc
+    _finish(txn)
+    return outcome
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """An exclusive lock on the project root directory: one commit or recovery at a time."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: no lock
+        yield
+        return
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _stage(root: Path, txn: Path, files: dict[Path, str]) -> dict:
+    entries, new_dirs = [], []
+    for path in sorted(files):
+        new_dirs += [d for d in _missing_dirs(root, path) if d not in new_dirs]
+    txn.mkdir()
+    _write_durable(txn / ".gitignore", GITIGNORE.encode())
+    for number, (path, text) in enumerate(sorted(files.items())):
+        entry = {"target": path.relative_to(root).as_posix(), "new": f"{number}.new", "old": None}
+        _write_durable(txn / entry["new"], text.encode("utf-8"))
+        if os.path.lexists(path):
+            entry["old"] = f"{number}.old"
+            try:
+                os.link(path, txn / entry["old"], follow_symlinks=False)
+            except OSError:  # no hard links here (or an immutable file): a copy is as good a backup
+                shutil.copy2(path, txn / entry["old"], follow_symlinks=False)
+        entries.append(entry)
+    journal = {"entries": entries, "dirs": [d.relative_to(root).as_posix() for d in new_dirs]}
+    _write_durable(txn / (JOURNAL + ".tmp"), json.dumps(journal, indent=1).encode())
+    _fsync_dir(txn)
+    os.replace(txn / (JOURNAL + ".tmp"), txn / JOURNAL)  # the commit point
+    _fsync_dir(txn)
+    return journal
+
+
+def _missing_dirs(root: Path, path: Path) -> list[Path]:
+    """The directories to create for `path`, outermost first; a target that cannot be written is an error now,
+    before anything is staged."""
+    if path.is_dir() and not path.is_symlink():
+        raise PatchgenError(f"cannot write {_rel(root, path)}: is a directory; nothing was changed")
+    missing = []
+    parent = path.parent
+    while not parent.is_dir():
+        if os.path.lexists(parent):
+            raise PatchgenError(
+                f"cannot write {_rel(root, path)}: {_rel(root, parent)}: not a directory; nothing was changed"
+            )
+        missing.append(parent)
+        parent = parent.parent
+    return missing[::-1]
+
+
+def _roll_forward(root: Path, journal: dict) -> None:
+    txn = root / TXN_DIR
+    for directory in journal["dirs"]:
+        os.makedirs(root / directory, exist_ok=True)
+    for entry in journal["entries"]:
+        staged = txn / entry["new"]
+        if os.path.lexists(staged):  # gone: renamed into place before an interruption
+            os.replace(staged, root / entry["target"])
+    for parent in sorted({(root / e["target"]).parent for e in journal["entries"]}):
+        _fsync_dir(parent)
+
+
+def _roll_back(root: Path, journal: dict) -> None:
+    """Restore every target from its backup and remove what the commit created; safe to repeat after a kill."""
+    txn = root / TXN_DIR
+    _write_durable(txn / ROLLBACK, b"")
+    _fsync_dir(txn)
+    for entry in reversed(journal["entries"]):
+        target = root / entry["target"]
+        if entry["old"] is not None:
+            backup = txn / entry["old"]
+            if os.path.lexists(backup) and not _same(backup, target):
+                os.replace(backup, target)
+        elif not os.path.lexists(txn / entry["new"]) and os.path.lexists(target):
+            os.unlink(target)  # it did not exist before and our new file is in place
+    for directory in reversed(journal["dirs"]):
+        with contextlib.suppress(OSError):
+            os.rmdir(root / directory)
+    for parent in sorted({(root / e["target"]).parent for e in journal["entries"]}):
+        if parent.is_dir():
+            _fsync_dir(parent)
+
+
+def _same(backup: Path, target: Path) -> bool:
+    """Whether the target still holds the backed-up (old) content, so restoring it would change nothing."""
+    if not os.path.lexists(target):
+        return False
+    if os.path.islink(backup) or os.path.islink(target):
+        return os.path.islink(backup) and os.path.islink(target) and os.readlink(backup) == os.readlink(target)
+    return os.path.samefile(backup, target) or filecmp.cmp(backup, target, shallow=False)
+
+
+def _finish(txn: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(txn / JOURNAL)  # from here on there is nothing to recover
+    shutil.rmtree(txn, ignore_errors=True)
+
+
+def _write_durable(path: Path, data: bytes) -> None:
+    """Create `path` with `data`, fsynced; mode 0666 minus the umask (never mkstemp's 0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rel(root: Path, path: Path) -> str:
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+
+def _why(exc: OSError) -> str:
+    name = exc.filename
+    return f"{name}: {exc.strerror}" if name and exc.strerror else str(exc)

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from patchgen import __version__
 from patchgen.config import ProjectConfig
 from patchgen.errors import PatchgenError
-from patchgen.files import package_inits, write_atomic
+from patchgen.files import package_inits, recover, write_atomic
 from patchgen.generate import Generated, engine_sha256, generate, templates_sha256, unified_diff
 from patchgen.header import body_hash, parse_inputs, split
 from patchgen.spec import Spec, load_spec
@@ -175,6 +175,7 @@ class Change:
 def regen(
     config: ProjectConfig, specs: list[Spec], dry_run: bool = False, source: UpstreamSource | None = None
 ) -> list[Change]:
+    recover(config.root)
     source = source or PinnedSource(config.pins)
     files: dict[Path, str] = {}
     for spec in specs:  # generate everything first: one bad spec leaves generated/ untouched
@@ -184,7 +185,7 @@ def regen(
         old = path.read_text(encoding="utf-8") if path.is_file() else None
         changes.append(Change(path, "new" if old is None else "unchanged" if old == text else "changed"))
     if not dry_run:
-        write_atomic({c.path: files[c.path] for c in changes if c.status != "unchanged"})
+        write_atomic({c.path: files[c.path] for c in changes if c.status != "unchanged"}, config.root)
     if is_whole_project(config, specs):
         changes += [Change(path, "orphan") for path in orphans(config, specs)]
     return changes
@@ -262,6 +263,7 @@ def _show(old: str, new: str, path: Path, limit: int = 60) -> str:
 def check(
     config: ProjectConfig, specs: list[Spec], full: bool = False, source: UpstreamSource | None = None
 ) -> list[Drift]:
+    recover(config.root)
     source = source or PinnedSource(config.pins)
     drifts = [d for spec in specs for d in check_spec(config, spec, source, full)]
     if is_whole_project(config, specs):

@@ -400,5 +400,5 @@ def apply(config: ProjectConfig, upgrade: Upgrade) -> list[Path]:
         pyproject.read_text(encoding="utf-8"), {keys[w.package]: w.version for w in upgrade.wheels}
     )
     changed = {p: t for p, t in files.items() if not p.is_file() or p.read_text(encoding="utf-8") != t}
-    write_atomic(changed)
+    write_atomic(changed, config.root)
     return sorted(changed)
