@@ -54,7 +54,9 @@ def pinned_source(config: ProjectConfig, froms: list[str] | None) -> PinnedSourc
     """The pinned releases, installed or (`--from`) read from wheels; a wheel of another version is refused."""
     if not froms:
         return PinnedSource(config.pins)
-    wheels = [wheel for wheel, _ in obtain_all(froms, config.pins, wheel_cache(config.root), "--from")]
+    wheels = [
+        wheel for wheel, _ in obtain_all(froms, config.pins, wheel_cache(config.root), "--from", config.wheel_sha256)
+    ]
     pins = {normalize_name(name): version for name, version in config.pins.items()}
     for wheel in wheels:
         if wheel.version != pins[wheel.package]:
@@ -168,7 +170,7 @@ def upgrade(
     specs = load_specs(config, None)
     cache = wheel_cache(config.root)
     started = time.perf_counter()
-    obtained = obtain_all(to, config.pins, cache, "--to")
+    obtained = obtain_all(to, config.pins, cache, "--to", config.wheel_sha256)
     wheels = [wheel for wheel, _ in obtained]
     baseline, fetched = baseline_source(config, {w.package for w in wheels}, cache)
     got_wheels = time.perf_counter()

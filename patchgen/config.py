@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from patchgen.errors import PatchgenError
@@ -17,6 +17,8 @@ class ProjectConfig:
     templates_dir: Path
     generated_dir: Path
     pins: dict[str, str]
+    # "package==version" (normalized name) -> the sha256 digests a wheel of that release may have
+    wheel_sha256: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def spec_path(self, model: str) -> Path:
         return self.specs_dir / f"{model}.toml"
@@ -61,7 +63,33 @@ def load_config(root: Path | None = None) -> ProjectConfig:
         templates_dir=dirs["templates"],
         generated_dir=dirs["generated"],
         pins=dict(pins),
+        wheel_sha256=_wheel_hashes(table.get("wheel_sha256", {}), pyproject),
     )
+
+
+_RELEASE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][A-Za-z0-9.+!_-]*)")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _wheel_hashes(table: object, pyproject: Path) -> dict[str, frozenset[str]]:
+    """`[tool.patchgen.wheel_sha256]`: `"transformers==5.14.1" = "<sha256>"` (or a list of digests)."""
+    where = f"{pyproject}: [tool.patchgen.wheel_sha256]"
+    if not isinstance(table, dict):
+        raise PatchgenError(f'{where}: must be a table of "package==version" = "<sha256 of the wheel>"')
+    hashes = {}
+    for release, value in table.items():
+        match = _RELEASE.fullmatch(release)
+        if match is None:
+            raise PatchgenError(f"{where}: keys are exact releases 'package==version', found {release!r}")
+        digests = value if isinstance(value, list) else [value]
+        if not digests or not all(isinstance(d, str) and _SHA256.fullmatch(d) for d in digests):
+            raise PatchgenError(
+                f"{where}: values are sha256 hex digests (64 lowercase hex characters, or a list of them), "
+                f"found {release!r} = {value!r}"
+            )
+        name = re.sub(r"[-_.]+", "_", match.group(1)).lower()
+        hashes[f"{name}=={match.group(2)}"] = frozenset(digests)
+    return hashes
 
 
 def _directory(table: dict, key: str, root: Path, pyproject: Path) -> Path:
@@ -92,8 +120,10 @@ def with_pins(text: str, pins: dict[str, str]) -> str:
             raise PatchgenError(f"pyproject.toml: [tool.patchgen] pins has no entry for {package!r}")
     start = section.start() + line.start()
     text = text[:start] + new_line + text[start + len(line.group(0)) :]
-    for package, version in pins.items():  # exact requirements elsewhere, e.g. the runtime extra's
-        text = text.replace(f'"{package}=={current[package]}"', f'"{package}=={version}"')
+    for package, version in pins.items():  # exact requirements elsewhere (the runtime extra's), not wheel_sha256 keys
+        text = re.sub(
+            rf'"{re.escape(package)}=={re.escape(current[package])}"(?!\s*=)', f'"{package}=={version}"', text
+        )
     if tomllib.loads(text)["tool"]["patchgen"]["pins"] != {**current, **pins}:
         raise PatchgenError("pyproject.toml: updating [tool.patchgen] pins did not give the expected pins")
     return text

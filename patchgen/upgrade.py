@@ -156,7 +156,9 @@ def baseline_source(config: ProjectConfig, packages: set[str], cache: Path) -> t
         except PatchgenError:
             installed = None
         if installed != version:
-            wheel, fetched = obtain(Target(f"{name}=={version}", normalize_name(name), version), cache)
+            wheel, fetched = obtain(
+                Target(f"{name}=={version}", normalize_name(name), version), cache, config.wheel_sha256
+            )
             wheels.append(wheel)
             downloaded += [wheel.path.name] if fetched else []
     return PinnedSource(config.pins, WheelSource(wheels, fallback=InstalledSource())), downloaded

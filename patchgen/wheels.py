@@ -3,10 +3,15 @@
 A requirement is looked up in a project-local cache (`.patchgen-cache/wheels/`, git-ignored) and, on a miss,
 fetched with `python -m pip download --no-deps --only-binary=:all:` into it. Once there it is reused, so later
 runs work offline. Nothing is installed or imported: the wheel is a zip that `upstream.WheelSource` reads.
+
+A wheel is trusted by its content, never by its name: however it was obtained (a path, the cache, a download),
+its sha256 must be one that `[tool.patchgen.wheel_sha256]` records for its release. A release with no recorded
+hash is refused until the user records it (after comparing it with the hash the index publishes).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -96,8 +101,9 @@ def download_wheel(package: str, version: str, cache: Path) -> Path:
         return final
 
 
-def obtain(target: Target, cache: Path) -> tuple[Wheel, bool]:
-    """The wheel a target names, and whether it had to be downloaded."""
+def obtain(target: Target, cache: Path, trusted: dict[str, frozenset[str]]) -> tuple[Wheel, bool]:
+    """The wheel a target names, and whether it had to be downloaded; its sha256 must be recorded in `trusted`
+    (`ProjectConfig.wheel_sha256`) for its release."""
     downloaded = False
     if target.path is not None:
         if not target.path.is_file():
@@ -110,11 +116,42 @@ def obtain(target: Target, cache: Path) -> tuple[Wheel, bool]:
     wheel = read_wheel(path)
     if target.package is not None and (wheel.package, wheel.version) != (target.package, target.version):
         raise PatchgenError(f"{path}: the wheel is {wheel.pin}, expected {target.package}=={target.version}")
+    verify(wheel, trusted, "the wheel cache" if path.parent == cache else None)
     return wheel, downloaded
 
 
-def obtain_all(texts: list[str], pins: dict[str, str], cache: Path, option: str) -> list[tuple[Wheel, bool]]:
-    """Wheels for `--to`/`--from` values: one per pinned upstream package."""
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify(wheel: Wheel, trusted: dict[str, frozenset[str]], found_in: str | None = None) -> None:
+    """Refuse a wheel whose sha256 is not the one recorded for its release (or when none is recorded)."""
+    actual = file_sha256(wheel.path)
+    recorded = trusted.get(wheel.pin)
+    if recorded is None:
+        raise PatchgenError(
+            f"{wheel.path}: no sha256 recorded for {wheel.pin} (this file's is {actual}); patchgen reads only "
+            f"wheels whose hash the project records. Compare it with the hash the index publishes (e.g. "
+            f"https://pypi.org/project/{wheel.package}/{wheel.version}/#files), then add "
+            f'"{wheel.pin}" = "{actual}" to [tool.patchgen.wheel_sha256] in pyproject.toml'
+        )
+    if actual not in recorded:
+        where = f"delete it from {found_in} and" if found_in else "obtain the genuine wheel, or"
+        raise PatchgenError(
+            f"{wheel.path}: sha256 {actual} is not the recorded sha256 of {wheel.pin} "
+            f"({', '.join(sorted(recorded))} in [tool.patchgen.wheel_sha256]); this file is not that release: "
+            f"{where} rerun to download it again"
+        )
+
+
+def obtain_all(
+    texts: list[str], pins: dict[str, str], cache: Path, option: str, trusted: dict[str, frozenset[str]]
+) -> list[tuple[Wheel, bool]]:
+    """Wheels for `--to`/`--from` values: one per pinned upstream package, each verified against `trusted`."""
     pinned = {normalize_name(name): name for name in pins}
     out: list[tuple[Wheel, bool]] = []
     for text in texts:
@@ -124,7 +161,7 @@ def obtain_all(texts: list[str], pins: dict[str, str], cache: Path, option: str)
                 f"{option} {text}: unknown package {target.package!r}; the pinned upstream packages "
                 f"are {', '.join(sorted(pins)) or 'none'}"
             )
-        wheel, downloaded = obtain(target, cache)
+        wheel, downloaded = obtain(target, cache, trusted)
         if wheel.package not in pinned:
             raise PatchgenError(
                 f"{option} {text}: the wheel is {wheel.pin}, not one of the pinned upstream "

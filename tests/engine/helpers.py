@@ -6,10 +6,13 @@ are `tests/fixtures/templates/fx/*` plus the real `templates/core/` (rename).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import re
 import shutil
 import sys
+import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +132,23 @@ def build_wheel(
     return path
 
 
+@functools.cache
+def fixture_wheel_sha256() -> str:
+    """sha256 of the genuine fixture wheel at VERSION (`build_wheel` is byte-reproducible)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        return hashlib.sha256(build_wheel(Path(scratch), VERSION).read_bytes()).hexdigest()
+
+
+def record_wheel(root: Path, wheel: Path) -> None:
+    """Trust `wheel` in the project at `root`: add its sha256 to [tool.patchgen.wheel_sha256] (the last table)."""
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        fields = dict(line.split(": ", 1) for line in archive.read(metadata).decode().splitlines() if ": " in line)
+    pyproject = root / "pyproject.toml"
+    line = f'"{fields["Name"]}=={fields["Version"]}" = "{hashlib.sha256(wheel.read_bytes()).hexdigest()}"\n'
+    pyproject.write_text(pyproject.read_text() + line)
+
+
 def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -198,7 +218,8 @@ def make_project(
     pins = pins if pins is not None else {PACKAGE: VERSION}
     (root / "pyproject.toml").write_text(
         '[project]\nname = "fixture-project"\nversion = "0"\n\n[tool.patchgen]\nspecs = "specs"\n'
-        f'templates = "templates"\ngenerated = "generated"\npins = {toml_value(pins)}\n',
+        f'templates = "templates"\ngenerated = "generated"\npins = {toml_value(pins)}\n\n'
+        f'[tool.patchgen.wheel_sha256]\n"{PACKAGE}=={VERSION}" = "{fixture_wheel_sha256()}"\n',
         encoding="utf-8",
     )
     (root / "specs").mkdir(exist_ok=True)

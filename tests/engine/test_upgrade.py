@@ -7,6 +7,7 @@ that fails, so the wheels must come from the project's cache (or a path).
 
 from __future__ import annotations
 
+import hashlib
 import re
 import subprocess
 import sys
@@ -31,6 +32,7 @@ from tests.engine.helpers import (
     FixtureSource,
     build_wheel,
     make_project,
+    record_wheel,
     spec_toml,
     upstream_line,
     upstream_text,
@@ -178,7 +180,7 @@ def upgrade_project(root: Path, capsys, patches: list[dict] = PATCHES):
     """A project generated from the 1.2.3 wheel (`regen --from`), with both wheels in its wheel cache."""
     proj = make_project(root, spec_toml(patches=patches))
     build_wheel(wheel_cache(proj.root), V1)
-    build_wheel(wheel_cache(proj.root), V2, {TOY: toy_v2()})
+    record_wheel(proj.root, build_wheel(wheel_cache(proj.root), V2, {TOY: toy_v2()}))
     code, _, err = cli(proj.root, capsys, "regen", "--all", "--from", f"fixturepkg=={V1}")
     assert code == 0, err
     return proj
@@ -435,12 +437,14 @@ def test_a_cache_miss_downloads_with_pip_once_then_works_offline(tmp_path, monke
 
     monkeypatch.setattr(wheels.subprocess, "run", fake_pip)
     target = wheels.parse_target("FixturePkg==2.0.0")
-    wheel, downloaded = wheels.obtain(target, cache)
+    v2 = hashlib.sha256(build_wheel(tmp_path / "v2", V2, {TOY: toy_v2()}).read_bytes()).hexdigest()
+    trusted = {"fixturepkg==2.0.0": {v2}}
+    wheel, downloaded = wheels.obtain(target, cache, trusted)
     assert downloaded and wheel.path == cache / "fixturepkg-2.0.0-py3-none-any.whl" and wheel.version == V2
     assert sorted(p.name for p in cache.iterdir()) == [wheel.path.name]  # the temp download dir is gone
     monkeypatch.setattr(wheels.subprocess, "run", real_run)
     monkeypatch.setattr(wheels, "download_wheel", lambda *a: pytest.fail("the cache must be used"))
-    assert wheels.obtain(target, cache) == (wheel, False)
+    assert wheels.obtain(target, cache, trusted) == (wheel, False)
     assert len(calls) == 1
 
 
@@ -450,7 +454,7 @@ def test_failed_pip_download_is_a_user_error(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(wheels.subprocess, "run", failing)
     with pytest.raises(PatchgenError, match=r"cannot download fixturepkg==3.0.0 \(pip exit 1\):\nERROR: No matching"):
-        wheels.obtain(wheels.parse_target("fixturepkg==3.0.0"), tmp_path / "cache")
+        wheels.obtain(wheels.parse_target("fixturepkg==3.0.0"), tmp_path / "cache", {})
     assert list((tmp_path / "cache").iterdir()) == []
 
 
