@@ -24,23 +24,26 @@ from patchgen.header import Header, body_hash
 from patchgen.spec import Spec
 from patchgen.upstream import UpstreamFile, UpstreamSource
 
-# The modules whose code decides the output bytes; their hash is an input of every generated file.
-ENGINE_FILES = (
-    "cst/locate.py",
-    "cst/plan.py",
-    "cst/transform.py",
-    "cst/prune.py",
-    "generate.py",
-    "header.py",
-    "templates.py",
-)
+PACKAGE_DIR = Path(__file__).parent
+# The front ends run generation but decide no byte of its output. Every other module of the package can (spec
+# parsing, upstream reading, file writing included), so all of them are hashed into every header: the list is
+# derived, never maintained by hand (a test checks it covers every module generation imports).
+FRONT_ENDS = ("cli.py", "report.py", "upgrade.py")
+
+
+def _engine_files() -> tuple[str, ...]:
+    names = (path.relative_to(PACKAGE_DIR).as_posix() for path in PACKAGE_DIR.rglob("*.py"))
+    return tuple(sorted(name for name in names if name not in FRONT_ENDS))
+
+
+ENGINE_FILES = _engine_files()
 
 
 @functools.cache
 def engine_sha256() -> str:
     digest = hashlib.sha256()
     for name in ENGINE_FILES:
-        digest.update(name.encode() + b"\0" + (Path(__file__).parent / name).read_bytes() + b"\0")
+        digest.update(name.encode() + b"\0" + (PACKAGE_DIR / name).read_bytes() + b"\0")
     return digest.hexdigest()
 
 

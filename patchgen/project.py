@@ -227,7 +227,8 @@ def check_spec(config: ProjectConfig, spec: Spec, source: UpstreamSource, full: 
         gen = generate(spec, source, config)
         expected_text, expected_diff = gen.text, gen.diff
         if text != expected_text:
-            drifts.append(Drift(target, _reason(fields, body, expected_inputs), _show(text, expected_text, target)))
+            reason = _reason(spec, fields, body, expected_inputs)
+            drifts.append(Drift(target, reason, _show(text, expected_text, target)))
     diff_path = target.with_name(target.name + ".diff")
     if not diff_path.is_file() or diff_path.read_text(encoding="utf-8") != expected_diff:
         drifts.append(Drift(diff_path, f"review diff missing or stale; run `patchgen regen {spec.name}`"))
@@ -237,14 +238,22 @@ def check_spec(config: ProjectConfig, spec: Spec, source: UpstreamSource, full: 
     return drifts
 
 
-def _reason(fields: dict[str, str] | None, body: str, expected_inputs: tuple[str, ...]) -> str:
+def _reason(spec: Spec, fields: dict[str, str] | None, body: str, expected_inputs: tuple[str, ...]) -> str:
     if fields is None:
         return "provenance header missing or damaged"
     if fields.get("body") != f"sha256={body_hash(body)}":
         return "edited by hand (body hash differs from its header); generated files are never edited"
     names = ("upstream version", "upstream source", "spec", "templates", "patchgen version", "patchgen engine")
-    changed = [n for n, a, b in zip(names, parse_inputs(fields) or (), expected_inputs, strict=False) if a != b]
-    return f"inputs changed ({', '.join(changed) or 'header'}); run `patchgen regen`"
+    recorded = parse_inputs(fields)
+    if recorded is None:
+        return f"provenance header damaged; run `patchgen regen {spec.name}`"
+    changed = [n for n, a, b in zip(names, recorded, expected_inputs, strict=True) if a != b]
+    if not changed:
+        return (
+            "the body is not what the spec, templates and upstream produce, although its header's hashes say it "
+            f"is (edited and re-hashed by hand?); run `patchgen regen {spec.name}`"
+        )
+    return f"inputs changed ({', '.join(changed)}); run `patchgen regen`"
 
 
 def _show(old: str, new: str, path: Path, limit: int = 60) -> str:

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen2_5_vl/modeling_qwen2_5_vl.py sha256=7cdf4e42cb7624123f89f5357553ae222aec3ce0c9c0c49abf183e2fdde06857
 # spec: specs/qwen2_5_vl.toml sha256=44c47bea8da620204c523de7525530be1e77938c4e4aa788f24ce3c76a9d49d6
 # templates: sha256=7bf2c7cdbc6d99192c8690c1bd8a1f71dd33fae27547ccfb7d8ae3290913d4b1
-# engine: patchgen==0.1.0 sha256=cd57cc95b358c6cb60cf58575f8e346b547833c33664c46b98987ea4d71bc742
+# engine: patchgen==0.1.0 sha256=fbb9eabe75f774b55a6e95477aa58207e3d367b1535adf798ca5a79278c870f0
 # body: sha256=c4563ffafc0595a354eacfd0ef1f6718680879cb1923c2392f34c32ef67e13e4
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2_5_VLTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3/modeling_qwen3.py sha256=fbdcfeeb1b54135ca67ba7df924da92f4b264e1252b517eea2de989289ebaeab
 # spec: specs/qwen3.toml sha256=02f45d23d807b6984d5ed2dc2525a33c7a420cd418cc4c85dcd1516d4c79701c
 # templates: sha256=d40b2ff2df460fd7c5388f98572036913cf8f8af174912797755f49de8e9e3aa
-# engine: patchgen==0.1.0 sha256=cd57cc95b358c6cb60cf58575f8e346b547833c33664c46b98987ea4d71bc742
+# engine: patchgen==0.1.0 sha256=fbb9eabe75f774b55a6e95477aa58207e3d367b1535adf798ca5a79278c870f0
 # body: sha256=c69b253365b7a1dada356f2559870997d3569543d993322487efa8cf7f4c2234
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3Model.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

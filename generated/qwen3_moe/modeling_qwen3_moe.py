@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_moe/modeling_qwen3_moe.py sha256=f07ab1b3a17e27612006a447812b83667af7ab3d527afe3ebbdf89dc5dac8a90
 # spec: specs/qwen3_moe.toml sha256=50a07714fc94dea88d1ba3ed393130f52c005d568641364061505e0428478db4
 # templates: sha256=ff0b4eb81e8db5780999843cb3031f99c0f8bd804de0c6094312450497982f5a
-# engine: patchgen==0.1.0 sha256=cd57cc95b358c6cb60cf58575f8e346b547833c33664c46b98987ea4d71bc742
+# engine: patchgen==0.1.0 sha256=fbb9eabe75f774b55a6e95477aa58207e3d367b1535adf798ca5a79278c870f0
 # body: sha256=68a93ce74d5eecb46950c4a05c0171f6b96ee545baeb90286041f95962848303
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3MoeModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
 # spec: specs/qwen3_vl_moe.toml sha256=71555fb8fdaa13e727d1e49b5b6134bbca99819d9cb3527c24fbb3fc90c6b94d
 # templates: sha256=5b1c487972a660e554d7e0fca03c3c2ec4c19722b7b07d57e52a469e96238f61
-# engine: patchgen==0.1.0 sha256=cd57cc95b358c6cb60cf58575f8e346b547833c33664c46b98987ea4d71bc742
+# engine: patchgen==0.1.0 sha256=fbb9eabe75f774b55a6e95477aa58207e3d367b1535adf798ca5a79278c870f0
 # body: sha256=f972826272d6c622d1d1250e1d756a69053e13bfc0701753e1dd948326834cde
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel
