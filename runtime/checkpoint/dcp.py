@@ -3,15 +3,20 @@
 A checkpoint holds everything a training step depends on: the model and optimizer (through DCP, each rank writing
 the shards it owns, so FSDP2 and plain modules alike and the world size may change between save and load), and per
 rank the LR scheduler, the RNG states (torch CPU and CUDA generators, python ``random``, numpy when installed) and a
-small ``extra`` dict for the caller (data-loader position, step, metrics).
+small ``extra`` dict of JSON data for the caller (data-loader position, step, metrics).
 
 Layout under ``root``::
 
     step_000015/               a complete checkpoint; only ever comes into being by a rename
         .metadata, *.distcp    DCP: model + optimizer
-        rank_00000.pt, ...     per rank: scheduler, RNG states, extra
-        COMPLETE               json, written last, before the rename
+        rank_00000.safetensors per rank: the RNG states' tensors
+        rank_00000.json        per rank: scheduler state, the rest of the RNG states, extra
+        COMPLETE               json, written last, before the rename: step, world size, and every other file's
+                               size and sha256 (``runtime/checkpoint/verify.py``)
     .step_000020.tmp/          a save in progress, or one that was killed: never read, removed by the next save
+
+Nothing of ours is pickled: the per-rank state is safetensors + JSON. ``load_checkpoint`` verifies every file
+against the marker before it reads any (``verify=False`` skips that when the caller has just verified).
 
 A save writes into the ``.tmp`` directory; once every rank has finished (barrier), rank 0 writes ``COMPLETE``,
 fsyncs, renames the directory into place and fsyncs ``root``. A process killed at any point of a save therefore
@@ -30,7 +35,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import random
 import re
 import shutil
@@ -44,7 +48,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
 from torch.distributed import ProcessGroup
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_state_dict,
@@ -52,12 +59,23 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from runtime.checkpoint.dcp_io import SafeFileSystemReader, SafeLoadPlanner
+from runtime.checkpoint.verify import (
+    COMPLETE_MARKER,
+    FORMAT_VERSION,
+    CheckpointError,
+    HashingFileSystemWriter,
+    complete_digests,
+    digest_bytes,
+    gather_digests,
+    read_marker,
+    verify_checkpoint,
+)
+
 logger = logging.getLogger(__name__)
 
-COMPLETE_MARKER = "COMPLETE"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _STALE_DIR = re.compile(r"^\.step_\d+\.(tmp|old)$")
-_FORMAT_VERSION = 1
 
 
 def checkpoint_dir_name(step: int) -> str:
@@ -175,6 +193,36 @@ def set_rng_state(state: dict[str, Any]) -> None:
         np.random.set_state(state["numpy"])
 
 
+def rng_to_files(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``get_rng_state()``'s dict as (tensors for safetensors, JSON data); ``rng_from_files`` inverts it exactly."""
+    version, words, gauss_next = state["python"]
+    tensors = {"rng.torch": state["torch"], "rng.python": torch.tensor(words, dtype=torch.int64)}
+    data: dict[str, Any] = {"python": {"version": version, "gauss_next": gauss_next}}
+    for device, cuda_state in enumerate(state.get("cuda", ())):
+        tensors[f"rng.cuda.{device}"] = cuda_state
+    data["cuda_devices"] = len(state.get("cuda", ()))
+    if "numpy" in state:
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        tensors["rng.numpy"] = torch.from_numpy(keys.astype("int64"))
+        data["numpy"] = {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    return tensors, data
+
+
+def rng_from_files(tensors: dict[str, torch.Tensor], data: dict[str, Any]) -> dict[str, Any]:
+    python = data["python"]
+    words = tuple(int(w) for w in tensors["rng.python"].tolist())
+    state: dict[str, Any] = {"python": (python["version"], words, python["gauss_next"]), "torch": tensors["rng.torch"]}
+    if data.get("cuda_devices"):
+        state["cuda"] = [tensors[f"rng.cuda.{d}"] for d in range(data["cuda_devices"])]
+    if "numpy" in data:
+        import numpy as np
+
+        n = data["numpy"]
+        keys = tensors["rng.numpy"].numpy().astype(np.uint32)
+        state["numpy"] = (n["kind"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"])
+    return state
+
+
 # ------------------------------------------------------------------------------------------------------ discovery
 
 
@@ -222,11 +270,62 @@ def _prune(root: Path, keep: int, current: Path) -> None:
         shutil.rmtree(doomed)
 
 
+def latest_intact_checkpoint(
+    root: Path, *, process_group: ProcessGroup | None = None
+) -> tuple[Path | None, list[CheckpointError]]:
+    """The newest checkpoint under ``root`` that verifies, and the errors of the newer ones that did not (newest
+    first, each also logged as a warning); ``(None, errors)`` when none does. Collective when distributed."""
+    skipped: list[CheckpointError] = []
+    for path in reversed(list_checkpoints(root)):
+        try:
+            verify_checkpoint(path, process_group=process_group)
+        except CheckpointError as exc:
+            logger.warning("skipping %s", exc)
+            skipped.append(exc)
+            continue
+        return path, skipped
+    return None, skipped
+
+
 # ------------------------------------------------------------------------------------------------------ save/load
 
 
-def _rank_file(path: Path, rank: int) -> Path:
-    return path / f"rank_{rank:05d}.pt"
+def _rank_files(path: Path, rank: int) -> tuple[Path, Path]:
+    """This rank's state: RNG tensors (safetensors) and everything else (JSON)."""
+    return path / f"rank_{rank:05d}.safetensors", path / f"rank_{rank:05d}.json"
+
+
+def _json_data(value: Any, what: str) -> bytes:
+    """``value`` as JSON bytes, refusing anything that would not come back equal (tuples, non-str keys, objects)."""
+    try:
+        text = json.dumps(value, sort_keys=True)
+        same = json.loads(text) == value
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"{what} must be JSON data (dicts with str keys, lists, str, numbers, bools, None): {exc}"
+        ) from None
+    if not same:
+        raise TypeError(
+            f"{what} must be JSON data (dicts with str keys, lists, str, numbers, bools, None): it would not load "
+            f"back equal (tuples become lists, non-str keys strings)"
+        )
+    return (text + "\n").encode()
+
+
+def _encode_rank_state(
+    rank: int, world_size: int, scheduler: Any, rng: dict[str, Any], extra: dict
+) -> tuple[bytes, bytes]:
+    tensors, rng_data = rng_to_files(rng)
+    scheduler_state = None if scheduler is None else scheduler.state_dict()
+    data = {
+        "format_version": FORMAT_VERSION,
+        "rank": rank,
+        "world_size": world_size,
+        "scheduler": json.loads(_json_data(scheduler_state, "the scheduler's state_dict()")),
+        "rng": rng_data,
+        "extra": extra,
+    }
+    return save_safetensors({k: v.contiguous() for k, v in tensors.items()}), _json_data(data, "the per-rank state")
 
 
 def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
@@ -249,9 +348,10 @@ def save_checkpoint(
 ) -> Path:
     """Save a complete checkpoint as ``root/step_<step>`` and return its path. Collective: every rank calls it.
 
-    ``extra`` is kept per rank and handed back by ``load_checkpoint`` on the same rank; it must be picklable and
-    small. ``keep`` then removes complete checkpoints until ``keep`` are left: this one and the highest other steps.
-    ``process_group`` is the group of all ranks that hold parts of the model (default: the world).
+    ``extra`` is kept per rank and handed back by ``load_checkpoint`` on the same rank; it must be small JSON data
+    (it is stored as JSON, never pickled). ``keep`` then removes complete checkpoints until ``keep`` are left: this
+    one and the highest other steps. ``process_group`` is the group of all ranks that hold parts of the model
+    (default: the world). The completion marker lists every file with its size and sha256, taken while writing.
 
     An optimizer that has not stepped yet gets its state created here (DCP's lr=0 step on zero gradients: the
     parameters do not move, but AdamW's step count becomes 1), so a save before the first step changes the run's
@@ -260,15 +360,14 @@ def save_checkpoint(
     if keep is not None and keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
     extra = dict(extra or {})
-    try:  # fail before any file or collective, not after the shards are written
-        pickle.dumps(extra)
-    except Exception as e:
-        raise TypeError(f"extra must be picklable: {e}") from e
     rng = get_rng_state()  # before anything else could draw; restored at the end, so saving is RNG-neutral
+    rank, world_size = _rank(process_group), _world_size(process_group)
+    # Encoded before any file or collective, so that state which cannot be stored fails here, not after the shards.
+    _json_data(extra, "extra")
+    rank_tensors, rank_json = _encode_rank_state(rank, world_size, scheduler, rng, extra)
     root = Path(root)
     name = checkpoint_dir_name(step)
     final, tmp = root / name, root / f".{name}.tmp"
-    rank, world_size = _rank(process_group), _world_size(process_group)
 
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
@@ -276,30 +375,31 @@ def save_checkpoint(
         tmp.mkdir()
     _barrier(process_group)  # nobody writes into tmp before it is clean
 
+    writer = HashingFileSystemWriter(tmp, sync_files=True)
     with _single_process_is_intended():
         dcp.save(
             _dcp_state(model, optimizer),
-            storage_writer=dcp.FileSystemWriter(tmp, sync_files=True),
+            storage_writer=writer,
             process_group=process_group,
             no_dist=not _dist_ready(),
         )
     _fault_point("dcp_saved", tmp)
-    per_rank = {
-        "format_version": _FORMAT_VERSION,
-        "rank": rank,
-        "world_size": world_size,
-        "scheduler": None if scheduler is None else scheduler.state_dict(),
-        "rng": rng,
-        "extra": extra,
-    }
-    rank_file = _rank_file(tmp, rank)
-    torch.save(per_rank, rank_file)
-    _fsync_path(rank_file)
+    digests = writer.digests
+    for file, data in zip(_rank_files(tmp, rank), (rank_tensors, rank_json), strict=True):
+        _write_durably(file, data)
+        digests[file.name] = digest_bytes(data)
+    digests = gather_digests(digests, process_group)
     _barrier(process_group)  # every rank's files are on disk
 
     if rank == 0:
-        marker = {"step": step, "world_size": world_size, "format_version": _FORMAT_VERSION, "time": time.time()}
-        _write_durably(tmp / COMPLETE_MARKER, json.dumps(marker).encode())
+        marker = {
+            "format_version": FORMAT_VERSION,
+            "step": step,
+            "world_size": world_size,
+            "time": time.time(),
+            "files": complete_digests(tmp, digests),
+        }
+        _write_durably(tmp / COMPLETE_MARKER, (json.dumps(marker, indent=1, sort_keys=True) + "\n").encode())
         _fault_point("before_rename", tmp)
         replace_dir_atomically(tmp, final)
         if keep is not None:
@@ -309,6 +409,14 @@ def save_checkpoint(
     return final
 
 
+def _read_rank_state(path: Path, rank: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    tensor_file, json_file = _rank_files(path, rank)
+    try:
+        return load_safetensors(tensor_file.read_bytes()), json.loads(json_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:  # verified files that do not parse: written by something else
+        raise CheckpointError(f"checkpoint {path}: cannot read the state of rank {rank}: {exc}") from None
+
+
 def load_checkpoint(
     path: Path,
     model: torch.nn.Module,
@@ -316,46 +424,61 @@ def load_checkpoint(
     scheduler: Any | None = None,
     *,
     restore_rng: bool = True,
+    verify: bool = True,
     process_group: ProcessGroup | None = None,
 ) -> dict[str, Any]:
     """Load a checkpoint written by ``save_checkpoint`` in place; return this rank's ``extra``. Collective.
 
+    Every file is first checked against the completion marker (``verify_checkpoint``; ``verify=False`` when the
+    caller has just done that): a damaged checkpoint raises ``CheckpointError`` before anything is read from it.
     The model (plain or FSDP2) and optimizer must be built the same way as when saving (same parameters and param
     groups); the world size may differ, in which case model and optimizer are resharded by DCP but the per-rank
     RNG states cannot be matched to ranks and are not restored (the resumed run is then not exact), and every rank
     gets rank 0's ``extra``. RNG states are restored last, so nothing after the load disturbs them.
     """
     path = Path(path)
-    if not is_complete_checkpoint(path):
-        raise FileNotFoundError(f"{path} is not a complete checkpoint (no {COMPLETE_MARKER} marker in a step_<n> dir)")
+    marker = verify_checkpoint(path, process_group=process_group) if verify else read_marker(path)
     rank, world_size = _rank(process_group), _world_size(process_group)
 
     # For a fresh optimizer get_state_dict creates the state (an lr=0 step on zero gradients) that DCP loads into.
     state = _dcp_state(model, optimizer)
     with _single_process_is_intended():
-        dcp.load(state, checkpoint_id=path, process_group=process_group, no_dist=not _dist_ready())
+        reader = SafeFileSystemReader(path)
+        try:
+            dcp.load(
+                state,
+                storage_reader=reader,
+                planner=SafeLoadPlanner(),
+                process_group=process_group,
+                no_dist=not _dist_ready(),
+            )
+        except CheckpointException as exc:  # a BaseException carrying every rank's traceback: one line instead
+            if reader.refused is not None:  # verified, yet not DCP metadata: written by something else
+                raise CheckpointError(f"checkpoint {path}: refusing its .metadata: {reader.refused}") from None
+            first = next(iter(exc.failures.values()))[0]
+            why = " ".join(str(first).split())[:300]
+            raise CheckpointError(
+                f"checkpoint {path} does not fit this model and optimizer ({type(first).__name__}: {why})"
+            ) from None
     if optimizer is None:
         set_model_state_dict(model, state["model"])
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
-    own = _rank_file(path, rank)
-    same_layout = own.is_file() and json.loads((path / COMPLETE_MARKER).read_text())["world_size"] == world_size
-    # weights_only=False: the file holds python RNG state and a caller's dict; checkpoints are trusted input, as
-    # they are for DCP itself, which unpickles its metadata.
-    per_rank = torch.load(own if same_layout else _rank_file(path, 0), weights_only=False)
+    same_layout = marker["world_size"] == world_size
+    tensors, per_rank = _read_rank_state(path, rank if same_layout else 0)
     if not same_layout:
         logger.warning(
             "%s was saved by %d ranks, loading on %d: model and optimizer are resharded, RNG states are "
             "not restored and every rank gets rank 0's extra",
             path,
-            per_rank["world_size"],
+            marker["world_size"],
             world_size,
         )
     if scheduler is not None:
         if per_rank["scheduler"] is None:
-            raise ValueError(f"{path} holds no scheduler state")
+            raise CheckpointError(f"checkpoint {path} holds no scheduler state")
         scheduler.load_state_dict(per_rank["scheduler"])
     if restore_rng and same_layout:
-        set_rng_state(per_rank["rng"])
+        set_rng_state(rng_from_files(tensors, per_rank["rng"]))
     return per_rank["extra"]

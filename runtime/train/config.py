@@ -93,7 +93,7 @@ class TrainConfig:
 class CheckpointConfig:
     dir: str | None = None
     interval: int = 0
-    resume: str | None = "auto"  # "auto": latest complete checkpoint in dir, null: start fresh, or a path
+    resume: str | None = "auto"  # "auto": newest intact checkpoint in dir, null: start fresh, or a path
     keep: int = 2
 
 

@@ -8,14 +8,15 @@ summed over all ranks (FSDP configured to sum) are exactly the gradients of the 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from runtime.checkpoint.dcp import latest_checkpoint, load_checkpoint, save_checkpoint
+from runtime.checkpoint.dcp import load_checkpoint, save_checkpoint
 from runtime.checkpoint.export import export_hf
+from runtime.checkpoint.verify import CheckpointError
 from runtime.data.sp_batch import packed_attention_kwargs, shard_for_sp
 from runtime.moe.sharding import shard_experts
 from runtime.parallel.fsdp import apply_fsdp, clip_grad_norm_
@@ -34,6 +35,7 @@ IGNORE_INDEX = -100
 class RunResult:
     metrics: list[StepMetrics]
     start_step: int  # 0 for a fresh run, k when resumed from the step-k checkpoint
+    skipped_checkpoints: list[str] = field(default_factory=list)  # damaged ones `resume: auto` passed over
 
 
 def setup_parallel(config: RunConfig) -> ParallelState:
@@ -69,7 +71,7 @@ def to_device(batch: dict, device: torch.device) -> dict:
 
 def train(config: RunConfig) -> RunResult:
     state = setup_parallel(config)
-    check_inputs(config)  # before the model is built: a user error costs seconds, not a model build or a run
+    inputs = check_inputs(config, state)  # before the model is built: a user error costs seconds, not a model build
     torch.manual_seed(config.model.seed)
     processor = load_text_processor(config)  # a tokenizer, or a VLM's processor
     model = build_model(config.model, fixed_model_config(config, processor))
@@ -97,15 +99,9 @@ def train(config: RunConfig) -> RunResult:
 
     start_step = 0
     ckpt = config.checkpoint
-    resume_from = None
-    if ckpt.resume == "auto" and ckpt.dir:
-        resume_from = latest_checkpoint(Path(ckpt.dir))
-    elif ckpt.resume not in (None, "auto"):
-        resume_from = Path(ckpt.resume)
+    resume_from = inputs.resume_from
     if resume_from is not None:
-        extra = load_checkpoint(resume_from, model, optimizer, scheduler)
-        loader.load_state_dict(extra["data"])
-        start_step = int(extra["step"])
+        start_step = resume(resume_from, model, optimizer, scheduler, loader)
 
     logger = MetricsLogger(
         Path(config.log.dir),
@@ -145,7 +141,17 @@ def train(config: RunConfig) -> RunResult:
         )
         if state.rank == 0:
             print(f"exported a plain-transformers checkpoint to {config.export.dir}", flush=True)
-    return RunResult(metrics, start_step)
+    return RunResult(metrics, start_step, inputs.skipped_checkpoints)
+
+
+def resume(path: Path, model, optimizer, scheduler, loader) -> int:
+    """Load the (already verified) checkpoint ``path`` into the run; its step. Mismatches are user errors."""
+    try:
+        extra = load_checkpoint(path, model, optimizer, scheduler, verify=False)
+        loader.load_state_dict(extra["data"])
+    except (CheckpointError, ValueError) as exc:
+        raise ConfigError(f"checkpoint.resume: {path}: {exc}") from None
+    return int(extra["step"])
 
 
 def train_step(

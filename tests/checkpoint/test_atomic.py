@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from runtime.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from tests.checkpoint.common import mlp, mlp_step
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def test_only_complete_checkpoints_are_found_and_loaded(tmp_path: Path) -> None:
     (tmp_path / "step_000099").mkdir()  # no marker: e.g. copied by hand, half-way
     (tmp_path / ".step_000100.tmp").mkdir()
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000005", "step_000012"]
-    with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
+    with pytest.raises(CheckpointError, match="is not complete"):
         load_checkpoint(tmp_path / "step_000099", model, optimizer, scheduler)
 
 
@@ -114,6 +114,6 @@ def test_keep_never_prunes_the_checkpoint_just_written(tmp_path: Path) -> None:
         save_checkpoint(tmp_path, step, model, optimizer, scheduler)
     save_checkpoint(tmp_path, 11, model, optimizer, scheduler, keep=2)  # e.g. re-run from step 10
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000011", "step_000030"]
-    with pytest.raises(TypeError, match="picklable"):
+    with pytest.raises(TypeError, match="JSON data"):
         save_checkpoint(tmp_path, 12, model, optimizer, scheduler, extra={"f": lambda: 0})
     assert not any(p.name.startswith(".") for p in tmp_path.iterdir())

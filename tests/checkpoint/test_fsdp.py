@@ -92,7 +92,16 @@ def test_fsdp_exact_resume(uninterrupted: tuple[Path, list[dict]]) -> None:
     tmp, full_run = uninterrupted
     checkpoint = tmp / "ckpt" / f"step_{SAVE_AT:06d}"
     files = sorted(p.name for p in checkpoint.iterdir())
-    assert files == [".metadata", "COMPLETE", "__0_0.distcp", "__1_0.distcp", "rank_00000.pt", "rank_00001.pt"]
+    assert files == [
+        ".metadata",
+        "COMPLETE",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "rank_00000.json",
+        "rank_00000.safetensors",
+        "rank_00001.json",
+        "rank_00001.safetensors",
+    ]
 
     resumed = run_distributed(_resumed, WORLD, tmp / "ckpt", timeout=240)
     assert not torch.equal(full_run[0]["losses"][-1], full_run[1]["losses"][-1])  # the ranks really differ

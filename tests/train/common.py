@@ -69,7 +69,11 @@ def train_worker(rank: int, world_size: int, raw: dict) -> list[dict]:
     finally:
         set_parallel_state(None)
     return [dataclasses.asdict(m) for m in result.metrics] + [
-        {"start_step": result.start_step, "threads": torch.get_num_threads()}
+        {
+            "start_step": result.start_step,
+            "threads": torch.get_num_threads(),
+            "skipped": list(getattr(result, "skipped_checkpoints", ["(not reported)"])),
+        }
     ]
 
 

@@ -55,7 +55,10 @@ def test_moe_ep2_matches_single_process_every_step(tmp_path: Path) -> None:
 
 
 def test_resume_is_bitwise_identical(tmp_path: Path) -> None:
-    """Six steps straight vs. the same run restarted in a new process from its step-3 checkpoint."""
+    """Six steps straight vs. the same run restarted in a new process from its step-3 checkpoint: `resume: auto`
+    skips the newest checkpoint (step 6), damaged by 4 KiB of random bytes in a shard, and says so."""
+    from tests.checkpoint.test_verify import _distcp, _noise
+
     raw = run_config(
         tmp_path,
         train={"steps": 6},
@@ -63,9 +66,11 @@ def test_resume_is_bitwise_identical(tmp_path: Path) -> None:
         model={"config": {**run_config(tmp_path)["model"]["config"], "attention_dropout": 0.1}},
     )
     straight = run_distributed(train_worker, 1, raw, timeout=300)[0][:-1]
-    shutil.rmtree(tmp_path / "ckpt" / "step_000006")  # as if the run died after its step-3 checkpoint
+    _noise(_distcp(tmp_path / "ckpt" / "step_000006"))
     resumed = run_distributed(train_worker, 1, raw, timeout=300)[0]
     assert resumed[-1]["start_step"] == 3
+    (skipped,) = resumed[-1]["skipped"]
+    assert "step_000006" in skipped and "sha256" in skipped
     for got, ref in zip(resumed[:-1], straight[3:], strict=True):
         assert got["step"] == ref["step"]
         assert got["loss"] == ref["loss"] and got["grad_norm"] == ref["grad_norm"], (got, ref)

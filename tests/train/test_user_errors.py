@@ -91,3 +91,22 @@ def test_earlier_export_needs_overwrite(tmp_path: Path) -> None:
     code, stderr = run_main(raw, tmp_path)
     _one_line_exit_2(code, stderr, "export.dir", "README.md")
     assert (out / "README.md").read_text() == "my notes"
+
+
+def test_damaged_checkpoint_is_one_line_before_the_model(tmp_path: Path) -> None:
+    """An explicit damaged checkpoint, or a `resume: auto` directory whose checkpoints are all damaged, is exit 2
+    naming the checkpoint (the checkpoint's model does not matter: nothing is read before it is verified)."""
+    from runtime.checkpoint import save_checkpoint
+    from tests.checkpoint.common import mlp
+    from tests.checkpoint.test_verify import _distcp, _noise
+
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint(ckpt, 3, *mlp())
+    _noise(_distcp(ckpt / "step_000003"))
+    explicit = run_config(tmp_path, checkpoint={"dir": str(tmp_path / "other"), "resume": str(ckpt / "step_000003")})
+    _one_line_exit_2(*run_main(explicit, tmp_path), "checkpoint.resume", str(ckpt / "step_000003"), "sha256")
+    auto = run_config(tmp_path, checkpoint={"dir": str(ckpt), "resume": "auto"})
+    _one_line_exit_2(*run_main(auto, tmp_path), "checkpoint.resume", str(ckpt / "step_000003"), "resume: null")
+    missing = run_config(tmp_path, checkpoint={"resume": str(tmp_path / "nope")})
+    _one_line_exit_2(*run_main(missing, tmp_path), "checkpoint.resume", str(tmp_path / "nope"))
+    assert not (tmp_path / "log").exists()  # nothing started

@@ -1,0 +1,90 @@
+"""DCP's reading side without code execution from the files: a checkpoint is data, so loading one runs no code.
+
+Plain ``dcp.load`` unpickles the ``.metadata`` file with ``pickle.load`` and every non-tensor value (e.g. an
+optimizer's learning rate) with ``torch.load(weights_only=False)``: a crafted checkpoint could run anything. Here
+the metadata is read by an unpickler that only resolves the few DCP metadata classes (and torch dtypes) a checkpoint
+holds, and non-tensor values by ``torch.load(weights_only=True)``; tensors DCP already reads weights-only. Anything
+else in the file is refused (``CheckpointError``). Our own per-rank state is not pickled at all (see ``dcp.py``).
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import ReadItem
+
+# (module, name) of every global a DCP FileSystemWriter's .metadata refers to (torch 2.13), besides torch dtypes.
+_METADATA_GLOBALS = {
+    ("torch.distributed.checkpoint.metadata", name)
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "TensorProperties",
+        "_MEM_FORMAT_ENCODING",
+    )
+} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PureWindowsPath"),
+    ("collections", "OrderedDict"),
+}
+
+
+class MetadataUnpicklingError(pickle.UnpicklingError):
+    """The metadata refers to something a DCP checkpoint's metadata never holds."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _METADATA_GLOBALS or (
+            module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        ):
+            return super().find_class(module, name)
+        raise MetadataUnpicklingError(f"{module}.{name} is not allowed in DCP metadata")
+
+
+class SafeFileSystemReader(FileSystemReader):
+    """``FileSystemReader`` whose metadata unpickling resolves only DCP's own metadata classes."""
+
+    refused: MetadataUnpicklingError | None = None  # why the metadata was refused, for the caller's message
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = self._get_metadata_path(kwargs.get("rank"))
+        try:
+            with self.fs.create_stream(path, "rb") as f:
+                metadata = _MetadataUnpickler(f).load()
+            if not isinstance(metadata, Metadata):
+                raise MetadataUnpicklingError(f"it holds a {type(metadata).__name__}, not DCP metadata")
+        except MetadataUnpicklingError as exc:
+            self.refused = self.refused or exc
+            raise
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class SafeLoadPlanner(DefaultLoadPlanner):
+    """``DefaultLoadPlanner`` reading non-tensor values weights-only (numbers, strings, containers)."""
+
+    def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        loaded = torch.load(value, weights_only=True)
+        if self.flatten_state_dict:
+            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+        else:
+            self.state_dict[read_item.dest_index.fqn] = loaded
