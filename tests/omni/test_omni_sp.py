@@ -1,0 +1,102 @@
+"""The qwen3_omni_moe thinker under Ulysses SP=2 (two gloo ranks, one spawn for every case) against the single
+process: loss, logits, the load-balancing loss and every gradient (audio encoder, ViT, mergers, deepstack mergers,
+router, experts, text layers) within 1e-5 relative.
+
+Each rank gets its slice of the tokens, the whole sample's pixels and mel features (the towers' SP hooks slice
+their own sequences), and the global (4, 1, L) M-RoPE ids. Cases: audio, images and a video with its audio track
+spread over both ranks; both images on rank 0 and the audio on rank 1 only (a rank without audio tokens, a rank
+without image tokens); two audios whose lengths (37, 210 mel frames) are not multiples of the 100-frame window with
+a video without audio track. The audio encoder's post-convolution sequence (33+17, 5+28 frames) is odd, so SP pads
+it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.dist_utils import run_distributed
+from tests.omni.omni import omni_batch, omni_models, pad_row, shard, with_position_ids
+from tests.parity.dense import grads, relative_error
+
+CASES = {
+    "spread": (
+        [("image", (1, 4, 6)), ("audio", 250), ("image", (1, 2, 4)), ("video+audio", (2, 2, 4), 1.0, 130)],
+        (5, 3, 4, 2, 6),
+    ),
+    "images_rank0_audio_rank1": ([("image", (1, 4, 6)), ("image", (1, 2, 2)), ("audio", 130)], (2, 1, 24, 3)),
+    "partial_windows": ([("audio", 37), ("video", (2, 2, 2), 0.5), ("audio", 210)], (4, 2, 3, 5)),
+}
+PARTS = ("audio_tower.conv2d1.", "audio_tower.layers.0.", "audio_tower.proj2.", "visual.blocks.0.", "visual.merger.")
+
+
+def assert_grad_close(got: torch.Tensor, ref: torch.Tensor, what) -> None:
+    """Within 1e-5 relative; except the audio attention's key bias, whose exact gradient is zero (softmax ignores a
+    shift shared by all keys): both runs must then leave only rounding noise, far below any real gradient."""
+    if what[-1].endswith("self_attn.k_proj.bias") and what[-1].startswith("audio_tower."):
+        assert ref.norm() < 1e-9 and got.norm() < 1e-9, what
+        return
+    assert relative_error(got, ref) < 1e-5, what
+
+
+def rows() -> dict[str, dict]:
+    return {name: with_position_ids(omni_batch(*case)) for name, case in CASES.items()}
+
+
+def sp_worker(rank: int, world_size: int) -> dict:
+    import torch.distributed as dist
+
+    from runtime.parallel.collectives import gather_along_dim
+    from runtime.parallel.state import init_parallel_state
+
+    state = init_parallel_state(sp_size=world_size)
+    results = {}
+    for name, row in rows().items():
+        _, model = omni_models()
+        batch = shard(row, world_size, state.sp_rank)
+        ids = batch["input_ids"]
+        local = {"audio": bool((ids == 100).any()), "image": bool((ids == 101).any())}
+        out = model(**batch, output_router_logits=True)
+        out.loss.backward()
+        partial = grads(model)
+        for g in partial.values():  # partial-gradient convention: the true gradient is the sum over SP ranks
+            dist.all_reduce(g, group=state.sp_group)
+        logits = gather_along_dim(out.logits.detach(), 1, state.sp_group)[:, : row["input_ids"].shape[1]]
+        results[name] = {"loss": out.loss.detach(), "aux": out.aux_loss.detach(), "logits": logits, "grads": partial}
+        results[name]["local"] = local
+    return results
+
+
+def single_process(row: dict, sp: int) -> dict:
+    """On the row padded as for SP: the load-balancing loss routes the SP padding too (docs/parallelism.md)."""
+    _, model = omni_models()
+    out = model(**pad_row(row, sp), output_router_logits=True)
+    out.loss.backward()
+    length = row["input_ids"].shape[1]
+    return {
+        "loss": out.loss.detach(),
+        "aux": out.aux_loss.detach(),
+        "logits": out.logits.detach()[:, :length],
+        "grads": grads(model),
+    }
+
+
+@pytest.mark.dist
+def test_omni_sp2_matches_single_process() -> None:
+    per_rank = run_distributed(sp_worker, 2, timeout=300)
+    locals_ = {name: [r[name]["local"] for r in per_rank] for name in CASES}
+    # the layouts the cases are for
+    assert locals_["images_rank0_audio_rank1"] == [{"audio": False, "image": True}, {"audio": True, "image": False}]
+    assert all(loc["audio"] and loc["image"] for loc in locals_["spread"])
+    for name, row in rows().items():
+        ref = single_process(row, 2)
+        for part in PARTS:
+            assert any(n.startswith(part) for n in ref["grads"]), part
+        for rank_results in per_rank:
+            got = rank_results[name]
+            assert relative_error(got["loss"], ref["loss"]) < 1e-5, name
+            assert relative_error(got["aux"], ref["aux"]) < 1e-5, name
+            assert relative_error(got["logits"], ref["logits"]) < 1e-5, name
+            assert got["grads"].keys() == ref["grads"].keys()
+            for key, grad in ref["grads"].items():
+                assert_grad_close(got["grads"][key], grad, (name, key))
