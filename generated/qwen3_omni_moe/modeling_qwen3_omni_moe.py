@@ -3,9 +3,9 @@
 # template and run `patchgen regen qwen3_omni_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
 # spec: specs/qwen3_omni_moe.toml sha256=4c27cd9a5759831f6113aa323edd1f714c45c318960c6396c8fa9f1ffbbb9d4f
-# templates: sha256=aa832401162e47e104ebc63a1bb4a32c48836e997c29c785fe53158381a93d70
-# engine: patchgen==0.1.0 sha256=b48a4ae4634774db90ad76ae474aacd65587a6a70e2c63d03914a15bc2ffe4dc
-# body: sha256=5e30b003d7e4648233778f1408ce5a162c26ff43afc5054685f30e3b0d19aee3
+# templates: sha256=c7641971006df260a4edc57ce556cc0174a33c0cbfc83fcceb5991db38bb9193
+# engine: patchgen==0.1.0 sha256=fbb9eabe75f774b55a6e95477aa58207e3d367b1535adf798ca5a79278c870f0
+# body: sha256=4ec25b34cc52c9c839da426e909b5d1bc12c358869b5680b1f30f102d1d651e0
 # patches:
 #   #1 core/skip_isinstance @ Qwen3OmniMoePreTrainedModel._init_weights: code2wav (speech output) is pruned with the talker; its weight-init branch can match nothing here
 #   #2 sp/full_sequence_mask @ Qwen3OmniMoeThinkerTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
@@ -2332,7 +2332,7 @@ class Qwen3OmniMoeThinkerForConditionalGeneration(
 
     # patchgen #7 moe/ep_plan (1 stmt): expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
     # Expert parallelism plan, read by runtime.moe.sharding: parameter suffix -> dim split over the ep group.
-    _ep_plan = {"mlp.experts.gate_up_proj": 0, "mlp.experts.down_proj": 0}
+    _patchgen_ep_plan = {"mlp.experts.gate_up_proj": 0, "mlp.experts.down_proj": 0}
 
     # patchgen #32 audio/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample (audio lengths, audio-in-video), before packing and SP slicing
     @classmethod
