@@ -20,10 +20,9 @@ from patchgen.errors import PatchgenError
 from patchgen.files import package_inits, recover, write_atomic
 from patchgen.generate import Generated, engine_sha256, generate, templates_sha256, unified_diff
 from patchgen.header import body_hash, parse_inputs, split
+from patchgen.model import SIDECAR_SUFFIX, sidecar_path
 from patchgen.spec import Spec, load_spec
 from patchgen.upstream import PinnedSource, UpstreamSource, normalize_name
-
-SIDECAR_SUFFIX = ".model.json"  # `<output without .py>.model.json`: the model's registry entry, beside the output
 
 
 def load_specs(config: ProjectConfig, models: list[str] | None) -> list[Spec]:
@@ -156,11 +155,14 @@ def is_whole_project(config: ProjectConfig, specs: list[Spec]) -> bool:
 def outputs(config: ProjectConfig, gen: Generated) -> dict[Path, str]:
     """What regen writes for one generated model (a subset of `owned_paths`)."""
     target = config.root / gen.relpath
-    return {
+    files = {
         target: gen.text,
         config.root / gen.diff_relpath: gen.diff,
         **package_inits(config.generated_dir, target),
     }
+    if gen.spec.model is not None:
+        files[config.root / sidecar_path(gen.relpath)] = gen.spec.model.to_json(gen.spec.name, gen.relpath)
+    return files
 
 
 ORPHAN = "no spec owns it (a removed or renamed spec's output?); delete it or restore its spec"
@@ -235,6 +237,13 @@ def check_spec(config: ProjectConfig, spec: Spec, source: UpstreamSource, full: 
     for init in package_inits(config.generated_dir, target):
         if not init.is_file():
             drifts.append(Drift(init, f"package file missing; run `patchgen regen {spec.name}`"))
+    sidecar = config.root / sidecar_path(spec.output)
+    if spec.model is not None:
+        expected = spec.model.to_json(spec.name, spec.output)
+        if not sidecar.is_file() or sidecar.read_text(encoding="utf-8") != expected:
+            drifts.append(Drift(sidecar, f"model record missing or stale; run `patchgen regen {spec.name}`"))
+    elif sidecar.is_file():
+        drifts.append(Drift(sidecar, f"{spec.path.name} has no [model] table any more; delete this stale record"))
     return drifts
 
 

@@ -2,7 +2,7 @@
 # Made by patchgen 0.1.0 from specs/qwen3_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_moe/modeling_qwen3_moe.py sha256=f07ab1b3a17e27612006a447812b83667af7ab3d527afe3ebbdf89dc5dac8a90
-# spec: specs/qwen3_moe.toml sha256=50a07714fc94dea88d1ba3ed393130f52c005d568641364061505e0428478db4
+# spec: specs/qwen3_moe.toml sha256=7b0582df883a39e2da8e711c8a03d6d85aeafd34d18715b6e784ead690c2c584
 # templates: sha256=ff0b4eb81e8db5780999843cb3031f99c0f8bd804de0c6094312450497982f5a
 # engine: patchgen==0.1.0 sha256=fbb9eabe75f774b55a6e95477aa58207e3d367b1535adf798ca5a79278c870f0
 # body: sha256=68a93ce74d5eecb46950c4a05c0171f6b96ee545baeb90286041f95962848303

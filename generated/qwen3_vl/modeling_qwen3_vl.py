@@ -2,7 +2,7 @@
 # Made by patchgen 0.1.0 from specs/qwen3_vl.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_vl`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl/modeling_qwen3_vl.py sha256=fcb5571ef95e4a6679af866ef9ef4dfa5cee017f9f91453daf28c7804c7a50fe
-# spec: specs/qwen3_vl.toml sha256=1b6927331e70a9a7fddeba52ffcd8ba1b20f0e33346a1502f529f899a8da8bb0
+# spec: specs/qwen3_vl.toml sha256=9d41261a2b6e803d6f38382c4d39e63b28cc28602dbe3ed41e7ffc8162f8aa3e
 # templates: sha256=e1ab20ce9d27ef40423ad9c01a6f74e5586b27bb3d58760fd512d236a2811829
 # engine: patchgen==0.1.0 sha256=fbb9eabe75f774b55a6e95477aa58207e3d367b1535adf798ca5a79278c870f0
 # body: sha256=8541dfdef386a791fc788da62d6310d7a8582b0b7c7baeb930bd5403130d99ed

@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/qwen3_vl_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_vl_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
-# spec: specs/qwen3_vl_moe.toml sha256=71555fb8fdaa13e727d1e49b5b6134bbca99819d9cb3527c24fbb3fc90c6b94d
+# spec: specs/qwen3_vl_moe.toml sha256=9ca4aaf4a5ccd5b1b6090601f853609ba87edd695f4b7937287e428d67067ea7
 # templates: sha256=5b1c487972a660e554d7e0fca03c3c2ec4c19722b7b07d57e52a469e96238f61
-# engine: patchgen==0.1.0 sha256=fbb9eabe75f774b55a6e95477aa58207e3d367b1535adf798ca5a79278c870f0
-# body: sha256=f972826272d6c622d1d1250e1d756a69053e13bfc0701753e1dd948326834cde
+# engine: patchgen==0.1.0 sha256=cd57cc95b358c6cb60cf58575f8e346b547833c33664c46b98987ea4d71bc742
+# body: sha256=2bba04556b228bc0c9050db9a6bba2832333245dad577315cfff2ec457894604
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel
 #   #2 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the text model is this file's patched class, not upstream's via AutoModel
@@ -21,17 +21,17 @@
 #   #12 sp/vit_gather @ Qwen3VLMoeVisionModel.forward: deepstack: gather every level the same way before it is injected into the LM
 #   #13 sp/vit_fill_back @ Qwen3VLMoeModel.forward: fill-back: each rank scatters the image tokens (and deepstack levels) of its own slice of the sequence
 #   #14 sp/vit_fill_back @ Qwen3VLMoeModel.forward: same for video tokens
-#   #15 moe/global_aux_loss @ Qwen3VLMoeForConditionalGeneration.forward: the load-balancing loss must see every rank's tokens, not one rank's slice
-#   #16 moe/ep_plan @ Qwen3VLMoePreTrainedModel: expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
-#   #17 core/upstream_weight_conversions @ <module>: load plain transformers' checkpoints (experts stored transposed) into this layout and save them back the same way
-#   #18 vlm/stash_lm_attention_kwargs @ Qwen3VLMoeModel.forward: the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
-#   #19 vlm/vision_dummy_forward @ Qwen3VLMoeModel.forward: a rank without images still runs the vision tower (FSDP collectives match across ranks)
-#   #20 vlm/vision_dummy_forward @ Qwen3VLMoeModel.forward: same for a rank without videos
-#   #21 vlm/restore_lm_attention_kwargs @ Qwen3VLMoeModel.forward: the language model gets its packed flash-attention kwargs back
-#   #22 vlm/vision_host_seqlens @ Qwen3VLMoeVisionModel.forward: one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
-#   #23 vlm/vision_seqlens_from_host @ Qwen3VLMoeVisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
-#   #24 vlm/vision_seqlens_from_host @ Qwen3VLMoeVisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
-#   #25 vlm/position_id_func @ Qwen3VLMoeForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+#   #15 vlm/stash_lm_attention_kwargs @ Qwen3VLMoeModel.forward: the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+#   #16 vlm/vision_dummy_forward @ Qwen3VLMoeModel.forward: a rank without images still runs the vision tower (FSDP collectives match across ranks)
+#   #17 vlm/vision_dummy_forward @ Qwen3VLMoeModel.forward: same for a rank without videos
+#   #18 vlm/restore_lm_attention_kwargs @ Qwen3VLMoeModel.forward: the language model gets its packed flash-attention kwargs back
+#   #19 vlm/vision_host_seqlens @ Qwen3VLMoeVisionModel.forward: one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+#   #20 vlm/vision_seqlens_from_host @ Qwen3VLMoeVisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
+#   #21 vlm/vision_seqlens_from_host @ Qwen3VLMoeVisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+#   #22 vlm/position_id_func @ Qwen3VLMoeForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+#   #23 moe/global_aux_loss @ Qwen3VLMoeForConditionalGeneration.forward: the load-balancing loss must see every rank's tokens, not one rank's slice
+#   #24 moe/ep_plan @ Qwen3VLMoePreTrainedModel: expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
+#   #25 core/upstream_weight_conversions @ <module>: load plain transformers' checkpoints (experts stored transposed) into this layout and save them back the same way
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_vl_moe/modular_qwen3_vl_moe.py.
@@ -107,13 +107,13 @@ from runtime.sp.vision import vit_pad_and_slice, vit_pad_cu_seqlens, vit_pad_len
 from runtime.sp.vision import vit_all_to_all
 from runtime.sp.vision import vit_gather
 from runtime.sp.vision import local_visual_tokens
-from runtime.moe.hooks import global_aux_loss
-from runtime.models.conversions import share_upstream_weight_conversions
 from runtime.vlm.attention_kwargs import split_lm_attention_kwargs
 from runtime.vlm.dummy_forward import vision_dummy_forward
 from runtime.vlm.seqlens import with_host_seqlens
 from runtime.vlm.seqlens import vision_max_seqlen, vision_segment_lengths
 from runtime.vlm.positions import RopeIndexFunction
+from runtime.moe.hooks import global_aux_loss
+from runtime.models.conversions import share_upstream_weight_conversions
 
 
 @use_kernel_forward_from_hub("RMSNorm")
@@ -455,7 +455,7 @@ class Qwen3VLMoePreTrainedModel(PreTrainedModel):
             inv_freq = 1.0 / (module.theta ** (torch.arange(0, module.dim, 2, dtype=torch.float) / module.dim))
             init.copy_(module.inv_freq, inv_freq)
 
-    # patchgen #16 moe/ep_plan (1 stmt): expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
+    # patchgen #24 moe/ep_plan (1 stmt): expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
     # Expert parallelism plan, read by runtime.moe.sharding: parameter suffix -> dim split over the ep group.
     _patchgen_ep_plan = {"mlp.experts.gate_up_proj": 0, "mlp.experts.down_proj": 0}
 
@@ -529,7 +529,7 @@ class Qwen3VLMoeVisionAttention(nn.Module):
 
         if is_flash_attention_requested(self.config):
             # Flash Attention: Use cu_seqlens for variable length attention
-            # patchgen #23 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per block
+            # patchgen #20 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per block
             max_seqlen = vision_max_seqlen(cu_seqlens)
             attn_output, _ = attention_interface(
                 self,
@@ -548,7 +548,7 @@ class Qwen3VLMoeVisionAttention(nn.Module):
             )
         else:
             # Other implementations: Process each chunk separately
-            # patchgen #24 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+            # patchgen #21 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
             lengths = vision_segment_lengths(cu_seqlens)
             splits = [
                 torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)
@@ -776,7 +776,7 @@ class Qwen3VLMoeVisionModel(Qwen3VLMoePreTrainedModel):
         hidden_states = vit_pad_and_slice(hidden_states, vit_sp_pad)
         position_embeddings = vit_pad_and_slice(position_embeddings, vit_sp_pad)
         cu_seqlens = vit_pad_cu_seqlens(cu_seqlens, vit_sp_pad)
-        # patchgen #22 vlm/vision_host_seqlens (1 stmt): one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+        # patchgen #19 vlm/vision_host_seqlens (1 stmt): one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
         cu_seqlens = with_host_seqlens(cu_seqlens)
 
         deepstack_feature_lists = []
@@ -1371,7 +1371,7 @@ class Qwen3VLMoeModel(Qwen3VLMoePreTrainedModel):
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
-        # patchgen #18 vlm/stash_lm_attention_kwargs (1 stmt): the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+        # patchgen #15 vlm/stash_lm_attention_kwargs (1 stmt): the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
         kwargs, lm_attention_kwargs = split_lm_attention_kwargs(kwargs)
 
         if inputs_embeds is None:
@@ -1379,7 +1379,7 @@ class Qwen3VLMoeModel(Qwen3VLMoePreTrainedModel):
 
         image_mask = None
         video_mask = None
-        # patchgen #19 vlm/vision_dummy_forward (1 stmt): a rank without images still runs the vision tower (FSDP collectives match across ranks)
+        # patchgen #16 vlm/vision_dummy_forward (1 stmt): a rank without images still runs the vision tower (FSDP collectives match across ranks)
         inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values, self.get_image_features, self.config.vision_config)
 
         if pixel_values is not None:
@@ -1395,7 +1395,7 @@ class Qwen3VLMoeModel(Qwen3VLMoePreTrainedModel):
                 input_ids, inputs_embeds=inputs_embeds, image_features=image_embeds
             )
             inputs_embeds = inputs_embeds.masked_scatter(image_mask, image_embeds)
-        # patchgen #20 vlm/vision_dummy_forward (1 stmt): same for a rank without videos
+        # patchgen #17 vlm/vision_dummy_forward (1 stmt): same for a rank without videos
         inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values_videos, self.get_video_features, self.config.vision_config)
 
         if pixel_values_videos is not None:
@@ -1448,7 +1448,7 @@ class Qwen3VLMoeModel(Qwen3VLMoePreTrainedModel):
                 past_key_values=past_key_values,
                 mm_token_type_ids=mm_token_type_ids,
             )
-        # patchgen #21 vlm/restore_lm_attention_kwargs (1 stmt): the language model gets its packed flash-attention kwargs back
+        # patchgen #18 vlm/restore_lm_attention_kwargs (1 stmt): the language model gets its packed flash-attention kwargs back
         kwargs = {**kwargs, **lm_attention_kwargs}
 
         outputs = self.language_model(
@@ -1686,7 +1686,7 @@ class Qwen3VLMoeForConditionalGeneration(Qwen3VLMoePreTrainedModel, GenerationMi
 
         aux_loss = None
         if kwargs.get("output_router_logits", False):
-            # patchgen #15 moe/global_aux_loss (1 stmt): the load-balancing loss must see every rank's tokens, not one rank's slice
+            # patchgen #23 moe/global_aux_loss (1 stmt): the load-balancing loss must see every rank's tokens, not one rank's slice
             aux_loss = global_aux_loss(load_balancing_loss_func)(
                 outputs.router_logits,
                 self.config.text_config.num_experts,
@@ -1932,7 +1932,7 @@ class Qwen3VLMoeForConditionalGeneration(Qwen3VLMoePreTrainedModel, GenerationMi
 
         return input_ids, model_kwargs
 
-    # patchgen #25 vlm/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+    # patchgen #22 vlm/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
     @classmethod
     def get_position_id_func(cls, config):
         """fn(input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw, **extra) -> (3, bs, L) M-RoPE ids."""
@@ -1948,5 +1948,5 @@ __all__ = [
 ]
 
 
-# patchgen #17 core/upstream_weight_conversions (1 stmt): load plain transformers' checkpoints (experts stored transposed) into this layout and save them back the same way
+# patchgen #25 core/upstream_weight_conversions (1 stmt): load plain transformers' checkpoints (experts stored transposed) into this layout and save them back the same way
 share_upstream_weight_conversions("qwen3_vl_moe")

@@ -15,26 +15,15 @@ import json
 from pathlib import Path
 
 import transformers
-from transformers.models.qwen2_5_vl.processing_qwen2_5_vl import Qwen2_5_VLProcessor
-from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 
 from runtime.data.corpus import corpus_path
 from runtime.data.tokenization import build_test_tokenizer
-from runtime.models.tiny import TINY_VISION
+from runtime.models.registry import REGISTRY, lookup
+from runtime.models.tiny import tiny_vision_config
 
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"
 VISION_TOKENS = (VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)
-
-# model_type -> (processor class, video processor class). qwen3_vl_moe shares qwen3_vl's processor.
-_FAMILIES = {
-    "qwen3_vl": ("Qwen3VLProcessor", "Qwen3VLVideoProcessor"),
-    "qwen3_vl_moe": ("Qwen3VLProcessor", "Qwen3VLVideoProcessor"),
-    "qwen2_5_vl": ("Qwen2_5_VLProcessor", "Qwen2VLVideoProcessor"),
-}
-# The normalisation of the published checkpoints: Qwen3-VL uses 0.5, Qwen2.5-VL keeps the CLIP statistics.
-_HALF = {"image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
-_NORMALISATION = {"qwen3_vl": _HALF, "qwen3_vl_moe": _HALF, "qwen2_5_vl": {}}
 
 # The Qwen layout: an image is <|vision_start|><|image_pad|><|vision_end|>, a video the same with <|video_pad|>;
 # the pipeline expands each pad into the right number of tokens. String content works too (text-only turns).
@@ -62,15 +51,12 @@ class _WithoutVideoProcessor:
         return super().check_argument_for_proper_class(argument_name, argument)
 
 
-class ImageOnlyQwen3VLProcessor(_WithoutVideoProcessor, Qwen3VLProcessor):
-    """Upstream ``Qwen3VLProcessor`` without a video processor, for machines without torchvision."""
-
-
-class ImageOnlyQwen2_5_VLProcessor(_WithoutVideoProcessor, Qwen2_5_VLProcessor):
-    """Upstream ``Qwen2_5_VLProcessor`` without a video processor, for machines without torchvision."""
-
-
-_IMAGE_ONLY = {"Qwen3VLProcessor": ImageOnlyQwen3VLProcessor, "Qwen2_5_VLProcessor": ImageOnlyQwen2_5_VLProcessor}
+def _image_only(processor_class: str) -> type:
+    """Upstream processor class ``processor_class`` without a video processor, for machines without torchvision."""
+    base = getattr(transformers, processor_class, None)
+    if base is None or not hasattr(base, "check_argument_for_proper_class"):
+        raise ValueError(f"transformers {transformers.__version__} has no processor class {processor_class!r}")
+    return type(f"ImageOnly{processor_class}", (_WithoutVideoProcessor, base), {})
 
 
 def _read_json(path: Path) -> dict:
@@ -106,13 +92,14 @@ def _pil_image_processor(path: Path):
 
 def _load_image_only(path: Path):
     name = _read_json(path / "processor_config.json").get("processor_class")
-    if name not in _IMAGE_ONLY:
+    known = sorted({m.data["processor"] for m in REGISTRY.values() if "processor" in m.data})
+    if name not in known:
         raise ValueError(
             f"{path / 'processor_config.json'}: processor_class {name!r} needs torchvision in "
-            f"transformers {transformers.__version__}; without it only {', '.join(_IMAGE_ONLY)} load"
+            f"transformers {transformers.__version__}; without it only {', '.join(known)} load"
         )
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(path))
-    return _IMAGE_ONLY[name](
+    return _image_only(name)(
         image_processor=_pil_image_processor(path),
         tokenizer=tokenizer,
         video_processor=None,
@@ -165,16 +152,18 @@ def build_test_processor(
     """Save a tiny processor of ``model_type``'s family to ``directory`` and return the path.
 
     The tokenizer is the test BPE trained on the shipped corpus (``build_test_tokenizer``) with the Qwen vision
-    tokens added as special tokens; patch, temporal patch and merge sizes match ``TINY_VISION``, and the small pixel
-    bounds keep a 16x24 image at 4x6 patches (6 tokens after the 2x2 merge). The directory holds what
+    tokens added as special tokens; patch, temporal patch and merge sizes match the model's tiny vision config, and
+    the small pixel bounds keep a 16x24 image at 4x6 patches (6 tokens after the 2x2 merge). The directory holds what
     ``AutoProcessor.from_pretrained`` reads (tokenizer, image and video processor configs, ``processor_config.json``,
     the chat template); ``load_processor`` loads it with or without torchvision.
     """
-    if model_type not in _FAMILIES:
-        raise ValueError(f"no VLM processor family for model_type {model_type!r}; known: {', '.join(_FAMILIES)}")
+    data = lookup(model_type).data
+    if "processor" not in data:
+        raise ValueError(f"model_type {model_type!r}: its spec's [model.data] names no processor")
     if not 0 < min_pixels <= max_pixels:
         raise ValueError(f"need 0 < min_pixels <= max_pixels, got {min_pixels}, {max_pixels}")
-    processor_class, video_class = _FAMILIES[model_type]
+    processor_class, video_class = data["processor"], data["video_processor"]
+    vision = tiny_vision_config(model_type)
     directory = Path(directory)
     build_test_tokenizer(
         directory,
@@ -184,10 +173,10 @@ def build_test_processor(
         chat_template=VLM_TEST_CHAT_TEMPLATE,
     )
     sizes = dict(
-        patch_size=TINY_VISION["patch_size"],
-        temporal_patch_size=TINY_VISION["temporal_patch_size"],
-        merge_size=TINY_VISION["spatial_merge_size"],
-        **_NORMALISATION[model_type],
+        patch_size=vision["patch_size"],
+        temporal_patch_size=vision["temporal_patch_size"],
+        merge_size=vision["spatial_merge_size"],
+        **{key: data[key] for key in ("image_mean", "image_std") if key in data},
     )
     pixels = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
     transformers.Qwen2VLImageProcessorPil(size=pixels, **sizes).save_pretrained(str(directory))

@@ -15,13 +15,13 @@ from pathlib import Path
 import yaml
 
 from runtime.demos.train_text import losses, torchrun
-from runtime.models.tiny import TINY_VISION, tiny_vlm_text_config
+from runtime.models.tiny import tiny_vision_config, tiny_vlm_text_config
 
 STEPS, SAMPLES = 24, 48
 # the test processor's tokenizer has 512 tokens; M-RoPE sections (2, 3, 3) fill head_dim / 2 = 8
 MODEL = {
     "text_config": {**tiny_vlm_text_config("qwen3_vl"), "vocab_size": 512, "max_position_embeddings": 1024},
-    "vision_config": TINY_VISION,
+    "vision_config": tiny_vision_config("qwen3_vl"),
     "tie_word_embeddings": False,
 }
 

@@ -1,65 +1,99 @@
-"""HF `model_type` -> the generated class that trains it.
+"""HF `model_type` -> the generated class that trains it, read from the specs' `[model]` tables.
 
-Entries are import paths, resolved lazily, so looking a model up never imports the others.
+`patchgen regen` writes each spec's `[model]` table beside its generated module as `<module>.model.json`; this
+registry reads those records and nothing else, so a spec is the single source of a model (its class, upstream
+reference, family, capabilities, tiny test config and data settings). Modules are imported lazily: looking a model
+up never imports the others.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import generated
+
+RECORD_SUFFIX = ".model.json"
+_REQUIRED = ("spec", "module", "model_type", "class", "upstream", "family", "capabilities", "tiny", "data")
 
 
 @dataclass(frozen=True)
 class GeneratedModel:
     model_type: str
     module: str  # generated module, written by `patchgen regen <spec>`
-    causal_lm: str  # the generated class that trains it (a *ForCausalLM, or a VLM's *ForConditionalGeneration)
+    causal_lm: str  # the generated class that trains it (a *ForCausalLM, a VLM's *ForConditionalGeneration, a DiT)
     spec: str
-    upstream_auto: str = "AutoModelForCausalLM"  # the transformers Auto class that builds the upstream reference
+    upstream: str  # dotted: transformers.AutoModelForCausalLM, diffusers.WanTransformer3DModel, ...
+    family: str  # causal_lm | vlm | omni | dit
+    capabilities: tuple[str, ...] = ()
+    tiny: dict[str, Any] = field(default_factory=dict, hash=False)
+    data: dict[str, Any] = field(default_factory=dict, hash=False)
 
     @property
     def is_vlm(self) -> bool:
-        """A vision-language model: trained from chat samples with images/videos through a processor."""
-        return self.upstream_auto == "AutoModelForImageTextToText"
+        """Trained from chat samples with images/videos through a processor (VLMs and omni models)."""
+        return self.family in ("vlm", "omni")
 
-    def causal_lm_class(self) -> type:
+    @property
+    def is_moe(self) -> bool:
+        return "moe" in self.capabilities
+
+    def has(self, capability: str) -> bool:
+        return capability in self.capabilities
+
+    def model_class(self) -> type:
         return getattr(importlib.import_module(self.module), self.causal_lm)
 
-    def upstream_auto_class(self) -> type:
-        import transformers
+    causal_lm_class = model_class
 
-        return getattr(transformers, self.upstream_auto)
+    def upstream_class(self) -> type:
+        """The upstream class (or transformers Auto class) that builds the reference model."""
+        package, _, name = self.upstream.rpartition(".")
+        return getattr(importlib.import_module(package), name)
+
+    upstream_auto_class = upstream_class
+
+    @property
+    def upstream_auto(self) -> str:
+        return self.upstream.rpartition(".")[2]
 
 
-REGISTRY: dict[str, GeneratedModel] = {
-    m.model_type: m
-    for m in (
-        GeneratedModel("qwen3", "generated.qwen3.modeling_qwen3", "Qwen3ForCausalLM", "qwen3"),
-        GeneratedModel("llama", "generated.llama.modeling_llama", "LlamaForCausalLM", "llama"),
-        GeneratedModel("qwen3_moe", "generated.qwen3_moe.modeling_qwen3_moe", "Qwen3MoeForCausalLM", "qwen3_moe"),
-        GeneratedModel(
-            "qwen3_vl",
-            "generated.qwen3_vl.modeling_qwen3_vl",
-            "Qwen3VLForConditionalGeneration",
-            "qwen3_vl",
-            upstream_auto="AutoModelForImageTextToText",
-        ),
-        GeneratedModel(
-            "qwen3_vl_moe",
-            "generated.qwen3_vl_moe.modeling_qwen3_vl_moe",
-            "Qwen3VLMoeForConditionalGeneration",
-            "qwen3_vl_moe",
-            upstream_auto="AutoModelForImageTextToText",
-        ),
-        GeneratedModel(
-            "qwen2_5_vl",
-            "generated.qwen2_5_vl.modeling_qwen2_5_vl",
-            "Qwen2_5_VLForConditionalGeneration",
-            "qwen2_5_vl",
-            upstream_auto="AutoModelForImageTextToText",
-        ),
+def _record(path: Path) -> GeneratedModel:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        missing = [key for key in _REQUIRED if key not in raw]
+        if missing:
+            raise ValueError(f"missing keys {missing}")
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"{path}: not a model record written by `patchgen regen` ({exc}); regenerate it") from exc
+    return GeneratedModel(
+        raw["model_type"],
+        raw["module"],
+        raw["class"],
+        raw["spec"],
+        raw["upstream"],
+        raw["family"],
+        tuple(raw["capabilities"]),
+        raw["tiny"],
+        raw["data"],
     )
-}
+
+
+def _load() -> dict[str, GeneratedModel]:
+    table: dict[str, GeneratedModel] = {}
+    for path in sorted(Path(generated.__file__).parent.rglob("*" + RECORD_SUFFIX)):
+        entry = _record(path)
+        if entry.model_type in table:
+            other = table[entry.model_type].spec
+            raise RuntimeError(f"{path}: model_type {entry.model_type!r} is also spec {other!r}'s; give each its own")
+        table[entry.model_type] = entry
+    return table
+
+
+REGISTRY: dict[str, GeneratedModel] = _load()
 
 
 def lookup(model_type: str) -> GeneratedModel:
@@ -68,10 +102,21 @@ def lookup(model_type: str) -> GeneratedModel:
     except KeyError:
         known = ", ".join(sorted(REGISTRY))
         raise ValueError(
-            f"no generated model for model_type {model_type!r}; known: {known}. Add a spec under "
-            f"specs/, run `patchgen regen`, and register it in runtime/models/registry.py"
+            f"no generated model for model_type {model_type!r}; known: {known}. Add a spec with a [model] table "
+            f"under specs/ and run `patchgen regen`"
         ) from None
 
 
 def causal_lm_class(model_type: str) -> type:
-    return lookup(model_type).causal_lm_class()
+    return lookup(model_type).model_class()
+
+
+def model_types(family: str | None = None, capability: str | None = None, without: str | None = None) -> list[str]:
+    """Registered model types, optionally of one family / with or without a capability (test parametrization)."""
+    return sorted(
+        m.model_type
+        for m in REGISTRY.values()
+        if (family is None or m.family == family)
+        and (capability is None or m.has(capability))
+        and (without is None or not m.has(without))
+    )

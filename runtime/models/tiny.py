@@ -2,103 +2,49 @@
 
 from __future__ import annotations
 
+import copy
+from typing import Any
+
 import torch
 import transformers
 
-TINY = dict(
-    vocab_size=97,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=128,
-    tie_word_embeddings=False,
-    use_cache=False,
-)
+from runtime.models.registry import lookup
 
 
-# MoE extras: 8 experts, top-2, every layer sparse; eager experts (the numerical reference) unless overridden.
-TINY_MOE = dict(
-    num_experts=8,
-    num_experts_per_tok=2,
-    moe_intermediate_size=32,
-    decoder_sparse_step=1,
-    norm_topk_prob=True,
-    output_router_logits=True,
-    router_aux_loss_coef=0.01,
-)
-
-
-# VLM (qwen3_vl family): the text sub-config is TINY (M-RoPE sections sum to head_dim / 2); a 3-block ViT whose
-# deepstack taps (blocks 0 and 1) lie inside its depth and feed both text layers; 4 ViT heads so sp=2/4 divide them.
-TINY_VISION = dict(
-    depth=3,
-    hidden_size=32,
-    intermediate_size=48,
-    num_heads=4,
-    out_hidden_size=TINY["hidden_size"],
-    patch_size=4,
-    temporal_patch_size=2,
-    in_channels=3,
-    spatial_merge_size=2,
-    num_position_embeddings=16,
-    deepstack_visual_indexes=[0, 1],
-)
-# qwen2_5_vl: the same ViT without the learned position embedding and deepstack, windowed instead: 16-pixel
-# windows (2x2 merged tokens, so the test images span several windows) in blocks 0 and 1, full attention in block 2;
-# its M-RoPE is the non-interleaved T/H/W sections.
-TINY_VISION_WINDOWED = {
-    **{k: v for k, v in TINY_VISION.items() if k not in ("num_position_embeddings", "deepstack_visual_indexes")},
-    "window_size": 16,
-    "fullatt_block_indexes": [2],
-}
-TINY_VLM_TOKENS = dict(image_token_id=90, video_token_id=91, vision_start_token_id=92, vision_end_token_id=93)
-VLM_TYPES = ("qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl")
+def tiny_config_dict(model_type: str) -> dict[str, Any]:
+    """The tiny config of `model_type` as plain data: its spec's `[model.tiny]` table (a fresh deep copy)."""
+    return copy.deepcopy(lookup(model_type).tiny)
 
 
 def tiny_vlm_text_config(model_type: str) -> dict:
     """The text sub-config of a tiny VLM as plain data (a run config's ``model.config.text_config``)."""
-    moe = TINY_MOE if model_type.endswith("_moe") else {}
-    windowed = model_type == "qwen2_5_vl"
-    rope = {
-        "rope_type": "default",
-        "rope_theta": 10000.0,
-        "mrope_section": [2, 3, 3],
-        **({} if windowed else {"mrope_interleaved": True}),
-    }
-    special = {"bos_token_id": None, "eos_token_id": None} if windowed else {}  # its defaults lie outside TINY's vocab
-    return {**TINY, **moe, **special, "rope_parameters": rope}
+    return tiny_config_dict(model_type)["text_config"]
 
 
-def _tiny_vlm_config(model_type: str, **overrides) -> transformers.PretrainedConfig:
-    windowed = model_type == "qwen2_5_vl"
-    text = {**tiny_vlm_text_config(model_type), **overrides.pop("text_config", {})}
-    vision = {**(TINY_VISION_WINDOWED if windowed else TINY_VISION), **overrides.pop("vision_config", {})}
-    return transformers.AutoConfig.for_model(
-        model_type,
-        text_config=text,
-        vision_config=vision,
-        tie_word_embeddings=False,
-        **{**TINY_VLM_TOKENS, **overrides},
-    )
+def tiny_vision_config(model_type: str) -> dict:
+    """The vision sub-config of a tiny VLM as plain data."""
+    return tiny_config_dict(model_type)["vision_config"]
+
+
+def _merged(base: dict, overrides: dict) -> dict:
+    out = dict(base)
+    for key, value in overrides.items():
+        nested = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = _merged(out[key], value) if nested else value
+    return out
 
 
 def tiny_config(model_type: str, **overrides) -> transformers.PretrainedConfig:
-    """A small config of `model_type`; training configs never use a KV cache (it also disables packing masks)."""
-    if model_type in VLM_TYPES:
-        experts_implementation = overrides.pop("experts_implementation", "eager")
-        config = _tiny_vlm_config(model_type, **overrides)
-        config._attn_implementation = "sdpa"
-        if model_type.endswith("_moe"):
-            config._experts_implementation = experts_implementation  # propagates to the text sub-config
-        return config
-    extras = TINY_MOE if model_type.endswith("_moe") else {}
-    config = transformers.AutoConfig.for_model(model_type, **{**TINY, **extras, **overrides})
+    """A small config of `model_type` (its spec's `[model.tiny]`, `overrides` merged in, sub-config tables
+    key by key); sdpa attention, and eager experts (the numerical reference) for MoE models unless
+    `experts_implementation` says otherwise. Training configs never use a KV cache (it also disables packing
+    masks)."""
+    entry = lookup(model_type)
+    experts_implementation = overrides.pop("experts_implementation", "eager")
+    config = transformers.AutoConfig.for_model(model_type, **_merged(tiny_config_dict(model_type), overrides))
     config._attn_implementation = "sdpa"
-    if extras:
-        config._experts_implementation = overrides.get("experts_implementation", "eager")
+    if entry.is_moe:
+        config._experts_implementation = experts_implementation  # propagates to a VLM's text sub-config
     return config
 
 
@@ -122,13 +68,16 @@ def _vision_tokens(
         pads = [config.image_token_id] * (t * h * w // merge)
         return [start, *pads, end], [0, *[1] * len(pads), 0]
     pads = [config.video_token_id] * (h * w // merge)
-    if config.model_type.startswith("qwen3_vl"):  # a timestamp (text) before each frame group, each framed alone
+    layout = lookup(config.model_type).data.get("video_layout")
+    if layout == "timestamped_frames":  # a timestamp (text) before each frame group, each framed alone
         ids, types = [], []
         for _ in range(t):
             ids += [int(torch.randint(1, text_id_limit, (1,), generator=g)), start, *pads, end]
             types += [0, 0, *[2] * len(pads), 0]
         return ids, types
-    pads = pads * t  # qwen2_5_vl: one run of t * h * w / merge tokens
+    if layout != "one_run":
+        raise ValueError(f"{config.model_type}: [model.data] video_layout must be timestamped_frames or one_run")
+    pads = pads * t  # one run of t * h * w / merge tokens
     return [start, *pads, end], [0, *[2] * len(pads), 0]
 
 

@@ -18,10 +18,11 @@ def build_model(cfg: ModelConfig, fixed: dict[str, Any] | None = None) -> torch.
     register_experts_kernels()
     fixed = fixed or {}
     try:
-        cls = lookup(cfg.type).causal_lm_class()
+        entry = lookup(cfg.type)
     except ValueError as exc:
         raise ConfigError(f"model.type: {exc}") from None
-    moe = {"experts_implementation": cfg.experts_implementation} if hasattr(cls, "_patchgen_ep_plan") else {}
+    cls = entry.model_class()
+    moe = {"experts_implementation": cfg.experts_implementation} if entry.is_moe else {}
     if cfg.path is not None:
         model = cls.from_pretrained(cfg.path, attn_implementation=cfg.attn_implementation, dtype=torch.float32, **moe)
         for key, value in fixed.items():

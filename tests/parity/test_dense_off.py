@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.models.registry import lookup, model_types
 from tests.parity.dense import grads, models, packed_batch, relative_error
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "llama", "qwen3_moe"])
+@pytest.mark.parametrize("model_type", model_types("causal_lm"))
 @pytest.mark.parametrize("packed", [False, True])
 def test_bitwise_equal_to_upstream(model_type: str, packed: bool) -> None:
     upstream, generated = models(model_type)
-    assert type(generated).__module__ == f"generated.{model_type}.modeling_{model_type}"
+    assert type(generated).__module__ == lookup(model_type).module
     if packed:
         batch = packed_batch((7, 10, 4))
     else:
@@ -30,7 +31,7 @@ def test_bitwise_equal_to_upstream(model_type: str, packed: bool) -> None:
         assert torch.equal(ref[name], got[name]), name
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+@pytest.mark.parametrize("model_type", model_types("causal_lm", without="moe"))
 def test_chunked_loss_matches_upstream_without_logits(model_type: str) -> None:
     upstream, generated = models(model_type)
     batch = packed_batch((7, 10, 4))

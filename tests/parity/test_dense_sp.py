@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import pytest
 
+from runtime.models.registry import model_types
 from runtime.sp.ulysses import kv_repeat_factor
 from tests.dist_utils import run_distributed
 from tests.parity.dense import grads, models, packed_batch, relative_error, sp_worker
 
-# Packed rows whose sequence lengths are not multiples of 2; the 1-KV-head case makes sp > kv heads;
-# the last case computes the loss chunk-wise from hidden states (no logits).
+# Every dense causal LM of the specs on a packed row whose sequence lengths are not multiples of 2 (odd total too);
+# then, on the first ones, a 1-KV-head case (sp > kv heads) and the loss computed chunk-wise from hidden states.
+DENSE = model_types("causal_lm", without="moe")
 CASES = [
-    ("qwen3", (7, 10), {}, {}),
-    ("llama", (5, 9, 3), {}, {}),
-    ("qwen3", (11, 6), {"num_key_value_heads": 1}, {}),
-    ("llama", (8, 5, 4), {}, {"loss_chunk_size": 3}),
+    *((model_type, (7, 10) if index % 2 == 0 else (5, 9, 3), {}, {}) for index, model_type in enumerate(DENSE)),
+    (DENSE[0], (11, 6), {"num_key_value_heads": 1}, {}),
+    (DENSE[-1], (8, 5, 4), {}, {"loss_chunk_size": 3}),
 ]
 
 

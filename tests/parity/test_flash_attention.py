@@ -7,6 +7,7 @@ import importlib.util
 import pytest
 import torch
 
+from runtime.models.registry import model_types
 from tests.parity.dense import models, packed_batch, relative_error
 
 pytestmark = pytest.mark.skipif(
@@ -15,7 +16,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+@pytest.mark.parametrize("model_type", model_types("causal_lm", without="moe"))
 def test_flash_attention_packed_parity(model_type: str) -> None:
     upstream, generated = models(model_type)
     for m in (upstream, generated):

@@ -1,10 +1,12 @@
-"""qwen3_moe with expert parallelism (+SP, +FSDP) against the single-process eager run, within 1e-5."""
+"""Every MoE causal LM (spec capability `moe`) with expert parallelism (+SP, +FSDP) against the single-process
+eager run, within 1e-5."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from runtime.models.registry import model_types
 from tests.dist_utils import run_distributed
 from tests.parity.dense import relative_error
 
@@ -13,16 +15,20 @@ from tests.parity.dense import relative_error
 LENGTHS = [(9, 15), (7, 5, 12), (13, 7), (4, 18)]
 
 
-def _model(experts_implementation: str):
+MOE_MODELS = model_types("causal_lm", capability="moe")
+
+
+def _model(model_type: str, experts_implementation: str):
     from runtime.models.registry import causal_lm_class
     from runtime.models.tiny import tiny_config
 
-    config = tiny_config("qwen3_moe", experts_implementation=experts_implementation)
+    config = tiny_config(model_type, experts_implementation=experts_implementation)
     torch.manual_seed(0)
-    model = causal_lm_class("qwen3_moe")(config)
+    model = causal_lm_class(model_type)(config)
     with torch.no_grad():  # skewed routing: some experts get no token on some rank
-        for layer in model.model.layers:
-            layer.mlp.gate.weight[:3] *= 4.0
+        for name, module in model.named_modules():
+            if name.endswith("mlp.gate"):
+                module.weight[:3] *= 4.0
     return model
 
 
@@ -32,11 +38,11 @@ def _rows(n: int) -> list[dict]:
     return [random_packed_batch(LENGTHS[i], 97, seed=10 + i) for i in range(n)]
 
 
-def reference(num_rows: int) -> dict:
+def reference(model_type: str, num_rows: int) -> dict:
     """One process, eager experts, every replica's row packed into one row: the global mean."""
     rows = _rows(num_rows)
     batch = {k: torch.cat([r[k] for r in rows], 1) for k in rows[0]}
-    model = _model("eager")
+    model = _model(model_type, "eager")
     out = model(**batch)
     out.loss.backward()
     coef = model.config.router_aux_loss_coef
@@ -47,7 +53,11 @@ def reference(num_rows: int) -> dict:
     }
 
 
-def parallel_worker(rank: int, world: int, layout: dict) -> dict:
+def parallel_worker(rank: int, world: int, layout: dict, models: list[str]) -> dict[str, dict]:
+    return {model_type: _parallel_run(rank, model_type, layout) for model_type in models}
+
+
+def _parallel_run(rank: int, model_type: str, layout: dict) -> dict:
     import torch.distributed as dist
 
     from runtime.data.sp_batch import shard_for_sp
@@ -56,7 +66,7 @@ def parallel_worker(rank: int, world: int, layout: dict) -> dict:
     from runtime.parallel.state import init_parallel_state
 
     state = init_parallel_state(**layout)
-    model = _model("patchgen_grouped")
+    model = _model(model_type, "patchgen_grouped")
     shard_experts(model, state)
     apply_fsdp(model, state)
     rows = _rows(state.dp_size)
@@ -80,13 +90,14 @@ LAYOUTS = {
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_expert_parallel_matches_single_process(name: str) -> None:
     world, layout = LAYOUTS[name]
-    results = run_distributed(parallel_worker, world, layout, timeout=300)
+    results = run_distributed(parallel_worker, world, layout, MOE_MODELS, timeout=300)
     dp = world // layout.get("sp_size", 1)
-    ref = reference(dp)
-    for got in results:
-        assert relative_error(got["lm"], ref["lm"]) < 1e-5
-        assert relative_error(got["aux"], ref["aux"]) < 1e-5
-    grads = results[0]["grads"]
-    assert grads.keys() == ref["grads"].keys()
-    for key, value in ref["grads"].items():
-        assert relative_error(grads[key], value) < 1e-5, key
+    for model_type in MOE_MODELS:
+        ref = reference(model_type, dp)
+        for got in (r[model_type] for r in results):
+            assert relative_error(got["lm"], ref["lm"]) < 1e-5, model_type
+            assert relative_error(got["aux"], ref["aux"]) < 1e-5, model_type
+        grads = results[0][model_type]["grads"]
+        assert grads.keys() == ref["grads"].keys()
+        for key, value in ref["grads"].items():
+            assert relative_error(grads[key], value) < 1e-5, (model_type, key)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from runtime.models.registry import model_types
 from tests.parity.dense import models, packed_batch, relative_error
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "llama"])
+@pytest.mark.parametrize("model_type", model_types("causal_lm", without="moe"))
 def test_packed_row_equals_samples_run_separately(model_type: str) -> None:
     _, model = models(model_type)
     lengths = (6, 11, 4)

@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.models.registry import model_types
 from tests.dist_utils import run_distributed
 from tests.parity.dense import grads, relative_error
 from tests.parity.vlm import vlm_batch, vlm_models
 
-MODELS = ["qwen3_vl", "qwen2_5_vl"]
+MODELS = model_types("vlm", without="moe")
 
 
 def rows(model_type: str) -> list[dict[str, torch.Tensor]]:

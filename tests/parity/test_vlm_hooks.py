@@ -10,12 +10,12 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from runtime.models.registry import causal_lm_class
+from runtime.models.registry import causal_lm_class, model_types
 from runtime.vlm.attention_kwargs import LM_ATTENTION_KWARGS
 from runtime.vlm.seqlens import vision_max_seqlen, vision_segment_lengths, with_host_seqlens
 from tests.parity.vlm import vlm_batch, vlm_models
 
-VLMS = ["qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl"]
+VLMS = model_types("vlm")
 SEEN: list[tuple[str, frozenset[str]]] = []
 
 
@@ -34,7 +34,7 @@ def _lm_kwargs(length: int) -> dict:
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": length, "max_length_k": length}
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_vl", "qwen2_5_vl"])
+@pytest.mark.parametrize("model_type", model_types("vlm", without="moe"))
 def test_lm_attention_kwargs_do_not_reach_the_vit(model_type: str) -> None:
     upstream, generated = vlm_models(model_type)
     batch = vlm_batch(model_type)

@@ -1,5 +1,6 @@
-"""qwen3_vl_moe with expert parallelism (+Ulysses SP, +FSDP2) against the single-process eager run: the LM loss, the
-load-balancing loss and every gradient (ViT, merger, deepstack mergers, router, experts, text layers) within 1e-5.
+"""Every MoE VLM (spec capability `moe`) with expert parallelism (+Ulysses SP, +FSDP2) against the single-process
+eager run: the LM loss, the load-balancing loss and every gradient (ViT, merger, deepstack mergers, router,
+experts, text layers) within 1e-5.
 
 Each data-parallel replica trains a different VLM row (test_vlm_sp's CASES, one per replica; under SP the second
 one holds both images on SP rank 0 only). The load-balancing loss is over the global token set, SP padding
@@ -13,11 +14,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.models.registry import lookup, model_types
 from tests.dist_utils import run_distributed
 from tests.parity.dense import relative_error
 from tests.parity.test_vlm_sp import CASES, forward_kwargs, full_batch, pad_row, shard
 
-MODEL = "qwen3_vl_moe"
+MOE_VLMS = model_types("vlm", capability="moe")
 # The dim along which the packed reference concatenates the rows' tensors.
 PACKED_KEYS = {
     "input_ids": 1,
@@ -29,26 +31,27 @@ PACKED_KEYS = {
 }
 
 
-def _model(experts_implementation: str):
+def _model(model_type: str, experts_implementation: str):
     from runtime.models.registry import causal_lm_class
     from runtime.models.tiny import tiny_config
 
-    config = tiny_config(MODEL, experts_implementation=experts_implementation)
+    config = tiny_config(model_type, experts_implementation=experts_implementation)
     torch.manual_seed(0)
-    model = causal_lm_class(MODEL)(config)
+    model = causal_lm_class(model_type)(config)
     with torch.no_grad():  # skewed routing (as test_moe_parallel); under ep2_sp2, layer 1's experts 5-7 get no
         # token from rank 2 or 3 (the router has no bias, so no expert is starved on a whole EP group)
-        for layer in model.model.language_model.layers:
-            layer.mlp.gate.weight[:3] *= 4.0
+        for name, module in model.named_modules():
+            if name.endswith("mlp.gate"):
+                module.weight[:3] *= 4.0
     return model
 
 
-def _rows(n: int) -> list[dict[str, torch.Tensor]]:
+def _rows(model_type: str, n: int) -> list[dict[str, torch.Tensor]]:
     """One row per data-parallel replica. A row's first token is nobody's target; marking it ignored changes
     nothing for the replica but keeps the packed reference from predicting it from the previous row's last token."""
     rows = []
     for grids, text in CASES[:n]:
-        row = full_batch(MODEL, grids, text)
+        row = full_batch(model_type, grids, text)
         row["labels"][:, 0] = -100
         rows.append(row)
     return rows
@@ -63,10 +66,10 @@ def _packed(rows: list[dict[str, torch.Tensor]], sp: int) -> dict[str, torch.Ten
     return {k: torch.cat([r[k] for r in padded], dim) for k, dim in PACKED_KEYS.items()}
 
 
-def reference(num_rows: int, sp: int) -> dict:
+def reference(model_type: str, num_rows: int, sp: int) -> dict:
     """One process, eager experts, every replica's row (padded for sp) packed into one row: the global mean."""
-    model = _model("eager")
-    out = model(**_packed(_rows(num_rows), sp), **forward_kwargs(MODEL))
+    model = _model(model_type, "eager")
+    out = model(**_packed(_rows(model_type, num_rows), sp), **forward_kwargs(model_type))
     out.loss.backward()
     coef = model.config.text_config.router_aux_loss_coef
     return {
@@ -76,7 +79,11 @@ def reference(num_rows: int, sp: int) -> dict:
     }
 
 
-def parallel_worker(rank: int, world: int, layout: dict) -> dict:
+def parallel_worker(rank: int, world: int, layout: dict, models: list[str]) -> dict[str, dict]:
+    return {model_type: _parallel_run(rank, model_type, layout) for model_type in models}
+
+
+def _parallel_run(rank: int, model_type: str, layout: dict) -> dict:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
@@ -85,12 +92,12 @@ def parallel_worker(rank: int, world: int, layout: dict) -> dict:
     from runtime.parallel.state import init_parallel_state
 
     state = init_parallel_state(**layout)
-    model = _model("patchgen_grouped")
+    model = _model(model_type, "patchgen_grouped")
     shard_experts(model, state)
     apply_fsdp(model, state)
-    rows = _rows(state.dp_size)
+    rows = _rows(model_type, state.dp_size)
     batch = shard(rows[state.dp_rank], state.sp_size, state.sp_rank)
-    out = model(**batch, num_items_in_batch=_targets(rows), **forward_kwargs(MODEL))
+    out = model(**batch, num_items_in_batch=_targets(rows), **forward_kwargs(model_type))
     out.loss.backward()
     coef = model.config.text_config.router_aux_loss_coef
     lm_share = (out.loss - coef * out.aux_loss).detach()
@@ -110,8 +117,8 @@ LAYOUTS = {
 
 def test_packed_reference_keeps_rows_apart() -> None:
     """The packed reference row computes each row's logits exactly as that row alone does."""
-    model = _model("eager")
-    rows = _rows(2)
+    model = _model(MOE_VLMS[0], "eager")
+    rows = _rows(MOE_VLMS[0], 2)
     with torch.no_grad():
         packed = model(**_packed(rows, 2)).logits
         alone = torch.cat([model(**pad_row(r, 2)).logits for r in rows], 1)
@@ -123,22 +130,25 @@ def test_packed_reference_keeps_rows_apart() -> None:
 def test_vlm_expert_parallel_matches_single_process(name: str) -> None:
     world, layout = LAYOUTS[name]
     sp = layout.get("sp_size", 1)
-    results = run_distributed(parallel_worker, world, layout, timeout=300)
-    ref = reference(world // sp, sp)
-    for got in results:
-        assert relative_error(got["lm"], ref["lm"]) < 1e-5
-        assert relative_error(got["aux"], ref["aux"]) < 1e-5
-    grads = results[0]["grads"]
-    assert grads.keys() == ref["grads"].keys()
-    for part in (
-        "model.visual.blocks.",
-        "model.visual.merger.",
-        "model.visual.deepstack_merger_list.",
-        "mlp.gate.weight",
-        "mlp.experts.gate_up_proj",
-        "mlp.experts.down_proj",
-        "self_attn.q_proj",
-    ):
-        assert any(part in key for key in grads), part
-    for key, value in ref["grads"].items():
-        assert relative_error(grads[key], value) < 1e-5, key
+    results = run_distributed(parallel_worker, world, layout, MOE_VLMS, timeout=300)
+    for model_type in MOE_VLMS:
+        ref = reference(model_type, world // sp, sp)
+        for got in (r[model_type] for r in results):
+            assert relative_error(got["lm"], ref["lm"]) < 1e-5, model_type
+            assert relative_error(got["aux"], ref["aux"]) < 1e-5, model_type
+        grads = results[0][model_type]["grads"]
+        assert grads.keys() == ref["grads"].keys()
+        parts = [
+            "model.visual.blocks.",
+            "model.visual.merger.",
+            "mlp.gate.weight",
+            "mlp.experts.gate_up_proj",
+            "mlp.experts.down_proj",
+            "self_attn.q_proj",
+        ]
+        if lookup(model_type).has("deepstack"):
+            parts.append("model.visual.deepstack_merger_list.")
+        for part in parts:
+            assert any(part in key for key in grads), (model_type, part)
+        for key, value in ref["grads"].items():
+            assert relative_error(grads[key], value) < 1e-5, (model_type, key)

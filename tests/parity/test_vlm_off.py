@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.models.registry import model_types
 from tests.parity.dense import grads
 from tests.parity.vlm import GRIDS, vlm_batch, vlm_models
 
-VLMS = ["qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl"]
-DEEPSTACK = {"qwen3_vl", "qwen3_vl_moe"}
+VLMS = model_types("vlm")
+DEEPSTACK = set(model_types("vlm", capability="deepstack"))
 
 
 @pytest.mark.parametrize("model_type", VLMS)

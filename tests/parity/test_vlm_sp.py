@@ -12,12 +12,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from runtime.models.registry import model_types
 from tests.dist_utils import run_distributed
 from tests.parity.dense import grads, relative_error
 from tests.parity.vlm import vlm_batch, vlm_models
 
-MODELS = ["qwen3_vl", "qwen3_vl_moe", "qwen2_5_vl"]
-DEEPSTACK = {"qwen3_vl", "qwen3_vl_moe"}
+MODELS = model_types("vlm")
+DEEPSTACK = set(model_types("vlm", capability="deepstack"))
 # (grids, text lengths): images on both ranks, no patch padding (32 patches); then both images on rank 0 only
 # (rank 1 holds no image token) and 28 patches, so the ViT pads 4 patches on the last rank.
 CASES = [

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
-from runtime.models.tiny import TINY_VISION, TINY_VISION_WINDOWED, tiny_vlm_text_config
+from runtime.models.tiny import tiny_vision_config, tiny_vlm_text_config
 
 
 def vlm_model_config(model_type: str) -> dict:
-    """The tiny VLM of runtime/models/tiny.py as a run config's ``model.config``; the vocab fits the test processor's
+    """The tiny VLM of the model's spec as a run config's ``model.config``; the vocab fits the test processor's
     tokenizer (512 tokens, chat and vision special tokens included)."""
     text = {**tiny_vlm_text_config(model_type), "vocab_size": 576, "max_position_embeddings": 512}
-    vision = TINY_VISION_WINDOWED if model_type == "qwen2_5_vl" else TINY_VISION
-    return {"text_config": text, "vision_config": copy.deepcopy(vision), "tie_word_embeddings": False}
+    return {"text_config": text, "vision_config": tiny_vision_config(model_type), "tie_word_embeddings": False}
 
 
 def processor_dir(root: Path, model_type: str = "qwen3_vl") -> Path:

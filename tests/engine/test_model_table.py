@@ -1,0 +1,137 @@
+"""One spec is one model (issue 11 E): the `[model]` table, its sidecar record, and `extends` + `class_prefix`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from patchgen.errors import PatchgenError
+from patchgen.project import check, regen
+from tests.engine.helpers import ALL_OPS, TOY, FixtureSource, body_of, spec_toml, upstream_text
+
+MODEL = """
+[model]
+model_type = "toy"
+class = "ToyForTask"
+upstream = "fixturepkg.AutoToy"
+family = "causal_lm"
+capabilities = ["moe"]
+
+[model.tiny]
+hidden_size = 8
+sub = { depth = 2, names = ["a", "b"] }
+
+[model.data]
+processor = "ToyProcessor"
+"""
+BIG = "fixturepkg.models.modeling_bigtoy"  # the toy module with every `Toy` renamed `BigToy`
+SOURCE = FixtureSource(overrides={BIG: upstream_text(TOY).replace("Toy", "BigToy")})
+
+
+def with_model(text: str, table: str = MODEL) -> str:
+    head, sep, rest = text.partition("\n[[patch]]")
+    return head + table + sep + rest
+
+
+def test_regen_writes_the_model_record_beside_the_output_and_check_guards_it(project) -> None:
+    proj = project(with_model(spec_toml(patches=ALL_OPS[:2])))
+    regen(proj.config, [proj.spec()], source=FixtureSource())
+    record = proj.root / "generated/toy/modeling_toy.model.json"
+    assert json.loads(record.read_text()) == {
+        "spec": "toy",
+        "module": "generated.toy.modeling_toy",
+        "model_type": "toy",
+        "class": "ToyForTask",
+        "upstream": "fixturepkg.AutoToy",
+        "family": "causal_lm",
+        "capabilities": ["moe"],
+        "tiny": {"hidden_size": 8, "sub": {"depth": 2, "names": ["a", "b"]}},
+        "data": {"processor": "ToyProcessor"},
+    }
+    assert check(proj.config, [proj.spec()], source=FixtureSource()) == []
+    record.write_text(record.read_text().replace('"hidden_size": 8', '"hidden_size": 9'))
+    [drift] = check(proj.config, [proj.spec()], source=FixtureSource())
+    assert drift.path == record and "model record missing or stale" in drift.reason
+
+
+@pytest.mark.parametrize(
+    "table, message",
+    [
+        ('[model]\nmodel_type = "toy"\nclass = "ToyForTask"\nupstream = "x.Y"\n', "[model] is missing 'family'"),
+        (MODEL.replace('family = "causal_lm"', 'family = "llm"'), "key 'family' must be one of"),
+        (MODEL.replace('["moe"]', '["mole"]'), "key 'capabilities' must be an array of distinct capabilities"),
+        (MODEL.replace('class = "ToyForTask"', 'class = "ToyModel"'), "[model] class 'ToyModel' must be one of"),
+        (MODEL.replace('upstream = "fixturepkg.AutoToy"', 'upstream = "AutoToy"'), "key 'upstream' must be a dotted"),
+        (MODEL.replace('family = "causal_lm"', 'family = "causal_lm"\ncolour = "red"'), "unknown key 'colour'"),
+        (MODEL.replace('model_type = "toy"', 'model_type = "toy-2"'), "key 'model_type' must be a Python name"),
+    ],
+)
+def test_a_bad_model_table_names_the_file_and_key(project, table: str, message: str) -> None:
+    proj = project(with_model(spec_toml(), table))
+    with pytest.raises(PatchgenError) as err:
+        proj.spec()
+    assert str(err.value).startswith(str(proj.root / "specs" / "toy.toml"))
+    assert message in str(err.value)
+
+
+CHILD = f"""extends = "toy"
+class_prefix = {{ from = "Toy", to = "BigToy" }}
+module = "{BIG}"
+output = "generated/bigtoy/modeling_bigtoy.py"
+
+[model]
+model_type = "bigtoy"
+capabilities = []
+
+[model.tiny]
+sub = {{ depth = 3 }}
+"""
+
+
+def test_extends_inherits_patches_with_class_names_renamed(project) -> None:
+    proj = project({"toy": with_model(spec_toml(patches=ALL_OPS)), "bigtoy": CHILD})
+    base, child = proj.generate("toy"), proj.generate("bigtoy", SOURCE)
+    assert [p.scope for p in child.spec.patches] == [p.scope.replace("Toy", "BigToy") for p in base.spec.patches]
+    assert child.spec.keep == ("BigToyForTask",)
+    assert body_of(child.text) == body_of(base.text).replace("Toy", "BigToy")
+    model = child.spec.model
+    assert (model.model_type, model.cls, model.capabilities) == ("bigtoy", "BigToyForTask", ())
+    assert model.tiny == {"hidden_size": 8, "sub": {"depth": 3, "names": ["a", "b"]}}  # merged table by table
+
+
+def test_an_extending_spec_appends_its_own_patches_and_tracks_its_base(project) -> None:
+    own = '\n[[patch]]\ntemplate = "core/rename"\nscope = "rescale"\nvars = { to = "rescale_big" }\nwhy = "own"\n'
+    proj = project({"toy": with_model(spec_toml(patches=ALL_OPS[:2])), "bigtoy": CHILD + own})
+    child = proj.spec("bigtoy")
+    assert [p.template.name for p in child.patches] == ["fx/insert_trace", "fx/replace_rescale", "core/rename"]
+    assert [p.index for p in child.patches] == [1, 2, 3]
+    before = child.sha256
+    proj.write_spec(with_model(spec_toml(patches=ALL_OPS[:1])), "toy")  # the base changes: so does the child
+    assert proj.spec("bigtoy").sha256 != before
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('extends = "nope"\nmodule = "fixturepkg.plain"\noutput = "generated/x.py"\n', "spec file not found"),
+        (
+            'extends = "bigtoy"\nmodule = "fixturepkg.plain"\noutput = "generated/x.py"\n',
+            "a spec cannot extend itself",
+        ),
+        ('extends = "../toy"\nmodule = "fixturepkg.plain"\noutput = "generated/x.py"\n', "must name another spec"),
+        (spec_toml() + 'class_prefix = { from = "A", to = "B" }\n', "class_prefix renames what a spec inherits"),
+        (CHILD.replace('to = "BigToy"', 'to = "Big Toy"'), "class_prefix must be"),
+    ],
+)
+def test_bad_extends(project, text: str, message: str) -> None:
+    proj = project({"toy": with_model(spec_toml()), "bigtoy": text})
+    with pytest.raises(PatchgenError, match=message):
+        proj.spec("bigtoy")
+
+
+def test_an_extends_cycle_is_an_error(project) -> None:
+    loop = 'extends = "{}"\nmodule = "fixturepkg.plain"\noutput = "generated/{}.py"\n'
+    proj = project({"a": loop.format("b", "a"), "b": loop.format("a", "b")})
+    with pytest.raises(PatchgenError, match="chain deeper than"):
+        proj.spec("a")
