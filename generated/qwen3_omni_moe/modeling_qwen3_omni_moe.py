@@ -2,7 +2,7 @@
 # Made by patchgen 0.1.0 from specs/qwen3_omni_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_omni_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
-# spec: specs/qwen3_omni_moe.toml sha256=4c27cd9a5759831f6113aa323edd1f714c45c318960c6396c8fa9f1ffbbb9d4f
+# spec: specs/qwen3_omni_moe.toml sha256=0e011d2296c649e044c97c708e6119d7f930b74489061261067546783b96be1d
 # templates: sha256=c7641971006df260a4edc57ce556cc0174a33c0cbfc83fcceb5991db38bb9193
 # engine: patchgen==0.1.0 sha256=750e01119899c97a2d6b3feb3dd05342ab31cb90d1ab47f0231f693a546760c7
 # body: sha256=4ec25b34cc52c9c839da426e909b5d1bc12c358869b5680b1f30f102d1d651e0
