@@ -6,41 +6,34 @@ The tiny config is the spec's ``[model.tiny]``; its comment there says which pat
 
 from __future__ import annotations
 
-import copy
-import tomllib
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 import transformers
 
+from runtime.models.registry import lookup
+from runtime.models.tiny import tiny_config, tiny_config_dict
+
 MODEL_TYPE = "qwen3_omni_moe_thinker"
-SPEC = Path(__file__).resolve().parents[2] / "specs" / "qwen3_omni_moe.toml"
-# The tiny config is the spec's [model.tiny] (the spec is the single source of a model).
-TINY = tomllib.loads(SPEC.read_text(encoding="utf-8"))["model"]["tiny"]
+TINY = tiny_config_dict(MODEL_TYPE)  # the spec's [model.tiny]
 TINY_TEXT, TINY_VISION, TINY_AUDIO = TINY["text_config"], TINY["vision_config"], TINY["audio_config"]
 TOKENS = {k: v for k, v in TINY.items() if k.endswith("_token_id")}
 MEL = TINY_AUDIO["num_mel_bins"]
 
 
 def tiny_omni_config(experts_implementation: str = "eager") -> transformers.PretrainedConfig:
-    config = transformers.Qwen3OmniMoeThinkerConfig(**copy.deepcopy(TINY))
-    config._attn_implementation = "sdpa"
-    config._experts_implementation = experts_implementation
-    return config
+    return tiny_config(MODEL_TYPE, experts_implementation=experts_implementation)
 
 
 def generated_class() -> type:
-    from generated.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeThinkerForConditionalGeneration
-
-    return Qwen3OmniMoeThinkerForConditionalGeneration
+    return lookup(MODEL_TYPE).model_class()
 
 
 def omni_models(seed: int = 0, experts_implementation: str = "eager"):
     """(upstream, generated) thinkers with identical weights, fp32, sdpa."""
     config = tiny_omni_config(experts_implementation)
     torch.manual_seed(seed)
-    upstream = transformers.AutoModelForImageTextToText.from_config(config, attn_implementation="sdpa")
+    upstream = lookup(MODEL_TYPE).upstream_class().from_config(config, attn_implementation="sdpa")
     generated = generated_class()(config)
     generated.load_state_dict(upstream.state_dict())
     return upstream, generated
