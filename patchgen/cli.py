@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Annotated
 
@@ -212,21 +214,37 @@ def upgrade(
 
 
 def main() -> None:
+    """Run the CLI. Every outcome is an exit code: 0 ok, 1 drift (or patches that do not apply), 2 anything else,
+    with one message on stderr and never a traceback (unless PATCHGEN_DEBUG=1 asks for it)."""
     try:
         code = app(standalone_mode=False)  # without standalone mode click *returns* a command's typer.Exit code
     except PatchgenError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        _fail(str(exc))
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         sys.exit(130)
-    except Exception as exc:  # usage errors; typer may vendor its own click, so match the class by name
-        if any(cls.__name__ == "ClickException" for cls in type(exc).__mro__):
+    except Exception as exc:
+        if any(cls.__name__ == "ClickException" for cls in type(exc).__mro__):  # usage errors (typer's own click)
             exc.show()
             sys.exit(2)
-        raise
+        if os.environ.get("PATCHGEN_DEBUG"):
+            traceback.print_exc()
+            sys.exit(2)
+        if isinstance(exc, OSError) and exc.strerror:  # a file the user can fix: missing, unreadable, unwritable
+            names = " -> ".join(str(n) for n in (exc.filename, exc.filename2) if n is not None)
+            _fail(f"{names}: {exc.strerror}" if names else exc.strerror)
+        text = str(exc).strip().splitlines()
+        _fail(
+            f"internal error: {type(exc).__name__}{': ' + text[0] if text else ''} "
+            f"(a bug in patchgen; rerun with PATCHGEN_DEBUG=1 to see the traceback)"
+        )
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def find_root(start: Path | None = None) -> Path:
     here = (start or Path.cwd()).resolve()
     for candidate in (here, *here.parents):
         pyproject = candidate / "pyproject.toml"
-        if pyproject.is_file() and "[tool.patchgen]" in pyproject.read_text(encoding="utf-8"):
+        if pyproject.is_file() and b"[tool.patchgen]" in pyproject.read_bytes():
             return candidate
     raise PatchgenError(f"no pyproject.toml with a [tool.patchgen] table at or above {here}; run inside a project")
 
@@ -41,8 +41,10 @@ def load_config(root: Path | None = None) -> ProjectConfig:
     root = find_root(root)
     pyproject = root / "pyproject.toml"
     try:
-        table = tomllib.loads(pyproject.read_text(encoding="utf-8"))["tool"]["patchgen"]
-    except (tomllib.TOMLDecodeError, KeyError) as exc:
+        table = tomllib.loads(pyproject.read_bytes().decode("utf-8"))["tool"]["patchgen"]
+    except UnicodeDecodeError as exc:
+        raise PatchgenError(f"{pyproject}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except (tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
         raise PatchgenError(f"{pyproject}: cannot read [tool.patchgen]: {exc}") from exc
     pins = table.get("pins", {})
     if not isinstance(pins, dict) or not all(isinstance(v, str) for v in pins.values()):

@@ -7,15 +7,17 @@ import difflib
 import functools
 import hashlib
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from patchgen import __version__
 from patchgen.config import ProjectConfig
-from patchgen.cst.locate import code_of
+from patchgen.cst.locate import ANCHOR_MOVED, SCOPE_MISSING, code_of, scopes_matching
 from patchgen.cst.plan import RENDER_ERROR, Plan, PlanError, resolve
 from patchgen.cst.prune import DanglingReference, check_dangling, prune, reachable_definitions, references
 from patchgen.cst.transform import PatchTransformer, insert_imports
@@ -23,6 +25,8 @@ from patchgen.errors import PatchgenError
 from patchgen.header import Header, body_hash
 from patchgen.spec import Spec
 from patchgen.upstream import UpstreamFile, UpstreamSource
+
+T = TypeVar("T")
 
 PACKAGE_DIR = Path(__file__).parent
 # The front ends run generation but decide no byte of its output. Every other module of the package can (spec
@@ -88,11 +92,27 @@ def candidate_lines(module: cst.Module, exc: PlanError) -> list[tuple[int, str]]
     return [(no, text.splitlines()[0] if text else "") for no, (text, _) in zip(numbers, exc.candidates, strict=True)]
 
 
+def other_scopes(module: cst.Module, exc: PlanError) -> list[tuple[str, int]]:
+    """(scope, upstream line) of each function or method, other than the patch's, where its anchor matches."""
+    patch = exc.patch
+    if exc.kind not in (ANCHOR_MOVED, SCOPE_MISSING) or not patch.anchor_text:
+        return []
+    expression = getattr(patch.template, "op", None) == "wrap"
+    try:
+        found = [(s, n) for s, n in scopes_matching(module, patch.anchor_text, expression) if s != patch.scope]
+    except (cst.ParserSyntaxError, RecursionError):
+        return []
+    lines = upstream_lines(module, [node for _, node in found])
+    return [(scope, line) for (scope, _), line in zip(found, lines, strict=True)]
+
+
 def plan_error(spec: Spec, upstream: UpstreamFile, module: cst.Module, exc: PlanError) -> PatchgenError:
     lines = [f"{spec.path}: {exc.patch.label} in scope {exc.patch.scope!r}: {exc.message}"]
     if exc.candidates:
         lines.append(f"  nearest candidates in {upstream.pin} {upstream.relpath}:")
         lines += [f"    line {no}: {text}" for no, text in candidate_lines(module, exc)]
+    for scope, line in other_scopes(module, exc):
+        lines.append(f"  the anchor matches in another scope: {scope} (line {line}); is 'scope' right?")
     if exc.kind == RENDER_ERROR:
         lines.append("  fix the template or the patch's vars, then run `patchgen regen` again")
     else:
@@ -105,7 +125,8 @@ def plan_error(spec: Spec, upstream: UpstreamFile, module: cst.Module, exc: Plan
 def kept_definitions(spec: Spec, upstream: UpstreamFile, plan: Plan) -> set[str]:
     """Definitions reachable from the roots, computed on upstream's ast plus the references patches add."""
     added_refs = set().union(*(references(ast.parse(textwrap.dedent(code))) for code in plan.rendered))
-    reached = reachable_definitions(ast.parse(upstream.text), [*spec.keep, *sorted(added_refs)])
+    tree = ast.parse(upstream.text, filename=f"{upstream.relpath} ({upstream.pin})")
+    reached = reachable_definitions(tree, [*spec.keep, *sorted(added_refs)])
     return {plan.renames.get(n, n) for n in reached - set(spec.exclude)} | plan.added_names
 
 
@@ -123,12 +144,36 @@ def plan_spec(spec: Spec, upstream: UpstreamFile, module: cst.Module) -> Plan:
         raise plan_error(spec, upstream, module, exc) from exc
 
 
+def _within_limits(run: Callable[..., T]) -> Callable[..., T]:
+    """Input that exhausts the engine (nesting past Python's recursion limit or past what `ast` parses, though
+    libcst took it) is a user error naming the spec, not a traceback."""
+
+    @functools.wraps(run)
+    def guarded(spec: Spec, *args: Any, **kwargs: Any) -> T:
+        try:
+            return run(spec, *args, **kwargs)
+        except RecursionError:
+            raise PatchgenError(
+                f"{spec.path}: code nested too deeply for patchgen (Python's recursion limit) while generating "
+                f"{spec.output}; simplify the nesting of the upstream code or of the patches' rendered code"
+            ) from None
+        except SyntaxError as exc:
+            where = exc.filename if exc.filename and exc.filename != "<unknown>" else "a patch's rendered code"
+            raise PatchgenError(
+                f"{spec.path}: {where}: not valid Python to this interpreter: {exc.msg} (line {exc.lineno})"
+            ) from None
+
+    return guarded
+
+
+@_within_limits
 def generate(spec: Spec, source: UpstreamSource, config: ProjectConfig) -> Generated:
     upstream = source.read(spec.module)
     module = parse_upstream(upstream)
     return build(spec, upstream, module, plan_spec(spec, upstream, module), config)
 
 
+@_within_limits
 def build(spec: Spec, upstream: UpstreamFile, module: cst.Module, plan: Plan, config: ProjectConfig) -> Generated:
     """Rewrite, prune, add the header and check the result; `plan` must hold exactly the patches of `spec`."""
     top_level = {s.name.value for s in module.body if isinstance(s, cst.ClassDef | cst.FunctionDef)}
@@ -201,6 +246,7 @@ class ExplainedPatch:
     rendered: str
 
 
+@_within_limits
 def explain(spec: Spec, source: UpstreamSource) -> tuple[UpstreamFile, list[ExplainedPatch]]:
     upstream = source.read(spec.module)
     module = parse_upstream(upstream)

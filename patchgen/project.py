@@ -7,6 +7,7 @@ the files a spec owns under the generated directory; anything else there is an o
 
 from __future__ import annotations
 
+import ast
 import difflib
 import os
 import sys
@@ -17,13 +18,17 @@ from pathlib import Path, PurePosixPath
 from patchgen import __version__
 from patchgen.config import ProjectConfig
 from patchgen.errors import PatchgenError
-from patchgen.files import package_inits, recover, write_atomic
+from patchgen.files import PACKAGE_INIT, package_inits, recover, write_atomic
 from patchgen.generate import Generated, engine_sha256, generate, templates_sha256, unified_diff
 from patchgen.header import body_hash, parse_inputs, split
 from patchgen.model import SIDECAR_SUFFIX, sidecar_path
 from patchgen.spec import Spec, load_spec
 from patchgen.upstream import PinnedSource, UpstreamSource, normalize_name
 
+# Limits that make hostile or runaway input fail fast and clearly instead of exhausting time or the stack.
+MAX_SPEC_BYTES = 1 << 20
+MAX_PATCHES = 256
+MAX_WRAPS_PER_ANCHOR = 8
 
 def load_specs(config: ProjectConfig, models: list[str] | None) -> list[Spec]:
     """The named specs (all when `models` is empty), each checked against the project before anything runs."""
@@ -38,12 +43,53 @@ def load_specs(config: ProjectConfig, models: list[str] | None) -> list[Spec]:
         raise PatchgenError(
             f"unknown model(s) {unknown}: no {config.specs_dir.name}/<model>.toml; available: {', '.join(available)}"
         )
-    specs = [load_spec(config.spec_path(m), config.templates_dir) for m in (models or available)]
+    specs = []
+    for name in models or available:
+        path = config.spec_path(name)
+        if path.is_file() and path.stat().st_size > MAX_SPEC_BYTES:
+            raise PatchgenError(f"{path}: larger than {MAX_SPEC_BYTES // 1024} KiB; a spec is a short list of patches")
+        specs.append(load_spec(path, config.templates_dir))
     for spec in specs:
+        check_limits(spec)
         check_output(config, spec)
         check_module(config, spec)
     check_unique_outputs(config, specs)
     return specs
+
+
+def check_limits(spec: Spec) -> None:
+    """Refuse, before any work, what would only exhaust the engine: each nested wrap re-parses the expression it
+    wraps, so hundreds of them on one expression take minutes and end in a RecursionError."""
+    if len(spec.patches) > MAX_PATCHES:
+        raise PatchgenError(
+            f"{spec.path}: {len(spec.patches)} patches; at most {MAX_PATCHES} per spec: split the model's "
+            f"patches over fewer, larger templates"
+        )
+    wraps: dict[tuple[str, str], list[int]] = {}
+    for patch in spec.patches:
+        if getattr(patch.template, "op", None) == "wrap" and patch.anchor_text:
+            try:
+                key = ast.unparse(ast.parse(patch.anchor_text.strip(), mode="eval"))
+            except (SyntaxError, ValueError):
+                continue  # not an expression: resolving the patch says so
+            wraps.setdefault((patch.scope, key), []).append(patch.index)
+    for (scope, anchor), indices in wraps.items():
+        if len(indices) > MAX_WRAPS_PER_ANCHOR:
+            raise PatchgenError(
+                f"{spec.path}: patches {_ranges(indices)} wrap the same expression {anchor!r} in {scope!r} "
+                f"{len(indices)} times; at most {MAX_WRAPS_PER_ANCHOR} nested wraps: merge them into one template"
+            )
+
+
+def _ranges(numbers: list[int]) -> str:
+    """`[1, 2, 3, 7]` -> `1-3, 7`."""
+    runs: list[list[int]] = []
+    for number in numbers:
+        if runs and number == runs[-1][-1] + 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
 def _rel(config: ProjectConfig, path: Path) -> str:
@@ -184,8 +230,8 @@ def regen(
         files.update(outputs(config, generate(spec, source, config)))
     changes = []
     for path, text in sorted(files.items()):
-        old = path.read_text(encoding="utf-8") if path.is_file() else None
-        changes.append(Change(path, "new" if old is None else "unchanged" if old == text else "changed"))
+        old = path.read_bytes() if path.is_file() else None
+        changes.append(Change(path, "new" if old is None else "unchanged" if old == text.encode() else "changed"))
     if not dry_run:
         write_atomic({c.path: files[c.path] for c in changes if c.status != "unchanged"}, config.root)
     if is_whole_project(config, specs):
@@ -206,7 +252,15 @@ def check_spec(config: ProjectConfig, spec: Spec, source: UpstreamSource, full: 
     upstream = source.read(spec.module)
     if not target.is_file():
         return [Drift(target, f"missing; run `patchgen regen {spec.name}`")]
-    text = target.read_text(encoding="utf-8")
+    raw = target.read_bytes()  # bytes, not read_text: a changed line ending is drift too
+    try:
+        text, undecodable = raw.decode("utf-8"), None
+    except UnicodeDecodeError as exc:
+        text = raw.decode("utf-8", "replace")
+        undecodable = (
+            f"not UTF-8 text ({exc.reason} at byte {exc.start}); generated files are never edited: "
+            f"run `patchgen regen {spec.name}`"
+        )
     fields, body = split(text)
     expected_inputs = (
         upstream.pin,
@@ -218,6 +272,7 @@ def check_spec(config: ProjectConfig, spec: Spec, source: UpstreamSource, full: 
     )
     fresh = (
         not full
+        and undecodable is None
         and fields is not None
         and parse_inputs(fields) == expected_inputs
         and fields.get("body") == f"sha256={body_hash(body)}"
@@ -228,19 +283,19 @@ def check_spec(config: ProjectConfig, spec: Spec, source: UpstreamSource, full: 
     else:
         gen = generate(spec, source, config)
         expected_text, expected_diff = gen.text, gen.diff
-        if text != expected_text:
-            reason = _reason(spec, fields, body, expected_inputs)
+        if raw != expected_text.encode():
+            reason = undecodable or _reason(spec, fields, body, expected_inputs)
             drifts.append(Drift(target, reason, _show(text, expected_text, target)))
     diff_path = target.with_name(target.name + ".diff")
-    if not diff_path.is_file() or diff_path.read_text(encoding="utf-8") != expected_diff:
+    if not diff_path.is_file() or diff_path.read_bytes() != expected_diff.encode():
         drifts.append(Drift(diff_path, f"review diff missing or stale; run `patchgen regen {spec.name}`"))
     for init in package_inits(config.generated_dir, target):
-        if not init.is_file():
-            drifts.append(Drift(init, f"package file missing; run `patchgen regen {spec.name}`"))
+        if not init.is_file() or init.read_bytes() != PACKAGE_INIT.encode():
+            drifts.append(Drift(init, f"package file missing or changed; run `patchgen regen {spec.name}`"))
     sidecar = config.root / sidecar_path(spec.output)
     if spec.model is not None:
         expected = spec.model.to_json(spec.name, spec.output)
-        if not sidecar.is_file() or sidecar.read_text(encoding="utf-8") != expected:
+        if not sidecar.is_file() or sidecar.read_bytes() != expected.encode():
             drifts.append(Drift(sidecar, f"model record missing or stale; run `patchgen regen {spec.name}`"))
     elif sidecar.is_file():
         drifts.append(Drift(sidecar, f"{spec.path.name} has no [model] table any more; delete this stale record"))

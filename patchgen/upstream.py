@@ -19,6 +19,10 @@ from typing import Protocol
 
 from patchgen.errors import PatchgenError
 
+# The largest upstream file read (the largest modeling file, qwen3_omni_moe, is about 200 KB): a bigger one is
+# not a modeling file, and parsing it would only exhaust memory and time.
+MAX_UPSTREAM_BYTES = 16 << 20
+
 
 @dataclass(frozen=True)
 class UpstreamFile:
@@ -79,7 +83,10 @@ class InstalledSource:
                 f"upstream module {module!r} not found in {package}=={self.version(package)} "
                 f"(looked for {path}); check the spec's 'module' key"
             )
-        return UpstreamFile(package, self.version(package), module, relpath, path.read_text(encoding="utf-8"))
+        if path.stat().st_size > MAX_UPSTREAM_BYTES:
+            raise PatchgenError(f"{path}: larger than {MAX_UPSTREAM_BYTES} bytes; not a modeling file patchgen reads")
+        text = decode_source(path.read_bytes(), str(path))
+        return UpstreamFile(package, self.version(package), module, relpath, text)
 
 
 class PinnedSource:
@@ -168,8 +175,13 @@ class WheelSource:
         if wheel is None:
             return self.fallback.read(module)
         relpath = module_relpath(module)
+        where = f"{relpath} in {wheel.path.name}"
         try:
             with zipfile.ZipFile(wheel.path) as archive:
+                if archive.getinfo(relpath).file_size > MAX_UPSTREAM_BYTES:
+                    raise PatchgenError(
+                        f"{where}: larger than {MAX_UPSTREAM_BYTES} bytes; not a modeling file patchgen reads"
+                    )
                 data = archive.read(relpath)
         except KeyError as exc:
             raise PatchgenError(
@@ -178,5 +190,14 @@ class WheelSource:
             ) from exc
         except (OSError, zipfile.BadZipFile) as exc:
             raise PatchgenError(f"{wheel.path}: cannot read {relpath}: {exc}") from exc
-        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
-        return UpstreamFile(package, wheel.version, module, relpath, text)
+        return UpstreamFile(package, wheel.version, module, relpath, decode_source(data, where))
+
+
+def decode_source(data: bytes, where: str) -> str:
+    """UTF-8 with universal newlines, as `Path.read_text` decodes: the same release read from an installed package
+    or from its wheel gives the same text."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PatchgenError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    return text.replace("\r\n", "\n").replace("\r", "\n")

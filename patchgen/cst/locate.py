@@ -262,11 +262,59 @@ def find_expression(
         wanted = None
     if wanted is None:
         raise LocateError(f"anchor {anchor!r} is not a Python expression", [], INVALID_ANCHOR)
+    index = index or NodeIndex()
     quick = _quick_key(parsed)
-    nodes = [
-        n for n in (index or NodeIndex()).of_type(scope_node, type(parsed)) if quick is None or _quick_key(n) == quick
-    ]
-    return _unique(wanted, anchor, scope, [(n, lambda e: normalize(code_of(e), "eval")) for n in nodes], "expression")
+    nodes = [n for n in index.of_type(scope_node, type(parsed)) if quick is None or _quick_key(n) == quick]
+    try:
+        return _unique(wanted, anchor, scope, [(n, _expression_key) for n in nodes], "expression")
+    except LocateError as exc:
+        if exc.kind != ANCHOR_MOVED or exc.candidates:
+            raise
+        # the quick key filtered every node out: the nearest candidates come from the expressions anchors are
+        # usually written as (names, attributes, calls) and those of the anchor's own type
+        kinds = dict.fromkeys((type(parsed), cst.Name, cst.Attribute, cst.Call))
+        wider = [n for kind in kinds for n in index.of_type(scope_node, kind)]
+        raise LocateError(
+            exc.message, _nearest(wanted, [(n, _expression_key(n)) for n in wider]), ANCHOR_MOVED
+        ) from None
+
+
+def _expression_key(node: cst.CSTNode) -> str | None:
+    return normalize(code_of(node), "eval")
+
+
+def scopes_matching(module: cst.Module, anchor: str, expression: bool) -> list[tuple[str, cst.CSTNode]]:
+    """(`Class.method` scope, first matching node) of every function or method where `anchor` matches: the hint
+    for an anchor written under the wrong scope. A match inside a nested function is named by the innermost one."""
+    wanted = normalize(anchor, mode="eval") if expression else normalize_anchor(anchor)
+    if wanted is None:
+        return []
+    parsed = cst.parse_expression(anchor.strip()) if expression else None
+    index = NodeIndex()
+    found: dict[int, tuple[str, cst.CSTNode]] = {}
+    for name, definition in _definitions(module, ""):
+        if expression:
+            kind, quick = type(parsed), _quick_key(parsed)
+            nodes = [n for n in index.of_type(definition, kind) if quick is None or _quick_key(n) == quick]
+            hits = [n for n in nodes if _expression_key(n) == wanted]
+        else:
+            hits = [n for n in index.statements(definition) if index.statement_key(n) == wanted]
+        for hit in hits:  # definitions come outermost first: an inner one overwrites its parent's claim
+            found[id(hit)] = (name, hit)
+    first: dict[str, cst.CSTNode] = {}
+    for name, node in found.values():
+        first.setdefault(name, node)
+    return list(first.items())
+
+
+def _definitions(node: cst.CSTNode, prefix: str) -> Iterator[tuple[str, cst.FunctionDef]]:
+    """Every function (`f`, `Class.method`, `Class.Inner.method`, `f.inner`) below `node`, outermost first."""
+    for child in _body_of(node):
+        if isinstance(child, cst.ClassDef | cst.FunctionDef):
+            name = f"{prefix}{child.name.value}"
+            if isinstance(child, cst.FunctionDef):
+                yield name, child
+            yield from _definitions(child, name + ".")
 
 
 def _quick_key(node: cst.CSTNode) -> str | None:
@@ -294,7 +342,13 @@ def _unique(wanted: str, anchor: str, scope: str, pairs, what: str):
             [(wanted, n) for n in hits],
             ANCHOR_AMBIGUOUS,
         )
-    texts = [text for _, text in keyed if text]
-    near = difflib.get_close_matches(wanted, texts, n=3, cutoff=0.4)
-    candidates = [(text, next(n for n, t in keyed if t == text)) for text in near]
-    raise LocateError(f"anchor {anchor!r} matches no {what} in scope {scope!r}", candidates, ANCHOR_MOVED)
+    raise LocateError(f"anchor {anchor!r} matches no {what} in scope {scope!r}", _nearest(wanted, keyed), ANCHOR_MOVED)
+
+
+def _nearest(wanted: str, keyed: list[tuple[cst.CSTNode, str | None]]) -> list[tuple[str, cst.CSTNode]]:
+    """The three texts closest to `wanted`, each with the first node that has it."""
+    first: dict[str, cst.CSTNode] = {}
+    for node, text in keyed:
+        if text:
+            first.setdefault(text, node)
+    return [(text, first[text]) for text in difflib.get_close_matches(wanted, list(first), n=3, cutoff=0.4)]
