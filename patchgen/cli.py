@@ -1,4 +1,8 @@
-"""`patchgen` command line. Exit codes: 0 ok, 1 drift, 2 user error."""
+"""`patchgen` command line. Exit codes: 0 ok, 1 drift, 2 user error.
+
+libcst, jinja2's compiler and the upgrade machinery are imported by the commands that need them, so the drift
+check (`patchgen check`, a pre-commit hook) starts fast.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +18,9 @@ import typer
 from patchgen.config import ProjectConfig, load_config
 from patchgen.errors import PatchgenError
 from patchgen.files import recover, write_text_atomic
-from patchgen.generate import explain as explain_spec
-from patchgen.generate import generate
 from patchgen.project import ORPHAN, load_specs
 from patchgen.project import check as check_project
 from patchgen.project import regen as regen_project
-from patchgen.report import console, markdown
-from patchgen.upgrade import analyze, apply, baseline_source, write_review
 from patchgen.upstream import InstalledSource, PinnedSource, WheelSource, normalize_name
 from patchgen.wheels import obtain_all, wheel_cache
 
@@ -128,6 +128,8 @@ def diff(model: str, root: RootOption = None) -> None:
     """Print the unified diff from upstream to the generated file, as regenerated now."""
     config = open_project(root)
     [spec] = load_specs(config, [model])
+    from patchgen.generate import generate
+
     typer.echo(generate(spec, PinnedSource(config.pins), config).diff, nl=False)
 
 
@@ -136,6 +138,8 @@ def explain(model: str, root: RootOption = None) -> None:
     """Every patch: template and op, scope, the upstream line of its anchor, why, and the rendered code."""
     config = open_project(root)
     [spec] = load_specs(config, [model])
+    from patchgen.generate import explain as explain_spec
+
     upstream, patches = explain_spec(spec, PinnedSource(config.pins))
     typer.echo(f"{spec.name}: {spec.path.name} -> {spec.output} from {upstream.pin} {upstream.relpath}")
     for p in patches:
@@ -168,6 +172,9 @@ def upgrade(
 ) -> None:
     """Regenerate every spec against a release read from its wheel (never installed) and report each patch:
     applied / anchor moved / scope missing / conflict ... Exit 0 when every patch applies, 1 otherwise."""
+    from patchgen.report import console, markdown
+    from patchgen.upgrade import analyze, apply, baseline_source, write_review
+
     config = open_project(root)
     specs = load_specs(config, None)
     cache = wheel_cache(config.root)

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import ast
-import difflib
 import functools
-import hashlib
 import textwrap
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
 import libcst as cst
@@ -23,37 +20,11 @@ from patchgen.cst.prune import DanglingReference, check_dangling, prune, reachab
 from patchgen.cst.transform import PatchTransformer, insert_imports
 from patchgen.errors import PatchgenError
 from patchgen.header import Header, body_hash
+from patchgen.provenance import engine_sha256, templates_sha256, unified_diff
 from patchgen.spec import Spec
 from patchgen.upstream import UpstreamFile, UpstreamSource
 
 T = TypeVar("T")
-
-PACKAGE_DIR = Path(__file__).parent
-# The front ends run generation but decide no byte of its output. Every other module of the package can (spec
-# parsing, upstream reading, file writing included), so all of them are hashed into every header: the list is
-# derived, never maintained by hand (a test checks it covers every module generation imports).
-FRONT_ENDS = ("cli.py", "report.py", "upgrade.py")
-
-
-def _engine_files() -> tuple[str, ...]:
-    names = (path.relative_to(PACKAGE_DIR).as_posix() for path in PACKAGE_DIR.rglob("*.py"))
-    return tuple(sorted(name for name in names if name not in FRONT_ENDS))
-
-
-ENGINE_FILES = _engine_files()
-
-
-@functools.cache
-def engine_sha256() -> str:
-    digest = hashlib.sha256()
-    for name in ENGINE_FILES:
-        digest.update(name.encode() + b"\0" + (PACKAGE_DIR / name).read_bytes() + b"\0")
-    return digest.hexdigest()
-
-
-def templates_sha256(spec: Spec) -> str:
-    used = sorted({(p.template.name, p.template.sha256) for p in spec.patches})
-    return hashlib.sha256("\n".join(f"{n} {s}" for n, s in used).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -68,16 +39,6 @@ class Generated:
     @property
     def diff_relpath(self) -> str:
         return self.relpath + ".diff"
-
-
-def unified_diff(upstream: UpstreamFile, text: str, relpath: str) -> str:
-    lines = difflib.unified_diff(
-        upstream.text.splitlines(keepends=True),
-        text.splitlines(keepends=True),
-        fromfile=f"a/{upstream.relpath} ({upstream.pin})",
-        tofile=f"b/{relpath}",
-    )
-    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)
 
 
 def upstream_lines(module: cst.Module, nodes: list[cst.CSTNode]) -> list[int]:

@@ -14,16 +14,20 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from patchgen import __version__
 from patchgen.config import ProjectConfig
 from patchgen.errors import PatchgenError
 from patchgen.files import PACKAGE_INIT, package_inits, recover, write_atomic
-from patchgen.generate import Generated, engine_sha256, generate, templates_sha256, unified_diff
 from patchgen.header import body_hash, parse_inputs, split
 from patchgen.model import SIDECAR_SUFFIX, sidecar_path
+from patchgen.provenance import engine_sha256, templates_sha256, unified_diff
 from patchgen.spec import Spec, load_spec
 from patchgen.upstream import PinnedSource, UpstreamSource, normalize_name
+
+if TYPE_CHECKING:
+    from patchgen.generate import Generated
 
 # Limits that make hostile or runaway input fail fast and clearly instead of exhausting time or the stack.
 MAX_SPEC_BYTES = 1 << 20
@@ -148,7 +152,7 @@ def check_unique_outputs(config: ProjectConfig, specs: list[Spec]) -> None:
     """No two specs may write the same file; specs not loaded are compared by their raw `output` value."""
     claimed: dict[Path, Path] = {}
     loaded = {spec.name for spec in specs}
-    others = [(path, output) for name, path, output in _declared_outputs(config) if name not in loaded]
+    others = _declared_outputs(config, [name for name in config.models() if name not in loaded])
     for path, output in [*((s.path, s.output) for s in specs), *others]:
         key = (config.root / output).resolve()
         if key in claimed and claimed[key] != path:
@@ -159,17 +163,17 @@ def check_unique_outputs(config: ProjectConfig, specs: list[Spec]) -> None:
         claimed.setdefault(key, path)
 
 
-def _declared_outputs(config: ProjectConfig) -> list[tuple[str, Path, str]]:
-    """(name, path, output) of every spec file whose TOML names a string output (the others fail on their own)."""
+def _declared_outputs(config: ProjectConfig, names: list[str]) -> list[tuple[Path, str]]:
+    """(path, output) of each named spec whose TOML names a string output (the others fail on their own)."""
     found = []
-    for name in config.models():
+    for name in names:
         path = config.spec_path(name)
         try:
             output = tomllib.loads(path.read_text(encoding="utf-8")).get("output")
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
             continue
         if isinstance(output, str):
-            found.append((name, path, output))
+            found.append((path, output))
     return found
 
 
@@ -223,6 +227,8 @@ class Change:
 def regen(
     config: ProjectConfig, specs: list[Spec], dry_run: bool = False, source: UpstreamSource | None = None
 ) -> list[Change]:
+    from patchgen.generate import generate  # libcst and the rewriter: only when something is generated
+
     recover(config.root)
     source = source or PinnedSource(config.pins)
     files: dict[Path, str] = {}
@@ -281,6 +287,8 @@ def check_spec(config: ProjectConfig, spec: Spec, source: UpstreamSource, full: 
     if fresh:
         expected_text, expected_diff = text, unified_diff(upstream, text, spec.output)
     else:
+        from patchgen.generate import generate  # libcst and the rewriter: only when hashes cannot prove freshness
+
         gen = generate(spec, source, config)
         expected_text, expected_diff = gen.text, gen.diff
         if raw != expected_text.encode():

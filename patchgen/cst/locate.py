@@ -117,7 +117,7 @@ def _body_of(node: cst.CSTNode) -> list[cst.CSTNode]:
 
 def iter_statements(node: cst.CSTNode) -> Iterator[cst.BaseStatement]:
     """Every statement inside `node`'s body, depth first, in source order (nested blocks included)."""
-    for child in node.children:
+    for child in child_nodes(node):
         if isinstance(child, cst.BaseStatement):
             yield child
         if not isinstance(child, cst.BaseExpression):
@@ -139,9 +139,7 @@ def find_statement(
             f"anchor {anchor!r} is not a Python statement (a compound header ends with ':')", [], INVALID_ANCHOR
         )
     index = index or NodeIndex()
-    return _unique(
-        wanted, anchor, scope, [(s, index.statement_key) for s in index.statements(scope_node)], "statement"
-    )
+    return _unique_statement(wanted, anchor, scope, index.statements(scope_node), index)
 
 
 def find_statement_range(
@@ -162,7 +160,7 @@ def find_statement_range(
             f"'through' {through!r} is not a Python statement (a compound header ends with ':')", [], INVALID_ANCHOR
         )
     try:
-        last = _unique(wanted, through, scope, [(s, index.statement_key) for s in following], "statement")
+        last = _unique_statement(wanted, through, scope, following, index)
     except LocateError as exc:
         raise LocateError(
             exc.message.replace(f"anchor {through!r}", f"'through' {through!r}", 1)
@@ -171,6 +169,42 @@ def find_statement_range(
             exc.kind,
         ) from None
     return following[: next(i for i, s in enumerate(following) if s is last) + 1]
+
+
+def _unique_statement(
+    wanted: str, anchor: str, scope: str, statements: list[cst.BaseStatement], index: NodeIndex
+) -> cst.BaseStatement:
+    """`_unique` over statements, keying (printing and re-parsing) only those of the anchor's kind: a statement of
+    another kind cannot match. On a miss every statement is keyed, for the nearest candidates."""
+    shape = _anchor_shape(wanted)
+    same = [s for s in statements if (kind := statement_shape(s)) is None or kind == shape]
+    try:
+        return _unique(wanted, anchor, scope, [(s, index.statement_key) for s in same], "statement")
+    except LocateError as exc:
+        if exc.kind != ANCHOR_MOVED or len(same) == len(statements):
+            raise
+        keyed = [(s, index.statement_key(s)) for s in statements]
+        raise LocateError(exc.message, _nearest(wanted, keyed), ANCHOR_MOVED) from None
+
+
+# libcst statement classes whose `ast` class has another name (asynchronous variants are handled apart)
+_AST_NAMES = {"Del": "Delete"}
+
+
+def statement_shape(stmt: cst.BaseStatement) -> tuple[str, ...] | None:
+    """The `ast` class names of a statement (one per small statement of a line), as `ast.parse` of its normalized
+    text gives them; None when unsure (such a statement is always compared)."""
+    if isinstance(stmt, cst.SimpleStatementLine | cst.SimpleStatementSuite):
+        return tuple(_AST_NAMES.get(type(small).__name__, type(small).__name__) for small in stmt.body)
+    name = type(stmt).__name__
+    if name not in ("If", "For", "While", "With", "Try", "TryStar", "FunctionDef", "ClassDef", "Match"):
+        return None
+    asynchronous = getattr(stmt, "asynchronous", None) is not None
+    return (f"Async{name}" if asynchronous else name,)
+
+
+def _anchor_shape(normalized: str) -> tuple[str, ...]:
+    return tuple(type(node).__name__ for node in ast.parse(normalized).body)
 
 
 def _blocks(node: cst.CSTNode) -> Iterator[list[cst.BaseStatement]]:
@@ -182,13 +216,44 @@ def _blocks(node: cst.CSTNode) -> Iterator[list[cst.BaseStatement]]:
             yield from _blocks(child)
 
 
+# Fields that only ever hold whitespace, comments, brackets and punctuation: no statement or expression lives there,
+# so walks that look for statements, expressions or their ancestors skip them (most of a tree's nodes are trivia).
+_TRIVIA_FIELDS = frozenset(
+    {
+        "asynchronous",
+        "colon",
+        "comma",
+        "dot",
+        "equal",
+        "footer",
+        "header",
+        "lbrace",
+        "lbracket",
+        "leading_lines",
+        "lines_after_decorators",
+        "lpar",
+        "operator",
+        "rbrace",
+        "rbracket",
+        "rpar",
+        "semicolon",
+        "trailing_whitespace",
+    }
+)
+
+
 @functools.cache
 def _field_names(kind: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(kind))
+    return tuple(
+        f.name
+        for f in dataclasses.fields(kind)
+        if f.name not in _TRIVIA_FIELDS and not f.name.startswith("whitespace")
+    )
 
 
 def child_nodes(node: cst.CSTNode) -> list[cst.CSTNode]:
-    """`node.children` without libcst's visitor machinery (3x faster; the same nodes)."""
+    """The children of `node` that can be or contain statements and expressions, in source order: like
+    `node.children` without whitespace, comments and punctuation, and without libcst's visitor machinery."""
     out: list[cst.CSTNode] = []
     for name in _field_names(type(node)):
         value = getattr(node, name)

@@ -10,10 +10,10 @@ import sys
 import textwrap
 from pathlib import Path
 
-from patchgen import generate as generate_module
-from patchgen.generate import ENGINE_FILES, FRONT_ENDS, unified_diff
+from patchgen import provenance as generate_module
 from patchgen.header import BEGIN, END, body_hash
 from patchgen.project import check, load_specs, regen
+from patchgen.provenance import ENGINE_FILES, FRONT_ENDS, unified_diff
 from tests.engine.helpers import ALL_OPS, REPO, FixtureSource, spec_toml
 
 PACKAGE = REPO / "patchgen"
