@@ -5,12 +5,12 @@ from __future__ import annotations
 import ast
 import functools
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from patchgen import __version__
 from patchgen.config import ProjectConfig
@@ -43,8 +43,15 @@ class Generated:
 
 def upstream_lines(module: cst.Module, nodes: list[cst.CSTNode]) -> list[int]:
     """1-based upstream line of each node (computed only when a message or `explain` needs it)."""
-    positions = MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    positions = _positions(module)
     return [positions[n].start.line if n in positions else 0 for n in nodes]
+
+
+@functools.lru_cache(maxsize=4)
+def _positions(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
+    """Positions of a whole module cost about a second for a big file: an upgrade that reports many patches of
+    one module computes them once (modules hash by identity)."""
+    return MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
 
 
 def candidate_lines(module: cst.Module, exc: PlanError) -> list[tuple[int, str]]:

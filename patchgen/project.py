@@ -34,6 +34,7 @@ MAX_SPEC_BYTES = 1 << 20
 MAX_PATCHES = 256
 MAX_WRAPS_PER_ANCHOR = 8
 
+
 def load_specs(config: ProjectConfig, models: list[str] | None) -> list[Spec]:
     """The named specs (all when `models` is empty), each checked against the project before anything runs."""
     available = config.models()

@@ -411,9 +411,10 @@ def _unique(wanted: str, anchor: str, scope: str, pairs, what: str):
 
 
 def _nearest(wanted: str, keyed: list[tuple[cst.CSTNode, str | None]]) -> list[tuple[str, cst.CSTNode]]:
-    """The three texts closest to `wanted`, each with the first node that has it."""
-    first: dict[str, cst.CSTNode] = {}
+    """The three nodes whose texts are closest to `wanted` (a text that occurs twice may be two of them)."""
+    nodes: dict[str, list[cst.CSTNode]] = {}
     for node, text in keyed:
         if text:
-            first.setdefault(text, node)
-    return [(text, first[text]) for text in difflib.get_close_matches(wanted, list(first), n=3, cutoff=0.4)]
+            nodes.setdefault(text, []).append(node)
+    texts = [text for _, text in keyed if text]
+    return [(text, nodes[text].pop(0)) for text in difflib.get_close_matches(wanted, texts, n=3, cutoff=0.4)]
