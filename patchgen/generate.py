@@ -94,7 +94,7 @@ def kept_definitions(spec: Spec, upstream: UpstreamFile, plan: Plan) -> set[str]
     """Definitions reachable from the roots, computed on upstream's ast plus the references patches add."""
     added_refs = set().union(*(references(ast.parse(textwrap.dedent(code))) for code in plan.rendered))
     tree = ast.parse(upstream.text, filename=f"{upstream.relpath} ({upstream.pin})")
-    reached = reachable_definitions(tree, [*spec.keep, *sorted(added_refs)])
+    reached = reachable_definitions(tree, [*spec.keep, *sorted(added_refs)], spec.exclude)
     return {plan.renames.get(n, n) for n in reached - set(spec.exclude)} | plan.added_names
 
 

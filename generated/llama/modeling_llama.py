@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/llama/modeling_llama.py sha256=46d313ec0f1116bcc1bb7f2379467ab249c140415c64fb758e2d5915cd8b89a5
 # spec: specs/llama.toml sha256=2a15c94f8f1f915f559e4fb2485fbba7c2c37b6bcfb90a1a1aaae876d8f51fa4
 # templates: sha256=d40b2ff2df460fd7c5388f98572036913cf8f8af174912797755f49de8e9e3aa
-# engine: patchgen==0.1.0 sha256=ceda0ec438bfe2e298ee49dfb490c6374bc89c366fd5b777231703d512477869
+# engine: patchgen==0.1.0 sha256=3786cce5dad656c95b4165d4a5504faeea608f50e4927dea5cfb8c4f96bf80db
 # body: sha256=352c5daf0dd4b7bcc3bf47b8978d278f9e78997c2e3f68c45f85f19bed28b957
 # patches:
 #   #1 sp/full_sequence_mask @ LlamaModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

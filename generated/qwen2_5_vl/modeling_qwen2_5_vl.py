@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen2_5_vl/modeling_qwen2_5_vl.py sha256=7cdf4e42cb7624123f89f5357553ae222aec3ce0c9c0c49abf183e2fdde06857
 # spec: specs/qwen2_5_vl.toml sha256=1d8c1b0e5a6ce0bae49399f5fd32cc30e12cdbef468072f4142b08125fa2afcb
 # templates: sha256=7bf2c7cdbc6d99192c8690c1bd8a1f71dd33fae27547ccfb7d8ae3290913d4b1
-# engine: patchgen==0.1.0 sha256=ceda0ec438bfe2e298ee49dfb490c6374bc89c366fd5b777231703d512477869
+# engine: patchgen==0.1.0 sha256=3786cce5dad656c95b4165d4a5504faeea608f50e4927dea5cfb8c4f96bf80db
 # body: sha256=c4563ffafc0595a354eacfd0ef1f6718680879cb1923c2392f34c32ef67e13e4
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2_5_VLTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

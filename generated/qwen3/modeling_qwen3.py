@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3/modeling_qwen3.py sha256=fbdcfeeb1b54135ca67ba7df924da92f4b264e1252b517eea2de989289ebaeab
 # spec: specs/qwen3.toml sha256=c5e6165714916c873aabdf67b8789bb016c99f1a7e9b0f91b250a5faf1fd1bbf
 # templates: sha256=d40b2ff2df460fd7c5388f98572036913cf8f8af174912797755f49de8e9e3aa
-# engine: patchgen==0.1.0 sha256=ceda0ec438bfe2e298ee49dfb490c6374bc89c366fd5b777231703d512477869
+# engine: patchgen==0.1.0 sha256=3786cce5dad656c95b4165d4a5504faeea608f50e4927dea5cfb8c4f96bf80db
 # body: sha256=c69b253365b7a1dada356f2559870997d3569543d993322487efa8cf7f4c2234
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3Model.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_moe/modeling_qwen3_moe.py sha256=f07ab1b3a17e27612006a447812b83667af7ab3d527afe3ebbdf89dc5dac8a90
 # spec: specs/qwen3_moe.toml sha256=7b0582df883a39e2da8e711c8a03d6d85aeafd34d18715b6e784ead690c2c584
 # templates: sha256=ff0b4eb81e8db5780999843cb3031f99c0f8bd804de0c6094312450497982f5a
-# engine: patchgen==0.1.0 sha256=ceda0ec438bfe2e298ee49dfb490c6374bc89c366fd5b777231703d512477869
+# engine: patchgen==0.1.0 sha256=3786cce5dad656c95b4165d4a5504faeea608f50e4927dea5cfb8c4f96bf80db
 # body: sha256=68a93ce74d5eecb46950c4a05c0171f6b96ee545baeb90286041f95962848303
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3MoeModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
 # spec: specs/qwen3_omni_moe.toml sha256=0e011d2296c649e044c97c708e6119d7f930b74489061261067546783b96be1d
 # templates: sha256=c7641971006df260a4edc57ce556cc0174a33c0cbfc83fcceb5991db38bb9193
-# engine: patchgen==0.1.0 sha256=ceda0ec438bfe2e298ee49dfb490c6374bc89c366fd5b777231703d512477869
+# engine: patchgen==0.1.0 sha256=3786cce5dad656c95b4165d4a5504faeea608f50e4927dea5cfb8c4f96bf80db
 # body: sha256=4ec25b34cc52c9c839da426e909b5d1bc12c358869b5680b1f30f102d1d651e0
 # patches:
 #   #1 core/skip_isinstance @ Qwen3OmniMoePreTrainedModel._init_weights: code2wav (speech output) is pruned with the talker; its weight-init branch can match nothing here

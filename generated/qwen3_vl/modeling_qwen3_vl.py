@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl/modeling_qwen3_vl.py sha256=fcb5571ef95e4a6679af866ef9ef4dfa5cee017f9f91453daf28c7804c7a50fe
 # spec: specs/qwen3_vl.toml sha256=9d41261a2b6e803d6f38382c4d39e63b28cc28602dbe3ed41e7ffc8162f8aa3e
 # templates: sha256=e1ab20ce9d27ef40423ad9c01a6f74e5586b27bb3d58760fd512d236a2811829
-# engine: patchgen==0.1.0 sha256=ceda0ec438bfe2e298ee49dfb490c6374bc89c366fd5b777231703d512477869
+# engine: patchgen==0.1.0 sha256=3786cce5dad656c95b4165d4a5504faeea608f50e4927dea5cfb8c4f96bf80db
 # body: sha256=8541dfdef386a791fc788da62d6310d7a8582b0b7c7baeb930bd5403130d99ed
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
 # spec: specs/qwen3_vl_moe.toml sha256=9ca4aaf4a5ccd5b1b6090601f853609ba87edd695f4b7937287e428d67067ea7
 # templates: sha256=5b1c487972a660e554d7e0fca03c3c2ec4c19722b7b07d57e52a469e96238f61
-# engine: patchgen==0.1.0 sha256=ceda0ec438bfe2e298ee49dfb490c6374bc89c366fd5b777231703d512477869
+# engine: patchgen==0.1.0 sha256=3786cce5dad656c95b4165d4a5504faeea608f50e4927dea5cfb8c4f96bf80db
 # body: sha256=2bba04556b228bc0c9050db9a6bba2832333245dad577315cfff2ec457894604
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel

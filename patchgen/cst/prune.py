@@ -35,8 +35,9 @@ def references(node: ast.AST) -> set[str]:
     return names
 
 
-def reachable_definitions(tree: ast.Module, roots: Iterable[str]) -> set[str]:
-    """Names of top-level definitions reachable from `roots` and from every non-definition statement."""
+def reachable_definitions(tree: ast.Module, roots: Iterable[str], exclude: Iterable[str] = ()) -> set[str]:
+    """Names of top-level definitions reachable from `roots` and from every non-definition statement. An excluded
+    definition is never reached, so nothing stays alive only because it refers to it."""
     defs: dict[str, set[str]] = {}
     pending = set(roots)
     for stmt in tree.body:
@@ -44,13 +45,13 @@ def reachable_definitions(tree: ast.Module, roots: Iterable[str]) -> set[str]:
             defs.setdefault(stmt.name, set()).update(references(stmt))
         else:
             pending |= references(stmt)
-    seen: set[str] = set()
+    seen: set[str] = set(exclude)
     while pending:
         name = pending.pop()
         if name in defs and name not in seen:
             seen.add(name)
             pending |= defs[name]
-    return seen
+    return seen - set(exclude)
 
 
 def prune(module: cst.Module, keep: set[str]) -> tuple[cst.Module, list[str]]:

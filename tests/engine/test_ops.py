@@ -280,6 +280,20 @@ def test_exclude_of_a_reference_patched_away_is_fine(project) -> None:
     assert "def traced" not in gen.text and "@traced" not in gen.text
 
 
+def test_an_excluded_definition_keeps_nothing_alive(project) -> None:
+    """Excluding a definition whose only reference a patch removes also prunes what only it used."""
+    upstream = upstream_text(TOY).replace(
+        "    def default_mask(length):\n        return [1.0] * length\n",
+        "    def default_mask(length):\n        unused_function()\n        return [1.0] * length\n",
+    )
+    assert "unused_function()\n        return [1.0]" in upstream
+    replace = dict(template="fx/replace_method", scope="ToyModel.default_mask", why="no more unused_function")
+    proj = project(spec_toml(exclude=["unused_function"], patches=[replace]))
+    text = proj.generate(source=FixtureSource(overrides={TOY: upstream})).text
+    assert "def unused_function" not in text and "unused_function()" not in text
+    assert "class UnusedThing" not in text and "def only_used_by_unused" not in text  # reached only through it
+
+
 def test_rename_changes_definition_and_references_but_not_attributes_or_keywords(project) -> None:
     gen = project(
         spec_toml(patches=[dict(template="core/rename", scope="ToyLayer", vars=dict(to="SPToyLayer"), why="SP layer")])
