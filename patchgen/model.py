@@ -36,6 +36,7 @@ MODEL_KEYS = {
     "capabilities": "list",
     "tiny": "table",
     "data": "table",
+    "conversions": "bool",
 }
 REQUIRED_MODEL_KEYS = ("model_type", "class", "upstream", "family")
 SIDECAR_SUFFIX = ".model.json"
@@ -50,6 +51,13 @@ class ModelTable:
     capabilities: tuple[str, ...] = ()
     tiny: dict[str, Any] = field(default_factory=dict, hash=False)
     data: dict[str, Any] = field(default_factory=dict, hash=False)
+    conversions: bool = True  # a transformers model shares upstream's checkpoint-layout conversions (implied patch)
+
+    @property
+    def implies_conversions(self) -> bool:
+        """Whether the spec gets the implied `core/upstream_weight_conversions` patch: every transformers model
+        loads every checkpoint layout its upstream class accepts (legacy key names, per-expert MoE files)."""
+        return self.conversions and self.upstream.startswith("transformers.")
 
     def to_json(self, spec_name: str, output: str) -> str:
         """The sidecar's text: deterministic (sorted keys), importable module path included."""
@@ -103,6 +111,7 @@ def parse_model_table(table: Any, where: str) -> ModelTable:
             "word": lambda v: v in FAMILIES,
             "list": lambda v: isinstance(v, list) and all(c in CAPABILITIES for c in v) and len(set(v)) == len(v),
             "table": lambda v: isinstance(v, dict),
+            "bool": lambda v: isinstance(v, bool),
         }[kind](value)
         if not ok:
             expected = {
@@ -111,6 +120,7 @@ def parse_model_table(table: Any, where: str) -> ModelTable:
                 "word": f"one of {list(FAMILIES)}",
                 "list": f"an array of distinct capabilities from {list(CAPABILITIES)}",
                 "table": "a table",
+                "bool": "true or false",
             }[kind]
             raise PatchgenError(f"{where}: [model] key {key!r} must be {expected}, found {value!r}")
     return ModelTable(
@@ -121,4 +131,5 @@ def parse_model_table(table: Any, where: str) -> ModelTable:
         tuple(table.get("capabilities", [])),
         dict(table.get("tiny", {})),
         dict(table.get("data", {})),
+        table.get("conversions", True),
     )

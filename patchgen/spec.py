@@ -183,6 +183,30 @@ def _check_anchor_keys(op: str, given: list[str], path: Path, where: str) -> Non
         raise PatchgenError(f"{path}: {where}: op {op!r} takes {expected[0]}; found {given or 'none'}")
 
 
+IMPLIED_CONVERSIONS = "core/upstream_weight_conversions"
+
+
+def _implied_conversions(
+    index: int, model: ModelTable, patches: tuple[Patch, ...], path: Path, templates_dir: Path
+) -> Patch:
+    """The patch every transformers model gets from its [model] table: its generated classes share upstream's
+    checkpoint-layout conversions, so a legacy or per-expert checkpoint never loads as random weights."""
+    if any(p.template.name == IMPLIED_CONVERSIONS for p in patches):
+        raise PatchgenError(
+            f"{path}: a [model] table with a transformers upstream implies the {IMPLIED_CONVERSIONS} patch; remove "
+            f"the explicit one (or set [model] conversions = false and keep it)"
+        )
+    try:
+        template = load_template(templates_dir, IMPLIED_CONVERSIONS)
+    except PatchgenError as exc:
+        raise PatchgenError(
+            f"{path}: [model] implies the {IMPLIED_CONVERSIONS} patch, but: {exc}; add the template or set "
+            f"[model] conversions = false"
+        ) from None
+    why = "implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's"
+    return Patch(index, template, "<module>", why, {"model_type": model.model_type})
+
+
 def _read_toml(path: Path) -> tuple[dict, bytes]:
     if not path.is_file():
         raise PatchgenError(f"{path}: spec file not found")
@@ -296,6 +320,8 @@ def load_spec(path: Path, templates_dir: Path) -> Spec:
     model = parse_model_table(data["model"], str(path)) if "model" in data else None
     if model is not None and model.cls not in keep:
         raise PatchgenError(f"{path}: [model] class {model.cls!r} must be one of the 'keep' roots {list(keep)}")
+    if model is not None and model.implies_conversions:
+        patches = (*patches, _implied_conversions(len(patches) + 1, model, patches, path, templates_dir))
     digest = hashlib.sha256(raw)
     for extra in inherited_raw:
         digest.update(b"\0" + hashlib.sha256(extra).digest())

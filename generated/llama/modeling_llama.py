@@ -3,14 +3,15 @@
 # template and run `patchgen regen llama`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/llama/modeling_llama.py sha256=46d313ec0f1116bcc1bb7f2379467ab249c140415c64fb758e2d5915cd8b89a5
 # spec: specs/llama.toml sha256=2a15c94f8f1f915f559e4fb2485fbba7c2c37b6bcfb90a1a1aaae876d8f51fa4
-# templates: sha256=d40b2ff2df460fd7c5388f98572036913cf8f8af174912797755f49de8e9e3aa
-# engine: patchgen==0.1.0 sha256=3786cce5dad656c95b4165d4a5504faeea608f50e4927dea5cfb8c4f96bf80db
-# body: sha256=352c5daf0dd4b7bcc3bf47b8978d278f9e78997c2e3f68c45f85f19bed28b957
+# templates: sha256=bcaf301be28e2e597d39214b7638d706de03403ff737e79537dbc3ca42936671
+# engine: patchgen==0.1.0 sha256=b09d8e3299b12bcfecb2c01c877bf264dfcda8106b651b2fc2ef4d977f28ecb6
+# body: sha256=8a572fcaef5afeed7015425052fe7b5206b09b1f5f1aa7577ed5cdcd7f2f3337
 # patches:
 #   #1 sp/full_sequence_mask @ LlamaModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
 #   #2 sp/rope_slice @ LlamaModel.forward: RoPE comes from global position ids; each SP rank keeps the slice for its tokens
 #   #3 sp/ulysses_attention @ LlamaAttention.forward: all-to-all to head-sharded full-sequence attention under SP (sp > kv heads repeats KV heads)
 #   #4 loss/causal_lm_head @ LlamaForCausalLM.forward: SP: labels shift across ranks and the mean is over the SP group; optional chunked CE without full logits
+#   #5 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 # ---- end of patchgen provenance ----
 # Copyright 2022 EleutherAI and the HuggingFace Inc. team. All rights reserved.
 #
@@ -58,11 +59,12 @@ from transformers.utils import TransformersKwargs, auto_docstring, can_return_tu
 from transformers.utils.generic import maybe_autocast, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 from transformers.models.llama.configuration_llama import LlamaConfig
-# patchgen imports (4 stmt): names the patches below use
+# patchgen imports (5 stmt): names the patches below use
 from runtime.sp.positions import full_sequence_mask
 from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
 from runtime.sp.loss import causal_lm_logits_and_loss
+from runtime.models.conversions import share_upstream_weight_conversions
 
 
 logger = logging.get_logger(__name__)
@@ -525,3 +527,7 @@ __all__ = [
     "LlamaModel",
     "LlamaPreTrainedModel",
 ]
+
+
+# patchgen #5 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+share_upstream_weight_conversions("llama", __name__)

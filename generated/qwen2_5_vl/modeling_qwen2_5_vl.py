@@ -3,9 +3,9 @@
 # template and run `patchgen regen qwen2_5_vl`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen2_5_vl/modeling_qwen2_5_vl.py sha256=7cdf4e42cb7624123f89f5357553ae222aec3ce0c9c0c49abf183e2fdde06857
 # spec: specs/qwen2_5_vl.toml sha256=1d8c1b0e5a6ce0bae49399f5fd32cc30e12cdbef468072f4142b08125fa2afcb
-# templates: sha256=7bf2c7cdbc6d99192c8690c1bd8a1f71dd33fae27547ccfb7d8ae3290913d4b1
-# engine: patchgen==0.1.0 sha256=3786cce5dad656c95b4165d4a5504faeea608f50e4927dea5cfb8c4f96bf80db
-# body: sha256=c4563ffafc0595a354eacfd0ef1f6718680879cb1923c2392f34c32ef67e13e4
+# templates: sha256=a2b99d20768d47c0d2bbcba354d16694ccc720fa3ab6490ef62c2cdd4afe1400
+# engine: patchgen==0.1.0 sha256=b09d8e3299b12bcfecb2c01c877bf264dfcda8106b651b2fc2ef4d977f28ecb6
+# body: sha256=0b2fda1ca3235bd619d7267a30e3a7ecb6615a6a726f8abd4017a59fbe54008b
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2_5_VLTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
 #   #2 sp/full_sequence_mask @ Qwen2_5_VLTextModel.forward: same for the sliding-window layers (when the config has any)
@@ -27,6 +27,7 @@
 #   #18 vlm/vision_seqlens_from_host @ Qwen2_5_VLVisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
 #   #19 vlm/vision_seqlens_from_host @ Qwen2_5_VLVisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
 #   #20 vlm/position_id_func @ Qwen2_5_VLForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+#   #21 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen2_5_vl/modular_qwen2_5_vl.py.
@@ -85,7 +86,7 @@ from transformers.utils.generic import (
 from transformers.utils.output_capturing import capture_outputs
 from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
 from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLTextConfig, Qwen2_5_VLVisionConfig
-# patchgen imports (14 stmt): names the patches below use
+# patchgen imports (15 stmt): names the patches below use
 from runtime.sp.positions import full_sequence_mask
 from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
@@ -100,6 +101,7 @@ from runtime.vlm.dummy_forward import vision_dummy_forward
 from runtime.vlm.seqlens import with_host_seqlens
 from runtime.vlm.seqlens import vision_max_seqlen, vision_segment_lengths
 from runtime.vlm.positions import RopeIndexFunction
+from runtime.models.conversions import share_upstream_weight_conversions
 
 
 logger = logging.get_logger(__name__)
@@ -1740,3 +1742,7 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLPreTrainedModel, GenerationMi
 
 
 __all__ = ["Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLModel", "Qwen2_5_VLPreTrainedModel", "Qwen2_5_VLTextModel"]
+
+
+# patchgen #21 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+share_upstream_weight_conversions("qwen2_5_vl", __name__)

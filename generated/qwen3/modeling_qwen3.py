@@ -3,15 +3,16 @@
 # template and run `patchgen regen qwen3`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3/modeling_qwen3.py sha256=fbdcfeeb1b54135ca67ba7df924da92f4b264e1252b517eea2de989289ebaeab
 # spec: specs/qwen3.toml sha256=c5e6165714916c873aabdf67b8789bb016c99f1a7e9b0f91b250a5faf1fd1bbf
-# templates: sha256=d40b2ff2df460fd7c5388f98572036913cf8f8af174912797755f49de8e9e3aa
-# engine: patchgen==0.1.0 sha256=3786cce5dad656c95b4165d4a5504faeea608f50e4927dea5cfb8c4f96bf80db
-# body: sha256=c69b253365b7a1dada356f2559870997d3569543d993322487efa8cf7f4c2234
+# templates: sha256=bcaf301be28e2e597d39214b7638d706de03403ff737e79537dbc3ca42936671
+# engine: patchgen==0.1.0 sha256=b09d8e3299b12bcfecb2c01c877bf264dfcda8106b651b2fc2ef4d977f28ecb6
+# body: sha256=0146a1dc622bfb1ecc692c02dcf0178231af05d471ade378b6e6f20d552617dc
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3Model.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
 #   #2 sp/full_sequence_mask @ Qwen3Model.forward: same for sliding-window layers
 #   #3 sp/rope_slice @ Qwen3Model.forward: RoPE comes from global position ids; each SP rank keeps the slice for its tokens
 #   #4 sp/ulysses_attention @ Qwen3Attention.forward: all-to-all to head-sharded full-sequence attention under SP (sp > kv heads repeats KV heads)
 #   #5 loss/causal_lm_head @ Qwen3ForCausalLM.forward: SP: labels shift across ranks and the mean is over the SP group; optional chunked CE without full logits
+#   #6 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3/modular_qwen3.py.
@@ -59,11 +60,12 @@ from transformers.utils import TransformersKwargs, auto_docstring, can_return_tu
 from transformers.utils.generic import maybe_autocast, merge_with_config_defaults
 from transformers.utils.output_capturing import capture_outputs
 from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
-# patchgen imports (4 stmt): names the patches below use
+# patchgen imports (5 stmt): names the patches below use
 from runtime.sp.positions import full_sequence_mask
 from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
 from runtime.sp.loss import causal_lm_logits_and_loss
+from runtime.models.conversions import share_upstream_weight_conversions
 
 
 @use_kernel_forward_from_hub("RMSNorm")
@@ -545,3 +547,7 @@ __all__ = [
     "Qwen3PreTrainedModel",
     "Qwen3Model",
 ]
+
+
+# patchgen #6 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+share_upstream_weight_conversions("qwen3", __name__)

@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/qwen3_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_moe/modeling_qwen3_moe.py sha256=f07ab1b3a17e27612006a447812b83667af7ab3d527afe3ebbdf89dc5dac8a90
-# spec: specs/qwen3_moe.toml sha256=7b0582df883a39e2da8e711c8a03d6d85aeafd34d18715b6e784ead690c2c584
-# templates: sha256=ff0b4eb81e8db5780999843cb3031f99c0f8bd804de0c6094312450497982f5a
-# engine: patchgen==0.1.0 sha256=3786cce5dad656c95b4165d4a5504faeea608f50e4927dea5cfb8c4f96bf80db
-# body: sha256=68a93ce74d5eecb46950c4a05c0171f6b96ee545baeb90286041f95962848303
+# spec: specs/qwen3_moe.toml sha256=685dd0de4347918fee1d1d5cf9f2b47a1e7bcc299de15fc1a439531d8d52f9bf
+# templates: sha256=e195ebf4ce9fb7eef0328fb791338e4689993f376f63308279037c21f88a9587
+# engine: patchgen==0.1.0 sha256=b09d8e3299b12bcfecb2c01c877bf264dfcda8106b651b2fc2ef4d977f28ecb6
+# body: sha256=3c7347c67fc829312348669ce0a1ca2134805aa7f8a126440a641477fa392463
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3MoeModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
 #   #2 sp/rope_slice @ Qwen3MoeModel.forward: RoPE comes from global position ids; each SP rank keeps the slice for its tokens
@@ -13,7 +13,7 @@
 #   #4 loss/causal_lm_head @ Qwen3MoeForCausalLM.forward: SP: labels shift across ranks and the mean is over the SP group; optional chunked CE without full logits
 #   #5 moe/global_aux_loss @ Qwen3MoeForCausalLM.forward: the load-balancing loss must see every rank's tokens, not one rank's slice
 #   #6 moe/ep_plan @ Qwen3MoePreTrainedModel: expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
-#   #7 core/upstream_weight_conversions @ <module>: load plain transformers' per-expert checkpoints into the stacked layout and save them back the same way
+#   #7 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_moe/modular_qwen3_moe.py.
@@ -747,5 +747,5 @@ __all__ = [
 ]
 
 
-# patchgen #7 core/upstream_weight_conversions (1 stmt): load plain transformers' per-expert checkpoints into the stacked layout and save them back the same way
-share_upstream_weight_conversions("qwen3_moe")
+# patchgen #7 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+share_upstream_weight_conversions("qwen3_moe", __name__)

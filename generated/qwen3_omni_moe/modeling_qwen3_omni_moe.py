@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/qwen3_omni_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_omni_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
-# spec: specs/qwen3_omni_moe.toml sha256=0e011d2296c649e044c97c708e6119d7f930b74489061261067546783b96be1d
-# templates: sha256=c7641971006df260a4edc57ce556cc0174a33c0cbfc83fcceb5991db38bb9193
-# engine: patchgen==0.1.0 sha256=3786cce5dad656c95b4165d4a5504faeea608f50e4927dea5cfb8c4f96bf80db
-# body: sha256=4ec25b34cc52c9c839da426e909b5d1bc12c358869b5680b1f30f102d1d651e0
+# spec: specs/qwen3_omni_moe.toml sha256=79865ab5c99287d538881ff7b7ccf70bc7f0803d54a07d14d4e8691ebab130ab
+# templates: sha256=5b143dd2c62ec4505e0f98694066c85e14ca76d80a48c490e94a96691b6e2f95
+# engine: patchgen==0.1.0 sha256=b09d8e3299b12bcfecb2c01c877bf264dfcda8106b651b2fc2ef4d977f28ecb6
+# body: sha256=d4bd98110f1f94beed5231aee96fb190160d3893e57cb03772edb9d279c24a2d
 # patches:
 #   #1 core/skip_isinstance @ Qwen3OmniMoePreTrainedModel._init_weights: code2wav (speech output) is pruned with the talker; its weight-init branch can match nothing here
 #   #2 sp/full_sequence_mask @ Qwen3OmniMoeThinkerTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
@@ -14,32 +14,32 @@
 #   #5 loss/causal_lm_head @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: SP: labels shift across ranks and the mean is over the SP group; optional chunked CE without full logits
 #   #6 moe/global_aux_loss @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: the load-balancing loss must see every rank's tokens, not one rank's slice
 #   #7 moe/ep_plan @ Qwen3OmniMoeThinkerForConditionalGeneration: expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
-#   #8 core/upstream_weight_conversions @ <module>: load plain transformers' per-expert checkpoints into the stacked layout and save them back the same way
-#   #9 sp/vit_pad_and_slice @ Qwen3OmniMoeVisionEncoder.forward: each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, padding is its own cu_seqlens segment)
-#   #10 sp/vit_attention_all_to_all @ Qwen3OmniMoeVisionAttention.forward: per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
-#   #11 sp/vit_attention_all_to_all @ Qwen3OmniMoeVisionAttention.forward: and back to this rank's patches x all heads
-#   #12 sp/vit_gather @ Qwen3OmniMoeVisionEncoder.forward: ViT -> LM: gather every rank's merged image tokens and drop the padding
-#   #13 sp/vit_gather @ Qwen3OmniMoeVisionEncoder.forward: deepstack: gather every level the same way before it is injected into the LM
-#   #14 vlm/vision_host_seqlens @ Qwen3OmniMoeVisionEncoder.forward: one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
-#   #15 vlm/vision_seqlens_from_host @ Qwen3OmniMoeVisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
-#   #16 vlm/vision_seqlens_from_host @ Qwen3OmniMoeVisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
-#   #17 audio/sp_slice @ Qwen3OmniMoeAudioEncoder.forward: each SP rank runs the audio layers on 1/sp of the post-convolution frames (padding is its own cu_seqlens segment)
-#   #18 vlm/vision_host_seqlens @ Qwen3OmniMoeAudioEncoder.forward: one host read of the audio attention windows per forward (after SP padding) instead of one per layer
-#   #19 sp/vit_attention_all_to_all @ Qwen3OmniMoeAudioAttention.forward: windowed audio attention needs every frame: Ulysses all-to-all to all frames x this rank's heads
-#   #20 sp/vit_attention_all_to_all @ Qwen3OmniMoeAudioAttention.forward: and back to this rank's frames x all heads
-#   #21 vlm/vision_seqlens_from_host @ Qwen3OmniMoeAudioAttention.forward: flash path: max_seqlen as a host int, no device sync per layer
-#   #22 vlm/vision_seqlens_from_host @ Qwen3OmniMoeAudioAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
-#   #23 audio/sp_gather @ Qwen3OmniMoeAudioEncoder.forward: audio -> LM: gather every rank's frames and drop the padding before the output norm and projections
-#   #24 vlm/stash_lm_attention_kwargs @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: the LM's packed flash-attention kwargs must not reach the towers, which get **kwargs too
-#   #25 audio/dummy_forward @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: a rank without audio still runs the audio encoder (FSDP collectives match across ranks)
-#   #26 sp/vit_fill_back @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: fill-back: each rank scatters the audio tokens of its own slice of the sequence
-#   #27 vlm/vision_dummy_forward @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: a rank without images still runs the vision tower (FSDP collectives match across ranks)
-#   #28 sp/vit_fill_back @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: fill-back: each rank scatters the image tokens (and deepstack levels) of its own slice of the sequence
-#   #29 vlm/vision_dummy_forward @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: same for a rank without videos
-#   #30 sp/vit_fill_back @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: same for video tokens
-#   #31 vlm/restore_lm_attention_kwargs @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: the language model gets its packed flash-attention kwargs back
-#   #32 audio/position_id_func @ Qwen3OmniMoeThinkerForConditionalGeneration: the data pipeline computes M-RoPE ids per sample (audio lengths, audio-in-video), before packing and SP slicing
-#   #33 core/submodel_checkpoint @ Qwen3OmniMoeThinkerForConditionalGeneration: a full omni checkpoint loads into the thinker: talker and code2wav weights are dropped and counted, nothing else is
+#   #8 sp/vit_pad_and_slice @ Qwen3OmniMoeVisionEncoder.forward: each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, padding is its own cu_seqlens segment)
+#   #9 sp/vit_attention_all_to_all @ Qwen3OmniMoeVisionAttention.forward: per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
+#   #10 sp/vit_attention_all_to_all @ Qwen3OmniMoeVisionAttention.forward: and back to this rank's patches x all heads
+#   #11 sp/vit_gather @ Qwen3OmniMoeVisionEncoder.forward: ViT -> LM: gather every rank's merged image tokens and drop the padding
+#   #12 sp/vit_gather @ Qwen3OmniMoeVisionEncoder.forward: deepstack: gather every level the same way before it is injected into the LM
+#   #13 vlm/vision_host_seqlens @ Qwen3OmniMoeVisionEncoder.forward: one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+#   #14 vlm/vision_seqlens_from_host @ Qwen3OmniMoeVisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
+#   #15 vlm/vision_seqlens_from_host @ Qwen3OmniMoeVisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+#   #16 audio/sp_slice @ Qwen3OmniMoeAudioEncoder.forward: each SP rank runs the audio layers on 1/sp of the post-convolution frames (padding is its own cu_seqlens segment)
+#   #17 vlm/vision_host_seqlens @ Qwen3OmniMoeAudioEncoder.forward: one host read of the audio attention windows per forward (after SP padding) instead of one per layer
+#   #18 sp/vit_attention_all_to_all @ Qwen3OmniMoeAudioAttention.forward: windowed audio attention needs every frame: Ulysses all-to-all to all frames x this rank's heads
+#   #19 sp/vit_attention_all_to_all @ Qwen3OmniMoeAudioAttention.forward: and back to this rank's frames x all heads
+#   #20 vlm/vision_seqlens_from_host @ Qwen3OmniMoeAudioAttention.forward: flash path: max_seqlen as a host int, no device sync per layer
+#   #21 vlm/vision_seqlens_from_host @ Qwen3OmniMoeAudioAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+#   #22 audio/sp_gather @ Qwen3OmniMoeAudioEncoder.forward: audio -> LM: gather every rank's frames and drop the padding before the output norm and projections
+#   #23 vlm/stash_lm_attention_kwargs @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: the LM's packed flash-attention kwargs must not reach the towers, which get **kwargs too
+#   #24 audio/dummy_forward @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: a rank without audio still runs the audio encoder (FSDP collectives match across ranks)
+#   #25 sp/vit_fill_back @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: fill-back: each rank scatters the audio tokens of its own slice of the sequence
+#   #26 vlm/vision_dummy_forward @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: a rank without images still runs the vision tower (FSDP collectives match across ranks)
+#   #27 sp/vit_fill_back @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: fill-back: each rank scatters the image tokens (and deepstack levels) of its own slice of the sequence
+#   #28 vlm/vision_dummy_forward @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: same for a rank without videos
+#   #29 sp/vit_fill_back @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: same for video tokens
+#   #30 vlm/restore_lm_attention_kwargs @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: the language model gets its packed flash-attention kwargs back
+#   #31 audio/position_id_func @ Qwen3OmniMoeThinkerForConditionalGeneration: the data pipeline computes M-RoPE ids per sample (audio lengths, audio-in-video), before packing and SP slicing
+#   #32 core/submodel_checkpoint @ Qwen3OmniMoeThinkerForConditionalGeneration: a full omni checkpoint loads into the thinker: talker and code2wav weights are dropped and counted, nothing else is
+#   #33 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_omni_moe/modular_qwen3_omni_moe.py.
@@ -125,7 +125,6 @@ from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
 from runtime.sp.loss import causal_lm_logits_and_loss
 from runtime.moe.hooks import global_aux_loss
-from runtime.models.conversions import share_upstream_weight_conversions
 from runtime.sp.vision import vit_pad_and_slice, vit_pad_cu_seqlens, vit_pad_length
 from runtime.sp.vision import vit_all_to_all
 from runtime.sp.vision import vit_gather
@@ -139,6 +138,7 @@ from runtime.sp.vision import local_visual_tokens
 from runtime.vlm.dummy_forward import vision_dummy_forward
 from runtime.audio.positions import OmniRopeIndexFunction
 from runtime.models.submodel_checkpoint import drop_checkpoint_prefixes
+from runtime.models.conversions import share_upstream_weight_conversions
 
 
 logger = logging.get_logger(__name__)
@@ -608,7 +608,7 @@ class Qwen3OmniMoeAudioAttention(nn.Module):
         query_states = query_states.transpose(0, 1).unsqueeze(0)
         key_states = key_states.transpose(0, 1).unsqueeze(0)
         value_states = value_states.transpose(0, 1).unsqueeze(0)
-        # patchgen #19 sp/vit_attention_all_to_all (1 stmt): windowed audio attention needs every frame: Ulysses all-to-all to all frames x this rank's heads
+        # patchgen #18 sp/vit_attention_all_to_all (1 stmt): windowed audio attention needs every frame: Ulysses all-to-all to all frames x this rank's heads
         query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -617,7 +617,7 @@ class Qwen3OmniMoeAudioAttention(nn.Module):
 
         if is_flash_attention_requested(self.config):
             # Flash Attention: Use cu_seqlens for variable length attention
-            # patchgen #21 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per layer
+            # patchgen #20 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per layer
             max_seqlen = vision_max_seqlen(cu_seqlens)
             attn_output, _ = attention_interface(
                 self,
@@ -636,7 +636,7 @@ class Qwen3OmniMoeAudioAttention(nn.Module):
             )
         else:
             # Other implementations: Process each chunk separately
-            # patchgen #22 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+            # patchgen #21 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
             lengths = vision_segment_lengths(cu_seqlens)
             splits = [
                 torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)
@@ -656,7 +656,7 @@ class Qwen3OmniMoeAudioAttention(nn.Module):
                 for q, k, v in zip(*splits)
             ]
             attn_output = torch.cat(attn_outputs, dim=1)
-        # patchgen #20 sp/vit_attention_all_to_all (1 stmt): and back to this rank's frames x all heads
+        # patchgen #19 sp/vit_attention_all_to_all (1 stmt): and back to this rank's frames x all heads
         attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2)
 
         attn_output = attn_output.reshape(seq_length, -1).contiguous()
@@ -904,9 +904,9 @@ class Qwen3OmniMoeAudioEncoder(Qwen3OmniMoePreTrainedModel):
         )
         padded_embed = padded_embed + positional_embedding
         hidden_states = torch.index_select(padded_embed.reshape(-1, padded_embed.shape[-1]), 0, valid_indices)
-        # patchgen #17 audio/sp_slice (1 stmt): each SP rank runs the audio layers on 1/sp of the post-convolution frames (padding is its own cu_seqlens segment)
+        # patchgen #16 audio/sp_slice (1 stmt): each SP rank runs the audio layers on 1/sp of the post-convolution frames (padding is its own cu_seqlens segment)
         hidden_states, cu_seqlens, audio_sp_pad = audio_sp_slice(hidden_states, cu_seqlens)
-        # patchgen #18 vlm/vision_host_seqlens (1 stmt): one host read of the audio attention windows per forward (after SP padding) instead of one per layer
+        # patchgen #17 vlm/vision_host_seqlens (1 stmt): one host read of the audio attention windows per forward (after SP padding) instead of one per layer
         cu_seqlens = with_host_seqlens(cu_seqlens)
 
         for encoder_layer in self.layers:
@@ -915,7 +915,7 @@ class Qwen3OmniMoeAudioEncoder(Qwen3OmniMoePreTrainedModel):
                 cu_seqlens,
             )
             hidden_states = layer_outputs[0]
-        # patchgen #23 audio/sp_gather (1 stmt): audio -> LM: gather every rank's frames and drop the padding before the output norm and projections
+        # patchgen #22 audio/sp_gather (1 stmt): audio -> LM: gather every rank's frames and drop the padding before the output norm and projections
         hidden_states = audio_sp_gather(hidden_states, audio_sp_pad)
 
         hidden_states = self.ln_post(hidden_states)
@@ -978,7 +978,7 @@ class Qwen3OmniMoeVisionAttention(nn.Module):
         query_states = query_states.transpose(0, 1).unsqueeze(0)
         key_states = key_states.transpose(0, 1).unsqueeze(0)
         value_states = value_states.transpose(0, 1).unsqueeze(0)
-        # patchgen #10 sp/vit_attention_all_to_all (1 stmt): per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
+        # patchgen #9 sp/vit_attention_all_to_all (1 stmt): per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
         query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -987,7 +987,7 @@ class Qwen3OmniMoeVisionAttention(nn.Module):
 
         if is_flash_attention_requested(self.config):
             # Flash Attention: Use cu_seqlens for variable length attention
-            # patchgen #15 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per block
+            # patchgen #14 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per block
             max_seqlen = vision_max_seqlen(cu_seqlens)
             attn_output, _ = attention_interface(
                 self,
@@ -1006,7 +1006,7 @@ class Qwen3OmniMoeVisionAttention(nn.Module):
             )
         else:
             # Other implementations: Process each chunk separately
-            # patchgen #16 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+            # patchgen #15 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
             lengths = vision_segment_lengths(cu_seqlens)
             splits = [
                 torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)
@@ -1027,7 +1027,7 @@ class Qwen3OmniMoeVisionAttention(nn.Module):
                 for q, k, v in zip(*splits)
             ]
             attn_output = torch.cat(attn_outputs, dim=1)
-        # patchgen #11 sp/vit_attention_all_to_all (1 stmt): and back to this rank's patches x all heads
+        # patchgen #10 sp/vit_attention_all_to_all (1 stmt): and back to this rank's patches x all heads
         attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2)
 
         attn_output = attn_output.reshape(seq_length, -1).contiguous()
@@ -1259,12 +1259,12 @@ class Qwen3OmniMoeVisionEncoder(Qwen3OmniMoePreTrainedModel):
         rotary_pos_emb = rotary_pos_emb.reshape(seq_len, -1)
         emb = torch.cat((rotary_pos_emb, rotary_pos_emb), dim=-1)
         position_embeddings = (emb.cos(), emb.sin())
-        # patchgen #9 sp/vit_pad_and_slice (4 stmt): each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, padding is its own cu_seqlens segment)
+        # patchgen #8 sp/vit_pad_and_slice (4 stmt): each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, padding is its own cu_seqlens segment)
         vit_sp_pad = vit_pad_length(hidden_states.shape[0], self.spatial_merge_unit)
         hidden_states = vit_pad_and_slice(hidden_states, vit_sp_pad)
         position_embeddings = vit_pad_and_slice(position_embeddings, vit_sp_pad)
         cu_seqlens = vit_pad_cu_seqlens(cu_seqlens, vit_sp_pad)
-        # patchgen #14 vlm/vision_host_seqlens (1 stmt): one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+        # patchgen #13 vlm/vision_host_seqlens (1 stmt): one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
         cu_seqlens = with_host_seqlens(cu_seqlens)
 
         deepstack_feature_lists = []
@@ -1282,9 +1282,9 @@ class Qwen3OmniMoeVisionEncoder(Qwen3OmniMoePreTrainedModel):
                 deepstack_feature_lists.append(deepstack_feature)
 
         merged_hidden_states = self.merger(hidden_states)
-        # patchgen #12 sp/vit_gather (1 stmt): ViT -> LM: gather every rank's merged image tokens and drop the padding
+        # patchgen #11 sp/vit_gather (1 stmt): ViT -> LM: gather every rank's merged image tokens and drop the padding
         merged_hidden_states = vit_gather(merged_hidden_states, vit_sp_pad // self.spatial_merge_unit)
-        # patchgen #13 sp/vit_gather (1 stmt): deepstack: gather every level the same way before it is injected into the LM
+        # patchgen #12 sp/vit_gather (1 stmt): deepstack: gather every level the same way before it is injected into the LM
         deepstack_feature_lists = vit_gather(deepstack_feature_lists, vit_sp_pad // self.spatial_merge_unit)
 
         return BaseModelOutputWithDeepstackFeatures(
@@ -2136,7 +2136,7 @@ class Qwen3OmniMoeThinkerForConditionalGeneration(
         output_router_logits = (
             output_router_logits if output_router_logits is not None else self.config.text_config.output_router_logits
         )
-        # patchgen #24 vlm/stash_lm_attention_kwargs (1 stmt): the LM's packed flash-attention kwargs must not reach the towers, which get **kwargs too
+        # patchgen #23 vlm/stash_lm_attention_kwargs (1 stmt): the LM's packed flash-attention kwargs must not reach the towers, which get **kwargs too
         kwargs, lm_attention_kwargs = split_lm_attention_kwargs(kwargs)
 
         if inputs_embeds is None:
@@ -2146,7 +2146,7 @@ class Qwen3OmniMoeThinkerForConditionalGeneration(
         visual_embeds_multiscale = None
         visual_pos_masks = None
         image_mask, video_mask = None, None
-        # patchgen #25 audio/dummy_forward (1 stmt): a rank without audio still runs the audio encoder (FSDP collectives match across ranks)
+        # patchgen #24 audio/dummy_forward (1 stmt): a rank without audio still runs the audio encoder (FSDP collectives match across ranks)
         inputs_embeds = audio_dummy_forward(inputs_embeds, input_features, self.get_audio_features, self.config.audio_config, self.audio_tower)
         # 2. Merge text , audios , image and video
         if input_features is not None:
@@ -2154,11 +2154,11 @@ class Qwen3OmniMoeThinkerForConditionalGeneration(
                 input_features, feature_attention_mask, audio_feature_lengths, return_dict=True, **kwargs
             ).last_hidden_state
             audio_features = audio_features.to(inputs_embeds.device, inputs_embeds.dtype)
-            # patchgen #26 sp/vit_fill_back (1 stmt): fill-back: each rank scatters the audio tokens of its own slice of the sequence
+            # patchgen #25 sp/vit_fill_back (1 stmt): fill-back: each rank scatters the audio tokens of its own slice of the sequence
             audio_features, = local_visual_tokens(input_ids == self.config.audio_token_id, audio_features)
             _, _, audio_mask = self.get_placeholder_mask(input_ids, inputs_embeds=inputs_embeds)
             inputs_embeds = inputs_embeds.masked_scatter(audio_mask, audio_features)
-        # patchgen #27 vlm/vision_dummy_forward (1 stmt): a rank without images still runs the vision tower (FSDP collectives match across ranks)
+        # patchgen #26 vlm/vision_dummy_forward (1 stmt): a rank without images still runs the vision tower (FSDP collectives match across ranks)
         inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values, self.get_image_features, self.config.vision_config)
 
         if pixel_values is not None:
@@ -2168,13 +2168,13 @@ class Qwen3OmniMoeThinkerForConditionalGeneration(
             image_embeds = image_outputs.pooler_output
             image_embeds_multiscale = image_outputs.deepstack_features
             image_embeds = image_embeds.to(inputs_embeds.device, inputs_embeds.dtype)
-            # patchgen #28 sp/vit_fill_back (1 stmt): fill-back: each rank scatters the image tokens (and deepstack levels) of its own slice of the sequence
+            # patchgen #27 sp/vit_fill_back (1 stmt): fill-back: each rank scatters the image tokens (and deepstack levels) of its own slice of the sequence
             image_embeds, image_embeds_multiscale = local_visual_tokens(input_ids == self.config.image_token_id, image_embeds, image_embeds_multiscale)
             image_mask, _, _ = self.get_placeholder_mask(
                 input_ids, inputs_embeds=inputs_embeds, image_features=image_embeds
             )
             inputs_embeds = inputs_embeds.masked_scatter(image_mask, image_embeds)
-        # patchgen #29 vlm/vision_dummy_forward (1 stmt): same for a rank without videos
+        # patchgen #28 vlm/vision_dummy_forward (1 stmt): same for a rank without videos
         inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values_videos, self.get_video_features, self.config.vision_config)
 
         if pixel_values_videos is not None:
@@ -2184,7 +2184,7 @@ class Qwen3OmniMoeThinkerForConditionalGeneration(
             video_embeds = video_outputs.pooler_output
             video_embeds_multiscale = video_outputs.deepstack_features
             video_embeds = video_embeds.to(inputs_embeds.device, inputs_embeds.dtype)
-            # patchgen #30 sp/vit_fill_back (1 stmt): same for video tokens
+            # patchgen #29 sp/vit_fill_back (1 stmt): same for video tokens
             video_embeds, video_embeds_multiscale = local_visual_tokens(input_ids == self.config.video_token_id, video_embeds, video_embeds_multiscale)
             _, video_mask, _ = self.get_placeholder_mask(
                 input_ids, inputs_embeds=inputs_embeds, video_features=video_embeds
@@ -2240,7 +2240,7 @@ class Qwen3OmniMoeThinkerForConditionalGeneration(
                 position_ids = position_ids.view(1, -1).expand(batch_size, -1)
                 position_ids = position_ids.add(delta)
                 position_ids = position_ids.unsqueeze(0).expand(3, -1, -1)
-        # patchgen #31 vlm/restore_lm_attention_kwargs (1 stmt): the language model gets its packed flash-attention kwargs back
+        # patchgen #30 vlm/restore_lm_attention_kwargs (1 stmt): the language model gets its packed flash-attention kwargs back
         kwargs = {**kwargs, **lm_attention_kwargs}
 
         outputs = self.model(
@@ -2334,14 +2334,14 @@ class Qwen3OmniMoeThinkerForConditionalGeneration(
     # Expert parallelism plan, read by runtime.moe.sharding: parameter suffix -> dim split over the ep group.
     _patchgen_ep_plan = {"mlp.experts.gate_up_proj": 0, "mlp.experts.down_proj": 0}
 
-    # patchgen #32 audio/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample (audio lengths, audio-in-video), before packing and SP slicing
+    # patchgen #31 audio/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample (audio lengths, audio-in-video), before packing and SP slicing
     @classmethod
     def get_position_id_func(cls, config):
         """fn(input_ids, image_grid_thw, video_grid_thw, audio_lengths, use_audio_in_video, video_second_per_grid)
     -> (3, 1, L) M-RoPE ids of one sample."""
         return OmniRopeIndexFunction(Qwen3OmniMoeThinkerForConditionalGeneration, config)
 
-    # patchgen #33 core/submodel_checkpoint (1 stmt): a full omni checkpoint loads into the thinker: talker and code2wav weights are dropped and counted, nothing else is
+    # patchgen #32 core/submodel_checkpoint (1 stmt): a full omni checkpoint loads into the thinker: talker and code2wav weights are dropped and counted, nothing else is
     def _adjust_missing_and_unexpected_keys(self, loading_info):
         super()._adjust_missing_and_unexpected_keys(loading_info)
         drop_checkpoint_prefixes(loading_info, ("talker.", "code2wav.",), type(self).__name__)
@@ -2355,5 +2355,5 @@ __all__ = [
 ]
 
 
-# patchgen #8 core/upstream_weight_conversions (1 stmt): load plain transformers' per-expert checkpoints into the stacked layout and save them back the same way
-share_upstream_weight_conversions("qwen3_omni_moe_thinker")
+# patchgen #33 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+share_upstream_weight_conversions("qwen3_omni_moe_thinker", __name__)

@@ -3,9 +3,9 @@
 # template and run `patchgen regen qwen3_vl`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl/modeling_qwen3_vl.py sha256=fcb5571ef95e4a6679af866ef9ef4dfa5cee017f9f91453daf28c7804c7a50fe
 # spec: specs/qwen3_vl.toml sha256=9d41261a2b6e803d6f38382c4d39e63b28cc28602dbe3ed41e7ffc8162f8aa3e
-# templates: sha256=e1ab20ce9d27ef40423ad9c01a6f74e5586b27bb3d58760fd512d236a2811829
-# engine: patchgen==0.1.0 sha256=3786cce5dad656c95b4165d4a5504faeea608f50e4927dea5cfb8c4f96bf80db
-# body: sha256=8541dfdef386a791fc788da62d6310d7a8582b0b7c7baeb930bd5403130d99ed
+# templates: sha256=7bcd3cf931869301e456ea49562c8e2703528ccb5cdc47386c2074153dfeb7d6
+# engine: patchgen==0.1.0 sha256=b09d8e3299b12bcfecb2c01c877bf264dfcda8106b651b2fc2ef4d977f28ecb6
+# body: sha256=67967231ce6f05ceb0a4cde6b829e74dc7d002b5c05dfb095dd86e243e262340
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel
 #   #2 vlm/local_submodel @ Qwen3VLModel.__init__: the text model is this file's patched class, not upstream's via AutoModel
@@ -29,6 +29,7 @@
 #   #20 vlm/vision_seqlens_from_host @ Qwen3VLVisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
 #   #21 vlm/vision_seqlens_from_host @ Qwen3VLVisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
 #   #22 vlm/position_id_func @ Qwen3VLForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+#   #23 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_vl/modular_qwen3_vl.py.
@@ -83,7 +84,7 @@ from transformers.utils.output_capturing import capture_outputs
 from transformers.vision_utils import get_vision_bilinear_indices_and_weights, get_vision_cu_seqlens, get_vision_position_ids
 from transformers.models.auto.modeling_auto import AutoModel
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLConfig, Qwen3VLTextConfig, Qwen3VLVisionConfig
-# patchgen imports (14 stmt): names the patches below use
+# patchgen imports (15 stmt): names the patches below use
 from runtime.sp.positions import full_sequence_mask
 from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
@@ -98,6 +99,7 @@ from runtime.vlm.dummy_forward import vision_dummy_forward
 from runtime.vlm.seqlens import with_host_seqlens
 from runtime.vlm.seqlens import vision_max_seqlen, vision_segment_lengths
 from runtime.vlm.positions import RopeIndexFunction
+from runtime.models.conversions import share_upstream_weight_conversions
 
 
 @auto_docstring
@@ -1728,3 +1730,7 @@ __all__ = [
     "Qwen3VLPreTrainedModel",
     "Qwen3VLTextModel",
 ]
+
+
+# patchgen #23 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+share_upstream_weight_conversions("qwen3_vl", __name__)

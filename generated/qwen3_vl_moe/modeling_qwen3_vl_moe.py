@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/qwen3_vl_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_vl_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
-# spec: specs/qwen3_vl_moe.toml sha256=9ca4aaf4a5ccd5b1b6090601f853609ba87edd695f4b7937287e428d67067ea7
-# templates: sha256=5b1c487972a660e554d7e0fca03c3c2ec4c19722b7b07d57e52a469e96238f61
-# engine: patchgen==0.1.0 sha256=3786cce5dad656c95b4165d4a5504faeea608f50e4927dea5cfb8c4f96bf80db
-# body: sha256=2bba04556b228bc0c9050db9a6bba2832333245dad577315cfff2ec457894604
+# spec: specs/qwen3_vl_moe.toml sha256=9f57aa8ed1f42d5ae7b7a318b6455500d0af46aeb7ed40fd6c4f80f678ed0e42
+# templates: sha256=282f930d3e91fe5fb596c149f3ef8deff3a2e8b4df49dd5b53339e4f2052cb49
+# engine: patchgen==0.1.0 sha256=b09d8e3299b12bcfecb2c01c877bf264dfcda8106b651b2fc2ef4d977f28ecb6
+# body: sha256=c693b84de1bf845630f5f6db2ced2303aa95d9522b683a7c331013c9febf33a7
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel
 #   #2 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the text model is this file's patched class, not upstream's via AutoModel
@@ -31,7 +31,7 @@
 #   #22 vlm/position_id_func @ Qwen3VLMoeForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
 #   #23 moe/global_aux_loss @ Qwen3VLMoeForConditionalGeneration.forward: the load-balancing loss must see every rank's tokens, not one rank's slice
 #   #24 moe/ep_plan @ Qwen3VLMoePreTrainedModel: expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
-#   #25 core/upstream_weight_conversions @ <module>: load plain transformers' checkpoints (experts stored transposed) into this layout and save them back the same way
+#   #25 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_vl_moe/modular_qwen3_vl_moe.py.
@@ -1948,5 +1948,5 @@ __all__ = [
 ]
 
 
-# patchgen #25 core/upstream_weight_conversions (1 stmt): load plain transformers' checkpoints (experts stored transposed) into this layout and save them back the same way
-share_upstream_weight_conversions("qwen3_vl_moe")
+# patchgen #25 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+share_upstream_weight_conversions("qwen3_vl_moe", __name__)

@@ -132,7 +132,7 @@ def test_list_shows_every_model(real, capsys) -> None:
     assert code == 0, err
     assert [line.split()[0] for line in out.splitlines()] == models(real)
     assert {"llama", "qwen3"} <= set(models(real))
-    count = len(spec_patches(real, "qwen3"))
+    count = len(spec_patches(real, "qwen3")) + 1  # + the conversions patch its [model] table implies
     assert re.search(rf"^qwen3 +transformers\.models\.qwen3\.modeling_qwen3 +{QWEN3}  \({count} patches\)$", out, re.M)
 
 
@@ -224,8 +224,9 @@ def test_explain_prints_template_upstream_line_and_rendered_code(real, capsys) -
     )
     sections = out.split("\n#")[1:]
     patches = spec_patches(real, "qwen3")
-    assert len(sections) == len(patches)
-    for index, (section, patch) in enumerate(zip(sections, patches, strict=True), start=1):
+    assert len(sections) == len(patches) + 1  # the last one is implied by the [model] table
+    assert sections[-1].startswith(f"{len(patches) + 1} core/upstream_weight_conversions (op add_definition) @ ")
+    for index, (section, patch) in enumerate(zip(sections[:-1], patches, strict=True), start=1):
         header = section.splitlines()[0]
         match = re.fullmatch(
             rf"{index} {re.escape(patch['template'])} \(op (\w+)\) @ {re.escape(patch['scope'])}, "

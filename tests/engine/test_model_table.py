@@ -135,3 +135,21 @@ def test_an_extends_cycle_is_an_error(project) -> None:
     proj = project({"a": loop.format("b", "a"), "b": loop.format("a", "b")})
     with pytest.raises(PatchgenError, match="chain deeper than"):
         proj.spec("a")
+
+
+def test_a_transformers_model_implies_upstream_conversions(project) -> None:
+    table = MODEL.replace('upstream = "fixturepkg.AutoToy"', 'upstream = "transformers.AutoModelForCausalLM"')
+    proj = project(with_model(spec_toml(patches=ALL_OPS[:1]), table))
+    spec = proj.spec()
+    implied = spec.patches[-1]
+    assert (implied.index, implied.template.name, implied.scope) == (2, "core/upstream_weight_conversions", "<module>")
+    assert implied.vars == {"model_type": "toy"} and implied.why.startswith("implied by [model]")
+    assert body_of(proj.generate().text).rstrip().endswith('share_upstream_weight_conversions("toy", __name__)')
+    off = table.replace('family = "causal_lm"', 'family = "causal_lm"\nconversions = false')
+    assert [p.template.name for p in project(with_model(spec_toml(patches=ALL_OPS[:1]), off)).spec().patches] == [
+        "fx/insert_trace"
+    ]
+    explicit = {"template": "core/upstream_weight_conversions", "scope": "<module>", "vars": {"model_type": "t"}}
+    proj = project(with_model(spec_toml(patches=[{**explicit, "why": "x"}]), table))
+    with pytest.raises(PatchgenError, match="implies the core/upstream_weight_conversions patch; remove the explicit"):
+        proj.spec()
