@@ -1,0 +1,89 @@
+"""The frozen condition model of a DiT: VAE + text encoder(s) + scheduler settings, loaded from a diffusers pipeline
+directory, never parallelised, never trained.
+
+API (what a DiT trainer relies on):
+
+* ``get_condition(inputs, videos) -> {"latents": [...], "context": [...]}``: ``inputs`` are the samples' prompts
+  (one ``str`` each), ``videos`` their pixels in [-1, 1] (``(C, F, H, W)`` videos for Wan, ``(C, H, W)`` images for
+  Flux / Qwen-Image). Returns one entry per sample: ``latents[i]`` the normalized VAE latents the transformer
+  denoises, ``context[i]`` a dict of the sample's conditioning tensors, named like the transformer's forward
+  parameters they feed. Everything is computed under ``torch.no_grad`` with the pipeline's own encoders, so a
+  trainer can cache it.
+* ``process_condition(latents, context, generator=None) -> ConditionInputs``: samples noise and noise levels as the
+  model's training recipe does, builds the noisy latents ``(1 - sigma) x0 + sigma noise`` (packed / concatenated
+  as the transformer takes them) and the flow-matching target ``noise - x0``. The returned dict's keys are exactly
+  the transformer's forward parameter names (``transformer(**inputs)``); the target and the noise levels are its
+  attributes ``.target`` and ``.sigmas``. SP ranks of one group must pass identically seeded generators: they hold
+  the same sample and must draw the same noise.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from runtime.diffusion.timesteps import TimestepSampler
+
+__all__ = ["ConditionInputs", "ConditionModel", "stack_context"]
+
+
+class ConditionInputs(dict):
+    """Forward kwargs of the transformer (keys = its forward parameter names) plus the training target."""
+
+    def __init__(self, inputs: dict[str, Any], target: Tensor, sigmas: Tensor) -> None:
+        super().__init__(inputs)
+        self.target = target
+        self.sigmas = sigmas
+
+
+def stack_context(context: Sequence[dict[str, Tensor]], key: str) -> Tensor:
+    return torch.stack([sample[key] for sample in context])
+
+
+class ConditionModel(nn.Module):
+    """Base of the per-model condition models: holds the frozen pipeline components and the timestep sampler."""
+
+    #: the diffusers pipeline class whose directory layout and encoders this model uses
+    pipeline_class: ClassVar[type]
+    #: components of that pipeline this model loads (the transformer is never among them)
+    components: ClassVar[tuple[str, ...]]
+    #: optional components (loaded when the directory has them)
+    optional_components: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, pipeline: Any, sampler: TimestepSampler) -> None:
+        super().__init__()
+        self.pipeline = pipeline
+        self.sampler = sampler
+        for name in (*self.components, *self.optional_components):
+            module = getattr(pipeline, name, None)
+            if isinstance(module, nn.Module):
+                module.requires_grad_(False)
+                module.eval()
+                self.add_module(name, module)
+        super().train(False)
+
+    @classmethod
+    def load_pipeline(cls, path: str | os.PathLike, **kwargs: Any) -> Any:
+        """The pipeline from ``path`` without its transformer(s): the condition side only."""
+        none = {name: None for name in ("transformer", "transformer_2") if name not in cls.components}
+        return cls.pipeline_class.from_pretrained(path, **none, **kwargs)
+
+    def train(self, mode: bool = True) -> ConditionModel:
+        return super().train(False)  # frozen: always in eval mode
+
+    @property
+    def device(self) -> torch.device:
+        return self.pipeline.vae.device
+
+    def noise_like(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
+        return torch.randn(x.shape, generator=generator, dtype=torch.float32).to(x.device, x.dtype)
+
+    @staticmethod
+    def noisy(x0: Tensor, noise: Tensor, sigmas: Tensor) -> tuple[Tensor, Tensor]:
+        """``(1 - sigma) x0 + sigma noise`` and the target ``noise - x0``; ``sigmas`` has one entry per sample."""
+        s = sigmas.to(x0.device, x0.dtype).view(-1, *([1] * (x0.dim() - 1)))
+        return (1 - s) * x0 + s * noise, noise - x0

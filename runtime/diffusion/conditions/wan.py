@@ -1,0 +1,117 @@
+"""Wan2.1 condition model: UMT5 text encoder + AutoencoderKLWan (T2V); I2V adds the CLIP image encoder and the
+first-frame condition (latents of the first frame followed by zeros, and the first-frame mask).
+
+Loaded from a ``WanPipeline`` or ``WanImageToVideoPipeline`` directory (I2V when its ``model_index.json`` names the
+image-to-video pipeline). Text and image embeddings and the I2V condition come from the pipeline's own methods, so
+training sees exactly what inference feeds the transformer. Noise levels: uniform, shifted by the scheduler's
+``shift`` (``flow_shift``); the transformer's timestep is ``sigma * num_train_timesteps``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import PIL.Image
+import torch
+from diffusers import WanImageToVideoPipeline, WanPipeline
+from torch import Tensor
+
+from runtime.diffusion.conditions.base import ConditionInputs, ConditionModel, stack_context
+from runtime.diffusion.timesteps import TimestepSampler
+
+__all__ = ["WanConditionModel"]
+
+TEXT_LENGTH = 512  # the pipelines' max_sequence_length; Wan I2V attention requires exactly 512 text tokens
+
+
+def _to_pil(frame: Tensor) -> PIL.Image.Image:
+    """A (C, H, W) frame in [-1, 1] as the 8-bit image an inference user would pass."""
+    array = ((frame.detach().float().cpu().clamp(-1, 1) + 1) * 127.5).round().to(torch.uint8)
+    return PIL.Image.fromarray(np.ascontiguousarray(array.permute(1, 2, 0).numpy()))
+
+
+class WanConditionModel(ConditionModel):
+    components = ("tokenizer", "text_encoder", "vae")
+    optional_components = ("image_encoder", "image_processor")
+
+    def __init__(self, pipeline: Any, sampler: TimestepSampler) -> None:
+        super().__init__(pipeline, sampler)
+        self.i2v = isinstance(pipeline, WanImageToVideoPipeline)
+        vae = pipeline.vae.config
+        self.register_buffer("latents_mean", torch.tensor(vae.latents_mean).view(1, -1, 1, 1, 1), persistent=False)
+        self.register_buffer("latents_std", torch.tensor(vae.latents_std).view(1, -1, 1, 1, 1), persistent=False)
+        self.num_train_timesteps = pipeline.scheduler.config.num_train_timesteps
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, **sampler_overrides: Any) -> WanConditionModel:
+        index = json.loads((Path(path) / "model_index.json").read_text())
+        pipeline_class = WanImageToVideoPipeline if index["_class_name"] == "WanImageToVideoPipeline" else WanPipeline
+        pipeline = pipeline_class.from_pretrained(path, transformer=None, transformer_2=None)
+        sampler = TimestepSampler.from_scheduler_config(pipeline.scheduler.config, **sampler_overrides)
+        return cls(pipeline, sampler)
+
+    @torch.no_grad()
+    def encode_video(self, video: Tensor) -> Tensor:
+        """Normalized VAE latents of one (C, F, H, W) video in [-1, 1] (the posterior's mode)."""
+        vae = self.pipeline.vae
+        latents = vae.encode(video[None].to(self.device, vae.dtype)).latent_dist.mode().float()
+        return ((latents - self.latents_mean) / self.latents_std)[0]
+
+    @torch.no_grad()
+    def get_condition(self, inputs: Sequence[str], videos: Sequence[Tensor]) -> dict[str, list]:
+        if len(inputs) != len(videos):
+            raise ValueError(f"get_condition: {len(inputs)} prompts for {len(videos)} videos")
+        pipe = self.pipeline
+        text, _ = pipe.encode_prompt(
+            list(inputs),
+            do_classifier_free_guidance=False,
+            max_sequence_length=TEXT_LENGTH,
+            device=self.device,
+            dtype=torch.float32,
+        )
+        latents, context = [], []
+        for prompt_embeds, video in zip(text, videos, strict=True):
+            x0 = self.encode_video(video)
+            sample = {"encoder_hidden_states": prompt_embeds}
+            if self.i2v:
+                sample.update(self._first_frame(video, x0))
+            latents.append(x0)
+            context.append(sample)
+        return {"latents": latents, "context": context}
+
+    def _first_frame(self, video: Tensor, x0: Tensor) -> dict[str, Tensor]:
+        """I2V: CLIP embeddings of the first frame and the pipeline's condition (mask + first-frame latents)."""
+        pipe = self.pipeline
+        frames, height, width = video.shape[1:]
+        image = _to_pil(video[:, 0])
+        image_embeds = pipe.encode_image(image, self.device)[0].float()
+        pixels = pipe.video_processor.preprocess(image, height=height, width=width).to(self.device, torch.float32)
+        _, condition = pipe.prepare_latents(
+            pixels, 1, x0.shape[0], height, width, frames, torch.float32, self.device, None, x0[None]
+        )
+        return {"encoder_hidden_states_image": image_embeds, "condition": condition[0]}
+
+    def process_condition(
+        self, latents: Sequence[Tensor], context: Sequence[dict[str, Tensor]], generator: torch.Generator | None = None
+    ) -> ConditionInputs:
+        x0 = torch.stack(list(latents)).to(self.device)
+        patch = (1, 2, 2)
+        tokens = int(np.prod([s // p for s, p in zip(x0.shape[2:], patch, strict=True)]))
+        sigmas = self.sampler.sample(x0.shape[0], tokens, generator)
+        noisy, target = self.noisy(x0, self.noise_like(x0, generator), sigmas)
+        inputs: dict[str, Any] = {
+            "hidden_states": noisy,
+            "timestep": (sigmas * self.num_train_timesteps).to(self.device),
+            "encoder_hidden_states": stack_context(context, "encoder_hidden_states").to(self.device),
+        }
+        if self.i2v:
+            inputs["hidden_states"] = torch.cat([noisy, stack_context(context, "condition").to(noisy)], dim=1)
+            inputs["encoder_hidden_states_image"] = stack_context(context, "encoder_hidden_states_image").to(
+                self.device
+            )
+        return ConditionInputs(inputs, target, sigmas)
