@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_wan.py sha256=74741d74c9fa4b9d02be83de9840b37a732080a795aa2d19037c03e312c76907
 # spec: specs/wan.toml sha256=4d340e1759c2c5a1336d784492ee3a06b449ecf1cc73f5e4d91a8c6f7c452de4
 # templates: sha256=11fa7f1372d5feba095daef3480331e26f5375fb0ab717f2e56c56b6161f40fe
-# engine: patchgen==0.1.0 sha256=fbb9eabe75f774b55a6e95477aa58207e3d367b1535adf798ca5a79278c870f0
+# engine: patchgen==0.1.0 sha256=750e01119899c97a2d6b3feb3dd05342ab31cb90d1ab47f0231f693a546760c7
 # body: sha256=23b1aaa307843caa0c7ffdf53867bbad1553b50d86c7fafa0ee159265dd1a8d4
 # patches:
 #   #1 dit/shard_tokens @ WanTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables
