@@ -1,50 +1,44 @@
-"""DiT ``model_type`` -> the generated trainable class, its diffusers upstream class and its condition model.
+"""The DiTs of the model registry (``family = "dit"`` in a spec's ``[model]`` table).
 
-The one place that lists the DiTs until specs carry a ``[model]`` table (``family = "dit"``); then this data moves
-into specs/{wan,flux,qwenimage}.toml and the generated registry replaces this table.
+A DiT record's ``data`` carries ``training_class`` (the PreTrainedModel shell the ``dit/training_shell`` template
+writes into the generated module), ``condition_model_type`` (the frozen condition model's registry key) and
+``tiny_variants`` (named overrides of the tiny config, e.g. Wan's ``i2v``).
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from typing import Any
+
+from runtime.models.registry import GeneratedModel, lookup, model_types
+
+__all__ = ["dit_model_types", "lookup_dit", "tiny_config", "training_class"]
 
 
-@dataclass(frozen=True)
-class DiTModel:
-    model_type: str
-    module: str  # the generated module
-    cls: str  # the trainable PreTrainedModel shell in it
-    upstream: str  # "diffusers.<Class>": the reference implementation
-    condition_model_type: str
-    spec: str
-
-    def model_class(self) -> type:
-        return getattr(importlib.import_module(self.module), self.cls)
-
-    def upstream_class(self) -> type:
-        package, name = self.upstream.split(".", 1)
-        return getattr(importlib.import_module(package), name)
+def dit_model_types() -> list[str]:
+    return model_types("dit")
 
 
-DIT_MODELS: dict[str, DiTModel] = {
-    m.model_type: m
-    for m in (
-        DiTModel(
-            "wan",
-            "generated.wan.transformer_wan",
-            "WanTransformer3DModelForTraining",
-            "diffusers.WanTransformer3DModel",
-            "wan",
-            "wan",
-        ),
-    )
-}
+def lookup_dit(model_type: str) -> GeneratedModel:
+    entry = lookup(model_type)
+    if entry.family != "dit":
+        raise ValueError(f"model_type {model_type!r} is a {entry.family} model, not a DiT")
+    return entry
 
 
-def lookup_dit(model_type: str) -> DiTModel:
-    try:
-        return DIT_MODELS[model_type]
-    except KeyError:
-        known = ", ".join(sorted(DIT_MODELS))
-        raise ValueError(f"no generated DiT for model_type {model_type!r}; known: {known}") from None
+def training_class(model_type: str) -> type:
+    """The generated PreTrainedModel shell that trains ``model_type``."""
+    entry = lookup_dit(model_type)
+    return getattr(importlib.import_module(entry.module), entry.data["training_class"])
+
+
+def tiny_config(model_type: str, variant: str | None = None) -> dict[str, Any]:
+    """The spec's tiny diffusers ``__init__`` arguments, with a named variant's overrides."""
+    entry = lookup_dit(model_type)
+    config = dict(entry.tiny)
+    if variant is not None:
+        variants = entry.data.get("tiny_variants", {})
+        if variant not in variants:
+            raise ValueError(f"{model_type}: no tiny variant {variant!r}; known: {sorted(variants)}")
+        config.update(variants[variant])
+    return config

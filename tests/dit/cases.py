@@ -5,14 +5,13 @@ Token counts are chosen not divisible by 2 or 4, so every SP run exercises the p
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-import diffusers
 import torch
 
-from runtime.diffusion.tiny import TINY_WAN_I2V, TINY_WAN_T2V, WAN_I2V_TEXT_LEN
+from runtime.diffusion.registry import lookup_dit, tiny_config, training_class
+from runtime.diffusion.tiny import WAN_I2V_TEXT_LEN
 
 
 @dataclass(frozen=True)
@@ -25,26 +24,24 @@ class Case:
     shape: dict[str, int] = field(default_factory=dict)
 
     @property
-    def module(self) -> Any:
-        return importlib.import_module(f"generated.{self.model_type}.{MODULES[self.model_type]}")
-
-    @property
     def upstream_class(self) -> type:
-        return getattr(diffusers, UPSTREAM[self.model_type])
+        return lookup_dit(self.model_type).upstream_class()
 
     @property
     def shell_class(self) -> type:
-        return getattr(self.module, UPSTREAM[self.model_type] + "ForTraining")
+        return training_class(self.model_type)
 
-
-MODULES = {"wan": "transformer_wan"}
-UPSTREAM = {"wan": "WanTransformer3DModel"}
 
 # frames 3, 6x10 latents -> 3 * 3 * 5 = 45 tokens (odd: padded for sp=2 and sp=4)
 CASES = {
-    "wan_t2v": Case("wan_t2v", "wan", TINY_WAN_T2V, {"batch": 2, "frames": 3, "height": 6, "width": 10, "text": 7}),
+    "wan_t2v": Case(
+        "wan_t2v", "wan", tiny_config("wan"), {"batch": 2, "frames": 3, "height": 6, "width": 10, "text": 7}
+    ),
     "wan_i2v": Case(
-        "wan_i2v", "wan", TINY_WAN_I2V, {"batch": 1, "frames": 3, "height": 6, "width": 10, "text": WAN_I2V_TEXT_LEN}
+        "wan_i2v",
+        "wan",
+        tiny_config("wan", "i2v"),
+        {"batch": 1, "frames": 3, "height": 6, "width": 10, "text": WAN_I2V_TEXT_LEN},
     ),
 }
 

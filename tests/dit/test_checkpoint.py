@@ -74,7 +74,7 @@ def test_config_bridge() -> None:
     assert as_dict["_class_name"] == "WanTransformer3DModel" and "dtype" not in as_dict
     assert as_dict["condition_model_type"] == "custom" and as_dict["model_type"] == "wan"
     # diffusers code paths read the same values through the config and the internal dict
-    assert model.config.patch_size == tuple(case.config["patch_size"])
+    assert list(model.config.patch_size) == list(case.config["patch_size"])
     assert dict(model._internal_dict) == config.to_diffuser_dict()
     model.register_to_config(eps=1e-5)
     assert config.eps == 1e-5 and model._internal_dict["eps"] == 1e-5
@@ -88,13 +88,15 @@ def test_refuses_another_models_checkpoint(tmp_path: Path) -> None:
 
 def test_registry_resolves_every_dit() -> None:
     from runtime.diffusion.conditions import condition_model_class
-    from runtime.diffusion.registry import DIT_MODELS, lookup_dit
+    from runtime.diffusion.registry import dit_model_types, lookup_dit, training_class
 
-    for model_type, entry in DIT_MODELS.items():
-        cls = entry.model_class()
+    assert "wan" in dit_model_types()
+    for model_type in dit_model_types():
+        entry = lookup_dit(model_type)
+        cls = training_class(model_type)
         assert cls.config_class.model_type == model_type
-        assert cls.config_class.diffusers_class.__name__ == entry.upstream_class().__name__
-        assert cls.config_class.default_condition_model_type == entry.condition_model_type
-        assert callable(condition_model_class(entry.condition_model_type).from_pretrained)
-    with pytest.raises(ValueError, match="no generated DiT for model_type 'nope'"):
-        lookup_dit("nope")
+        assert cls.config_class.diffusers_class.__name__ == entry.upstream_class().__name__ == entry.causal_lm
+        assert cls.config_class.default_condition_model_type == entry.data["condition_model_type"]
+        assert callable(condition_model_class(entry.data["condition_model_type"]).from_pretrained)
+    with pytest.raises(ValueError, match="not a DiT"):
+        lookup_dit("qwen3")
