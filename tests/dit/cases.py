@@ -32,16 +32,17 @@ class Case:
         return training_class(self.model_type)
 
 
-# frames 3, 6x10 latents -> 3 * 3 * 5 = 45 tokens (odd: padded for sp=2 and sp=4)
+# Wan: 3 frames of 6x10 latents -> 3 * 3 * 5 = 45 tokens (odd: padded for sp=2 and sp=4). Flux / Qwen-Image: 6x10
+# latents packed 2x2 -> 3 x 5 = 15 image tokens; Qwen zero_cond_t adds a 2x3 condition image (21 tokens).
+VIDEO = {"frames": 3, "height": 6, "width": 10}
+IMAGE = {"height": 3, "width": 5, "text": 7}
 CASES = {
-    "wan_t2v": Case(
-        "wan_t2v", "wan", tiny_config("wan"), {"batch": 2, "frames": 3, "height": 6, "width": 10, "text": 7}
-    ),
-    "wan_i2v": Case(
-        "wan_i2v",
-        "wan",
-        tiny_config("wan", "i2v"),
-        {"batch": 1, "frames": 3, "height": 6, "width": 10, "text": WAN_I2V_TEXT_LEN},
+    "wan_t2v": Case("wan_t2v", "wan", tiny_config("wan"), {**VIDEO, "batch": 2, "text": 7}),
+    "wan_i2v": Case("wan_i2v", "wan", tiny_config("wan", "i2v"), {**VIDEO, "batch": 1, "text": WAN_I2V_TEXT_LEN}),
+    "flux": Case("flux", "flux", tiny_config("flux"), {**IMAGE, "batch": 2}),
+    "qwenimage": Case("qwenimage", "qwenimage", tiny_config("qwenimage"), {**IMAGE, "batch": 2}),
+    "qwenimage_zero_cond_t": Case(
+        "qwenimage_zero_cond_t", "qwenimage", tiny_config("qwenimage", "zero_cond_t"), {**IMAGE, "batch": 1}
     ),
 }
 
@@ -65,6 +66,33 @@ def inputs(case: Case, seed: int = 1) -> dict[str, Any]:
         if cfg.get("image_dim"):
             out["encoder_hidden_states_image"] = randn(s["batch"], 5, cfg["image_dim"])
         return out
+    b, h, w, text = s["batch"], s["height"], s["width"], s["text"]
+    cfg = case.config
+    if case.model_type == "flux":
+        rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        img_ids = torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).reshape(h * w, 3).float()
+        return {
+            "hidden_states": randn(b, h * w, cfg["in_channels"]),
+            "encoder_hidden_states": randn(b, text, cfg["joint_attention_dim"]),
+            "pooled_projections": randn(b, cfg["pooled_projection_dim"]),
+            "timestep": torch.rand(b, generator=g),
+            "img_ids": img_ids,  # (0, row, col) per packed token, as FluxPipeline lays them out
+            "txt_ids": torch.zeros(text, 3),
+            "guidance": torch.full((b,), 3.5),
+            "return_dict": False,
+        }
+    if case.model_type == "qwenimage":
+        shapes = [(1, h, w), (1, 2, 3)] if cfg.get("zero_cond_t") else [(1, h, w)]
+        mask = torch.ones(b, text, dtype=torch.long)
+        mask[-1, text - 2 :] = 0  # the last sample's prompt is 2 tokens shorter (padding)
+        return {
+            "hidden_states": randn(b, sum(f * y * x for f, y, x in shapes), cfg["in_channels"]),
+            "encoder_hidden_states": randn(b, text, cfg["joint_attention_dim"]),
+            "encoder_hidden_states_mask": mask,
+            "timestep": torch.rand(b, generator=g),
+            "img_shapes": [shapes] * b,
+            "return_dict": False,
+        }
     raise KeyError(case.model_type)
 
 
@@ -91,7 +119,8 @@ def loss_and_grads(model: torch.nn.Module, kwargs: dict[str, Any]) -> tuple[torc
     out = model(**kwargs)[0]
     loss = torch.nn.functional.mse_loss(out, target_like(out))
     loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    # None: a parameter upstream leaves out of the loss (e.g. Qwen-Image's last text MLP); compared as None
+    grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
     return out.detach(), loss.detach(), grads
 
 

@@ -18,6 +18,7 @@ def test_generated_equals_diffusers_bitwise(name: str) -> None:
     ref_out, ref_loss, ref_grads = loss_and_grads(ref, kwargs)
     assert torch.equal(out, ref_out)
     assert torch.equal(loss, ref_loss)
-    assert grads.keys() == ref_grads.keys() and len(grads) > 10
+    assert grads.keys() == ref_grads.keys()
+    assert sum(g is not None for g in grads.values()) > 10
     for key, grad in ref_grads.items():
-        assert torch.equal(grads[key], grad), key
+        assert (grads[key] is None and grad is None) or torch.equal(grads[key], grad), key

@@ -13,6 +13,8 @@ __all__ = ["CONDITION_MODELS", "ConditionInputs", "ConditionModel", "condition_m
 # condition_model_type -> "module:class", imported on use
 CONDITION_MODELS = {
     "wan": "runtime.diffusion.conditions.wan:WanConditionModel",
+    "flux": "runtime.diffusion.conditions.flux:FluxConditionModel",
+    "qwenimage": "runtime.diffusion.conditions.qwenimage:QwenImageConditionModel",
 }
 
 

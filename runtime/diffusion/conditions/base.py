@@ -19,6 +19,7 @@ API (what a DiT trainer relies on):
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -69,7 +70,8 @@ class ConditionModel(nn.Module):
     @classmethod
     def load_pipeline(cls, path: str | os.PathLike, **kwargs: Any) -> Any:
         """The pipeline from ``path`` without its transformer(s): the condition side only."""
-        none = {name: None for name in ("transformer", "transformer_2") if name not in cls.components}
+        accepted = inspect.signature(cls.pipeline_class.__init__).parameters
+        none = {name: None for name in ("transformer", "transformer_2") if name in accepted}
         return cls.pipeline_class.from_pretrained(path, **none, **kwargs)
 
     def train(self, mode: bool = True) -> ConditionModel:

@@ -36,6 +36,7 @@ def _to_pil(frame: Tensor) -> PIL.Image.Image:
 
 
 class WanConditionModel(ConditionModel):
+    pipeline_class = WanPipeline
     components = ("tokenizer", "text_encoder", "vae")
     optional_components = ("image_encoder", "image_processor")
 
@@ -51,7 +52,7 @@ class WanConditionModel(ConditionModel):
     def from_pretrained(cls, path: str | os.PathLike, **sampler_overrides: Any) -> WanConditionModel:
         index = json.loads((Path(path) / "model_index.json").read_text())
         pipeline_class = WanImageToVideoPipeline if index["_class_name"] == "WanImageToVideoPipeline" else WanPipeline
-        pipeline = pipeline_class.from_pretrained(path, transformer=None, transformer_2=None)
+        pipeline = pipeline_class.from_pretrained(path, transformer=None, transformer_2=None)  # condition side only
         sampler = TimestepSampler.from_scheduler_config(pipeline.scheduler.config, **sampler_overrides)
         return cls(pipeline, sampler)
 

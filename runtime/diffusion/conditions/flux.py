@@ -1,0 +1,91 @@
+"""Flux.1 condition model: CLIP (pooled) + T5 text encoders and AutoencoderKL, loaded from a ``FluxPipeline``
+directory.
+
+Latents are the VAE posterior's mode, ``(z - shift_factor) * scaling_factor``, kept unpacked per sample; training
+inputs pack them 2x2 into tokens with the pipeline's ``_pack_latents`` / ``_prepare_latent_image_ids``, the text
+ids are zeros as in the pipeline, and guidance-distilled checkpoints (``guidance_embeds``) get a constant guidance
+(``guidance_scale``, 3.5 by default as in diffusers' Flux training scripts). Noise levels: logit-normal, shifted
+by the resolution-dependent ``mu`` of the scheduler's dynamic-shifting settings; the transformer's timestep is
+sigma (the pipeline passes ``t / 1000``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from diffusers import FluxPipeline
+from torch import Tensor
+
+from runtime.diffusion.conditions.base import ConditionInputs, ConditionModel, stack_context
+from runtime.diffusion.timesteps import TimestepSampler
+
+__all__ = ["FluxConditionModel"]
+
+TEXT_LENGTH = 512  # FluxPipeline's max_sequence_length (T5 tokens)
+
+
+class FluxConditionModel(ConditionModel):
+    pipeline_class = FluxPipeline
+    components = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "vae")
+
+    def __init__(self, pipeline: Any, sampler: TimestepSampler, guidance_scale: float | None) -> None:
+        super().__init__(pipeline, sampler)
+        self.guidance_scale = guidance_scale
+        self.shift_factor = pipeline.vae.config.shift_factor or 0.0
+        self.scaling_factor = pipeline.vae.config.scaling_factor
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike, guidance_scale: float = 3.5, **sampler_overrides: Any
+    ) -> FluxConditionModel:
+        pipeline = cls.load_pipeline(path)
+        transformer_config = json.loads((Path(path) / "transformer" / "config.json").read_text())
+        sampler = TimestepSampler.from_scheduler_config(
+            pipeline.scheduler.config, **{"distribution": "logit_normal", **sampler_overrides}
+        )
+        return cls(pipeline, sampler, guidance_scale if transformer_config.get("guidance_embeds") else None)
+
+    @torch.no_grad()
+    def encode_image(self, image: Tensor) -> Tensor:
+        """Normalized VAE latents (C, h, w) of one (C, H, W) image in [-1, 1]."""
+        vae = self.pipeline.vae
+        latents = vae.encode(image[None].to(self.device, vae.dtype)).latent_dist.mode().float()
+        return ((latents - self.shift_factor) * self.scaling_factor)[0]
+
+    @torch.no_grad()
+    def get_condition(self, inputs: Sequence[str], videos: Sequence[Tensor]) -> dict[str, list]:
+        if len(inputs) != len(videos):
+            raise ValueError(f"get_condition: {len(inputs)} prompts for {len(videos)} images")
+        prompt_embeds, pooled, _ = self.pipeline.encode_prompt(
+            list(inputs), prompt_2=None, device=self.device, max_sequence_length=TEXT_LENGTH
+        )
+        context = [
+            {"encoder_hidden_states": e.float(), "pooled_projections": p.float()}
+            for e, p in zip(prompt_embeds, pooled, strict=True)
+        ]
+        return {"latents": [self.encode_image(image) for image in videos], "context": context}
+
+    def process_condition(
+        self, latents: Sequence[Tensor], context: Sequence[dict[str, Tensor]], generator: torch.Generator | None = None
+    ) -> ConditionInputs:
+        x0 = torch.stack(list(latents)).to(self.device)
+        b, c, h, w = x0.shape
+        sigmas = self.sampler.sample(b, (h // 2) * (w // 2), generator)
+        noisy, target = self.noisy(x0, self.noise_like(x0, generator), sigmas)
+        text = stack_context(context, "encoder_hidden_states").to(self.device)
+        inputs: dict[str, Any] = {
+            "hidden_states": FluxPipeline._pack_latents(noisy, b, c, h, w),
+            "encoder_hidden_states": text,
+            "pooled_projections": stack_context(context, "pooled_projections").to(self.device),
+            "timestep": sigmas.to(self.device),
+            "img_ids": FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, self.device, text.dtype),
+            "txt_ids": torch.zeros(text.shape[1], 3, device=self.device, dtype=text.dtype),
+        }
+        if self.guidance_scale is not None:
+            inputs["guidance"] = torch.full((b,), self.guidance_scale, device=self.device)
+        return ConditionInputs(inputs, FluxPipeline._pack_latents(target, b, c, h, w), sigmas)

@@ -1,0 +1,77 @@
+"""Qwen-Image condition model: Qwen2.5-VL text encoder (the pipeline's prompt template, its first tokens dropped)
+and AutoencoderKLQwenImage, loaded from a ``QwenImagePipeline`` directory.
+
+Latents are the VAE posterior's mode of the image as a one-frame video, normalized with the VAE config's
+per-channel ``latents_mean`` / ``latents_std``, kept unpacked per sample; training inputs pack them 2x2 with the
+pipeline's ``_pack_latents`` and give ``img_shapes`` as the pipeline does. Prompts keep their own length per
+sample; a batch pads them and passes ``encoder_hidden_states_mask`` (None when no sample is padded, as the
+pipeline). Noise levels: uniform, shifted by the resolution-dependent ``mu`` of the scheduler's dynamic-shifting
+settings; the transformer's timestep is sigma (the pipeline passes ``t / 1000``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from diffusers import QwenImagePipeline
+from torch import Tensor
+
+from runtime.diffusion.conditions.base import ConditionInputs, ConditionModel
+from runtime.diffusion.timesteps import TimestepSampler
+
+__all__ = ["QwenImageConditionModel"]
+
+
+class QwenImageConditionModel(ConditionModel):
+    pipeline_class = QwenImagePipeline
+    components = ("tokenizer", "text_encoder", "vae")
+
+    def __init__(self, pipeline: Any, sampler: TimestepSampler) -> None:
+        super().__init__(pipeline, sampler)
+        vae = pipeline.vae.config
+        self.register_buffer("latents_mean", torch.tensor(vae.latents_mean).view(1, -1, 1, 1, 1), persistent=False)
+        self.register_buffer("latents_std", torch.tensor(vae.latents_std).view(1, -1, 1, 1, 1), persistent=False)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, **sampler_overrides: Any) -> QwenImageConditionModel:
+        pipeline = cls.load_pipeline(path)
+        return cls(pipeline, TimestepSampler.from_scheduler_config(pipeline.scheduler.config, **sampler_overrides))
+
+    @torch.no_grad()
+    def encode_image(self, image: Tensor) -> Tensor:
+        """Normalized VAE latents (C, h, w) of one (C, H, W) image in [-1, 1]."""
+        vae = self.pipeline.vae
+        latents = vae.encode(image[None, :, None].to(self.device, vae.dtype)).latent_dist.mode().float()
+        return ((latents - self.latents_mean) / self.latents_std)[0, :, 0]
+
+    @torch.no_grad()
+    def get_condition(self, inputs: Sequence[str], videos: Sequence[Tensor]) -> dict[str, list]:
+        if len(inputs) != len(videos):
+            raise ValueError(f"get_condition: {len(inputs)} prompts for {len(videos)} images")
+        embeds, mask = self.pipeline.encode_prompt(list(inputs), device=self.device)
+        lengths = [embeds.shape[1]] * len(inputs) if mask is None else mask.sum(dim=1).tolist()
+        context = [{"encoder_hidden_states": e[:n].float()} for e, n in zip(embeds, lengths, strict=True)]
+        return {"latents": [self.encode_image(image) for image in videos], "context": context}
+
+    def process_condition(
+        self, latents: Sequence[Tensor], context: Sequence[dict[str, Tensor]], generator: torch.Generator | None = None
+    ) -> ConditionInputs:
+        x0 = torch.stack(list(latents)).to(self.device)
+        b, c, h, w = x0.shape
+        sigmas = self.sampler.sample(b, (h // 2) * (w // 2), generator)
+        noisy, target = self.noisy(x0, self.noise_like(x0, generator), sigmas)
+        texts = [sample["encoder_hidden_states"] for sample in context]
+        longest = max(t.shape[0] for t in texts)
+        padded = torch.stack([torch.cat([t, t.new_zeros(longest - t.shape[0], t.shape[1])]) for t in texts])
+        mask = torch.stack([torch.arange(longest) < t.shape[0] for t in texts]).long()
+        inputs = {
+            "hidden_states": QwenImagePipeline._pack_latents(noisy, b, c, h, w),
+            "encoder_hidden_states": padded.to(self.device),
+            "encoder_hidden_states_mask": None if bool(mask.all()) else mask.to(self.device),
+            "timestep": sigmas.to(self.device),
+            "img_shapes": [[(1, h // 2, w // 2)]] * b,
+        }
+        return ConditionInputs(inputs, QwenImagePipeline._pack_latents(target, b, c, h, w), sigmas)
