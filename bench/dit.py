@@ -1,0 +1,187 @@
+"""DiT training overhead, measured as ratios in one run.
+
+1. forward+backward CPU time (one thread), generated shell vs the diffusers class with the same weights,
+   parallelism off, for Wan, Flux and Qwen-Image (target <= 1.02);
+2. activation memory per rank (bytes of tensors saved for backward) at sp=2 vs sp=1 for a long Wan video token
+   sequence (target <= 0.6): exact and repeatable on CPU, unlike RSS.
+
+Run: `.venv/bin/python bench/dit.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from runtime.diffusion.registry import lookup_dit, training_class
+
+# Bench sizes: 4-6 blocks, hidden 256-288 (8 heads), 512 tokens for the timing, 4096 for the memory ratio.
+WAN = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=8,
+    attention_head_dim=36,  # RoPE t/h/w = 12/12/12
+    in_channels=16,
+    out_channels=16,
+    text_dim=64,
+    freq_dim=64,
+    ffn_dim=768,
+    num_layers=4,
+    rope_max_seq_len=256,
+)
+FLUX = dict(
+    patch_size=1,
+    in_channels=64,
+    num_layers=2,
+    num_single_layers=4,
+    attention_head_dim=32,
+    num_attention_heads=8,
+    joint_attention_dim=64,
+    pooled_projection_dim=32,
+    guidance_embeds=True,
+    axes_dims_rope=(8, 12, 12),
+)
+QWEN = dict(
+    patch_size=2,
+    in_channels=64,
+    out_channels=16,
+    num_layers=4,
+    attention_head_dim=32,
+    num_attention_heads=8,
+    joint_attention_dim=64,
+    axes_dims_rope=(8, 12, 12),
+)
+
+
+def _inputs(model_type: str, tokens_hw: tuple[int, int], frames: int = 1, text: int = 64) -> dict[str, Any]:
+    g = torch.Generator().manual_seed(0)
+    h, w = tokens_hw
+    if model_type == "wan":
+        return {
+            "hidden_states": torch.randn(1, 16, frames, 2 * h, 2 * w, generator=g),
+            "timestep": torch.tensor([500.0]),
+            "encoder_hidden_states": torch.randn(1, text, 64, generator=g),
+            "return_dict": False,
+        }
+    if model_type == "flux":
+        rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        return {
+            "hidden_states": torch.randn(1, h * w, 64, generator=g),
+            "encoder_hidden_states": torch.randn(1, text, 64, generator=g),
+            "pooled_projections": torch.randn(1, 32, generator=g),
+            "timestep": torch.tensor([0.5]),
+            "img_ids": torch.stack([torch.zeros_like(rows), rows, cols], -1).reshape(-1, 3).float(),
+            "txt_ids": torch.zeros(text, 3),
+            "guidance": torch.tensor([3.5]),
+            "return_dict": False,
+        }
+    return {
+        "hidden_states": torch.randn(1, h * w, 64, generator=g),
+        "encoder_hidden_states": torch.randn(1, text, 64, generator=g),
+        "timestep": torch.tensor([0.5]),
+        "img_shapes": [[(1, h, w)]],
+        "return_dict": False,
+    }
+
+
+def _pair(model_type: str, config: dict[str, Any]) -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(0)
+    cls = training_class(model_type)
+    generated = cls(cls.config_class(**config))
+    upstream = lookup_dit(model_type).upstream_class()(**config)
+    upstream.load_state_dict(generated.state_dict())
+    return upstream, generated
+
+
+def _fwd_bwd(model: torch.nn.Module, inputs: dict[str, Any]) -> float:
+    """CPU seconds of one forward+backward (one intra-op thread): steadier than wall time on a shared machine."""
+    start = time.process_time()
+    model(**inputs)[0].square().mean().backward()
+    elapsed = time.process_time() - start
+    model.zero_grad(set_to_none=True)
+    return elapsed
+
+
+def overhead(model_type: str, config: dict[str, Any], inputs: dict[str, Any], repeats: int = 9) -> tuple[float, float]:
+    upstream, generated = _pair(model_type, config)
+    for m in (upstream, generated):  # warm-up
+        _fwd_bwd(m, inputs)
+    up, gen = [], []
+    for i in range(repeats):  # interleaved, alternating who goes first, so drift affects both alike
+        for model, times in ((upstream, up), (generated, gen))[:: 1 if i % 2 else -1]:
+            times.append(_fwd_bwd(model, inputs))
+    return statistics.median(up), statistics.median(gen)
+
+
+def saved_activation_bytes(model: torch.nn.Module, inputs: dict[str, Any]) -> int:
+    """Bytes of distinct tensors autograd saves for backward during one forward."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, torch.nn.Parameter):
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(**inputs)[0].square().mean()
+    loss.backward()
+    return sum(seen.values())
+
+
+def _memory_worker(rank: int, world: int, port: int, frames: int, out: Any) -> None:
+    from runtime.parallel.state import init_parallel_state
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    init_parallel_state(sp_size=world)
+    _, model = _pair("wan", WAN)
+    out.put((rank, saved_activation_bytes(model, _inputs("wan", (16, 16), frames=frames))))
+    torch.distributed.destroy_process_group()
+
+
+def activation_bytes_per_rank(world: int, frames: int) -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_memory_worker, args=(r, world, port, frames, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=900) for _ in procs)
+    for p in procs:
+        p.join()
+    return max(results.values())
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    print("forward+backward CPU time, parallelism off, generated shell vs diffusers class (fp32, 1 thread)")
+    cases = [
+        ("wan", WAN, _inputs("wan", (16, 16), frames=2), "2 frames x 16x16 = 512 tokens"),
+        ("flux", FLUX, _inputs("flux", (16, 32)), "512 image + 64 text tokens"),
+        ("qwenimage", QWEN, _inputs("qwenimage", (16, 32)), "512 image + 64 text tokens"),
+    ]
+    for model_type, config, inputs, what in cases:
+        up, gen = overhead(model_type, config, inputs)
+        print(
+            f"  {model_type:10s} {what:32s} diffusers {up * 1e3:7.1f} ms  generated {gen * 1e3:7.1f} ms  "
+            f"ratio {gen / up:5.3f}  (target <= 1.02)"
+        )
+    frames = 16  # 16 x 16 x 16 = 4096 video tokens
+    one, two = activation_bytes_per_rank(1, frames), activation_bytes_per_rank(2, frames)
+    print(f"activation memory per rank, Wan, {frames * 256} video tokens (bytes saved for backward)")
+    print(f"  sp=1 {one / 2**20:8.1f} MiB\n  sp=2 {two / 2**20:8.1f} MiB\n  ratio {two / one:7.3f}  (target <= 0.6)")
+
+
+if __name__ == "__main__":
+    main()
