@@ -2,7 +2,7 @@
 # Made by patchgen 0.1.0 from specs/qwen3.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3/modeling_qwen3.py sha256=fbdcfeeb1b54135ca67ba7df924da92f4b264e1252b517eea2de989289ebaeab
-# spec: specs/qwen3.toml sha256=c5e6165714916c873aabdf67b8789bb016c99f1a7e9b0f91b250a5faf1fd1bbf
+# spec: specs/qwen3.toml sha256=0d62c2bd0276db569863df2a1a1cd6f13dd2e1312c87096e549f75ae66ad6783
 # templates: sha256=bcaf301be28e2e597d39214b7638d706de03403ff737e79537dbc3ca42936671
 # engine: patchgen==0.1.0 sha256=b09d8e3299b12bcfecb2c01c877bf264dfcda8106b651b2fc2ef4d977f28ecb6
 # body: sha256=0146a1dc622bfb1ecc692c02dcf0178231af05d471ade378b6e6f20d552617dc
