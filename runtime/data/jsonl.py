@@ -6,8 +6,10 @@ silently skipped or misread line only shows up much later as a worse model.
 A chat message's ``content`` is a string or, for vision-language models, a list of parts:
 ``{"type": "text", "text": ...}``, ``{"type": "image", "image": "a.png"}`` or
 ``{"type": "video", "video": ["f0.png", "f1.png", ...], "fps": 2}`` (a video is its frames as image files; ``fps``
-is optional). Relative paths resolve against the JSONL file's directory, and every file must exist when the line is
-read: a missing image is a data error that should stop the run before training, not in the middle of it.
+is optional; omni models: ``"audio": "track.wav"`` gives the video's audio track as a separate file) or, for omni
+models, ``{"type": "audio", "audio": "clip.flac"}``. Relative paths resolve against the JSONL file's directory, and
+every file must exist when the line is read: a missing image is a data error that should stop the run before
+training, not in the middle of it.
 """
 
 from __future__ import annotations
@@ -41,14 +43,23 @@ class ImagePart:
 
 @dataclass(frozen=True)
 class VideoPart:
-    """A video as its frames, in order; ``fps`` is the rate they were sampled at, when known."""
+    """A video as its frames, in order; ``fps`` is the rate they were sampled at, when known; ``audio`` its audio
+    track as a separate file (omni models), when given."""
 
     frames: tuple[Path, ...]
     fps: float | None = None
+    audio: Path | None = None
 
 
-ContentPart = TextPart | ImagePart | VideoPart
-PART_TYPES = ("text", "image", "video")
+@dataclass(frozen=True)
+class AudioPart:
+    """An audio file (wav, flac, ...; an existing path, resolved like images)."""
+
+    path: Path
+
+
+ContentPart = TextPart | ImagePart | VideoPart | AudioPart
+PART_TYPES = ("text", "image", "video", "audio")
 
 
 @dataclass(frozen=True)
@@ -76,7 +87,7 @@ class ChatSample:
 
     @property
     def is_multimodal(self) -> bool:
-        """Whether any message holds an image or a video (it then needs a processor, not just a tokenizer)."""
+        """Whether any message holds an image, a video or an audio (it then needs a processor, not a tokenizer)."""
         return any(m.has_media for m in self.messages)
 
 
@@ -108,6 +119,8 @@ def _parse_part(item: Any, where: str, base_dir: Path) -> ContentPart:
         return TextPart(item["text"])
     if kind == "image":
         return ImagePart(_existing_file(item.get("image"), f"{where}.image", base_dir))
+    if kind == "audio":
+        return AudioPart(_existing_file(item.get("audio"), f"{where}.audio", base_dir))
     frames = item.get("video")
     if not isinstance(frames, list) or not frames:
         raise _LineError(f"{where}.video must be a non-empty list of frame image paths, got {frames!r:.60}")
@@ -115,7 +128,9 @@ def _parse_part(item: Any, where: str, base_dir: Path) -> ContentPart:
     if fps is not None and (isinstance(fps, bool) or not isinstance(fps, int | float) or not fps > 0):
         raise _LineError(f"{where}.fps must be a positive number, got {fps!r}")
     paths = tuple(_existing_file(f, f"{where}.video[{k}]", base_dir) for k, f in enumerate(frames))
-    return VideoPart(paths, None if fps is None else float(fps))
+    track = item.get("audio")
+    audio = None if track is None else _existing_file(track, f"{where}.audio", base_dir)
+    return VideoPart(paths, None if fps is None else float(fps), audio)
 
 
 def _parse_message(item: Any, index: int, base_dir: Path) -> ChatMessage:

@@ -118,7 +118,9 @@ def test_jsonl_reads_media_parts_relative_to_the_file(tmp_path: Path) -> None:
     [
         ({"type": "image", "image": "missing.png"}, "messages[0].content[1].image: file not found: {dir}/missing.png"),
         ({"type": "video", "video": ["ok.png", "gone.png"]}, "content[1].video[1]: file not found: {dir}/gone.png"),
-        ({"type": "audio", "audio": "x.wav"}, "messages[0].content[1].type must be one of text, image, video"),
+        ({"type": "sound", "sound": "x.wav"}, "messages[0].content[1].type must be one of text, image, video, audio"),
+        ({"type": "audio", "audio": "x.wav"}, "messages[0].content[1].audio: file not found: {dir}/x.wav"),
+        ({"type": "video", "video": ["ok.png"], "audio": "t.wav"}, "content[1].audio: file not found: {dir}/t.wav"),
         ({"type": "video", "video": []}, "content[1].video must be a non-empty list of frame image paths"),
         ({"type": "video", "video": ["ok.png"], "fps": 0}, "content[1].fps must be a positive number"),
         ({"type": "text"}, "content[1].text must be a string"),
