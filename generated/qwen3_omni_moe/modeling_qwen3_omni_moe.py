@@ -2,7 +2,7 @@
 # Made by patchgen 0.1.0 from specs/qwen3_omni_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_omni_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
-# spec: specs/qwen3_omni_moe.toml sha256=e964d7b04cbfe1561233d5e25033306495afa0f79b7e25a24409f4843f81906c
+# spec: specs/qwen3_omni_moe.toml sha256=38f04802f14e2d3900e5f868d8cfe8e4a84267791e039f0be4e77306a75616df
 # templates: sha256=5b143dd2c62ec4505e0f98694066c85e14ca76d80a48c490e94a96691b6e2f95
 # engine: patchgen==0.1.0 sha256=b09d8e3299b12bcfecb2c01c877bf264dfcda8106b651b2fc2ef4d977f28ecb6
 # body: sha256=d4bd98110f1f94beed5231aee96fb190160d3893e57cb03772edb9d279c24a2d
