@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/qwen3_omni_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_omni_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
-# spec: specs/qwen3_omni_moe.toml sha256=38f04802f14e2d3900e5f868d8cfe8e4a84267791e039f0be4e77306a75616df
-# templates: sha256=5b143dd2c62ec4505e0f98694066c85e14ca76d80a48c490e94a96691b6e2f95
+# spec: specs/qwen3_omni_moe.toml sha256=1de073988c954a849f1d7bd0c900221a4bd2db09f2da3e760ebe7e03a8f960bd
+# templates: sha256=37318971f58f64089b252f20ffa2b13d06a92c79c153388bfcc06f3f95eb6261
 # engine: patchgen==0.1.0 sha256=b09d8e3299b12bcfecb2c01c877bf264dfcda8106b651b2fc2ef4d977f28ecb6
-# body: sha256=d4bd98110f1f94beed5231aee96fb190160d3893e57cb03772edb9d279c24a2d
+# body: sha256=d26fd4c58e3aa9aea74085b8f31ad9f2d0d58a19934290b4ae9d1ab10428bb8c
 # patches:
 #   #1 core/skip_isinstance @ Qwen3OmniMoePreTrainedModel._init_weights: code2wav (speech output) is pruned with the talker; its weight-init branch can match nothing here
 #   #2 sp/full_sequence_mask @ Qwen3OmniMoeThinkerTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
@@ -39,7 +39,8 @@
 #   #30 vlm/restore_lm_attention_kwargs @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: the language model gets its packed flash-attention kwargs back
 #   #31 audio/position_id_func @ Qwen3OmniMoeThinkerForConditionalGeneration: the data pipeline computes M-RoPE ids per sample (audio lengths, audio-in-video), before packing and SP slicing
 #   #32 core/submodel_checkpoint @ Qwen3OmniMoeThinkerForConditionalGeneration: a full omni checkpoint loads into the thinker: talker and code2wav weights are dropped and counted, nothing else is
-#   #33 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+#   #33 core/native_weight_init @ Qwen3OmniMoePreTrainedModel: random init as upstream's (every sub-model inits itself): _init_weights sets experts and router through the MoE block, which has no direct parameter
+#   #34 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_omni_moe/modular_qwen3_omni_moe.py.
@@ -209,6 +210,11 @@ class Qwen3OmniMoePreTrainedModel(PreTrainedModel):
         elif isinstance(module, Qwen3OmniMoeVisionRotaryEmbedding):
             inv_freq = 1.0 / (module.theta ** (torch.arange(0, module.dim, 2, dtype=torch.float) / module.dim))
             init.copy_(module.inv_freq, inv_freq)
+
+    # patchgen #33 core/native_weight_init (1 stmt): random init as upstream's (every sub-model inits itself): _init_weights sets experts and router through the MoE block, which has no direct parameter
+    @classmethod
+    def is_custom_code(cls):
+        return cls.is_remote_code()
 
 
 def _get_feat_extract_output_lengths(input_lengths, n_window=50):
@@ -2355,5 +2361,5 @@ __all__ = [
 ]
 
 
-# patchgen #33 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+# patchgen #34 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 share_upstream_weight_conversions("qwen3_omni_moe_thinker", __name__)

@@ -101,3 +101,20 @@ def test_talker_and_code2wav_are_pruned() -> None:
     names = [n for n in vars(module) if n.startswith("Qwen3OmniMoe") and not n.endswith("Config")]
     assert "Qwen3OmniMoeThinkerForConditionalGeneration" in names
     assert not [n for n in names if "Talker" in n or "Code2Wav" in n]
+
+
+def test_random_init_equals_upstream() -> None:
+    """Built directly from a config (the trainer's random init), the generated thinker has upstream's weights for
+    the same seed: experts and router included, which upstream's _init_weights sets through the MoE block (a module
+    without direct parameters, which transformers skips for classes it takes for custom code)."""
+    import transformers
+
+    config = tiny_omni_config()
+    states = []
+    for cls in (transformers.Qwen3OmniMoeThinkerForConditionalGeneration, generated_class()):
+        torch.manual_seed(0)
+        states.append(cls(config).state_dict())
+    assert states[0].keys() == states[1].keys()
+    for name, value in states[0].items():
+        assert torch.equal(value, states[1][name]), name
+    assert states[1]["model.layers.0.mlp.gate.weight"].std() > 0.01
