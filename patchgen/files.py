@@ -21,9 +21,10 @@ import contextlib
 import filecmp
 import json
 import os
+import re
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from patchgen.errors import PatchgenError
 
@@ -32,6 +33,7 @@ TXN_DIR = ".patchgen-txn"
 GITIGNORE = "*\n"  # the staging directory ignores itself (and all it holds) in any git repository
 JOURNAL = "journal.json"
 ROLLBACK = "rollback"
+_STAGED = re.compile(r"\d+\.(new|old)")
 
 
 def package_inits(generated_dir: Path, target: Path) -> dict[Path, str]:
@@ -112,10 +114,10 @@ def _recover_locked(root: Path) -> str | None:
         return "discarded"
     try:
         journal = json.loads(journal_path.read_text(encoding="utf-8"))
-        journal["entries"], journal["dirs"]
+        _check_journal(journal)
     except (ValueError, KeyError, TypeError) as exc:
         raise PatchgenError(
-            f"{journal_path}: an interrupted write left a journal that cannot be read ({exc}); restore generated/ "
+            f"{journal_path}: an interrupted write left a journal that cannot be used ({exc}); restore generated/ "
             f"from git (git checkout -- generated) and delete {txn}"
         ) from exc
     try:
@@ -135,6 +137,19 @@ def _recover_locked(root: Path) -> str | None:
         ) from exc
     _finish(txn)
     return outcome
+
+
+def _check_journal(journal: dict) -> None:
+    """A journal names only plain paths inside the project and its own staged files (never `..`, never absolute)."""
+    paths = [entry["target"] for entry in journal["entries"]] + list(journal["dirs"])
+    for path in paths:
+        if not isinstance(path, str) or PurePosixPath(path).is_absolute() or ".." in PurePosixPath(path).parts:
+            raise ValueError(f"path {path!r} outside the project")
+    for entry in journal["entries"]:
+        for key in ("new", "old"):
+            name = entry[key]
+            if not (name is None and key == "old") and not (isinstance(name, str) and _STAGED.fullmatch(name)):
+                raise ValueError(f"staged file {name!r} is not one of the journal's own")
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ N until the commit completes; the parent then runs what every patchgen command r
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -182,3 +183,18 @@ def test_a_staging_leftover_without_a_journal_is_discarded(project) -> None:
 
 def test_the_staging_directory_ignores_itself() -> None:
     assert files.GITIGNORE == "*\n"  # git then ignores the directory in any repository, with no .gitignore edit
+
+
+def test_a_journal_naming_paths_outside_the_project_is_refused(project, tmp_path) -> None:
+    root, _, old, _ = old_and_new(project)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me\n")
+    (root / TXN_DIR).mkdir()
+    (root / TXN_DIR / "0.new").write_text("owned\n")
+    journal = {"entries": [{"target": "../victim.txt", "new": "0.new", "old": None}], "dirs": []}
+    (root / TXN_DIR / "journal.json").write_text(json.dumps(journal))
+    with pytest.raises(
+        PatchgenError, match=r"journal that cannot be used \(path '../victim.txt' outside the project\)"
+    ):
+        recover(root)
+    assert victim.read_text() == "keep me\n" and state(root) == old
