@@ -177,27 +177,46 @@ def parse_sample(record: Any, base_dir: str | Path | None = None) -> Sample:
     return ChatSample(parsed)
 
 
+@dataclass(frozen=True)
+class LocatedSample:
+    """A sample and where it came from (``file:line`` for JSONL, the file for a ``.txt`` document), for errors."""
+
+    where: str
+    sample: Sample
+
+
+def read_jsonl_located(path: str | Path) -> list[LocatedSample]:
+    """``read_jsonl`` with each sample's ``file:line``."""
+    path = Path(path)
+    samples: list[LocatedSample] = []
+    lineno = 0
+    try:
+        with path.open(encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(
+                        f"{path}:{lineno}: expected one JSON object per line, invalid JSON: {e}"
+                    ) from None
+                try:
+                    samples.append(LocatedSample(f"{path}:{lineno}", parse_sample(record, path.parent)))
+                except _LineError as e:
+                    raise ValueError(f"{path}:{lineno}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}:{lineno + 1}: not UTF-8 text ({e.reason})") from None
+    return samples
+
+
 def read_jsonl(path: str | Path) -> list[Sample]:
     """Every sample of a JSONL file, in file order; blank lines are skipped.
 
     A bad line raises ValueError naming the file, the line number and what was expected (for a missing image or
     frame, its path). Relative media paths resolve against the file's directory.
     """
-    path = Path(path)
-    samples: list[Sample] = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: expected one JSON object per line, invalid JSON: {e}") from None
-            try:
-                samples.append(parse_sample(record, path.parent))
-            except _LineError as e:
-                raise ValueError(f"{path}:{lineno}: {e}") from None
-    return samples
+    return [located.sample for located in read_jsonl_located(path)]
 
 
 def split_documents(text: str, target_chars: int = 2000) -> list[str]:
@@ -230,9 +249,18 @@ def read_text_documents(path: str | Path, target_chars: int = 2000) -> list[Text
     return [TextSample(d) for d in split_documents(Path(path).read_text(encoding="utf-8"), target_chars)]
 
 
-def read_samples(path: str | Path, target_chars: int = 2000) -> list[Sample]:
-    """Samples from a ``.jsonl`` file or a plain-text file (anything else), chosen by the file suffix."""
+def read_samples_located(path: str | Path, target_chars: int = 2000) -> list[LocatedSample]:
+    """``read_samples`` with where each sample came from (``file:line`` for JSONL, the file for text)."""
     path = Path(path)
     if path.suffix == ".jsonl":
-        return read_jsonl(path)
-    return read_text_documents(path, target_chars)
+        return read_jsonl_located(path)
+    try:
+        documents = read_text_documents(path, target_chars)
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    return [LocatedSample(str(path), d) for d in documents]
+
+
+def read_samples(path: str | Path, target_chars: int = 2000) -> list[Sample]:
+    """Samples from a ``.jsonl`` file or a plain-text file (anything else), chosen by the file suffix."""
+    return [located.sample for located in read_samples_located(path, target_chars)]

@@ -29,6 +29,7 @@ Example (every key shown with its default unless marked required)::
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from runtime.train.model_keys import SHARED_MODELING_MODULES, keys_read_by, unknown_config_key
 
 
 class ConfigError(ValueError):
@@ -193,6 +196,7 @@ def parse_config(raw: Any) -> RunConfig:
     if len(config.optim.betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in config.optim.betas):
         raise ConfigError(f"optim.betas: expected two numbers in [0, 1), found {config.optim.betas!r}")
     _check_model_kind(config)
+    _check_model_config(config)
     if config.checkpoint.interval and not config.checkpoint.dir:
         raise ConfigError("checkpoint.interval: set checkpoint.dir to say where checkpoints go")
     return config
@@ -228,6 +232,55 @@ def _check_model_kind(config: RunConfig) -> None:
             raise ConfigError(f"model.freeze_vision: {config.model.type!r} has no vision tower")
 
 
+def _check_model_config(config: RunConfig) -> None:
+    """``model.config`` sets a random init's config: every key must be one its config class knows."""
+    model = config.model
+    if model.path is not None and model.config:
+        raise ConfigError(
+            "model.config: sets the config of a random init, but model.path is set (its config.json is used); "
+            "remove model.config or model.path"
+        )
+    from transformers import CONFIG_MAPPING
+
+    from runtime.models.registry import REGISTRY
+
+    entry = REGISTRY.get(model.type)
+    if not model.config or entry is None or model.type not in CONFIG_MAPPING:
+        return  # an unknown type: build_model names the known ones
+    read = frozenset(keys_read_by([entry.module, *SHARED_MODELING_MODULES]))
+    message = unknown_config_key(CONFIG_MAPPING[model.type], model.config, read=read)
+    if message:
+        raise ConfigError(message)
+
+
+_KEY_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):")
+
+
+def key_line(path: Path, dotted: str) -> int | None:
+    """The 1-based line of the deepest key of ``dotted`` (``a.b.c``) that the YAML file ``path`` spells out."""
+    try:
+        node = yaml.compose(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    line = None
+    for part in dotted.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            break
+        match = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part), None)
+        if match is None:
+            break
+        line = next(k for k, v in node.value if v is match).start_mark.line + 1
+        node = match
+    return line
+
+
+def locate_error(message: str, path: Path) -> str:
+    """``message`` (starting with the dotted key it concerns) prefixed with the config file and the key's line."""
+    match = _KEY_PREFIX.match(message)
+    line = key_line(path, match.group(1)) if match else None
+    return f"{path}:{line}: {message}" if line else f"{path}: {message}"
+
+
 def load_config(path: str | Path) -> RunConfig:
     path = Path(path)
     try:
@@ -241,4 +294,4 @@ def load_config(path: str | Path) -> RunConfig:
     try:
         return parse_config(raw)
     except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(locate_error(str(exc), path)) from None

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from runtime.data.jsonl import read_samples
+from runtime.data.jsonl import LocatedSample
 from runtime.data.loader import PackedLoader
 from runtime.data.tokenization import load_tokenizer, tokenize_samples
 from runtime.models.registry import lookup
@@ -54,18 +54,32 @@ def check_vocab(model: torch.nn.Module, processor: Any) -> None:
         )
 
 
-def build_loader(config: RunConfig, state: ParallelState, model: torch.nn.Module, processor: Any):
-    """Packed rows for this rank's DP position: ``PackedLoader`` (text) or ``MultimodalPackedLoader`` (VLM)."""
-    samples = read_samples(config.data.path)
+def build_loader(
+    config: RunConfig, state: ParallelState, model: torch.nn.Module, processor: Any, samples: list[LocatedSample]
+):
+    """Packed rows for this rank's DP position: ``PackedLoader`` (text) or ``MultimodalPackedLoader`` (VLM), from the
+    samples ``check_data`` read. A sample that fails to tokenize (e.g. an image that does not decode) or a data set
+    with nothing usable is a ``ConfigError`` naming the file (and line)."""
     budget, seed = config.data.token_budget, config.data.seed
-    if not is_vlm(config):
-        return PackedLoader.for_parallel_state(tokenize_samples(samples, processor), budget, state, seed=seed)
-    from runtime.data.multimodal import tokenize_multimodal
-    from runtime.data.multimodal_loader import MultimodalPackedLoader
+    try:
+        if not is_vlm(config):
+            tokenized = tokenize_samples([s.sample for s in samples], processor)
+            return PackedLoader.for_parallel_state(tokenized, budget, state, seed=seed)
+        from runtime.data.multimodal import tokenize_multimodal
+        from runtime.data.multimodal_loader import MultimodalPackedLoader
 
-    position_ids = type(model).get_position_id_func(model.config)
-    tokenized = [tokenize_multimodal(sample, processor, position_ids) for sample in samples]
-    return MultimodalPackedLoader.for_parallel_state(tokenized, budget, state, seed=seed)
+        position_ids = type(model).get_position_id_func(model.config)
+        tokenized = [_tokenize_one(tokenize_multimodal, s, processor, position_ids) for s in samples]
+        return MultimodalPackedLoader.for_parallel_state(tokenized, budget, state, seed=seed)
+    except ValueError as exc:  # nothing usable within the budget
+        raise ConfigError(f"data.path: {config.data.path}: {exc} (data.token_budget is {budget})") from None
+
+
+def _tokenize_one(tokenize, located: LocatedSample, *args: Any) -> Any:
+    try:
+        return tokenize(located.sample, *args)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"data.path: {located.where}: {exc}") from None
 
 
 def check_sp(model: torch.nn.Module, config: RunConfig, sp: int) -> None:

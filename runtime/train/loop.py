@@ -78,7 +78,7 @@ def train(config: RunConfig) -> RunResult:
     mc = model.config
     check_sp(model, config, state.sp_size)
     check_vocab(model, processor)
-    loader = build_loader(config, state, model, processor)
+    loader = build_loader(config, state, model, processor, inputs.samples)
     device = train_device(state)
     model.to(device)  # before EP/FSDP sharding, so shards and buffers live on the training device
 

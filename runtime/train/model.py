@@ -12,6 +12,51 @@ from runtime.moe.dispatch import register_experts_kernels
 from runtime.train.config import ConfigError, ModelConfig
 
 
+def _key_name(entry: Any) -> str:
+    """A loading-info entry: a key, or (key, checkpoint shape, model shape) for a mismatch."""
+    if isinstance(entry, tuple | list) and len(entry) == 3:
+        return f"{entry[0]} {tuple(entry[1])} vs {tuple(entry[2])}"
+    return str(entry)
+
+
+def _listed(entries: Any, limit: int = 4) -> str:
+    names = sorted(_key_name(e) for e in entries)
+    return ", ".join(names[:limit]) + (f" (+{len(names) - limit} more)" if len(names) > limit else "")
+
+
+def load_pretrained(cls: type, path: str, **kwargs: Any) -> torch.nn.Module:
+    """``cls.from_pretrained(path)`` in fp32, where weights that do not match the model are an error, not a warning:
+    missing keys would train from random values, unexpected ones are weights silently dropped, mismatched shapes
+    are re-initialised. One line naming the keys replaces transformers' multi-line load report."""
+    verbosity = transformers.logging.get_verbosity()
+    transformers.logging.set_verbosity_error()  # the load report is a warning; the error below says it in one line
+    try:
+        model, info = cls.from_pretrained(
+            path, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
+        )
+    except (OSError, ValueError, RuntimeError) as exc:  # no config/weights there, or weights it cannot convert
+        first = " ".join(str(exc).split())[:300]
+        raise ConfigError(f"model.path: cannot load {path} as {cls.__name__}: {first}") from None
+    finally:
+        transformers.logging.set_verbosity(verbosity)
+    problems = [
+        f"{what} {_listed(info.get(key))}"
+        for key, what in (
+            ("missing_keys", "missing keys"),
+            ("unexpected_keys", "unexpected keys"),
+            ("mismatched_keys", "mismatched shapes (checkpoint vs model)"),
+            ("error_msgs", "errors"),
+        )
+        if info.get(key)
+    ]
+    if problems:
+        raise ConfigError(
+            f"model.path: {path} does not match {cls.__name__}: {'; '.join(problems)}; use a checkpoint of this "
+            f"model type and size"
+        )
+    return model
+
+
 def build_model(cfg: ModelConfig, fixed: dict[str, Any] | None = None) -> torch.nn.Module:
     """``fixed``: config values the data dictates (a VLM's special-token ids from its processor): set on a random
     init, checked against a checkpoint's config."""
@@ -24,7 +69,7 @@ def build_model(cfg: ModelConfig, fixed: dict[str, Any] | None = None) -> torch.
     cls = entry.model_class()
     moe = {"experts_implementation": cfg.experts_implementation} if entry.is_moe else {}
     if cfg.path is not None:
-        model = cls.from_pretrained(cfg.path, attn_implementation=cfg.attn_implementation, dtype=torch.float32, **moe)
+        model = load_pretrained(cls, cfg.path, attn_implementation=cfg.attn_implementation, **moe)
         for key, value in fixed.items():
             if getattr(model.config, key, None) != value:
                 raise ConfigError(

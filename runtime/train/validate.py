@@ -10,14 +10,20 @@ from pathlib import Path
 from runtime.checkpoint.dcp import latest_intact_checkpoint
 from runtime.checkpoint.export import ExportTargetError, check_export_target
 from runtime.checkpoint.verify import CheckpointError, verify_checkpoint
+from runtime.data.jsonl import ChatSample, ImagePart, LocatedSample, VideoPart, read_samples_located
 from runtime.parallel.state import ParallelState
 from runtime.train.config import ConfigError, RunConfig
+
+# Images (and video frames) of this many first samples are opened and verified up front; every referenced file is
+# checked to exist. The others are decoded when the data is tokenized, where a failure is the same one-line error.
+VERIFIED_IMAGE_LINES = 8
 
 
 @dataclass(frozen=True)
 class CheckedInputs:
     """What the checks found and the run goes on with."""
 
+    samples: list[LocatedSample] = field(default_factory=list)  # the parsed data set, each sample with file:line
     resume_from: Path | None = None  # a verified checkpoint, or None for a fresh start
     skipped_checkpoints: list[str] = field(default_factory=list)  # damaged ones `resume: auto` passed over
 
@@ -38,6 +44,52 @@ def check_export(config: RunConfig) -> None:
         check_export_target(config.export.dir, overwrite=config.export.overwrite, protected=protected)
     except ExportTargetError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _image_files(sample: object) -> list[Path]:
+    if not isinstance(sample, ChatSample):
+        return []
+    files: list[Path] = []
+    for message in sample.messages:
+        for part in () if isinstance(message.content, str) else message.content:
+            if isinstance(part, ImagePart):
+                files.append(part.path)
+            elif isinstance(part, VideoPart):
+                files.extend(part.frames)
+    return files
+
+
+def verify_image(path: Path, where: str) -> None:
+    """Open ``path`` and check its structure without decoding the pixels (PIL ``verify``)."""
+    from PIL import Image
+
+    try:
+        with Image.open(path) as image:
+            image.verify()
+    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, struct.error, ... for broken files
+        raise ConfigError(f"data.path: {where}: cannot read image {path}: {exc}") from None
+
+
+def check_data(config: RunConfig) -> list[LocatedSample]:
+    """Parse the whole data file (cheap: text; every referenced image and frame must exist) and verify the images of
+    its first ``VERIFIED_IMAGE_LINES`` samples; one-line errors naming file:line."""
+    path = Path(config.data.path)
+    if not path.exists():
+        raise ConfigError(f"data.path: {path}: file not found")
+    if not path.is_file():
+        raise ConfigError(f"data.path: {path}: not a file (expected a .jsonl file or a plain-text file)")
+    try:
+        samples = read_samples_located(path)
+    except ValueError as exc:  # names file:line and what was expected
+        raise ConfigError(f"data.path: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"data.path: {path}: cannot read it: {exc.strerror or exc}") from None
+    if not samples:
+        raise ConfigError(f"data.path: {path}: no samples (the file is empty or holds only blank lines)")
+    for located in samples[:VERIFIED_IMAGE_LINES]:
+        for image in _image_files(located.sample):
+            verify_image(image, located.where)
+    return samples
 
 
 def select_checkpoint(config: RunConfig, state: ParallelState) -> tuple[Path | None, list[str]]:
@@ -69,8 +121,17 @@ def select_checkpoint(config: RunConfig, state: ParallelState) -> tuple[Path | N
     return found, skipped
 
 
+def check_model_path(config: RunConfig) -> None:
+    path = config.model.path
+    if path is not None and not (Path(path) / "config.json").is_file():
+        what = "no config.json in it" if Path(path).is_dir() else "not a directory"
+        raise ConfigError(f"model.path: {path}: {what} (expected a local HF checkpoint: config.json + *.safetensors)")
+
+
 def check_inputs(config: RunConfig, state: ParallelState) -> CheckedInputs:
     """Every check that can run before the model is built. Collective (checkpoint hashing is split over ranks)."""
+    check_model_path(config)
     check_export(config)
+    samples = check_data(config)
     resume_from, skipped = select_checkpoint(config, state)
-    return CheckedInputs(resume_from=resume_from, skipped_checkpoints=skipped)
+    return CheckedInputs(samples=samples, resume_from=resume_from, skipped_checkpoints=skipped)

@@ -52,6 +52,11 @@ def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
+def _edit_marker(ckpt: Path, **changes) -> None:
+    marker = json.loads((ckpt / COMPLETE_MARKER).read_text())
+    (ckpt / COMPLETE_MARKER).write_text(json.dumps({**marker, **changes}))
+
+
 _NO_FILES = '{"format_version": 2, "step": 2, "world_size": 1}'
 DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "noise in a shard": (lambda c: _noise(_distcp(c)), "sha256"),
@@ -61,6 +66,7 @@ DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "edited rank state": (lambda c: _noise(c / "rank_00000.json"), ""),
     "marker not json": (lambda c: (c / COMPLETE_MARKER).write_text("{not json"), COMPLETE_MARKER),
     "marker without files": (lambda c: (c / COMPLETE_MARKER).write_text(_NO_FILES), "lists no files"),
+    "old format": (lambda c: _edit_marker(c, format_version=1), "format version 1"),
 }
 
 
@@ -171,3 +177,28 @@ def test_crafted_metadata_runs_no_code(tmp_path: Path) -> None:
     verify_checkpoint(path)
     with pytest.raises(CheckpointError, match=r"refusing its \.metadata: posix\.getcwd is not allowed"):
         load_checkpoint(path, *mlp())
+
+
+def test_rng_state_round_trips_through_safetensors_and_json() -> None:
+    """Every generator's state comes back exactly, CUDA ones included (as byte tensors, as on a GPU machine)."""
+    import numpy as np
+    from safetensors.torch import load, save
+
+    from runtime.checkpoint.dcp import get_rng_state, rng_from_files, rng_to_files
+
+    random.seed(3)
+    random.gauss(0, 1)  # leaves a cached gauss_next
+    np.random.seed(4)
+    np.random.standard_normal()  # numpy's cached gaussian
+    state = get_rng_state()
+    state["cuda"] = [
+        torch.randint(0, 256, (16,), dtype=torch.uint8, generator=torch.Generator().manual_seed(d)) for d in range(2)
+    ]
+    tensors, data = rng_to_files(state)
+    back = rng_from_files(load(save(tensors)), json.loads(json.dumps(data)))
+    assert back["python"] == state["python"]
+    assert torch.equal(back["torch"], state["torch"])
+    assert all(torch.equal(a, b) for a, b in zip(back["cuda"], state["cuda"], strict=True))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    assert back["numpy"][0] == kind and np.array_equal(back["numpy"][1], keys) and back["numpy"][1].dtype == keys.dtype
+    assert back["numpy"][2:] == (pos, has_gauss, cached)
