@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 MAX_SPEC_BYTES = 1 << 20
 MAX_PATCHES = 256
 MAX_WRAPS_PER_ANCHOR = 8
+MAX_WRAPS_PER_SCOPE = 32  # wraps of nested expressions nest too (the real specs have at most 3 per scope)
 
 
 def load_specs(config: ProjectConfig, models: list[str] | None) -> list[Spec]:
@@ -81,6 +82,15 @@ def check_limits(spec: Spec) -> None:
             except (SyntaxError, ValueError):
                 continue  # not an expression: resolving the patch says so
             wraps.setdefault((patch.scope, key), []).append(patch.index)
+    per_scope: dict[str, list[int]] = {}
+    for (scope, _), indices in wraps.items():
+        per_scope.setdefault(scope, []).extend(indices)
+    for scope, indices in per_scope.items():
+        if len(indices) > MAX_WRAPS_PER_SCOPE:
+            raise PatchgenError(
+                f"{spec.path}: {len(indices)} wrap patches in {scope!r}; at most {MAX_WRAPS_PER_SCOPE} per scope "
+                f"(wraps of nested expressions nest; each re-parses what it wraps): merge them into fewer templates"
+            )
     for (scope, anchor), indices in wraps.items():
         if len(indices) > MAX_WRAPS_PER_ANCHOR:
             raise PatchgenError(

@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_qwenimage.py sha256=cea921e2dd8bba5fcd86ae99054d7320b2773cc653c04c218983d54e737e2cc5
 # spec: specs/qwenimage.toml sha256=96b708da6dc91e69fa7df74069c37103b2efafc9a388c3fdd460e831f41efea5
 # templates: sha256=11fa7f1372d5feba095daef3480331e26f5375fb0ab717f2e56c56b6161f40fe
-# engine: patchgen==0.1.0 sha256=186b836ffbedf689930aad1afe088d2db344233862b8522a95afd60f88e18a70
+# engine: patchgen==0.1.0 sha256=8b6ce815bcb2d40905e37fb8730dc0f661b6f398831f162066aed98286e61a27
 # body: sha256=08360730d71f46f6c5cc20b3a6854e268294baacc2feec69d3fae631a2c01ee4
 # patches:
 #   #1 dit/shard_tokens @ QwenImageTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from patchgen import project as project_module
-from patchgen.project import MAX_PATCHES, MAX_SPEC_BYTES, MAX_WRAPS_PER_ANCHOR
+from patchgen.project import MAX_PATCHES, MAX_SPEC_BYTES, MAX_WRAPS_PER_ANCHOR, MAX_WRAPS_PER_SCOPE
 from patchgen.upstream import MAX_UPSTREAM_BYTES
 from patchgen.wheels import wheel_cache
 from tests.engine.helpers import (
@@ -123,6 +123,17 @@ def test_a_thousand_nested_wraps_fail_fast_at_the_limit(project, capsys) -> None
         f"{proj.root / 'specs' / 'toy.toml'}: patches 1-{MAX_WRAPS_PER_ANCHOR + 1} wrap the same expression "
         f"'self.loss_function' in 'ToyForTask.forward' {MAX_WRAPS_PER_ANCHOR + 1} times; at most "
         f"{MAX_WRAPS_PER_ANCHOR} nested wraps: merge them into one template"
+    )
+
+
+def test_many_wraps_in_one_scope_fail_fast(project, capsys) -> None:
+    anchors = ["out", "labels", "self", "super", "loss", "hidden", "self.loss_function", "super().forward"]
+    patches = [{**WRAP, "anchor": anchors[i % len(anchors)]} for i in range(MAX_WRAPS_PER_SCOPE + 1)]
+    proj = project(spec_toml(patches=patches))
+    code, _, err = run_cli(proj.root, capsys, "regen", "--all", *FROM)
+    assert code == 2 and one_error_line(err).startswith(
+        f"{proj.root / 'specs' / 'toy.toml'}: {MAX_WRAPS_PER_SCOPE + 1} wrap patches in 'ToyForTask.forward'; at most "
+        f"{MAX_WRAPS_PER_SCOPE} per scope"
     )
 
 
