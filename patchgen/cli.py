@@ -18,7 +18,7 @@ import typer
 from patchgen.config import ProjectConfig, load_config
 from patchgen.errors import PatchgenError
 from patchgen.files import recover, write_text_atomic
-from patchgen.project import ORPHAN, load_specs
+from patchgen.project import ORPHAN, load_specs, with_dependents
 from patchgen.project import check as check_project
 from patchgen.project import regen as regen_project
 from patchgen.upstream import InstalledSource, PinnedSource, WheelSource, normalize_name
@@ -83,6 +83,8 @@ def regen(
         raise PatchgenError("name the models to regenerate, or pass --all (not both)")
     config = open_project(root)
     specs = load_specs(config, None if all_ else models)
+    if not all_:  # a spec that `extends` a regenerated one inherits its change: regenerate it too
+        specs = with_dependents(config, specs)
     changes = regen_project(config, specs, dry_run=dry_run, source=pinned_source(config, from_))
     verb = "would write" if dry_run else "wrote"
     for change in changes:

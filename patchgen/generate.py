@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ast
 import functools
-import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -16,10 +14,12 @@ from patchgen import __version__
 from patchgen.config import ProjectConfig
 from patchgen.cst.locate import ANCHOR_MOVED, SCOPE_MISSING, code_of, scopes_matching
 from patchgen.cst.plan import RENDER_ERROR, Plan, PlanError, resolve
-from patchgen.cst.prune import DanglingReference, check_dangling, prune, reachable_definitions, references
+from patchgen.cst.prune import DanglingReference, check_dangling, prune
 from patchgen.cst.transform import PatchTransformer, insert_imports
 from patchgen.errors import PatchgenError
 from patchgen.header import Header, body_hash
+from patchgen.ops.exclude import check_roots, kept_definitions
+from patchgen.ops.rename import Rename
 from patchgen.provenance import engine_sha256, templates_sha256, unified_diff
 from patchgen.spec import Spec
 from patchgen.upstream import UpstreamFile, UpstreamSource
@@ -90,14 +90,6 @@ def plan_error(spec: Spec, upstream: UpstreamFile, module: cst.Module, exc: Plan
     return PatchgenError("\n".join(lines))
 
 
-def kept_definitions(spec: Spec, upstream: UpstreamFile, plan: Plan) -> set[str]:
-    """Definitions reachable from the roots, computed on upstream's ast plus the references patches add."""
-    added_refs = set().union(*(references(ast.parse(textwrap.dedent(code))) for code in plan.rendered))
-    tree = ast.parse(upstream.text, filename=f"{upstream.relpath} ({upstream.pin})")
-    reached = reachable_definitions(tree, [*spec.keep, *sorted(added_refs)], spec.exclude)
-    return {plan.renames.get(n, n) for n in reached - set(spec.exclude)} | plan.added_names
-
-
 def parse_upstream(upstream: UpstreamFile) -> cst.Module:
     try:
         return cst.parse_module(upstream.text)
@@ -144,14 +136,7 @@ def generate(spec: Spec, source: UpstreamSource, config: ProjectConfig) -> Gener
 @_within_limits
 def build(spec: Spec, upstream: UpstreamFile, module: cst.Module, plan: Plan, config: ProjectConfig) -> Generated:
     """Rewrite, prune, add the header and check the result; `plan` must hold exactly the patches of `spec`."""
-    top_level = {s.name.value for s in module.body if isinstance(s, cst.ClassDef | cst.FunctionDef)}
-    for key, names in (("keep", spec.keep), ("exclude", spec.exclude)):
-        unknown = [n for n in names if n not in top_level]
-        if unknown:
-            raise PatchgenError(
-                f"{spec.path}: {key} names {unknown}, which {upstream.relpath} ({upstream.pin}) "
-                f"does not define at top level"
-            )
+    check_roots(spec, upstream, module)
 
     transformer = PatchTransformer(plan, spec.module)
     try:
@@ -173,6 +158,12 @@ def build(spec: Spec, upstream: UpstreamFile, module: cst.Module, plan: Plan, co
                 f"AutoModel). Add it to 'keep', or patch the code that builds it"
             )
     body = pruned.code
+    defined = {s.name.value for s in pruned.body if isinstance(s, cst.ClassDef)}
+    if spec.model is not None and spec.model.cls not in defined:
+        raise PatchgenError(
+            f"{spec.path}: [model] class {spec.model.cls!r} is not a class of the generated module: name a 'keep' "
+            f"root or a class a patch adds"
+        )
     relpath = spec.output
     header = Header(
         model=spec.name,
@@ -223,10 +214,10 @@ def explain(spec: Spec, source: UpstreamSource) -> tuple[UpstreamFile, list[Expl
     out = []
     for edit, line in zip(plan.edits, lines, strict=True):
         patch = edit.patch
-        values = {**patch.vars, "scope": patch.scope}
-        if edit.kind == "wrap":
-            values["expr"] = code_of(edit.target)
-        rendered = edit.code if edit.kind == "rename" else patch.template.render(values)
+        builtins = {"scope": patch.scope}
+        if "expr" in edit.op.builtins:
+            builtins["expr"] = code_of(edit.target)
+        rendered = edit.code if isinstance(edit.op, Rename) else patch.template.render(patch.vars, builtins)
         out.append(
             ExplainedPatch(
                 patch.index,

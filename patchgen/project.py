@@ -110,6 +110,17 @@ def _ranges(numbers: list[int]) -> str:
     return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
 
 
+def with_dependents(config: ProjectConfig, specs: list[Spec]) -> list[Spec]:
+    """`specs`, then every spec that `extends` one of them (directly or not)."""
+    named = {spec.path.resolve() for spec in specs}
+    extra = [
+        spec
+        for spec in load_specs(config, None)
+        if spec.path.resolve() not in named and any(base.resolve() in named for base in spec.extends)
+    ]
+    return [*specs, *sorted(extra, key=lambda spec: spec.name)]
+
+
 def _rel(config: ProjectConfig, path: Path) -> str:
     return path.relative_to(config.root).as_posix() if path.is_relative_to(config.root) else str(path)
 

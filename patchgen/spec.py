@@ -20,6 +20,7 @@ from typing import Any
 
 from patchgen.errors import PatchgenError
 from patchgen.model import ModelTable, merge_tables, parse_model_table
+from patchgen.ops import OPS
 from patchgen.templates import Template, load_template
 from patchgen.varkinds import VarError, is_dotted, is_identifier
 
@@ -136,9 +137,12 @@ def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patc
         template = load_template(templates_dir, table["template"])
     except PatchgenError as exc:
         raise PatchgenError(f"{path}: {where}: {exc}") from exc
-    given = [k for k in ("before", "after", "anchor") if k in table]
-    _check_anchor_keys(template.op, given, path, where)
-    if "through" in table and template.op != "replace":
+    op = OPS[template.op]
+    given = tuple(k for k in ("before", "after", "anchor") if k in table)
+    expected = op.check_keys(given)
+    if expected is not None:
+        raise PatchgenError(f"{path}: {where}: op {op.name!r} takes {expected}; found {list(given) or 'none'}")
+    if "through" in table and not op.takes_through:
         raise PatchgenError(
             f"{path}: {where}: 'through' (end of a replaced run of statements) needs op 'replace', "
             f"template {template.name} has op {template.op!r}"
@@ -170,17 +174,6 @@ def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patc
             f"found {table['scope']!r}"
         )
     return Patch(index, template, table["scope"], why, values, *(table.get(k) for k in ANCHOR_KEYS))
-
-
-def _check_anchor_keys(op: str, given: list[str], path: Path, where: str) -> None:
-    expected = {
-        "insert": ("exactly one of 'before' or 'after'", lambda g: g in (["before"], ["after"])),
-        "replace": ("'anchor' (the statement to replace)", lambda g: g == ["anchor"]),
-        "wrap": ("'anchor' (the expression to wrap)", lambda g: g == ["anchor"]),
-        "add_definition": ("at most one of 'before' or 'after'", lambda g: g in ([], ["before"], ["after"])),
-    }.get(op, ("no anchor key: the scope names the target", lambda g: g == []))
-    if not expected[1](given):
-        raise PatchgenError(f"{path}: {where}: op {op!r} takes {expected[0]}; found {given or 'none'}")
 
 
 IMPLIED_CONVERSIONS = "core/upstream_weight_conversions"
@@ -318,8 +311,6 @@ def load_spec(path: Path, templates_dir: Path) -> Spec:
         raise PatchgenError(f"{path}: key 'output' must be a relative path ending in .py, found {data['output']!r}")
     patches = tuple(_load_patch(i, t, path, templates_dir) for i, t in enumerate(data.get("patch", []), start=1))
     model = parse_model_table(data["model"], str(path)) if "model" in data else None
-    if model is not None and model.cls not in keep:
-        raise PatchgenError(f"{path}: [model] class {model.cls!r} must be one of the 'keep' roots {list(keep)}")
     if model is not None and model.implies_conversions:
         patches = (*patches, _implied_conversions(len(patches) + 1, model, patches, path, templates_dir))
     digest = hashlib.sha256(raw)

@@ -32,9 +32,9 @@ import jinja2
 import jinja2.sandbox
 
 from patchgen.errors import PatchgenError
+from patchgen.ops import OPS
 from patchgen.varkinds import Kind, VarError, is_identifier, parse_kind, prepare
 
-OPS = ("insert", "replace", "wrap", "add_method", "replace_method", "add_definition", "replace_definition", "rename")
 BUILTIN_VARS = ("expr", "scope")
 _TEMPLATE_NAME = re.compile(r"[A-Za-z0-9_]+(/[A-Za-z0-9_]+)*\Z")
 _MISSING = object()

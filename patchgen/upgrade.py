@@ -227,7 +227,7 @@ def _edits_of(plan: Plan, patch: Patch) -> list[Edit]:
 
 
 def _where(edit: Edit, lines: _Lines) -> str:
-    return "end of module" if edit.kind == "append_module" else f"line {lines.span(edit.target)[0]}"
+    return "end of module" if edit.where == "end" else f"line {lines.span(edit.target)[0]}"
 
 
 def _replaced_text(edit: Edit) -> str:
@@ -256,11 +256,7 @@ def _status(
     where = _where(new_edit, new_lines)
     if old_edit is not None and old_lines is not None and _where(old_edit, old_lines) != where:
         where += f" (was {_where(old_edit, old_lines).removeprefix('line ')})"
-    if (
-        new_edit.kind in ("replace", "replace_def")
-        and old_edit is not None
-        and _replaced_text(old_edit) != _replaced_text(new_edit)
-    ):
+    if new_edit.replaces_target and old_edit is not None and _replaced_text(old_edit) != _replaced_text(new_edit):
         return PatchStatus(
             patch,
             REPLACED_CHANGED,

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen2_5_vl/modeling_qwen2_5_vl.py sha256=7cdf4e42cb7624123f89f5357553ae222aec3ce0c9c0c49abf183e2fdde06857
 # spec: specs/qwen2_5_vl.toml sha256=1d8c1b0e5a6ce0bae49399f5fd32cc30e12cdbef468072f4142b08125fa2afcb
 # templates: sha256=a2b99d20768d47c0d2bbcba354d16694ccc720fa3ab6490ef62c2cdd4afe1400
-# engine: patchgen==0.1.0 sha256=8b6ce815bcb2d40905e37fb8730dc0f661b6f398831f162066aed98286e61a27
+# engine: patchgen==0.1.0 sha256=8efc1c11dc106ed058bee613a95bef8757ecb6406c1f949e2d882dec63c36c68
 # body: sha256=0b2fda1ca3235bd619d7267a30e3a7ecb6615a6a726f8abd4017a59fbe54008b
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2_5_VLTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen2_vl/modeling_qwen2_vl.py sha256=6c124dace35b8a649c34ce5041808e183c4989f90049c6ea9ba1d52aa8bbea99
 # spec: specs/qwen2_vl.toml sha256=07c32293c982380a18cd59a7358b6c07f1c7ca63f6c53e62e6b722b3fdcf59e6
 # templates: sha256=a2b99d20768d47c0d2bbcba354d16694ccc720fa3ab6490ef62c2cdd4afe1400
-# engine: patchgen==0.1.0 sha256=8b6ce815bcb2d40905e37fb8730dc0f661b6f398831f162066aed98286e61a27
+# engine: patchgen==0.1.0 sha256=8efc1c11dc106ed058bee613a95bef8757ecb6406c1f949e2d882dec63c36c68
 # body: sha256=e442c3683473c8c360d3230282f5aa886f47c73097b715e89d4306f943e4695e
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2VLTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

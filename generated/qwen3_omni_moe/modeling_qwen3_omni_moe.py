@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
 # spec: specs/qwen3_omni_moe.toml sha256=1de073988c954a849f1d7bd0c900221a4bd2db09f2da3e760ebe7e03a8f960bd
 # templates: sha256=37318971f58f64089b252f20ffa2b13d06a92c79c153388bfcc06f3f95eb6261
-# engine: patchgen==0.1.0 sha256=8b6ce815bcb2d40905e37fb8730dc0f661b6f398831f162066aed98286e61a27
+# engine: patchgen==0.1.0 sha256=8efc1c11dc106ed058bee613a95bef8757ecb6406c1f949e2d882dec63c36c68
 # body: sha256=d26fd4c58e3aa9aea74085b8f31ad9f2d0d58a19934290b4ae9d1ab10428bb8c
 # patches:
 #   #1 core/skip_isinstance @ Qwen3OmniMoePreTrainedModel._init_weights: code2wav (speech output) is pruned with the talker; its weight-init branch can match nothing here

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl/modeling_qwen3_vl.py sha256=fcb5571ef95e4a6679af866ef9ef4dfa5cee017f9f91453daf28c7804c7a50fe
 # spec: specs/qwen3_vl.toml sha256=9d41261a2b6e803d6f38382c4d39e63b28cc28602dbe3ed41e7ffc8162f8aa3e
 # templates: sha256=7bcd3cf931869301e456ea49562c8e2703528ccb5cdc47386c2074153dfeb7d6
-# engine: patchgen==0.1.0 sha256=8b6ce815bcb2d40905e37fb8730dc0f661b6f398831f162066aed98286e61a27
+# engine: patchgen==0.1.0 sha256=8efc1c11dc106ed058bee613a95bef8757ecb6406c1f949e2d882dec63c36c68
 # body: sha256=67967231ce6f05ceb0a4cde6b829e74dc7d002b5c05dfb095dd86e243e262340
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel

@@ -2,9 +2,9 @@
 # Made by patchgen 0.1.0 from specs/qwen3_vl_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_vl_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
-# spec: specs/qwen3_vl_moe.toml sha256=9f57aa8ed1f42d5ae7b7a318b6455500d0af46aeb7ed40fd6c4f80f678ed0e42
+# spec: specs/qwen3_vl_moe.toml sha256=cccb1b2e7168c37cbcc6e786c8baaddec6db729c9f29d3e13772b36679a7df3f
 # templates: sha256=282f930d3e91fe5fb596c149f3ef8deff3a2e8b4df49dd5b53339e4f2052cb49
-# engine: patchgen==0.1.0 sha256=8b6ce815bcb2d40905e37fb8730dc0f661b6f398831f162066aed98286e61a27
+# engine: patchgen==0.1.0 sha256=8efc1c11dc106ed058bee613a95bef8757ecb6406c1f949e2d882dec63c36c68
 # body: sha256=c693b84de1bf845630f5f6db2ced2303aa95d9522b683a7c331013c9febf33a7
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel

@@ -1,13 +1,12 @@
 """The DiTs of the model registry (``family = "dit"`` in a spec's ``[model]`` table).
 
-A DiT record's ``data`` carries ``training_class`` (the PreTrainedModel shell the ``dit/training_shell`` template
-writes into the generated module), ``condition_model_type`` (the frozen condition model's registry key) and
+A DiT record's class is the PreTrainedModel shell the ``dit/training_shell`` template writes into the generated
+module; its ``data`` carries ``condition_model_type`` (the frozen condition model's registry key) and
 ``tiny_variants`` (named overrides of the tiny config, e.g. Wan's ``i2v``).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 from runtime.models.registry import GeneratedModel, lookup, model_types
@@ -28,8 +27,7 @@ def lookup_dit(model_type: str) -> GeneratedModel:
 
 def training_class(model_type: str) -> type:
     """The generated PreTrainedModel shell that trains ``model_type``."""
-    entry = lookup_dit(model_type)
-    return getattr(importlib.import_module(entry.module), entry.data["training_class"])
+    return lookup_dit(model_type).model_class()
 
 
 def tiny_config(model_type: str, variant: str | None = None) -> dict[str, Any]:

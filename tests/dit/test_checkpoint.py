@@ -95,7 +95,8 @@ def test_registry_resolves_every_dit() -> None:
         entry = lookup_dit(model_type)
         cls = training_class(model_type)
         assert cls.config_class.model_type == model_type
-        assert cls.config_class.diffusers_class.__name__ == entry.upstream_class().__name__ == entry.causal_lm
+        assert cls.config_class.diffusers_class.__name__ == entry.upstream_class().__name__
+        assert cls.__name__ == entry.causal_lm
         assert cls.config_class.default_condition_model_type == entry.data["condition_model_type"]
         assert callable(condition_model_class(entry.data["condition_model_type"]).from_pretrained)
     with pytest.raises(ValueError, match="not a DiT"):

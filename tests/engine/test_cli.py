@@ -265,8 +265,10 @@ def test_regen_rewrites_only_what_changed(real, capsys) -> None:
     code, out, err = in_process(real, capsys, "regen", "qwen3")
     assert code == 0, err
     assert f"  changed  {QWEN3}  (wrote)" in out
+    assert "  changed  generated/qwen2/modeling_qwen2.py  (wrote)" in out  # qwen2 extends qwen3: it inherits the why
     after = snapshot(real)
-    assert {k for k in after if after[k] != before[k]} == {QWEN3, QWEN3 + ".diff"}
+    qwen2 = "generated/qwen2/modeling_qwen2.py"
+    assert {k for k in after if after[k] != before[k]} == {QWEN3, QWEN3 + ".diff", qwen2, qwen2 + ".diff"}
     template = spec_patches(real, "qwen3")[1]["template"]
     marker = rf"# patchgen #2 {re.escape(template)} \(\d+ stmt\): {re.escape(why)}\n"
     assert re.search(marker, (real / QWEN3).read_text())

@@ -61,7 +61,6 @@ def test_regen_writes_the_model_record_beside_the_output_and_check_guards_it(pro
         ('[model]\nmodel_type = "toy"\nclass = "ToyForTask"\nupstream = "x.Y"\n', "[model] is missing 'family'"),
         (MODEL.replace('family = "causal_lm"', 'family = "llm"'), "key 'family' must be one of"),
         (MODEL.replace('["moe"]', '["mole"]'), "key 'capabilities' must be an array of distinct capabilities"),
-        (MODEL.replace('class = "ToyForTask"', 'class = "ToyModel"'), "[model] class 'ToyModel' must be one of"),
         (MODEL.replace('upstream = "fixturepkg.AutoToy"', 'upstream = "AutoToy"'), "key 'upstream' must be a dotted"),
         (MODEL.replace('family = "causal_lm"', 'family = "causal_lm"\ncolour = "red"'), "unknown key 'colour'"),
         (MODEL.replace('model_type = "toy"', 'model_type = "toy-2"'), "key 'model_type' must be a Python name"),
@@ -153,3 +152,10 @@ def test_a_transformers_model_implies_upstream_conversions(project) -> None:
     proj = project(with_model(spec_toml(patches=[{**explicit, "why": "x"}]), table))
     with pytest.raises(PatchgenError, match="implies the core/upstream_weight_conversions patch; remove the explicit"):
         proj.spec()
+
+
+@pytest.mark.parametrize("cls", ["NoSuchClass", "UnusedThing", "rescale"])
+def test_the_model_class_must_be_a_class_of_the_generated_module(project, cls: str) -> None:
+    proj = project(with_model(spec_toml(), MODEL.replace('class = "ToyForTask"', f'class = "{cls}"')))
+    with pytest.raises(PatchgenError, match=rf"\[model\] class '{cls}' is not a class of the generated module"):
+        proj.generate()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.models.registry import model_types
+from runtime.models.registry import lookup, model_types
 from tests.parity.dense import grads
 from tests.parity.vlm import GRIDS, vlm_batch, vlm_models
 
@@ -24,7 +24,7 @@ def test_vlm_bitwise_equal_to_upstream(model_type: str) -> None:
     assert type(generated.model.language_model).__module__ == type(generated).__module__
     batch = vlm_batch(model_type)
     assert len(batch["image_grid_thw"]) == len(GRIDS) == 2
-    moe = model_type.endswith("_moe")
+    moe = lookup(model_type).is_moe
     # MoE: upstream adds the load-balancing loss only when asked per call; the router gets its gradient too
     kwargs = {"output_router_logits": True} if moe else {}
     outputs = [m(**batch, **kwargs) for m in (upstream, generated)]
@@ -70,7 +70,7 @@ def test_vlm_with_video_bitwise_equal_to_upstream(model_type: str) -> None:
     upstream, generated = vlm_models(model_type)
     batch = vlm_batch(model_type, grids=((1, 2, 4),), text=(4, 3, 6), videos=((3, 2, 2),))
     assert batch["pixel_values_videos"].shape[0] == 12
-    kwargs = {"output_router_logits": True} if model_type.endswith("_moe") else {}
+    kwargs = {"output_router_logits": True} if lookup(model_type).is_moe else {}
     outputs = [m(**batch, **kwargs) for m in (upstream, generated)]
     assert torch.equal(outputs[0].logits, outputs[1].logits)
     assert torch.equal(outputs[0].loss, outputs[1].loss)

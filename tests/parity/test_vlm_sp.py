@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.models.registry import model_types
+from runtime.models.registry import lookup, model_types
 from tests.dist_utils import run_distributed
 from tests.parity.dense import grads, relative_error
 from tests.parity.vlm import vlm_batch, vlm_models
@@ -32,7 +32,7 @@ VIDEO_CASE = (((1, 2, 4),), (4, 3, 6), ((3, 2, 2),))
 
 def forward_kwargs(model_type: str) -> dict:
     """MoE: upstream adds the load-balancing loss only when asked per call (under SP it is the global one)."""
-    return {"output_router_logits": True} if model_type.endswith("_moe") else {}
+    return {"output_router_logits": True} if lookup(model_type).is_moe else {}
 
 
 def full_batch(model_type: str, grids, text, videos=()) -> dict[str, torch.Tensor]:
@@ -97,7 +97,7 @@ def single_process(model_type: str, grids, text, videos=(), sp: int = 2) -> dict
     _, model = vlm_models(model_type)
     batch = full_batch(model_type, grids, text, videos)
     length = batch["input_ids"].shape[1]
-    if model_type.endswith("_moe"):
+    if lookup(model_type).is_moe:
         batch = pad_row(batch, sp)
     out = model(**batch, **forward_kwargs(model_type))
     out.loss.backward()
@@ -112,7 +112,7 @@ def test_vlm_sp2_matches_single_process(model_type: str) -> None:
         ref = single_process(model_type, *case, sp=2)
         if model_type in DEEPSTACK:
             assert any(n.startswith("model.visual.deepstack_merger_list.") for n in ref["grads"])
-        if model_type.endswith("_moe"):
+        if lookup(model_type).is_moe:
             assert any(n.endswith("mlp.gate.weight") for n in ref["grads"])
         for rank_results in per_rank:
             got = rank_results[index]

@@ -1,0 +1,39 @@
+"""`keep` / `exclude`: which top-level definitions the output has. Pruning keeps what the `keep` roots (and the code
+patches add) reach, never traversing an excluded definition; any reference left to a pruned or excluded name is a
+generation-time error (`patchgen.cst.prune.check_dangling`)."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from typing import TYPE_CHECKING, Any
+
+from patchgen.errors import PatchgenError
+from patchgen.ops.base import LazyModule, cst
+
+prune: Any = LazyModule("patchgen.cst.prune")  # imports libcst
+
+if TYPE_CHECKING:
+    from patchgen.cst.plan import Plan
+    from patchgen.spec import Spec
+    from patchgen.upstream import UpstreamFile
+
+
+def check_roots(spec: Spec, upstream: UpstreamFile, module) -> None:
+    """Every `keep` and `exclude` name is a top-level definition of the upstream module."""
+    top_level = {s.name.value for s in module.body if isinstance(s, cst.ClassDef | cst.FunctionDef)}
+    for key, names in (("keep", spec.keep), ("exclude", spec.exclude)):
+        unknown = [n for n in names if n not in top_level]
+        if unknown:
+            raise PatchgenError(
+                f"{spec.path}: {key} names {unknown}, which {upstream.relpath} ({upstream.pin}) "
+                f"does not define at top level"
+            )
+
+
+def kept_definitions(spec: Spec, upstream: UpstreamFile, plan: Plan) -> set[str]:
+    """Definitions reachable from the roots, computed on upstream's ast plus the references patches add."""
+    added_refs = set().union(*(prune.references(ast.parse(textwrap.dedent(code))) for code in plan.rendered))
+    tree = ast.parse(upstream.text, filename=f"{upstream.relpath} ({upstream.pin})")
+    reached = prune.reachable_definitions(tree, [*spec.keep, *sorted(added_refs)], spec.exclude)
+    return {plan.renames.get(n, n) for n in reached - set(spec.exclude)} | plan.added_names
