@@ -1,5 +1,5 @@
-"""`make demo`: regenerate every spec into a scratch copy and compare with generated/, SP=2 parity, the text and VLM
-trainers, FlowGRPO."""
+"""`make demo`: regenerate every spec into a scratch copy and compare with generated/, SP=2 parity, the text, VLM
+and omni trainers, FlowGRPO."""
 
 from __future__ import annotations
 
@@ -55,7 +55,14 @@ def main() -> None:
     from runtime.demos.train_vlm import main as vlm_demo
 
     ok = vlm_demo() and ok
-    print("== 5. FlowGRPO: tiny SD3 transformer, GRPO with a learnable reward ==", flush=True)
+    print(
+        "== 5. omni trainer: tiny qwen3_omni_moe thinker, sp=2 (audio encoder + ViT + LM), generated audio ==",
+        flush=True,
+    )
+    from runtime.demos.train_omni import main as omni_demo
+
+    ok = omni_demo() and ok
+    print("== 6. FlowGRPO: tiny SD3 transformer, GRPO with a learnable reward ==", flush=True)
     from runtime.demos.flowgrpo import main as flowgrpo_demo
 
     ok = flowgrpo_demo() and ok

@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/qwen3_omni_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_omni_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
-# spec: specs/qwen3_omni_moe.toml sha256=1de073988c954a849f1d7bd0c900221a4bd2db09f2da3e760ebe7e03a8f960bd
-# templates: sha256=37318971f58f64089b252f20ffa2b13d06a92c79c153388bfcc06f3f95eb6261
+# spec: specs/qwen3_omni_moe.toml sha256=73bc5de4fc9986cd5eb828352c02c14be6bb892a7c5542e0514ee414e7c1f3ac
+# templates: sha256=a5b975e46359bc6ee15d62be62a65f8b73af56fb916b3ef7b0fd3fbd249a3927
 # engine: patchgen==0.1.0 sha256=8efc1c11dc106ed058bee613a95bef8757ecb6406c1f949e2d882dec63c36c68
-# body: sha256=d26fd4c58e3aa9aea74085b8f31ad9f2d0d58a19934290b4ae9d1ab10428bb8c
+# body: sha256=b1786522eff0a168fa2db9b699b17b13de6b74514c06648f30c6f4fba9068d1c
 # patches:
 #   #1 core/skip_isinstance @ Qwen3OmniMoePreTrainedModel._init_weights: code2wav (speech output) is pruned with the talker; its weight-init branch can match nothing here
 #   #2 sp/full_sequence_mask @ Qwen3OmniMoeThinkerTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
@@ -40,7 +40,8 @@
 #   #31 audio/position_id_func @ Qwen3OmniMoeThinkerForConditionalGeneration: the data pipeline computes M-RoPE ids per sample (audio lengths, audio-in-video), before packing and SP slicing
 #   #32 core/submodel_checkpoint @ Qwen3OmniMoeThinkerForConditionalGeneration: a full omni checkpoint loads into the thinker: talker and code2wav weights are dropped and counted, nothing else is
 #   #33 core/native_weight_init @ Qwen3OmniMoePreTrainedModel: random init as upstream's (every sub-model inits itself): _init_weights sets experts and router through the MoE block, which has no direct parameter
-#   #34 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+#   #34 fsdp/wrap_units @ Qwen3OmniMoeThinkerForConditionalGeneration: FSDP shards (and checkpoints) per block: upstream names the two towers only, which would leave the whole MoE LM in the root unit
+#   #35 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_omni_moe/modular_qwen3_omni_moe.py.
@@ -1917,7 +1918,8 @@ class Qwen3OmniMoeThinkerForConditionalGeneration(
     config: Qwen3OmniMoeThinkerConfig
     base_model_prefix = "thinker"
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
-    _no_split_modules = ["Qwen3OmniMoeAudioEncoder", "Qwen3OmniMoeVisionEncoder"]
+    # patchgen #34 fsdp/wrap_units (1 stmt): FSDP shards (and checkpoints) per block: upstream names the two towers only, which would leave the whole MoE LM in the root unit
+    _no_split_modules = ["Qwen3OmniMoeThinkerTextDecoderLayer", "Qwen3OmniMoeVisionBlock", "Qwen3OmniMoeAudioEncoderLayer"]
     _can_record_outputs = {
         "hidden_states": Qwen3OmniMoeThinkerTextDecoderLayer,
         "attentions": Qwen3OmniMoeThinkerTextAttention,
@@ -2361,5 +2363,5 @@ __all__ = [
 ]
 
 
-# patchgen #34 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+# patchgen #35 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 share_upstream_weight_conversions("qwen3_omni_moe_thinker", __name__)

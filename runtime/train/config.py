@@ -10,6 +10,7 @@ Example (every key shown with its default unless marked required)::
       attn_implementation: sdpa  # or flash_attention_2 where flash-attn is installed
       experts_implementation: patchgen_grouped  # MoE models: eager | patchgen_grouped | patchgen_triton
       freeze_vision: false     # vision-language models: train without updating the vision tower
+      freeze_audio: false      # omni models: train without updating the audio encoder
     data:
       path: data.jsonl         # required: .jsonl (text / chat messages, with images/videos for VLMs) or .txt
       tokenizer: tok/          # required for text models: local tokenizer directory
@@ -54,6 +55,7 @@ class ModelConfig:
     attn_implementation: str = "sdpa"
     experts_implementation: str = "patchgen_grouped"  # MoE models only: eager | patchgen_grouped | patchgen_triton
     freeze_vision: bool = False  # vision-language models only
+    freeze_audio: bool = False  # omni models (an audio encoder) only
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,8 @@ def _check_model_kind(config: RunConfig) -> None:
             )
         if config.model.freeze_vision:
             raise ConfigError(f"model.freeze_vision: {config.model.type!r} has no vision tower")
+    if config.model.freeze_audio and not entry.has("audio"):
+        raise ConfigError(f"model.freeze_audio: {config.model.type!r} has no audio encoder")
 
 
 def _check_model_config(config: RunConfig) -> None:

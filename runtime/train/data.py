@@ -22,9 +22,18 @@ def is_vlm(config: RunConfig) -> bool:
         raise ConfigError(f"model.type: {exc}") from None
 
 
+def is_omni(config: RunConfig) -> bool:
+    """An omni model (audio too): its own processor, data pipeline and packing (runtime/data/omni*.py)."""
+    return lookup(config.model.type).family == "omni"
+
+
 def load_text_processor(config: RunConfig) -> Any:
-    """The tokenizer (text models) or the processor (VLMs) from its local directory."""
+    """The tokenizer (text models) or the processor (VLMs, omni models) from its local directory."""
     try:
+        if is_vlm(config) and is_omni(config):
+            from runtime.data.omni_processor import load_omni_processor
+
+            return load_omni_processor(config.data.processor, config.model.type)
         if is_vlm(config):
             from runtime.data.processor import load_processor
 
@@ -39,6 +48,10 @@ def fixed_model_config(config: RunConfig, processor: Any) -> dict[str, Any]:
     """A VLM's special-token ids come from its processor's tokenizer, not from the model config's defaults."""
     if not is_vlm(config):
         return {}
+    if is_omni(config):
+        from runtime.data.omni_processor import omni_token_ids
+
+        return omni_token_ids(processor)
     from runtime.data.processor import vlm_token_ids
 
     return vlm_token_ids(processor)
@@ -65,6 +78,13 @@ def build_loader(
         if not is_vlm(config):
             tokenized = tokenize_samples([s.sample for s in samples], processor)
             return PackedLoader.for_parallel_state(tokenized, budget, state, seed=seed)
+        if is_omni(config):
+            from runtime.data.omni import tokenize_omni
+            from runtime.data.omni_packing import OmniPackedLoader
+
+            fn = type(model).get_position_id_func(model.config)
+            omni = [_tokenize_one(tokenize_omni, s, processor, fn, model.config) for s in samples]
+            return OmniPackedLoader.for_parallel_state(omni, budget, state, seed=seed)
         from runtime.data.multimodal import tokenize_multimodal
         from runtime.data.multimodal_loader import MultimodalPackedLoader
 
@@ -92,5 +112,8 @@ def check_sp(model: torch.nn.Module, config: RunConfig, sp: int) -> None:
         vision = getattr(model.config, "vision_config", None)
         if vision is not None and vision.num_heads % sp:
             raise ValueError(f"the vision tower's {vision.num_heads} heads are not divisible by sp={sp}")
+        audio = getattr(model.config, "audio_config", None)
+        if audio is not None and audio.encoder_attention_heads % sp:
+            raise ValueError(f"the audio encoder's {audio.encoder_attention_heads} heads are not divisible by sp={sp}")
     except ValueError as exc:
         raise ConfigError(f"parallel.sp: {exc}") from None

@@ -89,6 +89,16 @@ def build_model(cfg: ModelConfig, fixed: dict[str, Any] | None = None) -> torch.
     # training: no KV cache (it would also disable packed-sequence masks); a VLM's text model reads its own config
     model.config.use_cache = False
     model.config.get_text_config().use_cache = False
-    if cfg.freeze_vision:
-        model.model.visual.requires_grad_(False)
+    for tower, frozen in (("vision", cfg.freeze_vision), ("audio", cfg.freeze_audio)):
+        if frozen:
+            model.get_submodule(tower_path(entry, tower)).requires_grad_(False)
     return model
+
+
+def tower_path(entry, tower: str) -> str:
+    """Where a model keeps a tower (``vision``, ``audio``): its spec's ``[model.data] towers``, else the Qwen-VL
+    layout (``model.visual``)."""
+    towers = entry.data.get("towers", {"vision": "model.visual"})
+    if tower not in towers:
+        raise ConfigError(f"model.freeze_{tower}: {entry.model_type!r} names no {tower} tower ([model.data] towers)")
+    return towers[tower]

@@ -2,7 +2,8 @@
 against the single-process eager run: the LM loss, the load-balancing loss and every gradient (audio encoder, ViT,
 mergers, deepstack mergers, router, experts, text layers) within 1e-5.
 
-The two data-parallel replicas train different rows. Replica 0: both images on SP rank 0's slice and the audio on
+FSDP shards per block (decoder layers, ViT blocks, audio encoder layers), then the root. The two data-parallel
+replicas train different rows. Replica 0: both images on SP rank 0's slice and the audio on
 SP rank 1's (a rank without audio tokens, a rank without image tokens), no video. Replica 1: a video without audio
 track and text only, so both of its ranks run the audio encoder and the ViT (images) on dummies, and replica 0 runs
 the ViT on a dummy video: FSDP's collectives over the towers stay in step, and the dummies add exact zeros. The
@@ -108,6 +109,10 @@ def parallel_worker(rank: int, world: int) -> dict:
     model.visual.blocks[0].register_forward_hook(lambda *_: calls.__setitem__("vision", calls["vision"] + 1))
     shard_experts(model, state)
     apply_fsdp(model, state)
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [model.model.layers[0], model.visual.blocks[0], model.audio_tower.layers[0], model]
+    assert all(isinstance(u, FSDPModule) for u in units)  # per-block units (fsdp/wrap_units), then the root
     rows = _rows()
     batch = shard(rows[state.dp_rank], state.sp_size, state.sp_rank)
     ids = batch["input_ids"]
