@@ -63,6 +63,7 @@ def test_freeze_audio_and_export_loads_in_plain_transformers(tmp_path: Path) -> 
         assert not torch.equal(state[key], initial[key]), key
     # the generated class and plain transformers compute the same logits from the export
     reload = {**raw["model"], "path": str(tmp_path / "hf"), "experts_implementation": "eager"}
+    reload.pop("config")  # the checkpoint's config.json is used
     generated = build_model(parse_config({**raw, "model": reload}).model)
     samples = read_jsonl(config.data.path)
     fn = type(generated).get_position_id_func(generated.config)
