@@ -1,5 +1,5 @@
 """The trainer on the tiny qwen3_omni_moe thinker and the synthetic omni data (audio clips at three sampling rates,
-images, a video with its audio track): SP=2 against one process step by step; frozen audio encoder; the export
+images, a video with its audio track): SP=2 and EP=2 against one process step by step; frozen audio encoder; the export
 loads in plain transformers with identical logits; configuration errors of the omni options."""
 
 from __future__ import annotations
@@ -31,6 +31,29 @@ def test_omni_sp2_matches_sp1_every_step(tmp_path: Path) -> None:
         for got, ref in zip(rank_metrics[:-1], reference, strict=True):
             assert _close(got["loss"], ref["loss"]), (got, ref)
             assert _close(got["grad_norm"], ref["grad_norm"]), (got, ref)
+
+
+@pytest.mark.dist
+def test_omni_ep2_matches_single_process_every_step(tmp_path: Path) -> None:
+    """ep=2 on 2 ranks (grouped kernel; rows j and j+1 go to the two replicas) against one process with 2
+    micro-batches (eager experts). The budget keeps one sample per row, so both layouts pack the same rows; the
+    load-balancing term is off (per micro-batch in one process, global across replicas)."""
+    budget = {"token_budget": 98}
+    raw = omni_run_config(tmp_path, aux_loss_coef=0.0, data=budget)
+    reference = train_worker(
+        0,
+        1,
+        {
+            **raw,
+            "model": {**raw["model"], "experts_implementation": "eager"},
+            "train": {"steps": 3, "micro_batches": 2},
+        },
+    )[:-1]
+    per_rank = run_distributed(train_worker, 2, {**raw, "parallel": {"ep": 2}}, timeout=300)
+    assert len(reference) == 3
+    for got, ref in zip(per_rank[0][:-1], reference, strict=True):
+        assert _close(got["loss"], ref["loss"]), (got, ref)
+        assert _close(got["grad_norm"], ref["grad_norm"]), (got, ref)
 
 
 def test_freeze_audio_and_export_loads_in_plain_transformers(tmp_path: Path) -> None:
