@@ -2,32 +2,31 @@
 # Made by patchgen 0.1.0 from specs/qwen2_5_vl.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen2_5_vl`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen2_5_vl/modeling_qwen2_5_vl.py sha256=7cdf4e42cb7624123f89f5357553ae222aec3ce0c9c0c49abf183e2fdde06857
-# spec: specs/qwen2_5_vl.toml sha256=1d8c1b0e5a6ce0bae49399f5fd32cc30e12cdbef468072f4142b08125fa2afcb
-# templates: sha256=a2b99d20768d47c0d2bbcba354d16694ccc720fa3ab6490ef62c2cdd4afe1400
+# spec: specs/qwen2_5_vl.toml sha256=01e47ffc98170b1a9b13448d588e536fd8ef828d5f796c9db91a313d7631569a
+# templates: sha256=8d6c836b8cbe98dc0370569e63b780d42082f896546a94e38d817cfcc5a05ab5
 # engine: patchgen==0.1.0 sha256=8efc1c11dc106ed058bee613a95bef8757ecb6406c1f949e2d882dec63c36c68
-# body: sha256=0b2fda1ca3235bd619d7267a30e3a7ecb6615a6a726f8abd4017a59fbe54008b
+# body: sha256=d93d098b9f3d084a8958a72e7a98c3a1d8199fbc139352d69398ca0d1c71179b
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2_5_VLTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
 #   #2 sp/full_sequence_mask @ Qwen2_5_VLTextModel.forward: same for the sliding-window layers (when the config has any)
 #   #3 sp/rope_slice @ Qwen2_5_VLTextModel.forward: multimodal RoPE (T/H/W sections, cos/sin (3, bs, L, d)) comes from global 3-D position ids; each SP rank keeps the slice for its tokens
 #   #4 sp/ulysses_attention @ Qwen2_5_VLAttention.forward: all-to-all to head-sharded full-sequence attention under SP (sp > kv heads repeats KV heads)
 #   #5 loss/causal_lm_head @ Qwen2_5_VLForConditionalGeneration.forward: SP: labels shift across ranks and the mean is over the SP group; optional chunked CE without full logits
-#   #6 vlm/position_ids_channels_first @ Qwen2_5_VLModel.forward: collators stack M-RoPE ids batch-first (bs, 3|4, L); the model wants (3|4, bs, L)
-#   #7 sp/vit_pad_and_slice @ Qwen2_5_VisionTransformerPretrainedModel.forward: each SP rank runs the ViT on 1/sp of the window-ordered patches (padded to sp * merge unit; the padding is its own segment of both the full and the window cu_seqlens)
-#   #8 sp/vit_attention_all_to_all @ Qwen2_5_VLVisionAttention.forward: per-image / per-window ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
-#   #9 sp/vit_attention_all_to_all @ Qwen2_5_VLVisionAttention.forward: and back to this rank's patches x all heads
-#   #10 sp/vit_gather @ Qwen2_5_VisionTransformerPretrainedModel.forward: ViT -> LM: gather every rank's merged tokens (window order) and drop the padding, before the reverse window permutation
-#   #11 sp/vit_fill_back @ Qwen2_5_VLModel.forward: fill-back: each rank scatters the image tokens of its own slice of the sequence
-#   #12 sp/vit_fill_back @ Qwen2_5_VLModel.forward: same for video tokens
-#   #13 vlm/stash_lm_attention_kwargs @ Qwen2_5_VLModel.forward: the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
-#   #14 vlm/vision_dummy_forward @ Qwen2_5_VLModel.forward: a rank without images still runs the vision tower (FSDP collectives match across ranks)
-#   #15 vlm/vision_dummy_forward @ Qwen2_5_VLModel.forward: same for a rank without videos
-#   #16 vlm/restore_lm_attention_kwargs @ Qwen2_5_VLModel.forward: the language model gets its packed flash-attention kwargs back
-#   #17 vlm/vision_host_seqlens @ Qwen2_5_VisionTransformerPretrainedModel.forward: one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
-#   #18 vlm/vision_seqlens_from_host @ Qwen2_5_VLVisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
-#   #19 vlm/vision_seqlens_from_host @ Qwen2_5_VLVisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
-#   #20 vlm/position_id_func @ Qwen2_5_VLForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
-#   #21 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+#   #6 sp/vit_pad_and_slice @ Qwen2_5_VisionTransformerPretrainedModel.forward: each SP rank runs the ViT on 1/sp of the window-ordered patches (padded to sp * merge unit; the padding is its own segment of both the full and the window cu_seqlens)
+#   #7 sp/vit_attention_all_to_all @ Qwen2_5_VLVisionAttention.forward: per-image / per-window ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
+#   #8 sp/vit_attention_all_to_all @ Qwen2_5_VLVisionAttention.forward: and back to this rank's patches x all heads
+#   #9 sp/vit_gather @ Qwen2_5_VisionTransformerPretrainedModel.forward: ViT -> LM: gather every rank's merged tokens (window order) and drop the padding, before the reverse window permutation
+#   #10 sp/vit_fill_back @ Qwen2_5_VLModel.forward: fill-back: each rank scatters the image tokens of its own slice of the sequence
+#   #11 sp/vit_fill_back @ Qwen2_5_VLModel.forward: same for video tokens
+#   #12 vlm/stash_lm_attention_kwargs @ Qwen2_5_VLModel.forward: the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+#   #13 vlm/vision_dummy_forward @ Qwen2_5_VLModel.forward: a rank without images still runs the vision tower (FSDP collectives match across ranks)
+#   #14 vlm/vision_dummy_forward @ Qwen2_5_VLModel.forward: same for a rank without videos
+#   #15 vlm/restore_lm_attention_kwargs @ Qwen2_5_VLModel.forward: the language model gets its packed flash-attention kwargs back
+#   #16 vlm/vision_host_seqlens @ Qwen2_5_VisionTransformerPretrainedModel.forward: one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+#   #17 vlm/vision_seqlens_from_host @ Qwen2_5_VLVisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
+#   #18 vlm/vision_seqlens_from_host @ Qwen2_5_VLVisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+#   #19 vlm/position_id_func @ Qwen2_5_VLForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+#   #20 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen2_5_vl/modular_qwen2_5_vl.py.
@@ -86,12 +85,11 @@ from transformers.utils.generic import (
 from transformers.utils.output_capturing import capture_outputs
 from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids, get_vision_window_index
 from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLConfig, Qwen2_5_VLTextConfig, Qwen2_5_VLVisionConfig
-# patchgen imports (15 stmt): names the patches below use
+# patchgen imports (14 stmt): names the patches below use
 from runtime.sp.positions import full_sequence_mask
 from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
 from runtime.sp.loss import causal_lm_logits_and_loss
-from runtime.sp.vision import channels_first_position_ids
 from runtime.sp.vision import vit_pad_and_slice, vit_pad_cu_seqlens, vit_pad_length
 from runtime.sp.vision import vit_all_to_all
 from runtime.sp.vision import vit_gather
@@ -288,7 +286,7 @@ class Qwen2_5_VLVisionAttention(nn.Module):
         query_states = query_states.transpose(0, 1).unsqueeze(0)
         key_states = key_states.transpose(0, 1).unsqueeze(0)
         value_states = value_states.transpose(0, 1).unsqueeze(0)
-        # patchgen #8 sp/vit_attention_all_to_all (1 stmt): per-image / per-window ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
+        # patchgen #7 sp/vit_attention_all_to_all (1 stmt): per-image / per-window ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
         query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -297,7 +295,7 @@ class Qwen2_5_VLVisionAttention(nn.Module):
 
         if is_flash_attention_requested(self.config):
             # Flash Attention: Use cu_seqlens for variable length attention
-            # patchgen #18 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per block
+            # patchgen #17 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per block
             max_seqlen = vision_max_seqlen(cu_seqlens)
             attn_output, _ = attention_interface(
                 self,
@@ -316,7 +314,7 @@ class Qwen2_5_VLVisionAttention(nn.Module):
             )
         else:
             # Other implementations: Process each chunk separately
-            # patchgen #19 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+            # patchgen #18 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
             lengths = vision_segment_lengths(cu_seqlens)
             splits = [
                 torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)
@@ -337,7 +335,7 @@ class Qwen2_5_VLVisionAttention(nn.Module):
                 for q, k, v in zip(*splits)
             ]
             attn_output = torch.cat(attn_outputs, dim=1)
-        # patchgen #9 sp/vit_attention_all_to_all (1 stmt): and back to this rank's patches x all heads
+        # patchgen #8 sp/vit_attention_all_to_all (1 stmt): and back to this rank's patches x all heads
         attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2)
 
         attn_output = attn_output.reshape(seq_length, -1).contiguous()
@@ -496,13 +494,13 @@ class Qwen2_5_VisionTransformerPretrainedModel(Qwen2_5_VLPreTrainedModel):
         rotary_pos_emb = rotary_pos_emb.reshape(seq_len, -1)
         emb = torch.cat((rotary_pos_emb, rotary_pos_emb), dim=-1)
         position_embeddings = (emb.cos(), emb.sin())
-        # patchgen #7 sp/vit_pad_and_slice (5 stmt): each SP rank runs the ViT on 1/sp of the window-ordered patches (padded to sp * merge unit; the padding is its own segment of both the full and the window cu_seqlens)
+        # patchgen #6 sp/vit_pad_and_slice (5 stmt): each SP rank runs the ViT on 1/sp of the window-ordered patches (padded to sp * merge unit; the padding is its own segment of both the full and the window cu_seqlens)
         vit_sp_pad = vit_pad_length(hidden_states.shape[0], self.spatial_merge_unit)
         hidden_states = vit_pad_and_slice(hidden_states, vit_sp_pad)
         position_embeddings = vit_pad_and_slice(position_embeddings, vit_sp_pad)
         cu_seqlens = vit_pad_cu_seqlens(cu_seqlens, vit_sp_pad)
         cu_window_seqlens = vit_pad_cu_seqlens(cu_window_seqlens, vit_sp_pad)
-        # patchgen #17 vlm/vision_host_seqlens (2 stmt): one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+        # patchgen #16 vlm/vision_host_seqlens (2 stmt): one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
         cu_seqlens = with_host_seqlens(cu_seqlens)
         cu_window_seqlens = with_host_seqlens(cu_window_seqlens)
 
@@ -521,7 +519,7 @@ class Qwen2_5_VisionTransformerPretrainedModel(Qwen2_5_VLPreTrainedModel):
 
         reverse_indices = torch.argsort(window_index)
         merged_hidden_states = self.merger(hidden_states)
-        # patchgen #10 sp/vit_gather (1 stmt): ViT -> LM: gather every rank's merged tokens (window order) and drop the padding, before the reverse window permutation
+        # patchgen #9 sp/vit_gather (1 stmt): ViT -> LM: gather every rank's merged tokens (window order) and drop the padding, before the reverse window permutation
         merged_hidden_states = vit_gather(merged_hidden_states, vit_sp_pad // self.spatial_merge_unit)
         merged_hidden_states = merged_hidden_states[reverse_indices, :]
 
@@ -1294,37 +1292,35 @@ class Qwen2_5_VLModel(Qwen2_5_VLPreTrainedModel):
         second_per_grid_ts (`torch.Tensor` of shape `(num_videos)`, *optional*):
             The time interval (in seconds) for each grid along the temporal dimension in the 3D position IDs.
         """
-        # patchgen #13 vlm/stash_lm_attention_kwargs (1 stmt): the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+        # patchgen #12 vlm/stash_lm_attention_kwargs (1 stmt): the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
         kwargs, lm_attention_kwargs = split_lm_attention_kwargs(kwargs)
 
         if inputs_embeds is None:
             inputs_embeds = self.get_input_embeddings()(input_ids)
-        # patchgen #14 vlm/vision_dummy_forward (1 stmt): a rank without images still runs the vision tower (FSDP collectives match across ranks)
+        # patchgen #13 vlm/vision_dummy_forward (1 stmt): a rank without images still runs the vision tower (FSDP collectives match across ranks)
         inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values, self.get_image_features, self.config.vision_config)
 
         if pixel_values is not None:
             image_embeds = self.get_image_features(pixel_values, image_grid_thw, **kwargs).pooler_output
             image_embeds = torch.cat(image_embeds, dim=0).to(inputs_embeds.device, inputs_embeds.dtype)
-            # patchgen #11 sp/vit_fill_back (1 stmt): fill-back: each rank scatters the image tokens of its own slice of the sequence
+            # patchgen #10 sp/vit_fill_back (1 stmt): fill-back: each rank scatters the image tokens of its own slice of the sequence
             image_embeds, = local_visual_tokens(input_ids == self.config.image_token_id, image_embeds)
             image_mask, _ = self.get_placeholder_mask(
                 input_ids, inputs_embeds=inputs_embeds, image_features=image_embeds
             )
             inputs_embeds = inputs_embeds.masked_scatter(image_mask, image_embeds)
-        # patchgen #15 vlm/vision_dummy_forward (1 stmt): same for a rank without videos
+        # patchgen #14 vlm/vision_dummy_forward (1 stmt): same for a rank without videos
         inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values_videos, self.get_video_features, self.config.vision_config)
 
         if pixel_values_videos is not None:
             video_embeds = self.get_video_features(pixel_values_videos, video_grid_thw, **kwargs).pooler_output
             video_embeds = torch.cat(video_embeds, dim=0).to(inputs_embeds.device, inputs_embeds.dtype)
-            # patchgen #12 sp/vit_fill_back (1 stmt): same for video tokens
+            # patchgen #11 sp/vit_fill_back (1 stmt): same for video tokens
             video_embeds, = local_visual_tokens(input_ids == self.config.video_token_id, video_embeds)
             _, video_mask = self.get_placeholder_mask(
                 input_ids, inputs_embeds=inputs_embeds, video_features=video_embeds
             )
             inputs_embeds = inputs_embeds.masked_scatter(video_mask, video_embeds)
-        # patchgen #6 vlm/position_ids_channels_first (1 stmt): collators stack M-RoPE ids batch-first (bs, 3|4, L); the model wants (3|4, bs, L)
-        position_ids = channels_first_position_ids(position_ids)
 
         if position_ids is None:
             position_ids = self.compute_3d_position_ids(
@@ -1337,7 +1333,7 @@ class Qwen2_5_VLModel(Qwen2_5_VLPreTrainedModel):
                 past_key_values=past_key_values,
                 mm_token_type_ids=mm_token_type_ids,
             )
-        # patchgen #16 vlm/restore_lm_attention_kwargs (1 stmt): the language model gets its packed flash-attention kwargs back
+        # patchgen #15 vlm/restore_lm_attention_kwargs (1 stmt): the language model gets its packed flash-attention kwargs back
         kwargs = {**kwargs, **lm_attention_kwargs}
 
         outputs = self.language_model(
@@ -1734,7 +1730,7 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLPreTrainedModel, GenerationMi
 
         return input_ids, model_kwargs
 
-    # patchgen #20 vlm/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+    # patchgen #19 vlm/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
     @classmethod
     def get_position_id_func(cls, config):
         """fn(input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw, **extra) -> (3, bs, L) M-RoPE ids."""
@@ -1744,5 +1740,5 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2_5_VLPreTrainedModel, GenerationMi
 __all__ = ["Qwen2_5_VLForConditionalGeneration", "Qwen2_5_VLModel", "Qwen2_5_VLPreTrainedModel", "Qwen2_5_VLTextModel"]
 
 
-# patchgen #21 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+# patchgen #20 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 share_upstream_weight_conversions("qwen2_5_vl", __name__)

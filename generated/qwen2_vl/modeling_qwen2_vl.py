@@ -2,32 +2,31 @@
 # Made by patchgen 0.1.0 from specs/qwen2_vl.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen2_vl`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen2_vl/modeling_qwen2_vl.py sha256=6c124dace35b8a649c34ce5041808e183c4989f90049c6ea9ba1d52aa8bbea99
-# spec: specs/qwen2_vl.toml sha256=07c32293c982380a18cd59a7358b6c07f1c7ca63f6c53e62e6b722b3fdcf59e6
-# templates: sha256=a2b99d20768d47c0d2bbcba354d16694ccc720fa3ab6490ef62c2cdd4afe1400
+# spec: specs/qwen2_vl.toml sha256=a0713dc89144bc7c0fa73ca0c455451d32f69f5a6a4e83cfa91ff7390cd942fb
+# templates: sha256=8d6c836b8cbe98dc0370569e63b780d42082f896546a94e38d817cfcc5a05ab5
 # engine: patchgen==0.1.0 sha256=8efc1c11dc106ed058bee613a95bef8757ecb6406c1f949e2d882dec63c36c68
-# body: sha256=e442c3683473c8c360d3230282f5aa886f47c73097b715e89d4306f943e4695e
+# body: sha256=9d820c8026ad65df1451855df530cd3b32f7f09371643386e3037f6bc8ab6428
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2VLTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
 #   #2 sp/full_sequence_mask @ Qwen2VLTextModel.forward: same for the sliding-window layers (when the config has any)
 #   #3 sp/rope_slice @ Qwen2VLTextModel.forward: multimodal RoPE (T/H/W sections, cos/sin (3, bs, L, d)) comes from global 3-D position ids; each SP rank keeps the slice for its tokens
 #   #4 sp/ulysses_attention @ Qwen2VLAttention.forward: all-to-all to head-sharded full-sequence attention under SP (sp > kv heads repeats KV heads)
 #   #5 loss/causal_lm_head @ Qwen2VLForConditionalGeneration.forward: SP: labels shift across ranks and the mean is over the SP group; optional chunked CE without full logits
-#   #6 vlm/position_ids_channels_first @ Qwen2VLModel.forward: collators stack M-RoPE ids batch-first (bs, 3|4, L); the model wants (3|4, bs, L)
-#   #7 sp/vit_pad_and_slice @ Qwen2VisionTransformerPretrainedModel.forward: each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, the padding is its own cu_seqlens segment)
-#   #8 sp/vit_attention_all_to_all @ VisionAttention.forward: per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
-#   #9 sp/vit_attention_all_to_all @ VisionAttention.forward: and back to this rank's patches x all heads
-#   #10 sp/vit_gather @ Qwen2VisionTransformerPretrainedModel.forward: ViT -> LM: gather every rank's merged tokens and drop the padding
-#   #11 sp/vit_fill_back @ Qwen2VLModel.forward: fill-back: each rank scatters the image tokens of its own slice of the sequence
-#   #12 sp/vit_fill_back @ Qwen2VLModel.forward: same for video tokens
-#   #13 vlm/stash_lm_attention_kwargs @ Qwen2VLModel.forward: the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
-#   #14 vlm/vision_dummy_forward @ Qwen2VLModel.forward: a rank without images still runs the vision tower (FSDP collectives match across ranks)
-#   #15 vlm/vision_dummy_forward @ Qwen2VLModel.forward: same for a rank without videos
-#   #16 vlm/restore_lm_attention_kwargs @ Qwen2VLModel.forward: the language model gets its packed flash-attention kwargs back
-#   #17 vlm/vision_host_seqlens @ Qwen2VisionTransformerPretrainedModel.forward: one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
-#   #18 vlm/vision_seqlens_from_host @ VisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
-#   #19 vlm/vision_seqlens_from_host @ VisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
-#   #20 vlm/position_id_func @ Qwen2VLForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
-#   #21 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+#   #6 sp/vit_pad_and_slice @ Qwen2VisionTransformerPretrainedModel.forward: each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, the padding is its own cu_seqlens segment)
+#   #7 sp/vit_attention_all_to_all @ VisionAttention.forward: per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
+#   #8 sp/vit_attention_all_to_all @ VisionAttention.forward: and back to this rank's patches x all heads
+#   #9 sp/vit_gather @ Qwen2VisionTransformerPretrainedModel.forward: ViT -> LM: gather every rank's merged tokens and drop the padding
+#   #10 sp/vit_fill_back @ Qwen2VLModel.forward: fill-back: each rank scatters the image tokens of its own slice of the sequence
+#   #11 sp/vit_fill_back @ Qwen2VLModel.forward: same for video tokens
+#   #12 vlm/stash_lm_attention_kwargs @ Qwen2VLModel.forward: the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+#   #13 vlm/vision_dummy_forward @ Qwen2VLModel.forward: a rank without images still runs the vision tower (FSDP collectives match across ranks)
+#   #14 vlm/vision_dummy_forward @ Qwen2VLModel.forward: same for a rank without videos
+#   #15 vlm/restore_lm_attention_kwargs @ Qwen2VLModel.forward: the language model gets its packed flash-attention kwargs back
+#   #16 vlm/vision_host_seqlens @ Qwen2VisionTransformerPretrainedModel.forward: one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+#   #17 vlm/vision_seqlens_from_host @ VisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
+#   #18 vlm/vision_seqlens_from_host @ VisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+#   #19 vlm/position_id_func @ Qwen2VLForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+#   #20 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 # ---- end of patchgen provenance ----
 # Copyright 2024 The Qwen team, Alibaba Group and the HuggingFace Inc. team. All rights reserved.
 #
@@ -92,12 +91,11 @@ from transformers.utils.generic import (
 from transformers.utils.output_capturing import capture_outputs
 from transformers.vision_utils import get_vision_cu_seqlens, get_vision_position_ids
 from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLConfig, Qwen2VLTextConfig, Qwen2VLVisionConfig
-# patchgen imports (15 stmt): names the patches below use
+# patchgen imports (14 stmt): names the patches below use
 from runtime.sp.positions import full_sequence_mask
 from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
 from runtime.sp.loss import causal_lm_logits_and_loss
-from runtime.sp.vision import channels_first_position_ids
 from runtime.sp.vision import vit_pad_and_slice, vit_pad_cu_seqlens, vit_pad_length
 from runtime.sp.vision import vit_all_to_all
 from runtime.sp.vision import vit_gather
@@ -430,7 +428,7 @@ class VisionAttention(nn.Module):
         query_states = query_states.transpose(0, 1).unsqueeze(0)
         key_states = key_states.transpose(0, 1).unsqueeze(0)
         value_states = value_states.transpose(0, 1).unsqueeze(0)
-        # patchgen #8 sp/vit_attention_all_to_all (1 stmt): per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
+        # patchgen #7 sp/vit_attention_all_to_all (1 stmt): per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
         query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -439,7 +437,7 @@ class VisionAttention(nn.Module):
 
         if is_flash_attention_requested(self.config):
             # Flash Attention: Use cu_seqlens for variable length attention
-            # patchgen #18 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per block
+            # patchgen #17 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per block
             max_seqlen = vision_max_seqlen(cu_seqlens)
             attn_output, _ = attention_interface(
                 self,
@@ -458,7 +456,7 @@ class VisionAttention(nn.Module):
             )
         else:
             # Other implementations: Process each chunk separately
-            # patchgen #19 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+            # patchgen #18 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
             lengths = vision_segment_lengths(cu_seqlens)
             splits = [
                 torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)
@@ -479,7 +477,7 @@ class VisionAttention(nn.Module):
                 for q, k, v in zip(*splits)
             ]
             attn_output = torch.cat(attn_outputs, dim=1)
-        # patchgen #9 sp/vit_attention_all_to_all (1 stmt): and back to this rank's patches x all heads
+        # patchgen #8 sp/vit_attention_all_to_all (1 stmt): and back to this rank's patches x all heads
         attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2)
 
         attn_output = attn_output.reshape(seq_length, -1).contiguous()
@@ -778,12 +776,12 @@ class Qwen2VisionTransformerPretrainedModel(Qwen2VLPreTrainedModel):
         rotary_pos_emb = self.rotary_pos_emb(position_ids)
         emb = torch.cat((rotary_pos_emb, rotary_pos_emb), dim=-1)
         position_embeddings = (emb.cos(), emb.sin())
-        # patchgen #7 sp/vit_pad_and_slice (4 stmt): each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, the padding is its own cu_seqlens segment)
+        # patchgen #6 sp/vit_pad_and_slice (4 stmt): each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, the padding is its own cu_seqlens segment)
         vit_sp_pad = vit_pad_length(hidden_states.shape[0], self.spatial_merge_size ** 2)
         hidden_states = vit_pad_and_slice(hidden_states, vit_sp_pad)
         position_embeddings = vit_pad_and_slice(position_embeddings, vit_sp_pad)
         cu_seqlens = vit_pad_cu_seqlens(cu_seqlens, vit_sp_pad)
-        # patchgen #17 vlm/vision_host_seqlens (1 stmt): one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+        # patchgen #16 vlm/vision_host_seqlens (1 stmt): one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
         cu_seqlens = with_host_seqlens(cu_seqlens)
 
         for blk in self.blocks:
@@ -795,7 +793,7 @@ class Qwen2VisionTransformerPretrainedModel(Qwen2VLPreTrainedModel):
             )
 
         merged_hidden_states = self.merger(hidden_states)
-        # patchgen #10 sp/vit_gather (1 stmt): ViT -> LM: gather every rank's merged tokens and drop the padding
+        # patchgen #9 sp/vit_gather (1 stmt): ViT -> LM: gather every rank's merged tokens and drop the padding
         merged_hidden_states = vit_gather(merged_hidden_states, vit_sp_pad // self.spatial_merge_size ** 2)
 
         return BaseModelOutputWithPooling(
@@ -1253,37 +1251,35 @@ class Qwen2VLModel(Qwen2VLPreTrainedModel):
         video_grid_thw (`torch.LongTensor` of shape `(num_videos, 3)`, *optional*):
             The temporal, height and width of feature shape of each video in LLM.
         """
-        # patchgen #13 vlm/stash_lm_attention_kwargs (1 stmt): the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+        # patchgen #12 vlm/stash_lm_attention_kwargs (1 stmt): the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
         kwargs, lm_attention_kwargs = split_lm_attention_kwargs(kwargs)
 
         if inputs_embeds is None:
             inputs_embeds = self.get_input_embeddings()(input_ids)
-        # patchgen #14 vlm/vision_dummy_forward (1 stmt): a rank without images still runs the vision tower (FSDP collectives match across ranks)
+        # patchgen #13 vlm/vision_dummy_forward (1 stmt): a rank without images still runs the vision tower (FSDP collectives match across ranks)
         inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values, self.get_image_features, self.config.vision_config)
 
         if pixel_values is not None:
             image_embeds = self.get_image_features(pixel_values, image_grid_thw, **kwargs).pooler_output
             image_embeds = torch.cat(image_embeds, dim=0).to(inputs_embeds.device, inputs_embeds.dtype)
-            # patchgen #11 sp/vit_fill_back (1 stmt): fill-back: each rank scatters the image tokens of its own slice of the sequence
+            # patchgen #10 sp/vit_fill_back (1 stmt): fill-back: each rank scatters the image tokens of its own slice of the sequence
             image_embeds, = local_visual_tokens(input_ids == self.config.image_token_id, image_embeds)
             image_mask, _ = self.get_placeholder_mask(
                 input_ids, inputs_embeds=inputs_embeds, image_features=image_embeds
             )
             inputs_embeds = inputs_embeds.masked_scatter(image_mask, image_embeds)
-        # patchgen #15 vlm/vision_dummy_forward (1 stmt): same for a rank without videos
+        # patchgen #14 vlm/vision_dummy_forward (1 stmt): same for a rank without videos
         inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values_videos, self.get_video_features, self.config.vision_config)
 
         if pixel_values_videos is not None:
             video_embeds = self.get_video_features(pixel_values_videos, video_grid_thw, **kwargs).pooler_output
             video_embeds = torch.cat(video_embeds, dim=0).to(inputs_embeds.device, inputs_embeds.dtype)
-            # patchgen #12 sp/vit_fill_back (1 stmt): same for video tokens
+            # patchgen #11 sp/vit_fill_back (1 stmt): same for video tokens
             video_embeds, = local_visual_tokens(input_ids == self.config.video_token_id, video_embeds)
             _, video_mask = self.get_placeholder_mask(
                 input_ids, inputs_embeds=inputs_embeds, video_features=video_embeds
             )
             inputs_embeds = inputs_embeds.masked_scatter(video_mask, video_embeds)
-        # patchgen #6 vlm/position_ids_channels_first (1 stmt): collators stack M-RoPE ids batch-first (bs, 3|4, L); the model wants (3|4, bs, L)
-        position_ids = channels_first_position_ids(position_ids)
 
         if position_ids is None:
             position_ids = self.compute_3d_position_ids(
@@ -1295,7 +1291,7 @@ class Qwen2VLModel(Qwen2VLPreTrainedModel):
                 past_key_values=past_key_values,
                 mm_token_type_ids=mm_token_type_ids,
             )
-        # patchgen #16 vlm/restore_lm_attention_kwargs (1 stmt): the language model gets its packed flash-attention kwargs back
+        # patchgen #15 vlm/restore_lm_attention_kwargs (1 stmt): the language model gets its packed flash-attention kwargs back
         kwargs = {**kwargs, **lm_attention_kwargs}
 
         outputs = self.language_model(
@@ -1670,7 +1666,7 @@ class Qwen2VLForConditionalGeneration(Qwen2VLPreTrainedModel, GenerationMixin):
 
         return input_ids, model_kwargs
 
-    # patchgen #20 vlm/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+    # patchgen #19 vlm/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
     @classmethod
     def get_position_id_func(cls, config):
         """fn(input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw, **extra) -> (3, bs, L) M-RoPE ids."""
@@ -1680,5 +1676,5 @@ class Qwen2VLForConditionalGeneration(Qwen2VLPreTrainedModel, GenerationMixin):
 __all__ = ["Qwen2VLForConditionalGeneration", "Qwen2VLModel", "Qwen2VLPreTrainedModel", "Qwen2VLTextModel"]
 
 
-# patchgen #21 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+# patchgen #20 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 share_upstream_weight_conversions("qwen2_vl", __name__)

@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/qwen3_vl.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_vl`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl/modeling_qwen3_vl.py sha256=fcb5571ef95e4a6679af866ef9ef4dfa5cee017f9f91453daf28c7804c7a50fe
-# spec: specs/qwen3_vl.toml sha256=9d41261a2b6e803d6f38382c4d39e63b28cc28602dbe3ed41e7ffc8162f8aa3e
-# templates: sha256=7bcd3cf931869301e456ea49562c8e2703528ccb5cdc47386c2074153dfeb7d6
+# spec: specs/qwen3_vl.toml sha256=0b764ff97590ec2a7fba011e97debd98066754a59117e4f929e3e9ae9042fa07
+# templates: sha256=71c574f676b2cafacbe6ee381114efb5bd74e38a3416d2702a6dcd4d4be84203
 # engine: patchgen==0.1.0 sha256=8efc1c11dc106ed058bee613a95bef8757ecb6406c1f949e2d882dec63c36c68
-# body: sha256=67967231ce6f05ceb0a4cde6b829e74dc7d002b5c05dfb095dd86e243e262340
+# body: sha256=aa94bdc0154fd5e381aeed85eebd4ecea68e611d00d1bd77f78d300abf671f69
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel
 #   #2 vlm/local_submodel @ Qwen3VLModel.__init__: the text model is this file's patched class, not upstream's via AutoModel
@@ -13,23 +13,22 @@
 #   #4 sp/rope_slice @ Qwen3VLTextModel.forward: multimodal RoPE (interleaved T/H/W) comes from global 3-D position ids; each SP rank keeps the slice for its tokens
 #   #5 sp/ulysses_attention @ Qwen3VLTextAttention.forward: all-to-all to head-sharded full-sequence attention under SP (sp > kv heads repeats KV heads)
 #   #6 loss/causal_lm_head @ Qwen3VLForConditionalGeneration.forward: SP: labels shift across ranks and the mean is over the SP group; optional chunked CE without full logits
-#   #7 vlm/position_ids_channels_first @ Qwen3VLModel.forward: collators stack M-RoPE ids batch-first (bs, 3|4, L); the model wants (3|4, bs, L)
-#   #8 sp/vit_pad_and_slice @ Qwen3VLVisionModel.forward: each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, padding is its own cu_seqlens segment)
-#   #9 sp/vit_attention_all_to_all @ Qwen3VLVisionAttention.forward: per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
-#   #10 sp/vit_attention_all_to_all @ Qwen3VLVisionAttention.forward: and back to this rank's patches x all heads
-#   #11 sp/vit_gather @ Qwen3VLVisionModel.forward: ViT -> LM: gather every rank's merged image tokens and drop the padding
-#   #12 sp/vit_gather @ Qwen3VLVisionModel.forward: deepstack: gather every level the same way before it is injected into the LM
-#   #13 sp/vit_fill_back @ Qwen3VLModel.forward: fill-back: each rank scatters the image tokens (and deepstack levels) of its own slice of the sequence
-#   #14 sp/vit_fill_back @ Qwen3VLModel.forward: same for video tokens
-#   #15 vlm/stash_lm_attention_kwargs @ Qwen3VLModel.forward: the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
-#   #16 vlm/vision_dummy_forward @ Qwen3VLModel.forward: a rank without images still runs the vision tower (FSDP collectives match across ranks)
-#   #17 vlm/vision_dummy_forward @ Qwen3VLModel.forward: same for a rank without videos
-#   #18 vlm/restore_lm_attention_kwargs @ Qwen3VLModel.forward: the language model gets its packed flash-attention kwargs back
-#   #19 vlm/vision_host_seqlens @ Qwen3VLVisionModel.forward: one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
-#   #20 vlm/vision_seqlens_from_host @ Qwen3VLVisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
-#   #21 vlm/vision_seqlens_from_host @ Qwen3VLVisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
-#   #22 vlm/position_id_func @ Qwen3VLForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
-#   #23 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+#   #7 sp/vit_pad_and_slice @ Qwen3VLVisionModel.forward: each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, padding is its own cu_seqlens segment)
+#   #8 sp/vit_attention_all_to_all @ Qwen3VLVisionAttention.forward: per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
+#   #9 sp/vit_attention_all_to_all @ Qwen3VLVisionAttention.forward: and back to this rank's patches x all heads
+#   #10 sp/vit_gather @ Qwen3VLVisionModel.forward: ViT -> LM: gather every rank's merged image tokens and drop the padding
+#   #11 sp/vit_gather @ Qwen3VLVisionModel.forward: deepstack: gather every level the same way before it is injected into the LM
+#   #12 sp/vit_fill_back @ Qwen3VLModel.forward: fill-back: each rank scatters the image tokens (and deepstack levels) of its own slice of the sequence
+#   #13 sp/vit_fill_back @ Qwen3VLModel.forward: same for video tokens
+#   #14 vlm/stash_lm_attention_kwargs @ Qwen3VLModel.forward: the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+#   #15 vlm/vision_dummy_forward @ Qwen3VLModel.forward: a rank without images still runs the vision tower (FSDP collectives match across ranks)
+#   #16 vlm/vision_dummy_forward @ Qwen3VLModel.forward: same for a rank without videos
+#   #17 vlm/restore_lm_attention_kwargs @ Qwen3VLModel.forward: the language model gets its packed flash-attention kwargs back
+#   #18 vlm/vision_host_seqlens @ Qwen3VLVisionModel.forward: one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+#   #19 vlm/vision_seqlens_from_host @ Qwen3VLVisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
+#   #20 vlm/vision_seqlens_from_host @ Qwen3VLVisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+#   #21 vlm/position_id_func @ Qwen3VLForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+#   #22 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_vl/modular_qwen3_vl.py.
@@ -84,12 +83,11 @@ from transformers.utils.output_capturing import capture_outputs
 from transformers.vision_utils import get_vision_bilinear_indices_and_weights, get_vision_cu_seqlens, get_vision_position_ids
 from transformers.models.auto.modeling_auto import AutoModel
 from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLConfig, Qwen3VLTextConfig, Qwen3VLVisionConfig
-# patchgen imports (15 stmt): names the patches below use
+# patchgen imports (14 stmt): names the patches below use
 from runtime.sp.positions import full_sequence_mask
 from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
 from runtime.sp.loss import causal_lm_logits_and_loss
-from runtime.sp.vision import channels_first_position_ids
 from runtime.sp.vision import vit_pad_and_slice, vit_pad_cu_seqlens, vit_pad_length
 from runtime.sp.vision import vit_all_to_all
 from runtime.sp.vision import vit_gather
@@ -266,7 +264,7 @@ class Qwen3VLVisionAttention(nn.Module):
         query_states = query_states.transpose(0, 1).unsqueeze(0)
         key_states = key_states.transpose(0, 1).unsqueeze(0)
         value_states = value_states.transpose(0, 1).unsqueeze(0)
-        # patchgen #9 sp/vit_attention_all_to_all (1 stmt): per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
+        # patchgen #8 sp/vit_attention_all_to_all (1 stmt): per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
         query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -275,7 +273,7 @@ class Qwen3VLVisionAttention(nn.Module):
 
         if is_flash_attention_requested(self.config):
             # Flash Attention: Use cu_seqlens for variable length attention
-            # patchgen #20 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per block
+            # patchgen #19 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per block
             max_seqlen = vision_max_seqlen(cu_seqlens)
             attn_output, _ = attention_interface(
                 self,
@@ -294,7 +292,7 @@ class Qwen3VLVisionAttention(nn.Module):
             )
         else:
             # Other implementations: Process each chunk separately
-            # patchgen #21 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+            # patchgen #20 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
             lengths = vision_segment_lengths(cu_seqlens)
             splits = [
                 torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)
@@ -315,7 +313,7 @@ class Qwen3VLVisionAttention(nn.Module):
                 for q, k, v in zip(*splits)
             ]
             attn_output = torch.cat(attn_outputs, dim=1)
-        # patchgen #10 sp/vit_attention_all_to_all (1 stmt): and back to this rank's patches x all heads
+        # patchgen #9 sp/vit_attention_all_to_all (1 stmt): and back to this rank's patches x all heads
         attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2)
 
         attn_output = attn_output.reshape(seq_length, -1).contiguous()
@@ -764,12 +762,12 @@ class Qwen3VLVisionModel(Qwen3VLPreTrainedModel):
         rotary_pos_emb = rotary_pos_emb.reshape(seq_len, -1)
         emb = torch.cat((rotary_pos_emb, rotary_pos_emb), dim=-1)
         position_embeddings = (emb.cos(), emb.sin())
-        # patchgen #8 sp/vit_pad_and_slice (4 stmt): each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, padding is its own cu_seqlens segment)
+        # patchgen #7 sp/vit_pad_and_slice (4 stmt): each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, padding is its own cu_seqlens segment)
         vit_sp_pad = vit_pad_length(hidden_states.shape[0], self.spatial_merge_unit)
         hidden_states = vit_pad_and_slice(hidden_states, vit_sp_pad)
         position_embeddings = vit_pad_and_slice(position_embeddings, vit_sp_pad)
         cu_seqlens = vit_pad_cu_seqlens(cu_seqlens, vit_sp_pad)
-        # patchgen #19 vlm/vision_host_seqlens (1 stmt): one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+        # patchgen #18 vlm/vision_host_seqlens (1 stmt): one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
         cu_seqlens = with_host_seqlens(cu_seqlens)
 
         deepstack_feature_lists = []
@@ -787,9 +785,9 @@ class Qwen3VLVisionModel(Qwen3VLPreTrainedModel):
                 deepstack_feature_lists.append(deepstack_feature)
 
         merged_hidden_states = self.merger(hidden_states)
-        # patchgen #11 sp/vit_gather (1 stmt): ViT -> LM: gather every rank's merged image tokens and drop the padding
+        # patchgen #10 sp/vit_gather (1 stmt): ViT -> LM: gather every rank's merged image tokens and drop the padding
         merged_hidden_states = vit_gather(merged_hidden_states, vit_sp_pad // self.spatial_merge_unit)
-        # patchgen #12 sp/vit_gather (1 stmt): deepstack: gather every level the same way before it is injected into the LM
+        # patchgen #11 sp/vit_gather (1 stmt): deepstack: gather every level the same way before it is injected into the LM
         deepstack_feature_lists = vit_gather(deepstack_feature_lists, vit_sp_pad // self.spatial_merge_unit)
 
         return BaseModelOutputWithDeepstackFeatures(
@@ -1246,7 +1244,7 @@ class Qwen3VLModel(Qwen3VLPreTrainedModel):
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
-        # patchgen #15 vlm/stash_lm_attention_kwargs (1 stmt): the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+        # patchgen #14 vlm/stash_lm_attention_kwargs (1 stmt): the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
         kwargs, lm_attention_kwargs = split_lm_attention_kwargs(kwargs)
 
         if inputs_embeds is None:
@@ -1254,7 +1252,7 @@ class Qwen3VLModel(Qwen3VLPreTrainedModel):
 
         image_mask = None
         video_mask = None
-        # patchgen #16 vlm/vision_dummy_forward (1 stmt): a rank without images still runs the vision tower (FSDP collectives match across ranks)
+        # patchgen #15 vlm/vision_dummy_forward (1 stmt): a rank without images still runs the vision tower (FSDP collectives match across ranks)
         inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values, self.get_image_features, self.config.vision_config)
 
         if pixel_values is not None:
@@ -1264,13 +1262,13 @@ class Qwen3VLModel(Qwen3VLPreTrainedModel):
             image_embeds = image_outputs.pooler_output
             deepstack_image_embeds = image_outputs.deepstack_features
             image_embeds = torch.cat(image_embeds, dim=0).to(inputs_embeds.device, inputs_embeds.dtype)
-            # patchgen #13 sp/vit_fill_back (1 stmt): fill-back: each rank scatters the image tokens (and deepstack levels) of its own slice of the sequence
+            # patchgen #12 sp/vit_fill_back (1 stmt): fill-back: each rank scatters the image tokens (and deepstack levels) of its own slice of the sequence
             image_embeds, deepstack_image_embeds = local_visual_tokens(input_ids == self.config.image_token_id, image_embeds, deepstack_image_embeds)
             image_mask, _ = self.get_placeholder_mask(
                 input_ids, inputs_embeds=inputs_embeds, image_features=image_embeds
             )
             inputs_embeds = inputs_embeds.masked_scatter(image_mask, image_embeds)
-        # patchgen #17 vlm/vision_dummy_forward (1 stmt): same for a rank without videos
+        # patchgen #16 vlm/vision_dummy_forward (1 stmt): same for a rank without videos
         inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values_videos, self.get_video_features, self.config.vision_config)
 
         if pixel_values_videos is not None:
@@ -1280,7 +1278,7 @@ class Qwen3VLModel(Qwen3VLPreTrainedModel):
             video_embeds = video_outputs.pooler_output
             deepstack_video_embeds = video_outputs.deepstack_features
             video_embeds = torch.cat(video_embeds, dim=0).to(inputs_embeds.device, inputs_embeds.dtype)
-            # patchgen #14 sp/vit_fill_back (1 stmt): same for video tokens
+            # patchgen #13 sp/vit_fill_back (1 stmt): same for video tokens
             video_embeds, deepstack_video_embeds = local_visual_tokens(input_ids == self.config.video_token_id, video_embeds, deepstack_video_embeds)
             _, video_mask = self.get_placeholder_mask(
                 input_ids, inputs_embeds=inputs_embeds, video_features=video_embeds
@@ -1310,8 +1308,6 @@ class Qwen3VLModel(Qwen3VLPreTrainedModel):
             video_mask = video_mask[..., 0]
             visual_pos_masks = video_mask
             deepstack_visual_embeds = deepstack_video_embeds
-        # patchgen #7 vlm/position_ids_channels_first (1 stmt): collators stack M-RoPE ids batch-first (bs, 3|4, L); the model wants (3|4, bs, L)
-        position_ids = channels_first_position_ids(position_ids)
 
         if position_ids is None:
             position_ids = self.compute_3d_position_ids(
@@ -1323,7 +1319,7 @@ class Qwen3VLModel(Qwen3VLPreTrainedModel):
                 past_key_values=past_key_values,
                 mm_token_type_ids=mm_token_type_ids,
             )
-        # patchgen #18 vlm/restore_lm_attention_kwargs (1 stmt): the language model gets its packed flash-attention kwargs back
+        # patchgen #17 vlm/restore_lm_attention_kwargs (1 stmt): the language model gets its packed flash-attention kwargs back
         kwargs = {**kwargs, **lm_attention_kwargs}
 
         outputs = self.language_model(
@@ -1716,7 +1712,7 @@ class Qwen3VLForConditionalGeneration(Qwen3VLPreTrainedModel, GenerationMixin):
 
         return input_ids, model_kwargs
 
-    # patchgen #22 vlm/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+    # patchgen #21 vlm/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
     @classmethod
     def get_position_id_func(cls, config):
         """fn(input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw, **extra) -> (3, bs, L) M-RoPE ids."""
@@ -1732,5 +1728,5 @@ __all__ = [
 ]
 
 
-# patchgen #23 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+# patchgen #22 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 share_upstream_weight_conversions("qwen3_vl", __name__)

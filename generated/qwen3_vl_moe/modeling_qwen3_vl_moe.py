@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/qwen3_vl_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_vl_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
-# spec: specs/qwen3_vl_moe.toml sha256=cccb1b2e7168c37cbcc6e786c8baaddec6db729c9f29d3e13772b36679a7df3f
-# templates: sha256=282f930d3e91fe5fb596c149f3ef8deff3a2e8b4df49dd5b53339e4f2052cb49
+# spec: specs/qwen3_vl_moe.toml sha256=af31513b700399fabede0a727806d326cf1a5700033324349c2b0379a5cdfb2a
+# templates: sha256=255b1eb21b39d54b1226505b60f7c4bd7e5c590bd7a2092ba002e07e6e911915
 # engine: patchgen==0.1.0 sha256=8efc1c11dc106ed058bee613a95bef8757ecb6406c1f949e2d882dec63c36c68
-# body: sha256=c693b84de1bf845630f5f6db2ced2303aa95d9522b683a7c331013c9febf33a7
+# body: sha256=33326f6ee098c7f545b4f6de093cef29dd46e7efaa9d8b97326b70ca16d64940
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel
 #   #2 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the text model is this file's patched class, not upstream's via AutoModel
@@ -13,25 +13,24 @@
 #   #4 sp/rope_slice @ Qwen3VLMoeTextModel.forward: multimodal RoPE (interleaved T/H/W) comes from global 3-D position ids; each SP rank keeps the slice for its tokens
 #   #5 sp/ulysses_attention @ Qwen3VLMoeTextAttention.forward: all-to-all to head-sharded full-sequence attention under SP (sp > kv heads repeats KV heads)
 #   #6 loss/causal_lm_head @ Qwen3VLMoeForConditionalGeneration.forward: SP: labels shift across ranks and the mean is over the SP group; optional chunked CE without full logits
-#   #7 vlm/position_ids_channels_first @ Qwen3VLMoeModel.forward: collators stack M-RoPE ids batch-first (bs, 3|4, L); the model wants (3|4, bs, L)
-#   #8 sp/vit_pad_and_slice @ Qwen3VLMoeVisionModel.forward: each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, padding is its own cu_seqlens segment)
-#   #9 sp/vit_attention_all_to_all @ Qwen3VLMoeVisionAttention.forward: per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
-#   #10 sp/vit_attention_all_to_all @ Qwen3VLMoeVisionAttention.forward: and back to this rank's patches x all heads
-#   #11 sp/vit_gather @ Qwen3VLMoeVisionModel.forward: ViT -> LM: gather every rank's merged image tokens and drop the padding
-#   #12 sp/vit_gather @ Qwen3VLMoeVisionModel.forward: deepstack: gather every level the same way before it is injected into the LM
-#   #13 sp/vit_fill_back @ Qwen3VLMoeModel.forward: fill-back: each rank scatters the image tokens (and deepstack levels) of its own slice of the sequence
-#   #14 sp/vit_fill_back @ Qwen3VLMoeModel.forward: same for video tokens
-#   #15 vlm/stash_lm_attention_kwargs @ Qwen3VLMoeModel.forward: the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
-#   #16 vlm/vision_dummy_forward @ Qwen3VLMoeModel.forward: a rank without images still runs the vision tower (FSDP collectives match across ranks)
-#   #17 vlm/vision_dummy_forward @ Qwen3VLMoeModel.forward: same for a rank without videos
-#   #18 vlm/restore_lm_attention_kwargs @ Qwen3VLMoeModel.forward: the language model gets its packed flash-attention kwargs back
-#   #19 vlm/vision_host_seqlens @ Qwen3VLMoeVisionModel.forward: one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
-#   #20 vlm/vision_seqlens_from_host @ Qwen3VLMoeVisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
-#   #21 vlm/vision_seqlens_from_host @ Qwen3VLMoeVisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
-#   #22 vlm/position_id_func @ Qwen3VLMoeForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
-#   #23 moe/global_aux_loss @ Qwen3VLMoeForConditionalGeneration.forward: the load-balancing loss must see every rank's tokens, not one rank's slice
-#   #24 moe/ep_plan @ Qwen3VLMoePreTrainedModel: expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
-#   #25 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+#   #7 sp/vit_pad_and_slice @ Qwen3VLMoeVisionModel.forward: each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, padding is its own cu_seqlens segment)
+#   #8 sp/vit_attention_all_to_all @ Qwen3VLMoeVisionAttention.forward: per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
+#   #9 sp/vit_attention_all_to_all @ Qwen3VLMoeVisionAttention.forward: and back to this rank's patches x all heads
+#   #10 sp/vit_gather @ Qwen3VLMoeVisionModel.forward: ViT -> LM: gather every rank's merged image tokens and drop the padding
+#   #11 sp/vit_gather @ Qwen3VLMoeVisionModel.forward: deepstack: gather every level the same way before it is injected into the LM
+#   #12 sp/vit_fill_back @ Qwen3VLMoeModel.forward: fill-back: each rank scatters the image tokens (and deepstack levels) of its own slice of the sequence
+#   #13 sp/vit_fill_back @ Qwen3VLMoeModel.forward: same for video tokens
+#   #14 vlm/stash_lm_attention_kwargs @ Qwen3VLMoeModel.forward: the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+#   #15 vlm/vision_dummy_forward @ Qwen3VLMoeModel.forward: a rank without images still runs the vision tower (FSDP collectives match across ranks)
+#   #16 vlm/vision_dummy_forward @ Qwen3VLMoeModel.forward: same for a rank without videos
+#   #17 vlm/restore_lm_attention_kwargs @ Qwen3VLMoeModel.forward: the language model gets its packed flash-attention kwargs back
+#   #18 vlm/vision_host_seqlens @ Qwen3VLMoeVisionModel.forward: one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+#   #19 vlm/vision_seqlens_from_host @ Qwen3VLMoeVisionAttention.forward: flash path: max_seqlen as a host int, no device sync per block
+#   #20 vlm/vision_seqlens_from_host @ Qwen3VLMoeVisionAttention.forward: other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+#   #21 vlm/position_id_func @ Qwen3VLMoeForConditionalGeneration: the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+#   #22 moe/global_aux_loss @ Qwen3VLMoeForConditionalGeneration.forward: the load-balancing loss must see every rank's tokens, not one rank's slice
+#   #23 moe/ep_plan @ Qwen3VLMoePreTrainedModel: expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
+#   #24 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 # ---- end of patchgen provenance ----
 #                🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨🚨
 #           This file was automatically generated from src/transformers/models/qwen3_vl_moe/modular_qwen3_vl_moe.py.
@@ -97,12 +96,11 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 from transformers.vision_utils import get_vision_bilinear_indices_and_weights, get_vision_cu_seqlens, get_vision_position_ids
 from transformers.models.auto.modeling_auto import AutoModel
 from transformers.models.qwen3_vl_moe.configuration_qwen3_vl_moe import Qwen3VLMoeConfig, Qwen3VLMoeTextConfig, Qwen3VLMoeVisionConfig
-# patchgen imports (16 stmt): names the patches below use
+# patchgen imports (15 stmt): names the patches below use
 from runtime.sp.positions import full_sequence_mask
 from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
 from runtime.sp.loss import causal_lm_logits_and_loss
-from runtime.sp.vision import channels_first_position_ids
 from runtime.sp.vision import vit_pad_and_slice, vit_pad_cu_seqlens, vit_pad_length
 from runtime.sp.vision import vit_all_to_all
 from runtime.sp.vision import vit_gather
@@ -455,7 +453,7 @@ class Qwen3VLMoePreTrainedModel(PreTrainedModel):
             inv_freq = 1.0 / (module.theta ** (torch.arange(0, module.dim, 2, dtype=torch.float) / module.dim))
             init.copy_(module.inv_freq, inv_freq)
 
-    # patchgen #24 moe/ep_plan (1 stmt): expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
+    # patchgen #23 moe/ep_plan (1 stmt): expert parallelism splits the stacked experts over the ep group; the runtime reads this plan
     # Expert parallelism plan, read by runtime.moe.sharding: parameter suffix -> dim split over the ep group.
     _patchgen_ep_plan = {"mlp.experts.gate_up_proj": 0, "mlp.experts.down_proj": 0}
 
@@ -520,7 +518,7 @@ class Qwen3VLMoeVisionAttention(nn.Module):
         query_states = query_states.transpose(0, 1).unsqueeze(0)
         key_states = key_states.transpose(0, 1).unsqueeze(0)
         value_states = value_states.transpose(0, 1).unsqueeze(0)
-        # patchgen #9 sp/vit_attention_all_to_all (1 stmt): per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
+        # patchgen #8 sp/vit_attention_all_to_all (1 stmt): per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
         query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
@@ -529,7 +527,7 @@ class Qwen3VLMoeVisionAttention(nn.Module):
 
         if is_flash_attention_requested(self.config):
             # Flash Attention: Use cu_seqlens for variable length attention
-            # patchgen #20 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per block
+            # patchgen #19 vlm/vision_seqlens_from_host (1 stmt): flash path: max_seqlen as a host int, no device sync per block
             max_seqlen = vision_max_seqlen(cu_seqlens)
             attn_output, _ = attention_interface(
                 self,
@@ -548,7 +546,7 @@ class Qwen3VLMoeVisionAttention(nn.Module):
             )
         else:
             # Other implementations: Process each chunk separately
-            # patchgen #21 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
+            # patchgen #20 vlm/vision_seqlens_from_host (1 stmt): other kernels: split sizes from the host copy, so lengths.tolist() does not sync
             lengths = vision_segment_lengths(cu_seqlens)
             splits = [
                 torch.split(tensor, lengths.tolist(), dim=2) for tensor in (query_states, key_states, value_states)
@@ -569,7 +567,7 @@ class Qwen3VLMoeVisionAttention(nn.Module):
                 for q, k, v in zip(*splits)
             ]
             attn_output = torch.cat(attn_outputs, dim=1)
-        # patchgen #10 sp/vit_attention_all_to_all (1 stmt): and back to this rank's patches x all heads
+        # patchgen #9 sp/vit_attention_all_to_all (1 stmt): and back to this rank's patches x all heads
         attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2)
 
         attn_output = attn_output.reshape(seq_length, -1).contiguous()
@@ -771,12 +769,12 @@ class Qwen3VLMoeVisionModel(Qwen3VLMoePreTrainedModel):
         rotary_pos_emb = rotary_pos_emb.reshape(seq_len, -1)
         emb = torch.cat((rotary_pos_emb, rotary_pos_emb), dim=-1)
         position_embeddings = (emb.cos(), emb.sin())
-        # patchgen #8 sp/vit_pad_and_slice (4 stmt): each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, padding is its own cu_seqlens segment)
+        # patchgen #7 sp/vit_pad_and_slice (4 stmt): each SP rank runs the ViT on 1/sp of the patches (padded to sp * merge unit, padding is its own cu_seqlens segment)
         vit_sp_pad = vit_pad_length(hidden_states.shape[0], self.spatial_merge_unit)
         hidden_states = vit_pad_and_slice(hidden_states, vit_sp_pad)
         position_embeddings = vit_pad_and_slice(position_embeddings, vit_sp_pad)
         cu_seqlens = vit_pad_cu_seqlens(cu_seqlens, vit_sp_pad)
-        # patchgen #19 vlm/vision_host_seqlens (1 stmt): one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
+        # patchgen #18 vlm/vision_host_seqlens (1 stmt): one host read of the segment lengths per ViT forward (after SP padding) instead of one per block
         cu_seqlens = with_host_seqlens(cu_seqlens)
 
         deepstack_feature_lists = []
@@ -794,9 +792,9 @@ class Qwen3VLMoeVisionModel(Qwen3VLMoePreTrainedModel):
                 deepstack_feature_lists.append(deepstack_feature)
 
         merged_hidden_states = self.merger(hidden_states)
-        # patchgen #11 sp/vit_gather (1 stmt): ViT -> LM: gather every rank's merged image tokens and drop the padding
+        # patchgen #10 sp/vit_gather (1 stmt): ViT -> LM: gather every rank's merged image tokens and drop the padding
         merged_hidden_states = vit_gather(merged_hidden_states, vit_sp_pad // self.spatial_merge_unit)
-        # patchgen #12 sp/vit_gather (1 stmt): deepstack: gather every level the same way before it is injected into the LM
+        # patchgen #11 sp/vit_gather (1 stmt): deepstack: gather every level the same way before it is injected into the LM
         deepstack_feature_lists = vit_gather(deepstack_feature_lists, vit_sp_pad // self.spatial_merge_unit)
 
         return BaseModelOutputWithDeepstackFeatures(
@@ -1371,7 +1369,7 @@ class Qwen3VLMoeModel(Qwen3VLMoePreTrainedModel):
         """
         if (input_ids is None) ^ (inputs_embeds is not None):
             raise ValueError("You must specify exactly one of input_ids or inputs_embeds")
-        # patchgen #15 vlm/stash_lm_attention_kwargs (1 stmt): the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
+        # patchgen #14 vlm/stash_lm_attention_kwargs (1 stmt): the LM's packed flash-attention kwargs must not reach the ViT, which gets **kwargs too
         kwargs, lm_attention_kwargs = split_lm_attention_kwargs(kwargs)
 
         if inputs_embeds is None:
@@ -1379,7 +1377,7 @@ class Qwen3VLMoeModel(Qwen3VLMoePreTrainedModel):
 
         image_mask = None
         video_mask = None
-        # patchgen #16 vlm/vision_dummy_forward (1 stmt): a rank without images still runs the vision tower (FSDP collectives match across ranks)
+        # patchgen #15 vlm/vision_dummy_forward (1 stmt): a rank without images still runs the vision tower (FSDP collectives match across ranks)
         inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values, self.get_image_features, self.config.vision_config)
 
         if pixel_values is not None:
@@ -1389,13 +1387,13 @@ class Qwen3VLMoeModel(Qwen3VLMoePreTrainedModel):
             image_embeds = image_outputs.pooler_output
             deepstack_image_embeds = image_outputs.deepstack_features
             image_embeds = torch.cat(image_embeds, dim=0).to(inputs_embeds.device, inputs_embeds.dtype)
-            # patchgen #13 sp/vit_fill_back (1 stmt): fill-back: each rank scatters the image tokens (and deepstack levels) of its own slice of the sequence
+            # patchgen #12 sp/vit_fill_back (1 stmt): fill-back: each rank scatters the image tokens (and deepstack levels) of its own slice of the sequence
             image_embeds, deepstack_image_embeds = local_visual_tokens(input_ids == self.config.image_token_id, image_embeds, deepstack_image_embeds)
             image_mask, _ = self.get_placeholder_mask(
                 input_ids, inputs_embeds=inputs_embeds, image_features=image_embeds
             )
             inputs_embeds = inputs_embeds.masked_scatter(image_mask, image_embeds)
-        # patchgen #17 vlm/vision_dummy_forward (1 stmt): same for a rank without videos
+        # patchgen #16 vlm/vision_dummy_forward (1 stmt): same for a rank without videos
         inputs_embeds = vision_dummy_forward(inputs_embeds, pixel_values_videos, self.get_video_features, self.config.vision_config)
 
         if pixel_values_videos is not None:
@@ -1405,7 +1403,7 @@ class Qwen3VLMoeModel(Qwen3VLMoePreTrainedModel):
             video_embeds = video_outputs.pooler_output
             deepstack_video_embeds = video_outputs.deepstack_features
             video_embeds = torch.cat(video_embeds, dim=0).to(inputs_embeds.device, inputs_embeds.dtype)
-            # patchgen #14 sp/vit_fill_back (1 stmt): same for video tokens
+            # patchgen #13 sp/vit_fill_back (1 stmt): same for video tokens
             video_embeds, deepstack_video_embeds = local_visual_tokens(input_ids == self.config.video_token_id, video_embeds, deepstack_video_embeds)
             _, video_mask = self.get_placeholder_mask(
                 input_ids, inputs_embeds=inputs_embeds, video_features=video_embeds
@@ -1435,8 +1433,6 @@ class Qwen3VLMoeModel(Qwen3VLMoePreTrainedModel):
             video_mask = video_mask[..., 0]
             visual_pos_masks = video_mask
             deepstack_visual_embeds = deepstack_video_embeds
-        # patchgen #7 vlm/position_ids_channels_first (1 stmt): collators stack M-RoPE ids batch-first (bs, 3|4, L); the model wants (3|4, bs, L)
-        position_ids = channels_first_position_ids(position_ids)
 
         if position_ids is None:
             position_ids = self.compute_3d_position_ids(
@@ -1448,7 +1444,7 @@ class Qwen3VLMoeModel(Qwen3VLMoePreTrainedModel):
                 past_key_values=past_key_values,
                 mm_token_type_ids=mm_token_type_ids,
             )
-        # patchgen #18 vlm/restore_lm_attention_kwargs (1 stmt): the language model gets its packed flash-attention kwargs back
+        # patchgen #17 vlm/restore_lm_attention_kwargs (1 stmt): the language model gets its packed flash-attention kwargs back
         kwargs = {**kwargs, **lm_attention_kwargs}
 
         outputs = self.language_model(
@@ -1686,7 +1682,7 @@ class Qwen3VLMoeForConditionalGeneration(Qwen3VLMoePreTrainedModel, GenerationMi
 
         aux_loss = None
         if kwargs.get("output_router_logits", False):
-            # patchgen #23 moe/global_aux_loss (1 stmt): the load-balancing loss must see every rank's tokens, not one rank's slice
+            # patchgen #22 moe/global_aux_loss (1 stmt): the load-balancing loss must see every rank's tokens, not one rank's slice
             aux_loss = global_aux_loss(load_balancing_loss_func)(
                 outputs.router_logits,
                 self.config.text_config.num_experts,
@@ -1932,7 +1928,7 @@ class Qwen3VLMoeForConditionalGeneration(Qwen3VLMoePreTrainedModel, GenerationMi
 
         return input_ids, model_kwargs
 
-    # patchgen #22 vlm/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
+    # patchgen #21 vlm/position_id_func (1 stmt): the data pipeline computes M-RoPE ids per sample, before packing and SP slicing, with the model's own code
     @classmethod
     def get_position_id_func(cls, config):
         """fn(input_ids, mm_token_type_ids, image_grid_thw, video_grid_thw, **extra) -> (3, bs, L) M-RoPE ids."""
@@ -1948,5 +1944,5 @@ __all__ = [
 ]
 
 
-# patchgen #25 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
+# patchgen #24 core/upstream_weight_conversions (1 stmt): implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
 share_upstream_weight_conversions("qwen3_vl_moe", __name__)

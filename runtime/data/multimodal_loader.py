@@ -17,7 +17,7 @@ from runtime.data.multimodal_packing import has_multimodal_targets, pack_multimo
 
 
 class MultimodalPackedLoader(PackedLoader):
-    """Yields ``pack_multimodal_row`` batches: token tensors ``(1, L)``, position_ids ``(1, 4, L)``, vision tensors.
+    """Yields ``pack_multimodal_row`` batches: token tensors ``(1, L)``, position_ids ``(4, 1, L)``, vision tensors.
 
     Constructor, ``for_parallel_state``, iteration and ``state_dict`` / ``load_state_dict`` are ``PackedLoader``'s.
     """

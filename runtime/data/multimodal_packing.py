@@ -24,7 +24,8 @@ def has_multimodal_targets(sample: MultimodalSample, token_budget: int) -> bool:
 
 
 def pack_multimodal_row(samples: Sequence[MultimodalSample], token_budget: int) -> dict[str, torch.Tensor]:
-    """One ``(1, L)`` batch: input_ids, labels, mm_token_type_ids, position_ids ``(1, 4, L)``, and the vision
+    """One ``(1, L)`` batch: input_ids, labels, mm_token_type_ids, position_ids ``(4, 1, L)`` (upstream's layout,
+    see ``runtime/data/sp_batch.py``), and the vision
     tensors that any sample has (pixel_values, image_grid_thw, pixel_values_videos, video_grid_thw,
     second_per_grid_ts), concatenated in sample order; keys no sample has are left out."""
     check_token_budget(token_budget)
@@ -45,7 +46,7 @@ def pack_multimodal_row(samples: Sequence[MultimodalSample], token_budget: int) 
         "input_ids": torch.cat([s.input_ids for s in samples])[None],
         "labels": torch.cat(labels)[None],
         "mm_token_type_ids": torch.cat([s.mm_token_type_ids for s in samples])[None],
-        "position_ids": torch.cat([s.position_ids for s in samples], dim=1)[None],
+        "position_ids": torch.cat([s.position_ids for s in samples], dim=1)[:, None],
     }
     for key in VISION_KEYS:
         parts = [getattr(s, key) for s in samples if getattr(s, key) is not None]

@@ -3,8 +3,14 @@
 Position ids are computed on the full row and stay global (RoPE and masks need them); token tensors are
 padded to a multiple of sp with a separate padding segment and sliced per rank.
 
-The same functions serve text rows (``position_ids`` ``(bs, L)``) and VLM rows: there ``position_ids`` is
-``(bs, 4, L)`` (text row, then M-RoPE T/H/W; padded on every channel and kept batch-first, the model transposes),
+The same functions serve text rows and multimodal rows. Position ids come in exactly one layout per kind, the one the
+upstream model itself takes (``check_position_ids`` enforces it; nothing anywhere infers a layout from a shape):
+
+- text rows: ``(bs, L)``;
+- multimodal rows: ``(4, bs, L)``, channels first as upstream's ``get_rope_index`` / ``generate`` build them, with
+  channel 0 the text positions (restarting per packed sample; they drive the packing mask) and channels 1-3 the
+  M-RoPE T/H/W ids. Padding gets ``0..pad-1`` on every channel.
+
 ``mm_token_type_ids`` is a token tensor like ``input_ids``, and the vision inputs (pixel values, grids) pass through
 whole, because every SP rank runs the ViT hooks on all patches.
 """
@@ -17,6 +23,22 @@ from runtime.parallel.state import ParallelState
 
 IGNORE_INDEX = -100
 SEQUENCE_KEYS = ("input_ids", "labels", "mm_token_type_ids")
+MROPE_CHANNELS = 4  # text row + T/H/W
+
+
+def check_position_ids(batch: dict[str, torch.Tensor]) -> None:
+    """Raise unless ``batch["position_ids"]`` is int64 ``(bs, L)`` (text) or ``(4, bs, L)`` (multimodal, upstream's
+    channels-first layout) for ``input_ids`` of shape ``(bs, L)``. A wrong layout is an error, never transposed."""
+    ids, positions = batch["input_ids"], batch.get("position_ids")
+    if positions is None:
+        raise ValueError("the batch has no position_ids; the packing collators compute them per sample")
+    expected = tuple(ids.shape) if positions.ndim == 2 else (MROPE_CHANNELS, *ids.shape)
+    if tuple(positions.shape) != expected or positions.dtype != torch.long:
+        raise ValueError(
+            f"position_ids must be int64 (bs, L) for text rows or ({MROPE_CHANNELS}, bs, L) for multimodal rows "
+            f"(channels first, as upstream's get_rope_index returns them: text row, then T/H/W); for input_ids "
+            f"{tuple(ids.shape)} that is {expected}, got {tuple(positions.shape)} {positions.dtype}"
+        )
 
 
 def pad_to_multiple(batch: dict[str, torch.Tensor], multiple: int, pad_token_id: int = 0) -> dict[str, torch.Tensor]:
@@ -43,6 +65,7 @@ def shard_row(batch: dict[str, torch.Tensor], sp_size: int, sp_rank: int) -> dic
     """SP rank ``sp_rank``'s inputs: the padded row's contiguous slice of each token tensor, the rest whole."""
     if not 0 <= sp_rank < sp_size:
         raise ValueError(f"need 0 <= sp_rank < sp_size, got sp_rank={sp_rank}, sp_size={sp_size}")
+    check_position_ids(batch)
     padded = pad_to_multiple(batch, sp_size)
     chunk = padded["input_ids"].shape[1] // sp_size
     # A copy, not a view: in-place edits of one rank's slice must not reach the full row.
@@ -65,7 +88,7 @@ def packed_attention_kwargs(position_ids: torch.Tensor) -> dict[str, torch.Tenso
     (a device->host sync per step); with them the LM's attention reads them as given. Under SP they describe the
     full row, which is what Ulysses attention sees. Only for ``bs == 1`` rows (what the packed loaders yield).
     """
-    text = position_ids[:, 0] if position_ids.ndim == 3 else position_ids
+    text = position_ids[0] if position_ids.ndim == 3 else position_ids  # multimodal: channel 0 is the text row
     if text.shape[0] != 1:
         raise ValueError(f"packed_attention_kwargs: expected one packed row, got batch size {text.shape[0]}")
     text = text[0].to("cpu")

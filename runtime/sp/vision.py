@@ -13,8 +13,9 @@ Flow under Ulysses SP (every hook is the identity when SP is off, so generated V
    the padding, so the vision output is the full, unpadded one, as upstream returns it.
 4. ``local_visual_tokens``: the LM side keeps the visual tokens that fall into this rank's slice of the sequence,
    in the order ``masked_scatter`` fills them (row-major over the *global* sequence).
-5. ``channels_first_position_ids``: collators stack per-sample M-RoPE ids batch-first, (bs, C, L); the model wants
-   (C, bs, L) with C = 3 (T, H, W) or 4 (text row first).
+
+Multimodal position ids need no hook: the data pipeline hands the model upstream's own layout (see
+``runtime/data/sp_batch.py``), so nothing here ever reshapes or reinterprets them.
 
 Gradients follow ``runtime.parallel.collectives``' partial-gradient convention: ``vit_gather`` backward
 reduce-scatters, so each rank gets the complete gradient of its own patches.
@@ -37,7 +38,6 @@ from runtime.parallel.collectives import (
 from runtime.parallel.state import get_parallel_state
 
 __all__ = [
-    "channels_first_position_ids",
     "local_visual_tokens",
     "vit_all_to_all",
     "vit_gather",
@@ -50,19 +50,6 @@ __all__ = [
 def _sp_group() -> Any:
     state = get_parallel_state()
     return state.sp_group if state.sp_enabled else None
-
-
-def channels_first_position_ids(position_ids: Tensor | None, channels: tuple[int, ...] = (3, 4)) -> Tensor | None:
-    """(bs, C, L) -> (C, bs, L) for C in ``channels``; anything else (None, 2-D, already (C, bs, L)) unchanged.
-
-    A (C, C, L) tensor (batch size equal to a channel count) is ambiguous and taken as channels-first, the
-    upstream layout: batch-first callers with such a batch size must transpose it themselves.
-    """
-    if position_ids is None or position_ids.ndim != 3:
-        return position_ids
-    if position_ids.shape[1] in channels and position_ids.shape[0] not in channels:
-        return position_ids.transpose(0, 1)
-    return position_ids
 
 
 def vit_pad_length(num_patches: int, pad_scale: int = 1) -> int:

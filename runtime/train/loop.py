@@ -18,7 +18,6 @@ from runtime.checkpoint.dcp import load_checkpoint, save_checkpoint
 from runtime.checkpoint.export import export_hf
 from runtime.checkpoint.verify import CheckpointError
 from runtime.data.sp_batch import packed_attention_kwargs, shard_for_sp
-from runtime.models.registry import lookup
 from runtime.moe.sharding import shard_experts
 from runtime.parallel.fsdp import apply_fsdp, clip_grad_norm_
 from runtime.parallel.state import ParallelState, init_parallel_state
@@ -64,15 +63,6 @@ def all_reduce_sum(value: torch.Tensor, group) -> torch.Tensor:
 def train_device(state: ParallelState) -> torch.device:
     """This rank's GPU under NCCL (``init_parallel_state`` selected LOCAL_RANK's), else the CPU."""
     return torch.device("cuda", torch.cuda.current_device()) if state.device_type == "cuda" else torch.device("cpu")
-
-
-def text_position_ids(position_ids: torch.Tensor, layout: str) -> torch.Tensor:
-    """The ids that delimit packed samples: 2-D ids themselves, the text row of multimodal ids. ``layout`` is what
-    the model's spec states (``[model.data] position_ids_layout``): ``batch_first`` (bs, C, L) or ``channels_first``
-    (C, bs, L), never guessed from a shape."""
-    if position_ids.ndim == 2:
-        return position_ids
-    return position_ids[0] if layout == "channels_first" else position_ids[:, 0]
 
 
 def to_device(batch: dict, device: torch.device) -> dict:
@@ -182,11 +172,10 @@ def train_step(
     loss_share, aux = torch.zeros((), device=device), torch.zeros((), device=device)
     aux_coef = getattr(model.config, "router_aux_loss_coef", 0.0)
     varlen = model.config.get_text_config()._attn_implementation.startswith("flash")
-    layout = lookup(config.model.type).data.get("position_ids_layout", "batch_first")  # the data pipeline's
     for row in rows:
         batch = shard_for_sp(row, state)
         if varlen:  # the packed segments, computed here rather than by a device sync inside the forward
-            batch.update(packed_attention_kwargs(text_position_ids(batch["position_ids"], layout)))
+            batch.update(packed_attention_kwargs(batch["position_ids"]))  # multimodal: (4, bs, L), text row first
         out = model(
             **to_device(batch, device), num_items_in_batch=tokens, loss_chunk_size=config.train.loss_chunk_size
         )

@@ -356,14 +356,14 @@ def test_packed_row_keeps_samples_and_pixels_in_order(tokenized) -> None:
     row = pack_multimodal_row(samples, 1000)
     length = sum(len(s) for s in samples)
     assert row["input_ids"].shape == row["labels"].shape == row["mm_token_type_ids"].shape == (1, length)
-    assert row["position_ids"].shape == (1, 4, length)
+    assert row["position_ids"].shape == (4, 1, length)  # upstream's layout, channels first
     assert torch.equal(row["pixel_values"], torch.cat([tokenized[0].pixel_values, tokenized[2].pixel_values]))
     assert torch.equal(row["image_grid_thw"], torch.cat([tokenized[0].image_grid_thw, tokenized[2].image_grid_thw]))
     assert torch.equal(row["pixel_values_videos"], tokenized[1].pixel_values_videos)
     assert "second_per_grid_ts" not in row
     starts = (row["position_ids"][0, 0] == 0).nonzero().flatten().tolist()
     assert starts == [0, len(samples[0]), len(samples[0]) + len(samples[1])]
-    assert row["position_ids"][0, :, starts].eq(0).all()  # every channel restarts per sample
+    assert row["position_ids"][:, 0, starts].eq(0).all()  # every channel restarts per sample
     assert row["labels"][0, starts].eq(-100).all()
     assert set(pack_multimodal_row([tokenized[0]], 1000)) == {
         "input_ids",
@@ -394,7 +394,7 @@ def test_loader_drops_over_long_samples_and_resumes(tokenized) -> None:
     loader = MultimodalPackedLoader(tokenized, budget, seed=3)
     assert loader.num_dropped == too_long
     reference = [next(loader) for _ in range(6)]  # crosses into the second epoch
-    assert all(b["input_ids"].shape[1] <= budget and b["position_ids"].shape[:2] == (1, 4) for b in reference)
+    assert all(b["input_ids"].shape[1] <= budget and b["position_ids"].shape[:2] == (4, 1) for b in reference)
     first = MultimodalPackedLoader.for_parallel_state(tokenized, budget, ParallelState(), seed=3)
     next(first)
     state = pickle.loads(pickle.dumps(first.state_dict()))
@@ -417,7 +417,7 @@ def test_sp_collator_matches_the_reference_layout(tokenized) -> None:
     length = row["input_ids"].shape[1]
     assert length % 2 == 1
     padded = pad_to_multiple(row, 2)
-    assert padded["position_ids"].shape == (1, 4, length + 1) and padded["position_ids"][0, :, -1].eq(0).all()
+    assert padded["position_ids"].shape == (4, 1, length + 1) and padded["position_ids"][:, 0, -1].eq(0).all()
     assert padded["labels"][0, -1] == -100 and padded["mm_token_type_ids"][0, -1] == 0
     ranks = [shard_row(row, 2, r) for r in range(2)]
     for rank, local in enumerate(ranks):
@@ -430,6 +430,16 @@ def test_sp_collator_matches_the_reference_layout(tokenized) -> None:
         assert torch.equal(torch.cat([r[key] for r in ranks], 1), padded[key])
     single = shard_for_sp(row, ParallelState())  # sp=1: the row itself
     assert all(torch.equal(single[k], row[k]) for k in row)
+
+
+def test_a_position_id_layout_other_than_upstreams_is_an_error(tokenized) -> None:
+    """The pipeline never guesses a layout: batch-first M-RoPE ids (or a wrong dtype) are refused, not transposed."""
+    row = pack_multimodal_row([tokenized[0]], 1000)
+    for bad in (row["position_ids"].transpose(0, 1), row["position_ids"][1:], row["position_ids"].int()):
+        with pytest.raises(ValueError, match=r"channels first"):
+            shard_row({**row, "position_ids": bad}, 2, 0)
+    with pytest.raises(ValueError, match=r"channels first"):
+        shard_row({"input_ids": torch.ones(1, 4, dtype=torch.long), "position_ids": torch.arange(4)}, 2, 0)
 
 
 def test_text_rows_shard_as_before() -> None:

@@ -24,7 +24,7 @@ def test_segments_of_a_padded_text_row() -> None:
 def test_vlm_rows_use_the_text_channel() -> None:
     text = torch.tensor([0, 1, 2, 0, 1])
     mrope = torch.tensor([[0, 1, 1, 0, 5]] * 3)  # T/H/W ids never decide the segments
-    kwargs = packed_attention_kwargs(torch.cat([text[None], mrope])[None])
+    kwargs = packed_attention_kwargs(torch.cat([text[None], mrope])[:, None])  # (4, 1, L): upstream's layout
     assert kwargs["cu_seq_lens_q"].tolist() == [0, 3, 5]
     assert kwargs["max_length_q"] == 3
 

@@ -26,19 +26,6 @@ def test_hooks_are_identity_when_sp_is_off() -> None:
     assert out[0] is x and out[1] is levels
 
 
-def test_channels_first_position_ids() -> None:
-    batch_first = torch.randint(0, 9, (2, 3, 7))
-    assert torch.equal(vision.channels_first_position_ids(batch_first), batch_first.transpose(0, 1))
-    four = torch.randint(0, 9, (1, 4, 7))
-    assert vision.channels_first_position_ids(four).shape == (4, 1, 7)
-    channels_first = torch.randint(0, 9, (3, 2, 7))
-    assert vision.channels_first_position_ids(channels_first) is channels_first
-    flat = torch.arange(7)[None]
-    assert vision.channels_first_position_ids(flat) is flat
-    assert vision.channels_first_position_ids(None) is None
-    assert vision.channels_first_position_ids(torch.zeros(3, 3, 7)).shape == (3, 3, 7)  # ambiguous: upstream layout
-
-
 def test_cu_seqlens_pad_segment() -> None:
     cu = torch.tensor([0, 6, 10], dtype=torch.int32)
     assert vision.vit_pad_cu_seqlens(cu, 6).tolist() == [0, 6, 10, 16]

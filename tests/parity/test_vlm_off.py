@@ -49,18 +49,29 @@ def test_vlm_bitwise_equal_to_upstream(model_type: str) -> None:
 
 
 @pytest.mark.parametrize("model_type", VLMS)
-def test_batch_first_position_ids_match_upstream_layout(model_type: str) -> None:
-    """A collator's (bs, 3, L) M-RoPE ids give exactly what upstream computes from (3, bs, L)."""
+def test_pipeline_position_ids_are_upstreams_layout(model_type: str) -> None:
+    """The data pipeline's multimodal position ids (text row, then T/H/W, channels first) go to the model as they
+    are and give exactly what upstream computes from its own get_rope_index ids."""
+    from runtime.data.multimodal import MultimodalSample, mrope_position_ids
+    from runtime.data.multimodal_packing import pack_multimodal_row
+
     upstream, generated = vlm_models(model_type)
     batch = vlm_batch(model_type)
-    position_ids, _ = upstream.model.get_rope_index(
-        batch["input_ids"], batch["mm_token_type_ids"], batch["image_grid_thw"]
+    fn = type(generated).get_position_id_func(generated.config)
+    ids, types = batch["input_ids"][0], batch["mm_token_type_ids"][0]
+    positions = mrope_position_ids(fn, ids, types, image_grid_thw=batch["image_grid_thw"])
+    sample = MultimodalSample(
+        ids, batch["labels"][0], types, positions, batch["pixel_values"], batch["image_grid_thw"]
     )
-    assert position_ids.shape[0] == 3  # upstream's layout is channels-first
-    ref = upstream(**batch, position_ids=position_ids)
-    got = generated(**batch, position_ids=position_ids.transpose(0, 1).contiguous())
-    assert torch.equal(ref.logits, got.logits)
-    assert torch.equal(ref.loss, got.loss)
+    row = pack_multimodal_row([sample], 1000)
+    reference, _ = upstream.model.get_rope_index(ids[None], types[None], batch["image_grid_thw"])
+    assert row["position_ids"].shape == (4, 1, ids.numel())
+    assert torch.equal(row["position_ids"][1:], reference)
+    own = upstream(**batch)  # upstream computing its position ids itself
+    ref, got = upstream(**row), generated(**row)
+    for out in (ref, got):
+        assert torch.equal(own.logits, out.logits)
+        assert torch.equal(own.loss, out.loss)
 
 
 @pytest.mark.parametrize("model_type", VLMS)

@@ -3,8 +3,8 @@
 load-balancing loss on) within 1e-5 relative.
 
 Each rank gets its slice of the tokens, the full pixel_values (the ViT hooks pad + slice the patches), and the
-global 4-channel M-RoPE position ids (a text row for the packing mask, then T/H/W), stacked batch-first as a
-collator would, so the position-id transposition runs too.
+global 4-channel M-RoPE position ids (a text row for the packing mask, then T/H/W) in upstream's channels-first
+layout (4, bs, L), as the data pipeline hands them over (runtime/data/sp_batch.py).
 """
 
 from __future__ import annotations
@@ -36,15 +36,15 @@ def forward_kwargs(model_type: str) -> dict:
 
 
 def full_batch(model_type: str, grids, text, videos=()) -> dict[str, torch.Tensor]:
-    """The whole row with global position ids (bs, 4, L): text row, then upstream's get_rope_index T/H/W rows."""
+    """The whole row with global position ids (4, bs, L): text row, then upstream's get_rope_index T/H/W rows."""
     _, model = vlm_models(model_type)
     batch = vlm_batch(model_type, grids, text, videos=videos)
     mrope, _ = model.model.get_rope_index(
         batch["input_ids"], batch["mm_token_type_ids"], batch.get("image_grid_thw"), batch.get("video_grid_thw")
     )
     length = batch["input_ids"].shape[1]
-    text_row = torch.arange(length)[None, None].expand(1, 1, length)
-    batch["position_ids"] = torch.cat([text_row, mrope.transpose(0, 1)], dim=1)  # (bs, 4, L), batch-first
+    text_row = torch.arange(length)[None, None]
+    batch["position_ids"] = torch.cat([text_row, mrope], dim=0)  # (4, bs, L): upstream's layout
     return batch
 
 
@@ -57,7 +57,7 @@ def pad_row(batch: dict[str, torch.Tensor], sp: int) -> dict[str, torch.Tensor]:
         out["input_ids"] = torch.cat([batch["input_ids"], torch.zeros(1, pad, dtype=torch.long)], 1)
         out["labels"] = torch.cat([batch["labels"], torch.full((1, pad), -100)], 1)
         out["mm_token_type_ids"] = torch.cat([batch["mm_token_type_ids"], torch.zeros(1, pad, dtype=torch.int32)], 1)
-        out["position_ids"] = torch.cat([batch["position_ids"], torch.arange(pad).expand(1, 4, pad)], 2)
+        out["position_ids"] = torch.cat([batch["position_ids"], torch.arange(pad).expand(4, 1, pad)], 2)
     return out
 
 

@@ -1,0 +1,31 @@
+"""One upstream/generated pair per (model, attention implementation), shared by the tests of a module; one intra-op
+thread (tiny ops: threads cost far more than they give on a shared 2-core machine, ~100x measured for generate)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+from tests.fidelity.common import Pair, make_pair
+
+
+@pytest.fixture(autouse=True, scope="package")
+def _one_intra_op_thread() -> Iterator[None]:
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def pairs() -> Callable[[str, str], Pair]:
+    built: dict[tuple[str, str], Pair] = {}
+
+    def get(model_type: str, attn: str = "sdpa") -> Pair:
+        if (model_type, attn) not in built:
+            built[model_type, attn] = make_pair(model_type, attn)
+        return built[model_type, attn]
+
+    return get
