@@ -9,18 +9,32 @@ towards the middle), then is shifted towards noise:
   the ``use_dynamic_shifting`` scheduler settings their pipelines sample with).
 
 The noisy input is ``(1 - sigma) x0 + sigma noise`` and the target ``noise - x0``.
+
+Loss weighting (``weighting``; the per-sample factor on the flow-matching MSE, ``loss_weight(sigmas)``):
+
+* ``none``: 1 (diffusers' Flux and Qwen-Image training scripts: the logit-normal density does the weighting);
+* ``bell``: a Gaussian bump over the noise level centred at sigma = 0.5, ``exp(-2 (sigma - 0.5)^2)`` minus its
+  value at the ends (so sigma = 0 and 1 weigh 0), scaled to mean 1 under this sampler's own distribution of sigma
+  (DiffSynth-Studio's Wan recipe weights its MSE by this bump over the timestep, normalised over its training grid).
+
+Generators: ``sample`` takes one generator for the whole batch, or one per sample (a sequence of ``batch``
+generators: each sample's level comes from its own generator), so a sample's draw does not depend on which other
+samples share its micro-batch or rank.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-__all__ = ["TimestepSampler"]
+__all__ = ["WEIGHTINGS", "TimestepSampler"]
+
+WEIGHTINGS = ("none", "bell")
+_GRID = 1000  # points of the quadrature that normalises the bell weighting to mean 1
 
 
 @dataclass(frozen=True)
@@ -34,12 +48,15 @@ class TimestepSampler:
     max_seq_len: int = 4096
     base_shift: float = 0.5
     max_shift: float = 1.15
+    weighting: Literal["none", "bell"] = "none"
 
     def __post_init__(self) -> None:
         if self.distribution not in ("uniform", "logit_normal"):
             raise ValueError(f"timestep distribution must be 'uniform' or 'logit_normal', got {self.distribution!r}")
         if self.shift <= 0:
             raise ValueError(f"timestep shift must be > 0, got {self.shift}")
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"loss weighting must be one of {', '.join(WEIGHTINGS)}, got {self.weighting!r}")
 
     @classmethod
     def from_scheduler_config(cls, config: Mapping[str, Any], **overrides: Any) -> TimestepSampler:
@@ -64,16 +81,47 @@ class TimestepSampler:
         slope = (self.max_shift - self.base_shift) / (self.max_seq_len - self.base_seq_len)
         return self.base_shift + slope * (seq_len - self.base_seq_len)
 
-    def sample(self, batch: int, seq_len: int = 0, generator: torch.Generator | None = None) -> torch.Tensor:
-        """``batch`` noise levels sigma in (0, 1), float32; ``seq_len`` (image tokens) matters for ``dynamic``."""
+    def _draw(self, batch: int, generator: torch.Generator | None) -> torch.Tensor:
         if self.distribution == "logit_normal":
-            u = torch.sigmoid(torch.randn(batch, generator=generator) * self.logit_std + self.logit_mean)
-        else:
-            u = torch.rand(batch, generator=generator)
+            return torch.sigmoid(torch.randn(batch, generator=generator) * self.logit_std + self.logit_mean)
+        return torch.rand(batch, generator=generator)
+
+    def _shifted(self, u: torch.Tensor, seq_len: int) -> torch.Tensor:
         u = u.double().clamp(1e-6, 1 - 1e-6)
         if self.dynamic:
             e = math.exp(self.mu(seq_len))
-            sigma = e / (e + (1 / u - 1))
+            return e / (e + (1 / u - 1))
+        return self.shift * u / (1 + (self.shift - 1) * u)
+
+    def sample(
+        self,
+        batch: int,
+        seq_len: int = 0,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    ) -> torch.Tensor:
+        """``batch`` noise levels sigma in (0, 1), float32; ``seq_len`` (image tokens) matters for ``dynamic``.
+
+        ``generator``: one for the batch, or a sequence of ``batch`` generators (one draw from each)."""
+        if isinstance(generator, Sequence):
+            if len(generator) != batch:
+                raise ValueError(f"{len(generator)} generators for a batch of {batch}")
+            u = torch.cat([self._draw(1, g) for g in generator]) if batch else torch.zeros(0)
         else:
-            sigma = self.shift * u / (1 + (self.shift - 1) * u)
-        return sigma.float()
+            u = self._draw(batch, generator)
+        return self._shifted(u, seq_len).float()
+
+    def loss_weight(self, sigmas: torch.Tensor, seq_len: int = 0) -> torch.Tensor:
+        """The per-sample factor of the flow-matching MSE at noise levels ``sigmas`` (float32, ``sigmas``' shape)."""
+        if self.weighting == "none":
+            return torch.ones_like(sigmas, dtype=torch.float32)
+        # bell: normalised to mean 1 over this sampler's distribution (midpoint quadrature of the draw u)
+        grid = (torch.arange(_GRID, dtype=torch.float64) + 0.5) / _GRID
+        if self.distribution == "logit_normal":  # u = sigmoid(normal): the grid is over the normal's quantiles
+            normal = torch.distributions.Normal(self.logit_mean, self.logit_std)
+            grid = torch.sigmoid(normal.icdf(grid))
+        mean = _bell(self._shifted(grid, seq_len)).mean()
+        return (_bell(sigmas.double()) / mean).float()
+
+
+def _bell(sigma: torch.Tensor) -> torch.Tensor:
+    return torch.exp(-2 * (sigma - 0.5) ** 2) - math.exp(-0.5)

@@ -25,6 +25,27 @@ Example (every key shown with its default unless marked required)::
     log: {dir: runs/latest, interval: 1, tensorboard: false, peak_tflops: null, progress: true}
     export: {dir: null, overwrite: false}  # write a plain-transformers checkpoint at the end; overwrite replaces an
                                            # earlier export (a directory the exporter wrote), never anything else
+
+Diffusion transformers (``model.type`` of a ``family = "dit"`` spec: wan, flux, qwenimage) read other keys::
+
+    model:
+      type: wan
+      path: pipelines/wan      # required: a diffusers pipeline directory (model_index.json, transformer/, VAE,
+                               # text encoders, scheduler); the transformer starts from its transformer/ weights
+    data:
+      path: clips.jsonl        # {"caption": ..., "video": clip.mp4 | frame folder | [frames]} or {"image": ...}
+      buckets: [[9, 64, 64]]   # required: [frames, height, width] (video models) or [height, width] (image models)
+      batch_size: 1            # samples per micro-batch per DP replica (one bucket per micro-batch)
+      frame_stride: 1          # take every n-th frame of a video
+      cache: null              # directory of cached conditions (latents + embeddings); null: computed every step
+      seed: 0
+    dit:
+      lora: {rank: null, alpha: null, target_modules: [to_q, to_k, to_v, to_out.0]}  # rank null: full fine-tuning
+      ema_decay: null          # e.g. 0.999: keep an EMA of the trained weights (checkpointed; the export uses it)
+      condition: {}            # condition-model options: noise-level recipe (TimestepSampler fields: distribution,
+                               # shift, weighting, ...), Flux's guidance_scale
+    export: {dir: null, overwrite: false, fuse_lora: false}  # DiTs: a diffusers pipeline directory (full weights)
+                               # or, with LoRA, pytorch_lora_weights.safetensors (fuse_lora: full weights instead)
 """
 
 from __future__ import annotations
@@ -65,6 +86,10 @@ class DataConfig:
     processor: str | None = None  # vision-language models (tokenizer + image/video processors)
     token_budget: int = 1024
     seed: int = 0
+    buckets: list | None = None  # DiTs: [[frames, height, width], ...] or [[height, width], ...]
+    batch_size: int = 1  # DiTs: samples per micro-batch per DP replica
+    frame_stride: int = 1  # DiTs: every n-th video frame
+    cache: str | None = None  # DiTs: condition cache directory (null: conditions computed every step)
 
 
 @dataclass(frozen=True)
@@ -115,6 +140,21 @@ class LogConfig:
 class ExportConfig:
     dir: str | None = None
     overwrite: bool = False  # replace an earlier export in `dir` (other directories are always refused)
+    fuse_lora: bool = False  # DiT LoRA runs: export full weights with the LoRA merged instead of the LoRA file
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int | None = None  # null: full fine-tuning
+    alpha: float | None = None  # null: = rank (scale 1)
+    target_modules: list | str = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    ema_decay: float | None = None
+    condition: dict = field(default_factory=dict)  # condition-model options (noise-level recipe, guidance_scale)
 
 
 @dataclass(frozen=True)
@@ -127,6 +167,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    dit: DiTConfig = field(default_factory=DiTConfig)
 
 
 _POSITIVE = {
@@ -140,6 +181,10 @@ _POSITIVE = {
     "train.loss_chunk_size",
     "log.interval",
     "checkpoint.keep",
+    "data.batch_size",
+    "data.frame_stride",
+    "dit.lora.rank",
+    "dit.lora.alpha",
 }
 _NON_NEGATIVE = {"optim.lr", "optim.weight_decay", "optim.grad_clip", "optim.warmup_steps", "checkpoint.interval"}
 
@@ -211,6 +256,10 @@ def _check_model_kind(config: RunConfig) -> None:
     entry = REGISTRY.get(config.model.type)
     if entry is None:
         return  # build_model names the known types
+    if entry.family == "dit":
+        _check_dit(config)
+        return
+    _check_not_dit(config)
     if entry.is_vlm:
         if config.data.processor is None:
             raise ConfigError(
@@ -299,3 +348,49 @@ def load_config(path: str | Path) -> RunConfig:
         return parse_config(raw)
     except ConfigError as exc:
         raise ConfigError(locate_error(str(exc), path)) from None
+
+
+def _check_dit(config: RunConfig) -> None:
+    """A DiT reads a pipeline directory and bucketed media; the tokenizer/processor keys belong to other models."""
+    kind = config.model.type
+    for key in ("tokenizer", "processor"):
+        if getattr(config.data, key) is not None:
+            raise ConfigError(
+                f"data.{key}: the DiT {kind!r} reads its text encoders from model.path (a diffusers pipeline "
+                f"directory); remove data.{key}"
+            )
+    if config.model.path is None:
+        raise ConfigError(
+            f"model.path: required for the DiT {kind!r}: a diffusers pipeline directory (model_index.json, "
+            f"transformer/, VAE, text encoders, scheduler)"
+        )
+    if config.model.config:
+        raise ConfigError(
+            f"model.config: the DiT {kind!r} starts from the transformer in model.path (its transformer/config.json); "
+            f"remove model.config"
+        )
+    if config.model.freeze_vision:
+        raise ConfigError(f"model.freeze_vision: {kind!r} has no vision tower")
+    if config.data.buckets is None:
+        raise ConfigError(
+            "data.buckets: required for DiTs: [[frames, height, width], ...] (video models) or [[height, width], ...]"
+        )
+    if config.parallel.ep != 1:
+        raise ConfigError(f"parallel.ep: the DiT {kind!r} has no experts; remove parallel.ep")
+    ema = config.dit.ema_decay
+    if ema is not None and not 0.0 < ema < 1.0:
+        raise ConfigError(f"dit.ema_decay: expected a number in (0, 1) (e.g. 0.999), found {ema}")
+    if config.export.fuse_lora and config.dit.lora.rank is None:
+        raise ConfigError("export.fuse_lora: only for LoRA runs (set dit.lora.rank)")
+
+
+def _check_not_dit(config: RunConfig) -> None:
+    """Keys that only DiTs read are errors elsewhere (a silently ignored key is a run that is not what was asked)."""
+    kind = config.model.type
+    for key, default in (("buckets", None), ("batch_size", 1), ("frame_stride", 1), ("cache", None)):
+        if getattr(config.data, key) != default:
+            raise ConfigError(f"data.{key}: only diffusion transformers read it; {kind!r} is not one")
+    if config.dit != DiTConfig():
+        raise ConfigError(f"dit: only diffusion transformers read this section; {kind!r} is not one")
+    if config.export.fuse_lora:
+        raise ConfigError(f"export.fuse_lora: only for DiT LoRA runs; {kind!r} is not a DiT")

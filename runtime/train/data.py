@@ -27,6 +27,14 @@ def is_omni(config: RunConfig) -> bool:
     return lookup(config.model.type).family == "omni"
 
 
+def is_dit(config: RunConfig) -> bool:
+    """A diffusion transformer (``family = "dit"``): trained by ``runtime/train/dit.py``."""
+    try:
+        return lookup(config.model.type).family == "dit"
+    except ValueError as exc:
+        raise ConfigError(f"model.type: {exc}") from None
+
+
 def load_text_processor(config: RunConfig) -> Any:
     """The tokenizer (text models) or the processor (VLMs, omni models) from its local directory."""
     try:

@@ -1,6 +1,10 @@
-"""The text trainer: FSDP2 + Ulysses SP, packed rows, global token-weighted loss, exact resume.
+"""The trainer: FSDP2 + Ulysses SP, exact resume, metrics, checkpoints and export, shared by every model family.
 
-Loss convention: every rank's loss is its share of the global token-weighted mean (the SP group's token losses
+``run_job`` is the loop (optimizer, schedule, resume, metrics, checkpoints, export); a family supplies a ``Job``:
+text and vision-language models here (packed rows, global token-weighted loss), DiTs in ``runtime/train/dit.py``
+(frozen condition model, flow matching).
+
+Text loss convention: every rank's loss is its share of the global token-weighted mean (the SP group's token losses
 divided by the token count of the whole global batch, passed to the model as `num_items_in_batch`), so gradients
 summed over all ranks (FSDP configured to sum) are exactly the gradients of the global mean.
 """
@@ -8,8 +12,10 @@ summed over all ranks (FSDP configured to sum) are exactly the gradients of the 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -22,11 +28,18 @@ from runtime.moe.sharding import shard_experts
 from runtime.parallel.fsdp import apply_fsdp, clip_grad_norm_
 from runtime.parallel.state import ParallelState, init_parallel_state
 from runtime.train.config import ConfigError, RunConfig
-from runtime.train.data import build_loader, check_sp, check_vocab, fixed_model_config, load_text_processor
+from runtime.train.data import (
+    build_loader,
+    check_sp,
+    check_vocab,
+    fixed_model_config,
+    is_dit,
+    load_text_processor,
+)
 from runtime.train.metrics import MetricsLogger, StepMetrics, detect_peak_tflops, flops_per_token
 from runtime.train.model import build_model
 from runtime.train.schedule import build_scheduler
-from runtime.train.validate import check_inputs
+from runtime.train.validate import CheckedInputs, check_inputs
 
 IGNORE_INDEX = -100
 
@@ -36,6 +49,29 @@ class RunResult:
     metrics: list[StepMetrics]
     start_step: int  # 0 for a fresh run, k when resumed from the step-k checkpoint
     skipped_checkpoints: list[str] = field(default_factory=list)  # damaged ones `resume: auto` passed over
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """What one step's forward/backward passes (all micro-batches) report to the shared loop."""
+
+    loss: torch.Tensor  # the global loss of the step (every DP replica's share added up)
+    count: int  # its denominator: valid target tokens (text) or latent tokens (DiT) of the global batch
+    processed: int  # tokens the whole job processed in the step (tokens/s and TFLOP/s)
+
+
+@dataclass
+class Job:
+    """What a model family brings to the shared loop (``run_job``): the trained module, already on its device and
+    sharded, its resumable data, the forward/backward of one step, and the export."""
+
+    model: torch.nn.Module
+    loader: Any  # state_dict() / load_state_dict(): the data position saved in checkpoints
+    forward_backward: Callable[[int], StepWork]  # gradients of every micro-batch of step ``step``, accumulated
+    flops_per_token: float
+    export: Callable[[], None] | None = None
+    checkpoint_model: torch.nn.Module | None = None  # what DCP saves when it is more than ``model`` (e.g. + EMA)
+    after_optimizer_step: Callable[[], None] | None = None  # e.g. the EMA update
 
 
 def setup_parallel(config: RunConfig) -> ParallelState:
@@ -73,6 +109,17 @@ def train(config: RunConfig) -> RunResult:
     state = setup_parallel(config)
     inputs = check_inputs(config, state)  # before the model is built: a user error costs seconds, not a model build
     torch.manual_seed(config.model.seed)
+    if is_dit(config):
+        from runtime.train.dit import build_dit_job
+
+        job = build_dit_job(config, state, inputs)
+    else:
+        job = build_text_job(config, state, inputs)
+    return run_job(job, config, state, inputs.resume_from, inputs.skipped_checkpoints)
+
+
+def build_text_job(config: RunConfig, state: ParallelState, inputs: CheckedInputs) -> Job:
+    """Text and vision-language models: tokenizer/processor, the generated model, packed rows, EP/FSDP."""
     processor = load_text_processor(config)  # a tokenizer, or a VLM's processor
     model = build_model(config.model, fixed_model_config(config, processor))
     mc = model.config
@@ -91,17 +138,46 @@ def train(config: RunConfig) -> RunResult:
         model = apply_fsdp(model, state, activation_checkpointing=config.parallel.activation_checkpointing)
     elif config.parallel.activation_checkpointing:
         model.gradient_checkpointing_enable()
-    model.train()
+
+    def export() -> None:
+        export_hf(
+            model,
+            mc,
+            Path(config.export.dir),
+            tokenizer=config.data.processor or processor,
+            overwrite=config.export.overwrite,
+        )
+        if state.rank == 0:
+            print(f"exported a plain-transformers checkpoint to {config.export.dir}", flush=True)
+
+    return Job(
+        model=model,
+        loader=loader,
+        forward_backward=lambda step: text_forward_backward(model, loader, state, config),
+        flops_per_token=flops_per_token(mc.get_text_config(), config.data.token_budget),  # the LM's (a ViT's not)
+        export=export,
+    )
+
+
+def run_job(
+    job: Job,
+    config: RunConfig,
+    state: ParallelState,
+    resume_from: Path | None = None,
+    skipped_checkpoints: list[str] | None = None,
+) -> RunResult:
+    """The loop every family shares: AdamW + warmup/cosine, resume, metrics, checkpoints, export."""
+    job.model.train()
     o = config.optim
-    trained = [p for p in model.parameters() if p.requires_grad]  # model.freeze_vision leaves the ViT out
+    trained = [p for p in job.model.parameters() if p.requires_grad]  # frozen parts (a ViT, LoRA's base) left out
     optimizer = torch.optim.AdamW(trained, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
     scheduler = build_scheduler(optimizer, o.warmup_steps, config.train.steps, o.min_lr_ratio)
+    saved = job.checkpoint_model if job.checkpoint_model is not None else job.model
 
     start_step = 0
     ckpt = config.checkpoint
-    resume_from = inputs.resume_from
     if resume_from is not None:
-        start_step = resume(resume_from, model, optimizer, scheduler, loader)
+        start_step = resume(resume_from, saved, optimizer, scheduler, job.loader)
 
     logger = MetricsLogger(
         Path(config.log.dir),
@@ -113,35 +189,26 @@ def train(config: RunConfig) -> RunResult:
     if state.rank == 0 and resume_from is not None:
         print(f"resumed from {resume_from} at step {start_step}", flush=True)
     peak = config.log.peak_tflops or detect_peak_tflops()
-    flops_token = flops_per_token(mc.get_text_config(), config.data.token_budget)  # the LM's FLOPs (a ViT's not)
     metrics: list[StepMetrics] = []
     try:
         for step in range(start_step + 1, config.train.steps + 1):
-            metrics.append(train_step(step, model, optimizer, scheduler, loader, state, config, flops_token, peak))
+            metrics.append(train_step(step, job, optimizer, scheduler, state, config, peak))
             logger.log(metrics[-1], echo=step % config.log.interval == 0 or step == config.train.steps)
             if ckpt.interval and step % ckpt.interval == 0:
                 save_checkpoint(
                     Path(ckpt.dir),
                     step,
-                    model,
+                    saved,
                     optimizer,
                     scheduler,
-                    {"step": step, "data": loader.state_dict()},
+                    {"step": step, "data": job.loader.state_dict()},
                     keep=ckpt.keep,
                 )
     finally:
         logger.close()
-    if config.export.dir:
-        export_hf(
-            model,
-            mc,
-            Path(config.export.dir),
-            tokenizer=config.data.processor or processor,
-            overwrite=config.export.overwrite,
-        )
-        if state.rank == 0:
-            print(f"exported a plain-transformers checkpoint to {config.export.dir}", flush=True)
-    return RunResult(metrics, start_step, inputs.skipped_checkpoints)
+    if config.export.dir and job.export is not None:
+        job.export()
+    return RunResult(metrics, start_step, list(skipped_checkpoints or []))
 
 
 def resume(path: Path, model, optimizer, scheduler, loader) -> int:
@@ -156,16 +223,39 @@ def resume(path: Path, model, optimizer, scheduler, loader) -> int:
 
 def train_step(
     step: int,
-    model,
+    job: Job,
     optimizer,
     scheduler,
-    loader,
     state: ParallelState,
     config: RunConfig,
-    flops_token: float,
     peak_tflops: float | None,
 ) -> StepMetrics:
+    """One optimizer step: the family's forward/backward passes, clipping, AdamW, schedule, (EMA), metrics."""
     started = time.perf_counter()
+    work = job.forward_backward(step)
+    grad_norm = clip_grad_norm_(job.model.parameters(), config.optim.grad_clip or float("inf"))
+    lr = scheduler.get_last_lr()[0]
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    if job.after_optimizer_step is not None:
+        job.after_optimizer_step()
+    elapsed = time.perf_counter() - started
+    tflops = job.flops_per_token * work.processed / elapsed / state.world_size / 1e12
+    return StepMetrics(
+        step=step,
+        loss=work.loss.item(),
+        grad_norm=float(grad_norm),
+        lr=lr,
+        tokens=int(work.count),
+        tokens_per_s=work.processed / elapsed,
+        tflops_per_device=tflops,
+        mfu=None if peak_tflops is None else tflops / peak_tflops,
+    )
+
+
+def text_forward_backward(model, loader, state: ParallelState, config: RunConfig) -> StepWork:
+    """Packed rows: every rank's loss is its share of the global token-weighted mean (see the module docstring)."""
     rows = [next(loader) for _ in range(config.train.micro_batches)]
     device = train_device(state)
     tokens = all_reduce_sum(target_count(rows).to(device), state.dp_group)  # NCCL reduces device tensors only
@@ -185,22 +275,6 @@ def train_step(
         row_aux = torch.zeros((), device=device) if row_aux is None else aux_coef * row_aux.detach()
         loss_share += out.loss.detach() - row_aux
         aux += row_aux / len(rows)
-    grad_norm = clip_grad_norm_(model.parameters(), config.optim.grad_clip or float("inf"))
-    lr = scheduler.get_last_lr()[0]
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
     loss = all_reduce_sum(loss_share, state.dp_group) + aux  # SP ranks already agree; DP shares add up
-    elapsed = time.perf_counter() - started
     processed = sum(row["input_ids"].numel() for row in rows) * state.dp_size
-    tflops = flops_token * processed / elapsed / state.world_size / 1e12
-    return StepMetrics(
-        step=step,
-        loss=loss.item(),
-        grad_norm=float(grad_norm),
-        lr=lr,
-        tokens=int(tokens),
-        tokens_per_s=processed / elapsed,
-        tflops_per_device=tflops,
-        mfu=None if peak_tflops is None else tflops / peak_tflops,
-    )
+    return StepWork(loss=loss, count=int(tokens), processed=processed)

@@ -26,6 +26,7 @@ class CheckedInputs:
     samples: list[LocatedSample] = field(default_factory=list)  # the parsed data set, each sample with file:line
     resume_from: Path | None = None  # a verified checkpoint, or None for a fresh start
     skipped_checkpoints: list[str] = field(default_factory=list)  # damaged ones `resume: auto` passed over
+    dit_samples: list = field(default_factory=list)  # DiTs: the parsed data file (runtime.data.dit.manifest)
 
 
 def check_export(config: RunConfig) -> None:
@@ -39,6 +40,7 @@ def check_export(config: RunConfig) -> None:
         "data.tokenizer": config.data.tokenizer,
         "data.processor": config.data.processor,
         "model.path": config.model.path,
+        "data.cache": config.data.cache,
     }
     try:
         check_export_target(config.export.dir, overwrite=config.export.overwrite, protected=protected)
@@ -130,8 +132,24 @@ def check_model_path(config: RunConfig) -> None:
 
 def check_inputs(config: RunConfig, state: ParallelState) -> CheckedInputs:
     """Every check that can run before the model is built. Collective (checkpoint hashing is split over ranks)."""
+    if _is_dit(config):
+        from runtime.train.dit import check_pipeline_dir
+        from runtime.train.dit_data import read_dit_samples
+
+        check_pipeline_dir(config)  # a diffusers pipeline directory, not an HF checkpoint
+        check_export(config)
+        dit_samples = read_dit_samples(config)  # {"caption", "image"|"video"} lines, every media file present
+        resume_from, skipped = select_checkpoint(config, state)
+        return CheckedInputs(resume_from=resume_from, skipped_checkpoints=skipped, dit_samples=dit_samples)
     check_model_path(config)
     check_export(config)
     samples = check_data(config)
     resume_from, skipped = select_checkpoint(config, state)
     return CheckedInputs(samples=samples, resume_from=resume_from, skipped_checkpoints=skipped)
+
+
+def _is_dit(config: RunConfig) -> bool:
+    from runtime.models.registry import REGISTRY
+
+    entry = REGISTRY.get(config.model.type)
+    return entry is not None and entry.family == "dit"

@@ -14,7 +14,13 @@ API (what a DiT trainer relies on):
   as the transformer takes them) and the flow-matching target ``noise - x0``. The returned dict's keys are exactly
   the transformer's forward parameter names (``transformer(**inputs)``); the target and the noise levels are its
   attributes ``.target`` and ``.sigmas``. SP ranks of one group must pass identically seeded generators: they hold
-  the same sample and must draw the same noise.
+  the same sample and must draw the same noise. ``generator`` may also be a sequence with one generator per sample
+  (each sample's noise level and noise come from its own), so a sample's draws do not depend on its batch.
+* ``loss_weight(sigmas)``: the per-sample weight of the flow-matching MSE in the model's recipe
+  (``runtime/diffusion/timesteps.py``).
+
+``from_pretrained(path, encoders=False)`` loads only what ``process_condition`` needs (scheduler settings): a
+trainer that reads cached conditions never loads the VAE or the text encoders.
 """
 
 from __future__ import annotations
@@ -54,6 +60,12 @@ class ConditionModel(nn.Module):
     components: ClassVar[tuple[str, ...]]
     #: optional components (loaded when the directory has them)
     optional_components: ClassVar[tuple[str, ...]] = ()
+    #: what ``get_condition`` takes: videos ``(C, F, H, W)`` or images ``(C, H, W)``
+    video: ClassVar[bool] = False
+    #: pixel sizes must be multiples of this (VAE downsampling x the transformer's patch / packing)
+    pixel_multiple: ClassVar[int] = 16
+    #: video frame counts must be ``temporal_multiple * k + 1`` (the VAE's temporal compression)
+    temporal_multiple: ClassVar[int] = 1
 
     def __init__(self, pipeline: Any, sampler: TimestepSampler) -> None:
         super().__init__()
@@ -68,21 +80,44 @@ class ConditionModel(nn.Module):
         super().train(False)
 
     @classmethod
-    def load_pipeline(cls, path: str | os.PathLike, **kwargs: Any) -> Any:
-        """The pipeline from ``path`` without its transformer(s): the condition side only."""
-        accepted = inspect.signature(cls.pipeline_class.__init__).parameters
-        none = {name: None for name in ("transformer", "transformer_2") if name in accepted}
-        return cls.pipeline_class.from_pretrained(path, **none, **kwargs)
+    def load_pipeline(cls, path: str | os.PathLike, encoders: bool = True, **kwargs: Any) -> Any:
+        """The pipeline from ``path`` without its transformer(s): the condition side only. ``encoders=False`` also
+        leaves out the VAE, text/image encoders and tokenizers (what ``process_condition`` does not use)."""
+        pipeline_class = kwargs.pop("pipeline_class", cls.pipeline_class)
+        accepted = inspect.signature(pipeline_class.__init__).parameters
+        skipped = ("transformer", "transformer_2")
+        if not encoders:
+            skipped += (*cls.components, *cls.optional_components)
+        none = {name: None for name in skipped if name in accepted}
+        return pipeline_class.from_pretrained(path, **none, **kwargs)
 
     def train(self, mode: bool = True) -> ConditionModel:
         return super().train(False)  # frozen: always in eval mode
 
     @property
-    def device(self) -> torch.device:
-        return self.pipeline.vae.device
+    def has_encoders(self) -> bool:
+        """Whether ``get_condition`` can run (False when loaded with ``encoders=False``)."""
+        return getattr(self.pipeline, "vae", None) is not None
 
-    def noise_like(self, x: Tensor, generator: torch.Generator | None) -> Tensor:
-        return torch.randn(x.shape, generator=generator, dtype=torch.float32).to(x.device, x.dtype)
+    @property
+    def device(self) -> torch.device:
+        if self.has_encoders:
+            return self.pipeline.vae.device
+        return next((b.device for b in self.buffers()), torch.device("cpu"))
+
+    def loss_weight(self, sigmas: Tensor, seq_len: int = 0) -> Tensor:
+        """Per-sample weights of the flow-matching MSE (the recipe's ``TimestepSampler.weighting``)."""
+        return self.sampler.loss_weight(sigmas, seq_len)
+
+    def noise_like(self, x: Tensor, generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
+        """Standard normal noise of ``x``'s shape; with one generator per sample, sample ``i`` from the ``i``-th."""
+        if isinstance(generator, Sequence):
+            if len(generator) != x.shape[0]:
+                raise ValueError(f"{len(generator)} generators for a batch of {x.shape[0]}")
+            noise = torch.stack([torch.randn(x.shape[1:], generator=g, dtype=torch.float32) for g in generator])
+        else:
+            noise = torch.randn(x.shape, generator=generator, dtype=torch.float32)
+        return noise.to(x.device, x.dtype)
 
     @staticmethod
     def noisy(x0: Tensor, noise: Tensor, sigmas: Tensor) -> tuple[Tensor, Tensor]:

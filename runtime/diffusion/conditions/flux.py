@@ -36,14 +36,15 @@ class FluxConditionModel(ConditionModel):
     def __init__(self, pipeline: Any, sampler: TimestepSampler, guidance_scale: float | None) -> None:
         super().__init__(pipeline, sampler)
         self.guidance_scale = guidance_scale
-        self.shift_factor = pipeline.vae.config.shift_factor or 0.0
-        self.scaling_factor = pipeline.vae.config.scaling_factor
+        if self.has_encoders:
+            self.shift_factor = pipeline.vae.config.shift_factor or 0.0
+            self.scaling_factor = pipeline.vae.config.scaling_factor
 
     @classmethod
     def from_pretrained(
-        cls, path: str | os.PathLike, guidance_scale: float = 3.5, **sampler_overrides: Any
+        cls, path: str | os.PathLike, guidance_scale: float = 3.5, encoders: bool = True, **sampler_overrides: Any
     ) -> FluxConditionModel:
-        pipeline = cls.load_pipeline(path)
+        pipeline = cls.load_pipeline(path, encoders=encoders)
         transformer_config = json.loads((Path(path) / "transformer" / "config.json").read_text())
         sampler = TimestepSampler.from_scheduler_config(
             pipeline.scheduler.config, **{"distribution": "logit_normal", **sampler_overrides}

@@ -31,13 +31,17 @@ class QwenImageConditionModel(ConditionModel):
 
     def __init__(self, pipeline: Any, sampler: TimestepSampler) -> None:
         super().__init__(pipeline, sampler)
-        vae = pipeline.vae.config
-        self.register_buffer("latents_mean", torch.tensor(vae.latents_mean).view(1, -1, 1, 1, 1), persistent=False)
-        self.register_buffer("latents_std", torch.tensor(vae.latents_std).view(1, -1, 1, 1, 1), persistent=False)
+        if self.has_encoders:
+            vae = pipeline.vae.config
+            mean, std = torch.tensor(vae.latents_mean), torch.tensor(vae.latents_std)
+            self.register_buffer("latents_mean", mean.view(1, -1, 1, 1, 1), persistent=False)
+            self.register_buffer("latents_std", std.view(1, -1, 1, 1, 1), persistent=False)
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, **sampler_overrides: Any) -> QwenImageConditionModel:
-        pipeline = cls.load_pipeline(path)
+    def from_pretrained(
+        cls, path: str | os.PathLike, encoders: bool = True, **sampler_overrides: Any
+    ) -> QwenImageConditionModel:
+        pipeline = cls.load_pipeline(path, encoders=encoders)
         return cls(pipeline, TimestepSampler.from_scheduler_config(pipeline.scheduler.config, **sampler_overrides))
 
     @torch.no_grad()

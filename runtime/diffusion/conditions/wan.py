@@ -39,21 +39,31 @@ class WanConditionModel(ConditionModel):
     pipeline_class = WanPipeline
     components = ("tokenizer", "text_encoder", "vae")
     optional_components = ("image_encoder", "image_processor")
+    video = True
+    temporal_multiple = 4  # AutoencoderKLWan: the first frame, then 4 frames per latent frame
 
     def __init__(self, pipeline: Any, sampler: TimestepSampler) -> None:
         super().__init__(pipeline, sampler)
         self.i2v = isinstance(pipeline, WanImageToVideoPipeline)
-        vae = pipeline.vae.config
-        self.register_buffer("latents_mean", torch.tensor(vae.latents_mean).view(1, -1, 1, 1, 1), persistent=False)
-        self.register_buffer("latents_std", torch.tensor(vae.latents_std).view(1, -1, 1, 1, 1), persistent=False)
+        if self.has_encoders:
+            vae = pipeline.vae.config
+            mean, std = torch.tensor(vae.latents_mean), torch.tensor(vae.latents_std)
+            self.register_buffer("latents_mean", mean.view(1, -1, 1, 1, 1), persistent=False)
+            self.register_buffer("latents_std", std.view(1, -1, 1, 1, 1), persistent=False)
         self.num_train_timesteps = pipeline.scheduler.config.num_train_timesteps
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, **sampler_overrides: Any) -> WanConditionModel:
+    def from_pretrained(
+        cls, path: str | os.PathLike, encoders: bool = True, **sampler_overrides: Any
+    ) -> WanConditionModel:
+        """``sampler_overrides`` change the recipe: uniform levels shifted by the scheduler's shift, MSE weighted by
+        the ``bell`` bump over the noise level (``runtime/diffusion/timesteps.py``)."""
         index = json.loads((Path(path) / "model_index.json").read_text())
         pipeline_class = WanImageToVideoPipeline if index["_class_name"] == "WanImageToVideoPipeline" else WanPipeline
-        pipeline = pipeline_class.from_pretrained(path, transformer=None, transformer_2=None)  # condition side only
-        sampler = TimestepSampler.from_scheduler_config(pipeline.scheduler.config, **sampler_overrides)
+        pipeline = cls.load_pipeline(path, encoders=encoders, pipeline_class=pipeline_class)
+        sampler = TimestepSampler.from_scheduler_config(
+            pipeline.scheduler.config, **{"weighting": "bell", **sampler_overrides}
+        )
         return cls(pipeline, sampler)
 
     @torch.no_grad()

@@ -1,0 +1,248 @@
+"""The DiT family of the trainer: what ``run_job`` (``runtime/train/loop.py``) needs to train Wan, Flux or
+Qwen-Image with a frozen condition model.
+
+Setup order (every user error surfaces before the transformer is loaded): data file and buckets (media probed over
+the ranks), condition-model options, the condition cache (missing entries computed, then the condition model is
+dropped) or the on-the-fly condition model, then the transformer from the pipeline's ``transformer/`` (LoRA through
+peft or full fine-tuning), FSDP2 (+ HSDP) with activation checkpointing, EMA.
+
+The condition model is frozen and replicated (never sharded, never in the optimizer); with cached conditions only
+its scheduler settings are loaded (``encoders=False``).
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from runtime.parallel.fsdp import apply_fsdp, block_modules
+from runtime.parallel.state import ParallelState
+from runtime.train.config import ConfigError, RunConfig
+from runtime.train.dit_data import (
+    CachedConditions,
+    LiveConditions,
+    build_dataset,
+    fill_cache,
+    media_rules,
+    read_dit_samples,
+    sample_keys,
+)
+from runtime.train.dit_step import latent_tokens, noise_generators, weighted_flow_matching_loss
+from runtime.train.loop import Job, StepWork, all_reduce_sum, to_device, train_device
+
+__all__ = ["build_dit_job", "check_pipeline_dir", "load_condition_model_for", "setup_conditions"]
+
+
+def check_pipeline_dir(config: RunConfig) -> None:
+    """``model.path`` must be a diffusers pipeline directory with a transformer."""
+    path = Path(config.model.path)
+    if not (path / "model_index.json").is_file():
+        what = "no model_index.json in it" if path.is_dir() else "not a directory"
+        raise ConfigError(
+            f"model.path: {path}: {what} (expected a diffusers pipeline directory: model_index.json, transformer/, "
+            f"VAE, text encoders, scheduler)"
+        )
+    if not (path / "transformer" / "config.json").is_file():
+        raise ConfigError(f"model.path: {path}: no transformer/config.json (the transformer training starts from)")
+
+
+def load_condition_model_for(config: RunConfig, encoders: bool, device: torch.device | None = None) -> Any:
+    """The frozen condition model of ``model.type`` from ``model.path`` with ``dit.condition`` options."""
+    from runtime.diffusion.conditions import load_condition_model
+    from runtime.diffusion.registry import lookup_dit
+
+    condition_type = lookup_dit(config.model.type).data["condition_model_type"]
+    try:
+        model = load_condition_model(condition_type, config.model.path, encoders=encoders, **config.dit.condition)
+    except (TypeError, ValueError) as exc:  # an unknown option, or a bad value of one
+        message = " ".join(str(exc).split())[:300]
+        raise ConfigError(f"dit.condition: {config.dit.condition!r}: {message}") from None
+    return model if device is None else model.to(device)
+
+
+def setup_conditions(config: RunConfig, state: ParallelState, dataset: Any, device: torch.device) -> tuple[Any, Any]:
+    """(condition model for ``process_condition``, the per-step source of conditions). With ``data.cache``: fill
+    the cache first, then read from it with a condition model loaded without its encoders."""
+    from runtime.diffusion.conditions import condition_model_class
+    from runtime.diffusion.registry import lookup_dit
+
+    light = load_condition_model_for(config, encoders=False)  # checks the options in a second, encoders or not
+    if not config.data.cache:
+        return load_condition_model_for(config, encoders=True, device=device), LiveConditions(None, dataset)
+    from runtime.diffusion.cache import ConditionCache, FileDigests, condition_fingerprint
+
+    condition_type = lookup_dit(config.model.type).data["condition_model_type"]
+    cache = ConditionCache(config.data.cache)
+    digests = FileDigests(cache.directory / "file_digests.json")
+    fingerprint = [None]
+    if state.rank == 0:  # the encoders' weights are hashed once (memoised by size + mtime), not on every rank
+        cls = condition_model_class(condition_type)
+        fingerprint = [condition_fingerprint(config.model.path, condition_type, cls, digests)]
+    if dist.is_initialized():
+        dist.broadcast_object_list(fingerprint, src=0)
+    keys, memo = sample_keys(dataset, fingerprint[0], digests, state)
+    if state.rank == 0:
+        digests.update(memo)
+        digests.save()
+    fill_cache(cache, keys, dataset, lambda: load_condition_model_for(config, encoders=True, device=device), state)
+    return light.to(device), CachedConditions(cache, keys)
+
+
+def load_transformer(config: RunConfig) -> torch.nn.Module:
+    from runtime.diffusion.registry import training_class
+
+    cls = training_class(config.model.type)
+    backend = (
+        {} if config.model.attn_implementation == "sdpa" else {"attention_backend": config.model.attn_implementation}
+    )
+    try:
+        return cls.from_pretrained(config.model.path, subfolder="transformer", **backend)
+    except (OSError, ValueError) as exc:
+        message = " ".join(str(exc).split())[:300]
+        raise ConfigError(
+            f"model.path: cannot load {config.model.path}/transformer as {cls.__name__}: {message}"
+        ) from None
+
+
+def dit_flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
+    """6 x (matmul parameters) + attention scores (non-causal, fwd+bwd) per transformer token."""
+    matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear | torch.nn.Conv3d))
+    c = model.config
+    inner = c.num_attention_heads * c.attention_head_dim
+    return 6.0 * matmul + 12.0 * len(block_modules(model)) * seq_len * inner
+
+
+def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
+    from runtime.data.dit.sampler import BucketBatchSampler
+    from runtime.diffusion.conditions import condition_model_class
+    from runtime.diffusion.registry import lookup_dit
+
+    _quiet_diffusers()
+    check_pipeline_dir(config)
+    entry = lookup_dit(config.model.type)
+    rules = media_rules(condition_model_class(entry.data["condition_model_type"]))
+    samples = getattr(inputs, "dit_samples", None) or read_dit_samples(config)
+    dataset = build_dataset(config, samples, rules, state)
+    device = train_device(state)
+    condition_model, conditions = setup_conditions(config, state, dataset, device)
+    if isinstance(conditions, LiveConditions):
+        conditions.condition_model = condition_model
+
+    model = load_transformer(config)
+    heads = model.config.num_attention_heads
+    if heads % state.sp_size:
+        raise ConfigError(
+            f"parallel.sp: the transformer's {heads} attention heads are not divisible by sp={state.sp_size}"
+        )
+    peft_config = None
+    if config.dit.lora.rank is not None:
+        from runtime.train.lora import add_lora
+
+        torch.manual_seed(config.model.seed)  # the adapter's initial A: identical on every rank
+        peft_config = add_lora(model, config.dit.lora)
+    model.to(device)
+    if state.world_size > 1:
+        model = apply_fsdp(model, state, activation_checkpointing=config.parallel.activation_checkpointing)
+    elif config.parallel.activation_checkpointing:
+        model.gradient_checkpointing_enable()
+    ema = None
+    if config.dit.ema_decay is not None:
+        from runtime.train.ema import EMA
+
+        ema = EMA(model, config.dit.ema_decay).to(device)
+
+    sampler = BucketBatchSampler(
+        dataset.buckets, config.data.batch_size, seed=config.data.seed, dp_rank=state.dp_rank, dp_size=state.dp_size
+    )
+    seq = max(_latent_tokens_of_bucket(b, rules) for b in set(dataset.buckets))
+    return Job(
+        model=model,
+        loader=sampler,
+        forward_backward=functools.partial(
+            dit_forward_backward,
+            model=model,
+            sampler=sampler,
+            conditions=conditions,
+            condition_model=condition_model,
+            state=state,
+            config=config,
+            device=device,
+        ),
+        flops_per_token=dit_flops_per_token(model, seq),
+        export=functools.partial(export, config=config, state=state, model=model, ema=ema, peft_config=peft_config),
+        checkpoint_model=None if ema is None else ema.wrap(model),
+        after_optimizer_step=None if ema is None else ema.update,
+    )
+
+
+def _latent_tokens_of_bucket(bucket: Any, rules: Any) -> int:
+    frames = (bucket.frames - 1) // rules.temporal_multiple + 1 if rules.video else 1
+    return frames * (bucket.height // rules.pixel_multiple) * (bucket.width // rules.pixel_multiple)
+
+
+def dit_forward_backward(
+    step: int,
+    *,
+    model: torch.nn.Module,
+    sampler: Any,
+    conditions: Any,
+    condition_model: Any,
+    state: ParallelState,
+    config: RunConfig,
+    device: torch.device,
+) -> StepWork:
+    """Every micro-batch of step ``step``: conditions, seeded noise, prediction, weighted MSE share, backward."""
+    batches = [next(sampler) for _ in range(config.train.micro_batches)]
+    global_samples = sum(len(b) for b in batches) * state.dp_size  # every rank takes equally many, equally big
+    loss_share = torch.zeros((), device=device, dtype=torch.float32)
+    tokens = 0
+    for micro, batch in enumerate(batches):
+        latents, context = conditions(batch)
+        seq_len = latent_tokens(latents[0])
+        position = micro * state.dp_size + state.dp_rank
+        generators = noise_generators(config.model.seed, step, position, len(batch))
+        inputs = condition_model.process_condition(latents, context, generators)
+        prediction = model(**to_device(inputs, device), return_dict=False)[0]
+        loss = weighted_flow_matching_loss(prediction, inputs, condition_model, seq_len, global_samples)
+        loss.backward()
+        loss_share += loss.detach()
+        tokens += seq_len * len(batch)
+    totals = all_reduce_sum(
+        torch.stack([loss_share.double(), torch.tensor(tokens, dtype=torch.float64, device=device)]), state.dp_group
+    )
+    return StepWork(loss=totals[0].float(), count=int(totals[1]), processed=int(totals[1]))
+
+
+def export(config: RunConfig, state: ParallelState, model: torch.nn.Module, ema: Any, peft_config: Any) -> None:
+    """The diffusers export (``runtime/checkpoint/diffusers_export.py``): EMA weights when kept, the LoRA file or
+    (fused, or full fine-tuning) the whole pipeline directory."""
+    from runtime.checkpoint.diffusers_export import export_dit, full_state_dict
+    from runtime.train.lora import lora_metadata, lora_state_dict, merged_state_dict
+
+    weights = full_state_dict(model)
+    if ema is not None:
+        averaged = full_state_dict(ema)
+        weights.update({ema.parameter_name(k): v for k, v in averaged.items()})
+    common = dict(pipeline_dir=config.model.path, overwrite=config.export.overwrite, rank=state.rank)
+    if peft_config is not None and not config.export.fuse_lora:
+        lora = (lora_state_dict(weights), lora_metadata(peft_config)) if state.rank == 0 else ({}, {})
+        export_dit(config.export.dir, lora=lora, **common)
+        what = "a LoRA file diffusers' load_lora_weights reads"
+    else:
+        if peft_config is not None and state.rank == 0:
+            weights = merged_state_dict(weights, peft_config.lora_alpha / peft_config.r)
+        export_dit(config.export.dir, write_weights=lambda d: model.save_pretrained(d, state_dict=weights), **common)
+        what = "a diffusers pipeline directory"
+    if state.rank == 0:
+        print(f"exported {what} to {config.export.dir}", flush=True)
+
+
+def _quiet_diffusers() -> None:
+    """No per-component progress bars from pipeline loading in the training log."""
+    import diffusers
+
+    diffusers.utils.logging.disable_progress_bar()
