@@ -121,8 +121,9 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
     from runtime.diffusion.conditions import condition_model_class
     from runtime.diffusion.registry import lookup_dit
 
-    _quiet_diffusers()
+    _quiet_loading()
     check_pipeline_dir(config)
+    check_lora_targets(config)
     entry = lookup_dit(config.model.type)
     rules = media_rules(condition_model_class(entry.data["condition_model_type"]))
     samples = getattr(inputs, "dit_samples", None) or read_dit_samples(config)
@@ -241,8 +242,26 @@ def export(config: RunConfig, state: ParallelState, model: torch.nn.Module, ema:
         print(f"exported {what} to {config.export.dir}", flush=True)
 
 
-def _quiet_diffusers() -> None:
-    """No per-component progress bars from pipeline loading in the training log."""
+def _quiet_loading() -> None:
+    """No per-component progress bars from pipeline and encoder loading in the training log."""
     import diffusers
+    import transformers
 
     diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()
+
+
+def check_lora_targets(config: RunConfig) -> None:
+    """``dit.lora.target_modules`` must adapt something: checked on the transformer built on the meta device (no
+    weights, no memory) before any condition is computed or weight loaded."""
+    if config.dit.lora.rank is None:
+        return
+    from runtime.diffusion.checkpoint_format import read_config
+    from runtime.diffusion.registry import training_class
+    from runtime.train.lora import add_lora
+
+    cls = training_class(config.model.type)
+    raw = read_config(Path(config.model.path) / "transformer", cls.config_class.diffusers_class.__name__)
+    with torch.device("meta"):
+        model = cls(cls.config_class(**raw))
+    add_lora(model, config.dit.lora)

@@ -49,6 +49,7 @@ class RunResult:
     metrics: list[StepMetrics]
     start_step: int  # 0 for a fresh run, k when resumed from the step-k checkpoint
     skipped_checkpoints: list[str] = field(default_factory=list)  # damaged ones `resume: auto` passed over
+    model: Any = field(default=None, repr=False, compare=False)  # the trained module as the run left it
 
 
 @dataclass(frozen=True)
@@ -208,7 +209,7 @@ def run_job(
         logger.close()
     if config.export.dir and job.export is not None:
         job.export()
-    return RunResult(metrics, start_step, list(skipped_checkpoints or []))
+    return RunResult(metrics, start_step, list(skipped_checkpoints or []), model=job.model)
 
 
 def resume(path: Path, model, optimizer, scheduler, loader) -> int:
