@@ -369,8 +369,9 @@ def _check_dit(config: RunConfig) -> None:
             f"model.config: the DiT {kind!r} starts from the transformer in model.path (its transformer/config.json); "
             f"remove model.config"
         )
-    if config.model.freeze_vision:
-        raise ConfigError(f"model.freeze_vision: {kind!r} has no vision tower")
+    for tower in ("vision", "audio"):
+        if getattr(config.model, f"freeze_{tower}"):
+            raise ConfigError(f"model.freeze_{tower}: {kind!r} has no {tower} tower (its condition model is frozen)")
     if config.data.buckets is None:
         raise ConfigError(
             "data.buckets: required for DiTs: [[frames, height, width], ...] (video models) or [[height, width], ...]"
