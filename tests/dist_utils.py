@@ -1,12 +1,19 @@
 """Run a function on N local gloo ranks and hand back what each rank returned.
 
-Tests use this instead of torchrun so a whole multi-rank scenario is one ordinary pytest call. The launcher is built to
-fail fast and loudly: a rank that raises sends its traceback home, the surviving ranks (probably stuck in a collective
-waiting for it) are killed after a short grace period, and the parent raises with every traceback it got.
+Tests use this instead of torchrun so a whole multi-rank scenario is one ordinary pytest call. Rank processes are
+**shared across tests**: one pool of N spawned workers per world size lives for the pytest session, so each call
+pays for a process group (milliseconds), not for N interpreters importing torch and transformers (seconds each on
+two cores). Between calls a worker destroys the process group, resets the parallel-state handle and restores its
+environment, working directory and torch's default dtype, so a call sees what a fresh rank would.
+
+The launcher fails fast and loudly: a rank that raises sends its traceback home, the surviving ranks (probably stuck
+in a collective waiting for it) are killed after a short grace period together with their pool (the next call starts
+a fresh one), and the parent raises with every traceback it got.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import queue as queue_mod
@@ -37,39 +44,65 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(
-    fn: Callable[..., Any],
-    rank: int,
-    world_size: int,
-    port: int,
-    args: tuple[Any, ...],
-    init_group: bool,
-    timeout: float,
-    results: Any,
-) -> None:
-    # Everything is caught and reported: the parent distinguishes "raised" (traceback arrives) from "crashed"
-    # (process gone, nothing arrived).
+def _rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    return {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+    }
+
+
+def _run_task(fn, rank: int, world_size: int, port: int, args: tuple, init_group: bool, timeout: float) -> tuple:
+    """One call on one rank: (rank, True, pickled result) or (rank, False, traceback)."""
     try:
-        os.environ.update(
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(rank),
-            WORLD_SIZE=str(world_size),
-            LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(world_size),
-        )
-        torch.set_num_threads(1)
+        os.environ.update(_rank_env(rank, world_size, port))
         if init_group:
             dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout))
         # Plain pickle bytes, not tensors: torch's queue would pass tensors as shared-memory handles that die with
-        # this process, and it exits right after putting.
-        payload = pickle.dumps(fn(rank, world_size, *args))
-        results.put((rank, True, payload))
+        # the process that made them.
+        return rank, True, pickle.dumps(fn(rank, world_size, *args))
     except BaseException:
-        results.put((rank, False, traceback.format_exc()))
+        return rank, False, traceback.format_exc()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _worker(fn, rank: int, world_size: int, port: int, args: tuple, init_group: bool, timeout: float, results) -> None:
+    """A one-shot rank (calls that create their own process group: init_group=False)."""
+    torch.set_num_threads(1)
+    results.put(_run_task(fn, rank, world_size, port, args, init_group, timeout))
+
+
+def _pool_worker(rank: int, world_size: int, tasks, results) -> None:
+    """A pooled rank: runs calls until it receives None. Each call gets the caller's environment and working
+    directory, as a freshly spawned rank would; process state a call changed is reset after it."""
+    torch.set_num_threads(1)
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        fn, port, args, timeout, environ, cwd = task
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
+        dtype = torch.get_default_dtype()
+        try:
+            results.put(_run_task(fn, rank, world_size, port, args, True, timeout))
+        finally:
+            _reset_parallel_state()
+            torch.set_default_dtype(dtype)
+
+
+def _reset_parallel_state() -> None:
+    try:
+        from runtime.parallel.state import set_parallel_state
+    except ImportError:  # pragma: no cover - the runtime is part of this repository
+        return
+    set_parallel_state(None)
 
 
 def _kill(procs: list[Any]) -> None:
@@ -83,6 +116,93 @@ def _kill(procs: list[Any]) -> None:
             p.join()
 
 
+def _collect(procs: list[Any], results: Any, world_size: int, timeout: float) -> tuple[dict, dict]:
+    """Every rank's (ok, payload) for one call; a rank that dies or outlives `timeout` counts as failed."""
+    ok: dict[int, Any] = {}
+    failed: dict[int, str] = {}
+    deadline = time.monotonic() + timeout
+    while len(ok) + len(failed) < world_size:
+        now = time.monotonic()
+        if now >= deadline:
+            for rank in sorted(set(range(world_size)) - ok.keys() - failed.keys()):
+                failed[rank] = f"rank {rank}: no result within {timeout:.0f} s (hung or too slow)"
+            break
+        try:
+            rank, success, payload = results.get(timeout=min(0.2, deadline - now))
+        except queue_mod.Empty:
+            for rank, p in enumerate(procs):
+                if rank in ok or rank in failed or p.is_alive():
+                    continue
+                # A process that exited may still have a message in the pipe; give it one more look.
+                try:
+                    r, success, payload = results.get(timeout=0.5)
+                except queue_mod.Empty:
+                    failed[rank] = f"rank {rank}: process died with exit code {p.exitcode} and sent no result"
+                else:
+                    (ok if success else failed)[r] = payload
+            continue
+        (ok if success else failed)[rank] = payload
+        if failed:
+            deadline = min(deadline, time.monotonic() + _FAILURE_GRACE_S)
+    return ok, failed
+
+
+class _Pool:
+    """`world_size` spawned rank processes that run one call after another."""
+
+    def __init__(self, world_size: int) -> None:
+        ctx = mp.get_context("spawn")
+        self.world_size = world_size
+        self.tasks = [ctx.Queue() for _ in range(world_size)]
+        self.results = ctx.Queue()
+        self.procs = [
+            ctx.Process(target=_pool_worker, args=(rank, world_size, self.tasks[rank], self.results), daemon=True)
+            for rank in range(world_size)
+        ]
+        for p in self.procs:
+            p.start()
+
+    def run(self, fn: Callable[..., Any], args: tuple, timeout: float) -> tuple[dict, dict]:
+        port = _free_port()
+        for queue in self.tasks:
+            queue.put((fn, port, args, timeout, dict(os.environ), os.getcwd()))
+        return _collect(self.procs, self.results, self.world_size, timeout)
+
+    def close(self) -> None:
+        for queue in self.tasks:
+            queue.put(None)
+        for p in self.procs:
+            p.join(timeout=5)
+        self.kill()
+
+    def kill(self) -> None:
+        _kill(self.procs)
+        for queue in (*self.tasks, self.results):
+            queue.close()
+
+
+_POOLS: dict[int, _Pool] = {}
+
+
+@atexit.register
+def _close_pools() -> None:
+    for pool in _POOLS.values():
+        pool.close()
+    _POOLS.clear()
+
+
+def _run_pooled(fn: Callable[..., Any], world_size: int, args: tuple, timeout: float) -> tuple[dict, dict]:
+    pool = _POOLS.get(world_size)
+    if pool is None or not all(p.is_alive() for p in pool.procs):
+        if pool is not None:
+            pool.kill()
+        pool = _POOLS[world_size] = _Pool(world_size)
+    ok, failed = pool.run(fn, args, timeout)
+    if failed:  # the survivors may be stuck in a collective: never reuse this pool
+        _POOLS.pop(world_size).kill()
+    return ok, failed
+
+
 def _run_once(
     fn: Callable[..., Any], world_size: int, args: tuple[Any, ...], timeout: float, init_group: bool
 ) -> tuple[dict[int, Any], dict[int, str]]:
@@ -90,68 +210,40 @@ def _run_once(
     results = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(
-            target=_worker,
-            args=(fn, rank, world_size, port, args, init_group, timeout, results),
-            daemon=True,
-        )
+        ctx.Process(target=_worker, args=(fn, rank, world_size, port, args, init_group, timeout, results), daemon=True)
         for rank in range(world_size)
     ]
     for p in procs:
         p.start()
-
-    ok: dict[int, Any] = {}
-    failed: dict[int, str] = {}
-    deadline = time.monotonic() + timeout
     try:
-        # Drain the queue *before* joining: a child blocks on exit until its queued result has been read.
-        while len(ok) + len(failed) < world_size:
-            now = time.monotonic()
-            if now >= deadline:
-                missing = sorted(set(range(world_size)) - ok.keys() - failed.keys())
-                for rank in missing:
-                    failed[rank] = f"rank {rank}: no result within {timeout:.0f} s (hung or too slow)"
-                break
-            try:
-                rank, success, payload = results.get(timeout=min(0.2, deadline - now))
-            except queue_mod.Empty:
-                for rank, p in enumerate(procs):
-                    if rank in ok or rank in failed or p.is_alive():
-                        continue
-                    # A process that exited may still have a message in the pipe; give it one more look.
-                    try:
-                        r, success, payload = results.get(timeout=0.5)
-                    except queue_mod.Empty:
-                        failed[rank] = f"rank {rank}: process died with exit code {p.exitcode} and sent no result"
-                    else:
-                        (ok if success else failed)[r] = payload
-                continue
-            (ok if success else failed)[rank] = payload
-            if failed:
-                deadline = min(deadline, time.monotonic() + _FAILURE_GRACE_S)
+        return _collect(procs, results, world_size, timeout)
     finally:
         _kill(procs)
         results.close()
-    return ok, failed
 
 
 def run_distributed(
     fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 120, init_group: bool = True
 ) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks; return the results in rank order.
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return the results in rank order.
 
     ``fn`` and ``args`` must be picklable (``fn`` a module-level function); so must the return values, which should
     be small (CPU tensors, numbers, strings). The env carries RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
-    MASTER_PORT like torchrun. With ``init_group=False`` the default process group is left for ``fn`` to create
-    (e.g. to test init-from-env code); it is destroyed at the end either way. Ranks are daemonic processes, so
-    ``fn`` cannot start processes of its own (e.g. DataLoader workers with ``num_workers > 0``).
+    MASTER_PORT like torchrun. The ranks are the session's shared pool for this world size (see the module
+    docstring). With ``init_group=False`` the default process group is left for ``fn`` to create (e.g. to test
+    init-from-env code): such a call gets fresh processes; the group is destroyed at the end either way. Ranks are
+    daemonic processes, so ``fn`` cannot start processes of its own (e.g. DataLoader workers with
+    ``num_workers > 0``).
 
     Raises ``DistributedTestError`` with every failing rank's traceback if any rank raises, crashes or hangs.
     """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     for attempt in range(_PORT_RETRIES):
-        ok, failed = _run_once(fn, world_size, args, timeout, init_group)
+        if init_group:
+            ok, failed = _run_pooled(fn, world_size, args, timeout)
+        else:
+            ok, failed = _run_once(fn, world_size, args, timeout, init_group)
         if not failed:
             return [pickle.loads(ok[rank]) for rank in range(world_size)]
         # The free port can be taken between probing and binding it; that (only) is worth a retry.
