@@ -174,7 +174,7 @@ def upgrade(
 ) -> None:
     """Regenerate every spec against a release read from its wheel (never installed) and report each patch:
     applied / anchor moved / scope missing / conflict ... Exit 0 when every patch applies, 1 otherwise."""
-    from patchgen.report import console, markdown
+    from patchgen.report import console, generated_diffs, markdown
     from patchgen.upgrade import analyze, apply, baseline_source, write_review
 
     config = open_project(root)
@@ -189,7 +189,7 @@ def upgrade(
     text = markdown(result)
     review = write_review(config, result, text)
     if report is not None:
-        write_text_atomic(report.resolve(), text)
+        write_report(report.resolve(), markdown(result, diffs=report.stem), generated_diffs(result))
     done = time.perf_counter()
     typer.echo(console(result))
     typer.echo(
@@ -220,6 +220,19 @@ def upgrade(
         )
     if not result.ok:
         raise typer.Exit(1)
+
+
+def write_report(path: Path, text: str, diffs: dict[str, str]) -> None:
+    """The report and, in the folder named like it, one `<model>.diff` per model whose generated body changes;
+    `.diff` files a previous run left there for models that no longer change are removed (the folder is the
+    report's own)."""
+    folder = path.with_suffix("")
+    for stale in sorted(folder.glob("*.diff")) if folder.is_dir() else []:
+        if stale.stem not in diffs:
+            stale.unlink()
+    for name, diff in sorted(diffs.items()):
+        write_text_atomic(folder / f"{name}.diff", diff)
+    write_text_atomic(path, text)
 
 
 def main() -> None:

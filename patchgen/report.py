@@ -58,7 +58,10 @@ def _fence(text: str, lang: str = "diff") -> str:
     return f"{fence}{lang}\n{text}{'' if text.endswith(chr(10)) else chr(10)}{fence}\n"
 
 
-def markdown(upgrade: Upgrade) -> str:
+def markdown(upgrade: Upgrade, diffs: str | None = None) -> str:
+    """The report. With `diffs` (a folder relative to the report), each model's whole generated-file diff is left
+    out and linked as `<diffs>/<model>.diff` (see `generated_diffs`), so the report stays readable: the per-patch
+    table and the patched regions first."""
     out = [
         f"# Upgrade review: {', '.join(upgrade.moves())}",
         "",
@@ -84,11 +87,20 @@ def markdown(upgrade: Upgrade) -> str:
     ]
     out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows(upgrade)]
     for model in upgrade.models:
-        out += ["", *_model_section(model)]
+        out += ["", *_model_section(model, diffs)]
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-def _model_section(model: ModelResult) -> list[str]:
+def generated_diffs(upgrade: Upgrade) -> dict[str, str]:
+    """Model name -> the diff from its checked-in body to the new one, for every model whose body changes."""
+    return {
+        model.spec.name: diff
+        for model in upgrade.models
+        if model.generated is not None and model.current != model.generated.text and (diff := model.output_diff())
+    }
+
+
+def _model_section(model: ModelResult, diffs: str | None = None) -> list[str]:
     spec = model.spec
     old = model.old.pin if model.old else "the pinned release (unreadable)"
     new = model.new.pin if model.new else "the new release"
@@ -136,6 +148,13 @@ def _model_section(model: ModelResult) -> list[str]:
         out += [f"`{spec.output}`: body unchanged; only the provenance header differs.", ""]
     else:
         count = sum(1 for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---"))
+        if diffs is not None:
+            link = f"{diffs}/{spec.name}.diff"
+            return [
+                *out,
+                f"`{spec.output}`: checked-in body -> new body, {count} lines changed: [{link}]({link}).",
+                "",
+            ]
         out += [
             f"<details><summary><code>{spec.output}</code>: checked-in body -> new body ({count} lines "
             f"changed; provenance header left out)</summary>",

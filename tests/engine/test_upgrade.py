@@ -354,7 +354,13 @@ def test_upgrade_reports_refuses_apply_and_leaves_nothing_behind(tmp_path, capsy
     }
     assert all(after[k] == before[k] for k in before)  # generated/, pyproject.toml, specs, cache: untouched
     markdown = (proj.root / review / "REPORT.md").read_text()
-    assert report.read_text() == markdown
+    # the --report copy links the whole generated-file diff, written beside it, where the review copy inlines it
+    diff = (tmp_path / "docs" / "fixturepkg-2.0.0" / "toy.diff").read_text()
+    assert diff.startswith("--- ") and diff in markdown
+    assert (
+        "[fixturepkg-2.0.0/toy.diff](fixturepkg-2.0.0/toy.diff)" in report.read_text()
+        and diff not in report.read_text()
+    )
     assert str(tmp_path) not in markdown and "| toy | #6 fx/wrap_guard | ToyForTask.forward | conflict |" in markdown
     assert markdown.startswith(
         "# Upgrade review: fixturepkg 1.2.3 -> 2.0.0\n\nMade by `patchgen upgrade --to fixturepkg==2.0.0`"
