@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen2_moe/modeling_qwen2_moe.py sha256=48fa5f02ffeb3881a55ab047c547600f99fd0ecac02c0bdeb8ad002d76af344d
 # spec: specs/qwen2_moe.toml sha256=5eb1ce881b60ada454abda40e397eaac3d870e94aa193a894d809a975efd4fde
 # templates: sha256=e195ebf4ce9fb7eef0328fb791338e4689993f376f63308279037c21f88a9587
-# engine: patchgen==0.1.0 sha256=8efc1c11dc106ed058bee613a95bef8757ecb6406c1f949e2d882dec63c36c68
+# engine: patchgen==0.1.0 sha256=46ad4efa6fbef1713e94715402bf0a713d6c68f72476858e2013a2fc1646229c
 # body: sha256=d983d99be83c2fb8cbc914bb383d4126713f7a7d65ed206d55688499f30e600a
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2MoeModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

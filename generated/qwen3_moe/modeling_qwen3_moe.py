@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_moe/modeling_qwen3_moe.py sha256=f07ab1b3a17e27612006a447812b83667af7ab3d527afe3ebbdf89dc5dac8a90
 # spec: specs/qwen3_moe.toml sha256=685dd0de4347918fee1d1d5cf9f2b47a1e7bcc299de15fc1a439531d8d52f9bf
 # templates: sha256=e195ebf4ce9fb7eef0328fb791338e4689993f376f63308279037c21f88a9587
-# engine: patchgen==0.1.0 sha256=8efc1c11dc106ed058bee613a95bef8757ecb6406c1f949e2d882dec63c36c68
+# engine: patchgen==0.1.0 sha256=46ad4efa6fbef1713e94715402bf0a713d6c68f72476858e2013a2fc1646229c
 # body: sha256=3c7347c67fc829312348669ce0a1ca2134805aa7f8a126440a641477fa392463
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3MoeModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
 # spec: specs/qwen3_omni_moe.toml sha256=73bc5de4fc9986cd5eb828352c02c14be6bb892a7c5542e0514ee414e7c1f3ac
 # templates: sha256=a5b975e46359bc6ee15d62be62a65f8b73af56fb916b3ef7b0fd3fbd249a3927
-# engine: patchgen==0.1.0 sha256=8efc1c11dc106ed058bee613a95bef8757ecb6406c1f949e2d882dec63c36c68
+# engine: patchgen==0.1.0 sha256=46ad4efa6fbef1713e94715402bf0a713d6c68f72476858e2013a2fc1646229c
 # body: sha256=b1786522eff0a168fa2db9b699b17b13de6b74514c06648f30c6f4fba9068d1c
 # patches:
 #   #1 core/skip_isinstance @ Qwen3OmniMoePreTrainedModel._init_weights: code2wav (speech output) is pruned with the talker; its weight-init branch can match nothing here

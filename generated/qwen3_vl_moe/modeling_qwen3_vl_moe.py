@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
 # spec: specs/qwen3_vl_moe.toml sha256=af31513b700399fabede0a727806d326cf1a5700033324349c2b0379a5cdfb2a
 # templates: sha256=255b1eb21b39d54b1226505b60f7c4bd7e5c590bd7a2092ba002e07e6e911915
-# engine: patchgen==0.1.0 sha256=8efc1c11dc106ed058bee613a95bef8757ecb6406c1f949e2d882dec63c36c68
+# engine: patchgen==0.1.0 sha256=46ad4efa6fbef1713e94715402bf0a713d6c68f72476858e2013a2fc1646229c
 # body: sha256=33326f6ee098c7f545b4f6de093cef29dd46e7efaa9d8b97326b70ca16d64940
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel

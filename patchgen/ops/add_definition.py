@@ -14,6 +14,7 @@ from patchgen.ops.base import (
     locate,
     marked_block,
     parse_statements,
+    put_beside,
 )
 
 
@@ -35,8 +36,7 @@ class AddDefinition(Op):
             ctx.add(Edit(patch, self, target, code, where="before" if patch.before else "after"))
 
     def apply_around(self, edit: Edit, splice: Splice, rewrite) -> None:
-        rewrite.count(edit)
-        (splice.before if edit.where == "before" else splice.after).extend(marked_block(edit.patch, edit.code))
+        put_beside(edit, splice, rewrite)
 
     def apply_module(self, edit: Edit, body: list, rewrite) -> None:
         rewrite.count(edit)

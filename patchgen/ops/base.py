@@ -135,6 +135,18 @@ def marked_block(patch: Patch, code: str, leading: list | None = None) -> list:
     return [first, *body[1:]]
 
 
+def put_beside(edit: Edit, splice: Splice, rewrite: Any) -> None:
+    """The edit's rendered statements before or after the statement (inserts, anchored definitions)."""
+    rewrite.count(edit)
+    (splice.before if edit.where == "before" else splice.after).extend(marked_block(edit.patch, edit.code))
+
+
+def put_over(edit: Edit, splice: Splice, rewrite: Any) -> None:
+    """The edit's rendered statements instead of the statement, keeping its leading comments (replacements)."""
+    rewrite.count(edit)
+    splice.middle = marked_block(edit.patch, edit.code, leading=list(splice.middle[0].leading_lines))
+
+
 @dataclass
 class Resolution:
     """One patch's resolution: its edits and what generation needs to know about them."""

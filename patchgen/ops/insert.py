@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from patchgen.ops.base import Edit, Op, ResolveContext, Splice, locate, marked_block, parse_statements
+from patchgen.ops.base import Edit, Op, ResolveContext, Splice, locate, parse_statements, put_beside
 
 
 class Insert(Op):
@@ -19,8 +19,7 @@ class Insert(Op):
         ctx.keep_written_definitions(target, code)
 
     def apply_around(self, edit: Edit, splice: Splice, rewrite) -> None:
-        rewrite.count(edit)
-        (splice.before if edit.where == "before" else splice.after).extend(marked_block(edit.patch, edit.code))
+        put_beside(edit, splice, rewrite)
 
 
 OP = Insert()

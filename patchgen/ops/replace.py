@@ -5,7 +5,7 @@ The replacement keeps the first statement's leading comments; the rest of the ru
 
 from __future__ import annotations
 
-from patchgen.ops.base import Edit, Op, ResolveContext, Splice, locate, marked_block, parse_statements
+from patchgen.ops.base import Edit, Op, ResolveContext, Splice, locate, parse_statements, put_over
 
 
 class Replace(Op):
@@ -28,8 +28,7 @@ class Replace(Op):
         ctx.keep_written_definitions(run[0], code)
 
     def apply_around(self, edit: Edit, splice: Splice, rewrite) -> None:
-        rewrite.count(edit)
-        splice.middle = marked_block(edit.patch, edit.code, leading=list(splice.middle[0].leading_lines))
+        put_over(edit, splice, rewrite)
 
 
 OP = Replace()

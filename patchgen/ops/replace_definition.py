@@ -12,8 +12,8 @@ from patchgen.ops.base import (
     ResolveContext,
     Splice,
     cst,
-    marked_block,
     parse_statements,
+    put_over,
 )
 
 
@@ -37,8 +37,7 @@ class ReplaceDefinition(Op):
         ctx.add(Edit(patch, self, scope, code))
 
     def apply_around(self, edit: Edit, splice: Splice, rewrite) -> None:
-        rewrite.count(edit)
-        splice.middle = marked_block(edit.patch, edit.code, leading=list(splice.middle[0].leading_lines))
+        put_over(edit, splice, rewrite)
 
 
 METHOD = ReplaceDefinition("replace_method", method=True)
