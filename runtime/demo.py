@@ -1,5 +1,5 @@
-"""`make demo`: regenerate every spec into a scratch copy and compare with generated/, SP=2 parity, the text, VLM
-and omni trainers, FlowGRPO."""
+"""`make demo`: regenerate every spec into a scratch copy and compare with generated/, SP=2 parity, the text, VLM,
+omni and DiT trainers, FlowGRPO."""
 
 from __future__ import annotations
 
@@ -62,7 +62,14 @@ def main() -> None:
     from runtime.demos.train_omni import main as omni_demo
 
     ok = omni_demo() and ok
-    print("== 6. FlowGRPO: tiny SD3 transformer, GRPO with a learnable reward ==", flush=True)
+    print(
+        "== 6. DiT trainer: tiny Wan2.1 T2V, sp=2, generated clips, resume, WanPipeline video; tiny Flux.1 LoRA ==",
+        flush=True,
+    )
+    from runtime.demos.train_dit import main as dit_demo
+
+    ok = dit_demo() and ok
+    print("== 7. FlowGRPO: tiny SD3 transformer, GRPO with a learnable reward ==", flush=True)
     from runtime.demos.flowgrpo import main as flowgrpo_demo
 
     ok = flowgrpo_demo() and ok

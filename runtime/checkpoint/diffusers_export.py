@@ -76,6 +76,9 @@ def export_dit(
     if (write_weights is None) == (lora is None):
         raise ValueError("export_dit: pass exactly one of write_weights or lora")
     out_dir = check_export_target(out_dir, overwrite=overwrite)
+    distributed = dist.is_available() and dist.is_initialized()
+    if distributed:  # every rank has checked before rank 0 starts writing the temporary directory
+        dist.barrier()
     if rank == 0:
         tmp = out_dir.with_name(f".{out_dir.name}.tmp")
         if tmp.exists():  # left by an export that died (check_export_target made sure it is one)
@@ -95,6 +98,6 @@ def export_dit(
             write_weights(tmp / _TRANSFORMER)
         _write_marker(tmp)  # now listing every file written
         replace_dir_atomically(tmp, out_dir)
-    if dist.is_available() and dist.is_initialized():
+    if distributed:
         dist.barrier()
     return out_dir

@@ -13,6 +13,7 @@ its scheduler settings are loaded (``encoders=False``).
 from __future__ import annotations
 
 import functools
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,8 @@ def setup_conditions(config: RunConfig, state: ParallelState, dataset: Any, devi
 
     light = load_condition_model_for(config, encoders=False)  # checks the options in a second, encoders or not
     if not config.data.cache:
-        return load_condition_model_for(config, encoders=True, device=device), LiveConditions(None, dataset)
+        live = load_condition_model_for(config, encoders=True, device=device)
+        return live, LiveConditions(live, dataset)
     from runtime.diffusion.cache import ConditionCache, FileDigests, condition_fingerprint
 
     condition_type = lookup_dit(config.model.type).data["condition_model_type"]
@@ -121,24 +123,23 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
     from runtime.diffusion.conditions import condition_model_class
     from runtime.diffusion.registry import lookup_dit
 
-    _quiet_loading()
+    quiet_loading()
     check_pipeline_dir(config)
-    check_lora_targets(config)
+    check_transformer(config, state.sp_size)
     entry = lookup_dit(config.model.type)
     rules = media_rules(condition_model_class(entry.data["condition_model_type"]))
     samples = getattr(inputs, "dit_samples", None) or read_dit_samples(config)
     dataset = build_dataset(config, samples, rules, state)
     device = train_device(state)
+    try:
+        sampler = BucketBatchSampler(
+            dataset.buckets, config.data.batch_size, config.data.seed, state.dp_rank, state.dp_size
+        )
+    except ValueError as exc:  # too few samples per bucket for batch_size x data-parallel replicas
+        raise ConfigError(f"data.path: {config.data.path}: {exc}") from None
     condition_model, conditions = setup_conditions(config, state, dataset, device)
-    if isinstance(conditions, LiveConditions):
-        conditions.condition_model = condition_model
 
     model = load_transformer(config)
-    heads = model.config.num_attention_heads
-    if heads % state.sp_size:
-        raise ConfigError(
-            f"parallel.sp: the transformer's {heads} attention heads are not divisible by sp={state.sp_size}"
-        )
     peft_config = None
     if config.dit.lora.rank is not None:
         from runtime.train.lora import add_lora
@@ -156,9 +157,6 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
 
         ema = EMA(model, config.dit.ema_decay).to(device)
 
-    sampler = BucketBatchSampler(
-        dataset.buckets, config.data.batch_size, seed=config.data.seed, dp_rank=state.dp_rank, dp_size=state.dp_size
-    )
     seq = max(_latent_tokens_of_bucket(b, rules) for b in set(dataset.buckets))
     return Job(
         model=model,
@@ -207,7 +205,9 @@ def dit_forward_backward(
         position = micro * state.dp_size + state.dp_rank
         generators = noise_generators(config.model.seed, step, position, len(batch))
         inputs = condition_model.process_condition(latents, context, generators)
-        prediction = model(**to_device(inputs, device), return_dict=False)[0]
+        with warnings.catch_warnings():  # FSDP2 warns that unpatchify's view is returned: no in-place op follows
+            warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+            prediction = model(**to_device(inputs, device), return_dict=False)[0]
         loss = weighted_flow_matching_loss(prediction, inputs, condition_model, seq_len, global_samples)
         loss.backward()
         loss_share += loss.detach()
@@ -242,7 +242,7 @@ def export(config: RunConfig, state: ParallelState, model: torch.nn.Module, ema:
         print(f"exported {what} to {config.export.dir}", flush=True)
 
 
-def _quiet_loading() -> None:
+def quiet_loading() -> None:
     """No per-component progress bars from pipeline and encoder loading in the training log."""
     import diffusers
     import transformers
@@ -251,17 +251,24 @@ def _quiet_loading() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def check_lora_targets(config: RunConfig) -> None:
-    """``dit.lora.target_modules`` must adapt something: checked on the transformer built on the meta device (no
-    weights, no memory) before any condition is computed or weight loaded."""
-    if config.dit.lora.rank is None:
-        return
+def check_transformer(config: RunConfig, sp: int) -> None:
+    """What the transformer must allow, checked on a copy built on the meta device (no weights, no memory) before
+    any condition is computed or weight loaded: ``sp`` divides its heads, ``dit.lora.target_modules`` adapt
+    something."""
     from runtime.diffusion.checkpoint_format import read_config
     from runtime.diffusion.registry import training_class
     from runtime.train.lora import add_lora
 
     cls = training_class(config.model.type)
-    raw = read_config(Path(config.model.path) / "transformer", cls.config_class.diffusers_class.__name__)
-    with torch.device("meta"):
-        model = cls(cls.config_class(**raw))
-    add_lora(model, config.dit.lora)
+    try:
+        raw = read_config(Path(config.model.path) / "transformer", cls.config_class.diffusers_class.__name__)
+        with torch.device("meta"):
+            model = cls(cls.config_class(**raw))
+    except (OSError, TypeError, ValueError) as exc:
+        message = " ".join(str(exc).split())[:300]
+        raise ConfigError(f"model.path: {config.model.path}/transformer: {message}") from None
+    heads = model.config.num_attention_heads
+    if heads % sp:
+        raise ConfigError(f"parallel.sp: the transformer's {heads} attention heads are not divisible by sp={sp}")
+    if config.dit.lora.rank is not None:
+        add_lora(model, config.dit.lora)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from tests.dist_utils import run_distributed
 from tests.train.dit_common import dit_config, dit_worker, make_files, per_step, train_in_process
@@ -85,7 +86,10 @@ def test_sp_fsdp_hsdp_match_one_process_and_resume(files: dict[str, Path], tmp_p
     )
     flux_lora = {"lora": {"rank": 4, "alpha": 8}}
     flux_sp = dit_config(files, "flux", tmp_path / "flux_sp", parallel={"sp": 2}, dit=flux_lora)
-    wan_fsdp = dit_config(files, "wan", tmp_path / "wan_fsdp", data={"batch_size": 2})
+    ema = {"ema_decay": 0.5}  # FSDP: EMA shards updated locally, gathered for the export
+    wan_fsdp = dit_config(
+        files, "wan", tmp_path / "wan_fsdp", data={"batch_size": 2}, dit=ema, export={"dir": str(tmp_path / "e2")}
+    )
     flux_hsdp = dit_config(files, "flux", tmp_path / "flux_hsdp", parallel={"dp_replicate": 2})
     cases = [{**wan_sp, "resume_from_step": 2}, flux_sp, wan_fsdp, flux_hsdp]
 
@@ -94,7 +98,15 @@ def test_sp_fsdp_hsdp_match_one_process_and_resume(files: dict[str, Path], tmp_p
         per_step(train_in_process(dit_config(files, "flux", tmp_path / "ref1", dit=flux_lora))),
         per_step(
             train_in_process(
-                dit_config(files, "wan", tmp_path / "ref2", data={"batch_size": 2}, train={"micro_batches": 2})
+                dit_config(
+                    files,
+                    "wan",
+                    tmp_path / "ref2",
+                    data={"batch_size": 2},
+                    train={"micro_batches": 2},
+                    dit=ema,
+                    export={"dir": str(tmp_path / "e1")},
+                )
             )
         ),
         per_step(train_in_process(dit_config(files, "flux", tmp_path / "ref3", train={"micro_batches": 2}))),
@@ -107,6 +119,13 @@ def test_sp_fsdp_hsdp_match_one_process_and_resume(files: dict[str, Path], tmp_p
         for got, ref in zip(rank[1:], references[1:], strict=True):
             _close(got, ref)
     assert per_rank[0] == per_rank[1]  # every rank reports the global loss
+    from safetensors.torch import load_file
+
+    weights = "transformer/diffusion_pytorch_model.safetensors"
+    one, two = load_file(tmp_path / "e1" / weights), load_file(tmp_path / "e2" / weights)
+    assert one.keys() == two.keys()
+    for key, value in one.items():
+        assert ((two[key] - value).norm() / value.norm().clamp_min(1e-30)).item() < REL, key
 
 
 def test_cached_conditions_equal_on_the_fly_and_follow_the_files(files: dict[str, Path], tmp_path: Path) -> None:
@@ -118,6 +137,12 @@ def test_cached_conditions_equal_on_the_fly_and_follow_the_files(files: dict[str
     cached_raw = dit_config(
         files, "wan", tmp_path / "a", data={"path": str(clips / "data.jsonl"), "cache": str(cache)}, train={"steps": 2}
     )
+    from runtime.train.prepare import main as prepare
+
+    config_file = tmp_path / "run.yaml"
+    config_file.write_text(yaml.safe_dump(cached_raw))
+    assert prepare([str(config_file)]) == 0  # `-m runtime.train.prepare` fills the cache ahead of training
+    assert len(ConditionCache(cache)) == 8
     live = per_step(
         train_in_process(
             dit_config(

@@ -1,0 +1,188 @@
+"""DiT trainer costs, measured as ratios in one run (Wan2.1 T2V: tiny VAE/UMT5 pipeline, bench-size transformer).
+
+1. training step time with cached conditions vs conditions computed on the fly (decode the MP4, VAE-encode the
+   clip, UMT5-encode the caption at every step): the median wall time per step of the real trainer (``run_job``),
+   one process, one intra-op thread;
+2. peak memory per rank of one training step (forward + backward through the real trainer's job: FSDP2, Ulysses
+   SP) on a long clip, sp=2 vs sp=1 (target <= 0.6). Measured as the bytes glibc's malloc holds for the process
+   (``mallinfo2``: in-use heap + mmapped chunks, with a fixed mmap threshold), sampled after every tensor operation;
+   the peak minus the value before the step. This counts everything a rank allocates (activations, gathered
+   parameters, gradients, communication buffers), unlike autograd's saved tensors alone.
+
+Run: `.venv/bin/python bench/dit_train.py`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# A bench-size Wan transformer on the tiny pipeline's VAE (4 latent channels) and UMT5 (d_model 16).
+TRANSFORMER = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=8,
+    attention_head_dim=36,
+    in_channels=4,
+    out_channels=4,
+    text_dim=16,
+    freq_dim=64,
+    ffn_dim=768,
+    num_layers=4,
+    rope_max_seq_len=256,
+)
+STEP_CLIP = (33, 128, 128)  # frames, height, width -> 9 x 16 x 16 latents -> 9 x 8 x 8 = 576 tokens
+LONG_CLIP = (65, 256, 256)  # -> 17 x 32 x 32 latents -> 17 x 16 x 16 = 4352 tokens
+
+
+def make_pipeline(root: Path) -> Path:
+    from diffusers import WanTransformer3DModel
+
+    from runtime.diffusion.tiny import save_tiny_pipeline
+
+    pipe = save_tiny_pipeline("wan_t2v", root / "pipe")
+    torch.manual_seed(0)
+    WanTransformer3DModel(**TRANSFORMER).save_pretrained(pipe / "transformer")
+    return pipe
+
+
+def config(root: Path, pipe: Path, data: Path, clip: tuple[int, int, int], cache: bool, **sections: Any) -> dict:
+    raw = {
+        "model": {"type": "wan", "path": str(pipe)},
+        "data": {"path": str(data), "buckets": [list(clip)], "cache": str(root / "cache") if cache else None},
+        "train": {"steps": 6},
+        "log": {"dir": str(root / "log"), "progress": False, "interval": 100},
+    }
+    raw.update(sections)
+    return raw
+
+
+def run(raw: dict) -> Any:
+    from runtime.parallel.state import set_parallel_state
+    from runtime.train.config import parse_config
+    from runtime.train.loop import train
+
+    try:
+        return train(parse_config(raw))
+    finally:
+        set_parallel_state(None)
+
+
+def step_seconds(raw: dict) -> float:
+    """Median wall time of steps 2.. of a run (the first warms up)."""
+    return statistics.median(m.tokens / m.tokens_per_s for m in run(raw).metrics[1:])
+
+
+# ------------------------------------------------------------------------------------------------------- memory
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
+    ] + [("keepcost", ctypes.c_size_t)]
+
+
+class MallocPeak(TorchDispatchMode):
+    """Peak of the bytes malloc holds (in-use heap + mmapped), sampled after every tensor op."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.libc = ctypes.CDLL("libc.so.6")
+        self.libc.mallinfo2.restype = _Mallinfo2
+        self.libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD fixed: large tensors always mmapped and counted
+        self.peak = self.base = 0
+
+    def in_use(self) -> int:
+        info = self.libc.mallinfo2()
+        return info.uordblks + info.hblkhd
+
+    def __enter__(self) -> MallocPeak:
+        self.base = self.peak = self.in_use()
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.peak = max(self.peak, self.in_use())
+        return out
+
+
+def _memory_worker(rank: int, world: int, port: int, raw: dict, out: Any) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
+    torch.set_num_threads(1)
+    from runtime.train.config import parse_config
+    from runtime.train.dit import build_dit_job
+    from runtime.train.loop import setup_parallel
+    from runtime.train.validate import check_inputs
+
+    config = parse_config(raw)
+    state = setup_parallel(config)
+    job = build_dit_job(config, state, check_inputs(config, state))
+    job.model.train()
+    tracker = MallocPeak()
+    with tracker:
+        job.forward_backward(1)
+    out.put((rank, tracker.peak - tracker.base))
+    torch.distributed.destroy_process_group()
+
+
+def peak_bytes_per_rank(world: int, raw: dict) -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_memory_worker, args=(r, world, port, raw, out)) for r in range(world)]
+    for p in procs:
+        p.start()
+    results = dict(out.get(timeout=1800) for _ in procs)
+    for p in procs:
+        p.join()
+    return max(results.values())
+
+
+def main() -> None:
+    import diffusers
+    import transformers
+
+    from runtime.data.dit.synthetic import write_synthetic_clips
+
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()
+    torch.set_num_threads(1)
+    root = Path(tempfile.mkdtemp(prefix="patchgen-bench-dit-train-"))
+    pipe = make_pipeline(root)
+    clips = write_synthetic_clips(root / "clips", 4, *STEP_CLIP, seed=0)
+    cached = config(root, pipe, clips, STEP_CLIP, cache=True)
+    run({**cached, "train": {"steps": 1}})  # fills the cache (not timed)
+    warm, cold = step_seconds(cached), step_seconds(config(root, pipe, clips, STEP_CLIP, cache=False))
+    frames, height, width = STEP_CLIP
+    tokens = ((frames - 1) // 4 + 1) * (height // 16) * (width // 16)
+    print(f"training step, Wan, {frames} frames {height}x{width} ({tokens} tokens), 1 process, 1 thread")
+    print(f"  cached conditions {warm * 1e3:8.1f} ms/step\n  on the fly        {cold * 1e3:8.1f} ms/step")
+    print(f"  ratio on the fly / cached {cold / warm:6.2f}")
+
+    long = write_synthetic_clips(root / "long", 1, *LONG_CLIP, seed=1)
+    raw = config(root, pipe, long, LONG_CLIP, cache=True, parallel={"activation_checkpointing": False})
+    run({**raw, "train": {"steps": 1}})  # fills the cache for the long clip
+    one = peak_bytes_per_rank(1, raw)
+    two = peak_bytes_per_rank(2, {**raw, "parallel": {"sp": 2}})
+    print(f"peak memory per rank of one training step, Wan, {LONG_CLIP[0]} frames {LONG_CLIP[1]}x{LONG_CLIP[2]} "
+          f"(17 x 16 x 16 = 4352 tokens)")  # fmt: skip
+    print(f"  sp=1 {one / 2**20:8.1f} MiB\n  sp=2 {two / 2**20:8.1f} MiB\n  ratio {two / one:7.3f}  (target <= 0.6)")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
