@@ -3,9 +3,9 @@
 # template and run `patchgen regen qwen2_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen2_moe/modeling_qwen2_moe.py sha256=48fa5f02ffeb3881a55ab047c547600f99fd0ecac02c0bdeb8ad002d76af344d
 # spec: specs/qwen2_moe.toml sha256=5eb1ce881b60ada454abda40e397eaac3d870e94aa193a894d809a975efd4fde
-# templates: sha256=e195ebf4ce9fb7eef0328fb791338e4689993f376f63308279037c21f88a9587
+# templates: sha256=2db36c176ba059b2fb3b58107cd13b93e89fb84e8ab0a131ef44304543739fe3
 # engine: patchgen==0.1.0 sha256=46ad4efa6fbef1713e94715402bf0a713d6c68f72476858e2013a2fc1646229c
-# body: sha256=d983d99be83c2fb8cbc914bb383d4126713f7a7d65ed206d55688499f30e600a
+# body: sha256=a61c0141542920b2171241fb0ff4241b3edd382303f65c4f892c87ced83a585b
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2MoeModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
 #   #2 sp/full_sequence_mask @ Qwen2MoeModel.forward: same for sliding-window layers
@@ -730,7 +730,7 @@ class Qwen2MoeForCausalLM(Qwen2MoePreTrainedModel, GenerationMixin):
         aux_loss = None
         if output_router_logits:
             # patchgen #6 moe/global_aux_loss (1 stmt): the load-balancing loss must see every rank's tokens, not one rank's slice
-            aux_loss = global_aux_loss(load_balancing_loss_func)(
+            aux_loss = global_aux_loss(load_balancing_loss_func, kwargs.get('token_mask'))(
                 outputs.router_logits,
                 self.num_experts,
                 self.num_experts_per_tok,

@@ -3,9 +3,9 @@
 # template and run `patchgen regen qwen3_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_moe/modeling_qwen3_moe.py sha256=f07ab1b3a17e27612006a447812b83667af7ab3d527afe3ebbdf89dc5dac8a90
 # spec: specs/qwen3_moe.toml sha256=685dd0de4347918fee1d1d5cf9f2b47a1e7bcc299de15fc1a439531d8d52f9bf
-# templates: sha256=e195ebf4ce9fb7eef0328fb791338e4689993f376f63308279037c21f88a9587
+# templates: sha256=2db36c176ba059b2fb3b58107cd13b93e89fb84e8ab0a131ef44304543739fe3
 # engine: patchgen==0.1.0 sha256=46ad4efa6fbef1713e94715402bf0a713d6c68f72476858e2013a2fc1646229c
-# body: sha256=3c7347c67fc829312348669ce0a1ca2134805aa7f8a126440a641477fa392463
+# body: sha256=bce2c9c0dfd7e33818c0701a1a95d82172e8ae515eb04e0b65c3e1c451a3b147
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3MoeModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
 #   #2 sp/rope_slice @ Qwen3MoeModel.forward: RoPE comes from global position ids; each SP rank keeps the slice for its tokens
@@ -720,7 +720,7 @@ class Qwen3MoeForCausalLM(Qwen3MoePreTrainedModel, GenerationMixin):
         aux_loss = None
         if output_router_logits:
             # patchgen #5 moe/global_aux_loss (1 stmt): the load-balancing loss must see every rank's tokens, not one rank's slice
-            aux_loss = global_aux_loss(load_balancing_loss_func)(
+            aux_loss = global_aux_loss(load_balancing_loss_func, kwargs.get('token_mask'))(
                 outputs.router_logits,
                 self.num_experts,
                 self.num_experts_per_tok,

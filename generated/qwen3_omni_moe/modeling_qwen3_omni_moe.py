@@ -3,9 +3,9 @@
 # template and run `patchgen regen qwen3_omni_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
 # spec: specs/qwen3_omni_moe.toml sha256=73bc5de4fc9986cd5eb828352c02c14be6bb892a7c5542e0514ee414e7c1f3ac
-# templates: sha256=a5b975e46359bc6ee15d62be62a65f8b73af56fb916b3ef7b0fd3fbd249a3927
+# templates: sha256=41bb0fbe8d500d9b6940addf03998d5a93300718af71cee32e40cb1e044a559f
 # engine: patchgen==0.1.0 sha256=46ad4efa6fbef1713e94715402bf0a713d6c68f72476858e2013a2fc1646229c
-# body: sha256=b1786522eff0a168fa2db9b699b17b13de6b74514c06648f30c6f4fba9068d1c
+# body: sha256=4da6ae00200f1dc88f32b9d9d87925086d97940c1955202a2d64d6f28fd04dbc
 # patches:
 #   #1 core/skip_isinstance @ Qwen3OmniMoePreTrainedModel._init_weights: code2wav (speech output) is pruned with the talker; its weight-init branch can match nothing here
 #   #2 sp/full_sequence_mask @ Qwen3OmniMoeThinkerTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
@@ -2272,7 +2272,7 @@ class Qwen3OmniMoeThinkerForConditionalGeneration(
         aux_loss = None
         if output_router_logits:
             # patchgen #6 moe/global_aux_loss (1 stmt): the load-balancing loss must see every rank's tokens, not one rank's slice
-            aux_loss = global_aux_loss(load_balancing_loss_func)(
+            aux_loss = global_aux_loss(load_balancing_loss_func, kwargs.get('token_mask'))(
                 outputs.router_logits,
                 self.num_experts,
                 self.num_experts_per_tok,

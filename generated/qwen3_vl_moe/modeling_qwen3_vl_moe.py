@@ -3,9 +3,9 @@
 # template and run `patchgen regen qwen3_vl_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
 # spec: specs/qwen3_vl_moe.toml sha256=af31513b700399fabede0a727806d326cf1a5700033324349c2b0379a5cdfb2a
-# templates: sha256=255b1eb21b39d54b1226505b60f7c4bd7e5c590bd7a2092ba002e07e6e911915
+# templates: sha256=1c4b131d931c735f0cfaa31f227817654252e7e6eba24245eb66ce7f10bf9bd8
 # engine: patchgen==0.1.0 sha256=46ad4efa6fbef1713e94715402bf0a713d6c68f72476858e2013a2fc1646229c
-# body: sha256=33326f6ee098c7f545b4f6de093cef29dd46e7efaa9d8b97326b70ca16d64940
+# body: sha256=81bbf66ac04427a79fa9912c2fd302a857280acfe9fb40769244c78ce03525f2
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel
 #   #2 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the text model is this file's patched class, not upstream's via AutoModel
@@ -1683,7 +1683,7 @@ class Qwen3VLMoeForConditionalGeneration(Qwen3VLMoePreTrainedModel, GenerationMi
         aux_loss = None
         if kwargs.get("output_router_logits", False):
             # patchgen #22 moe/global_aux_loss (1 stmt): the load-balancing loss must see every rank's tokens, not one rank's slice
-            aux_loss = global_aux_loss(load_balancing_loss_func)(
+            aux_loss = global_aux_loss(load_balancing_loss_func, kwargs.get('token_mask'))(
                 outputs.router_logits,
                 self.config.text_config.num_experts,
                 self.config.text_config.num_experts_per_tok,

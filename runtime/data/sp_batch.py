@@ -11,6 +11,7 @@ upstream model itself takes (``check_position_ids`` enforces it; nothing anywher
   channel 0 the text positions (restarting per packed sample; they drive the packing mask) and channels 1-3 the
   M-RoPE T/H/W ids. Padding gets ``0..pad-1`` on every channel.
 
+Under SP each rank also gets ``token_mask``, its slice of the row's real-token mask (False on the padding segment).
 ``mm_token_type_ids`` is a token tensor like ``input_ids``, and the vision inputs (pixel values, grids) pass through
 whole, because every SP rank runs the ViT hooks on all patches.
 """
@@ -24,6 +25,7 @@ from runtime.parallel.state import ParallelState
 IGNORE_INDEX = -100
 SEQUENCE_KEYS = ("input_ids", "labels", "mm_token_type_ids")
 MROPE_CHANNELS = 4  # text row + T/H/W
+TOKEN_MASK = "token_mask"  # the model keyword marking real tokens (see shard_row)
 
 
 def check_position_ids(batch: dict[str, torch.Tensor]) -> None:
@@ -62,17 +64,25 @@ def pad_to_multiple(batch: dict[str, torch.Tensor], multiple: int, pad_token_id:
 
 
 def shard_row(batch: dict[str, torch.Tensor], sp_size: int, sp_rank: int) -> dict[str, torch.Tensor]:
-    """SP rank ``sp_rank``'s inputs: the padded row's contiguous slice of each token tensor, the rest whole."""
+    """SP rank ``sp_rank``'s inputs: the padded row's contiguous slice of each token tensor, the rest whole.
+
+    With ``sp_size > 1`` the result also holds ``token_mask`` (bool, sliced like the tokens): True on the row's own
+    tokens, False on the padding segment. The model takes it as a keyword; the MoE load-balancing loss counts only
+    the marked tokens (``runtime.moe.hooks.global_aux_loss``), so padding never changes a loss or a gradient.
+    """
     if not 0 <= sp_rank < sp_size:
         raise ValueError(f"need 0 <= sp_rank < sp_size, got sp_rank={sp_rank}, sp_size={sp_size}")
     check_position_ids(batch)
     padded = pad_to_multiple(batch, sp_size)
+    keys = SEQUENCE_KEYS
+    if sp_size > 1:
+        mask = torch.zeros(padded["input_ids"].shape, dtype=torch.bool)
+        mask[:, : batch["input_ids"].shape[1]] = True
+        padded[TOKEN_MASK] = mask
+        keys = (*SEQUENCE_KEYS, TOKEN_MASK)
     chunk = padded["input_ids"].shape[1] // sp_size
     # A copy, not a view: in-place edits of one rank's slice must not reach the full row.
-    return {
-        k: v[:, sp_rank * chunk : (sp_rank + 1) * chunk].clone() if k in SEQUENCE_KEYS else v
-        for k, v in padded.items()
-    }
+    return {k: v[:, sp_rank * chunk : (sp_rank + 1) * chunk].clone() if k in keys else v for k, v in padded.items()}
 
 
 def shard_for_sp(batch: dict[str, torch.Tensor], state: ParallelState) -> dict[str, torch.Tensor]:

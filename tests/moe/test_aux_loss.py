@@ -59,3 +59,23 @@ def test_no_tokens_and_errors():
         global_load_balancing_loss(torch.randn(4, E), E + 1, E)
     with pytest.raises(ValueError, match="token_mask"):
         global_load_balancing_loss(torch.randn(4, E), K, E, token_mask=torch.ones(5))
+
+
+def test_hook_ignores_the_sp_padding_the_collator_marks(reference):
+    """`global_aux_loss(fn, token_mask)` (what the generated MoE models call) on a row with the SP padding segment
+    `shard_row` appends equals upstream's loss on the unpadded row; with no mask it is upstream's function itself."""
+    from runtime.data.sp_batch import shard_row
+    from runtime.moe.hooks import global_aux_loss
+
+    assert global_aux_loss(reference) is reference and global_aux_loss(reference, None) is reference
+    torch.manual_seed(2)
+    row = {"input_ids": torch.arange(1, 8)[None], "position_ids": torch.arange(7)[None]}  # 7 tokens: 1 pad at sp=2
+    masks = [shard_row(row, 2, rank)["token_mask"] for rank in range(2)]
+    assert torch.cat(masks, 1).tolist() == [[True] * 7 + [False]]
+    x = torch.randn(2, 8, E, requires_grad=True)  # 2 layers, the padded row's 8 tokens
+    ours = global_aux_loss(reference, torch.cat(masks, 1))(tuple(x.unbind(0)), E, K)
+    ref = reference(tuple(x[:, :7].unbind(0)), E, K)
+    assert torch.allclose(ours, ref, rtol=1e-6, atol=0)
+    grad = _grad(ours, x)
+    assert torch.allclose(grad[:, :7], _grad(ref, x)[:, :7], rtol=1e-5, atol=1e-8)
+    assert grad[:, 7].eq(0).all()  # the padding token gets no gradient from the balance term

@@ -10,9 +10,10 @@ from runtime.models.registry import model_types
 from tests.dist_utils import run_distributed
 from tests.parity.dense import relative_error
 
-# One packed row per data-parallel replica. Totals are even: SP padding tokens would be routed and counted by the
-# load-balancing loss (documented in docs/parallelism.md), which the unpadded reference does not see.
-LENGTHS = [(9, 15), (7, 5, 12), (13, 7), (4, 18)]
+# One packed row per data-parallel replica. Odd totals (23, 23, then 20, 21): under SP the row gets a padding token
+# that is routed like any token but must count nowhere in the load-balancing loss (the collator's token_mask), so the
+# runs equal the unpadded single-process reference (issue 12 item 3).
+LENGTHS = [(9, 14), (7, 5, 11), (13, 7), (4, 17)]
 
 
 MOE_MODELS = model_types("causal_lm", capability="moe")
@@ -81,6 +82,7 @@ def _parallel_run(rank: int, model_type: str, layout: dict) -> dict:
 
 
 LAYOUTS = {
+    "sp2": (2, {"sp_size": 2}),
     "ep2": (2, {"ep_size": 2}),
     "ep2_sp2": (4, {"ep_size": 2, "sp_size": 2}),
 }
@@ -94,10 +96,11 @@ def test_expert_parallel_matches_single_process(name: str) -> None:
     dp = world // layout.get("sp_size", 1)
     for model_type in MOE_MODELS:
         ref = reference(model_type, dp)
-        for got in (r[model_type] for r in results):
-            assert relative_error(got["lm"], ref["lm"]) < 1e-5, model_type
-            assert relative_error(got["aux"], ref["aux"]) < 1e-5, model_type
         grads = results[0][model_type]["grads"]
         assert grads.keys() == ref["grads"].keys()
-        for key, value in ref["grads"].items():
-            assert relative_error(grads[key], value) < 1e-5, (model_type, key)
+        errors = {f"grad {key}": relative_error(grads[key], value) for key, value in ref["grads"].items()}
+        for rank, got in enumerate(r[model_type] for r in results):
+            errors[f"lm loss (rank {rank})"] = relative_error(got["lm"], ref["lm"])
+            errors[f"aux loss (rank {rank})"] = relative_error(got["aux"], ref["aux"])
+        worst = sorted(errors, key=errors.get, reverse=True)[:3]
+        assert errors[worst[0]] < 1e-5, (model_type, name, [f"{k}: {errors[k]:.3g}" for k in worst])

@@ -3,10 +3,11 @@ eager run: the LM loss, the load-balancing loss and every gradient (ViT, merger,
 experts, text layers) within 1e-5.
 
 Each data-parallel replica trains a different VLM row (test_vlm_sp's CASES, one per replica; under SP the second
-one holds both images on SP rank 0 only). The load-balancing loss is over the global token set, SP padding
-included (it is routed; docs/parallelism.md), so the reference packs every replica's row, padded to a multiple of
-sp as under SP, into one row: pixel_values and image_grid_thw concatenated in order, position ids concatenated
-along L (each row's text positions restart at 0, so the packing mask keeps the rows apart; checked below).
+one holds both images on SP rank 0 only and has 35 tokens, so SP pads it). The load-balancing loss is
+over the global token set of real tokens (the SP padding is routed but masked out by the collator's token_mask), so
+the reference packs every replica's unpadded row into one row: pixel_values and image_grid_thw concatenated in
+order, position ids concatenated along L (each row's text positions restart at 0, so the packing mask keeps the
+rows apart; checked below).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from runtime.models.registry import lookup, model_types
 from tests.dist_utils import run_distributed
 from tests.parity.dense import relative_error
-from tests.parity.test_vlm_sp import CASES, forward_kwargs, full_batch, pad_row, shard
+from tests.parity.test_vlm_sp import CASES, forward_kwargs, full_batch, shard
 
 MOE_VLMS = model_types("vlm", capability="moe")
 # The dim along which the packed reference concatenates the rows' tensors.
@@ -61,15 +62,14 @@ def _targets(rows: list[dict[str, torch.Tensor]]) -> int:
     return sum(int((r["labels"][:, 1:] != -100).sum()) for r in rows)
 
 
-def _packed(rows: list[dict[str, torch.Tensor]], sp: int) -> dict[str, torch.Tensor]:
-    padded = [pad_row(r, sp) for r in rows]
-    return {k: torch.cat([r[k] for r in padded], dim) for k, dim in PACKED_KEYS.items()}
+def _packed(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {k: torch.cat([r[k] for r in rows], dim) for k, dim in PACKED_KEYS.items()}
 
 
-def reference(model_type: str, num_rows: int, sp: int) -> dict:
-    """One process, eager experts, every replica's row (padded for sp) packed into one row: the global mean."""
+def reference(model_type: str, num_rows: int) -> dict:
+    """One process, eager experts, every replica's (unpadded) row packed into one row: the global mean."""
     model = _model(model_type, "eager")
-    out = model(**_packed(_rows(model_type, num_rows), sp), **forward_kwargs(model_type))
+    out = model(**_packed(_rows(model_type, num_rows)), **forward_kwargs(model_type))
     out.loss.backward()
     coef = model.config.text_config.router_aux_loss_coef
     return {
@@ -120,8 +120,8 @@ def test_packed_reference_keeps_rows_apart() -> None:
     model = _model(MOE_VLMS[0], "eager")
     rows = _rows(MOE_VLMS[0], 2)
     with torch.no_grad():
-        packed = model(**_packed(rows, 2)).logits
-        alone = torch.cat([model(**pad_row(r, 2)).logits for r in rows], 1)
+        packed = model(**_packed(rows)).logits
+        alone = torch.cat([model(**r).logits for r in rows], 1)
     assert relative_error(packed, alone) < 1e-5
 
 
@@ -132,7 +132,7 @@ def test_vlm_expert_parallel_matches_single_process(name: str) -> None:
     sp = layout.get("sp_size", 1)
     results = run_distributed(parallel_worker, world, layout, MOE_VLMS, timeout=300)
     for model_type in MOE_VLMS:
-        ref = reference(model_type, world // sp, sp)
+        ref = reference(model_type, world // sp)
         for got in (r[model_type] for r in results):
             assert relative_error(got["lm"], ref["lm"]) < 1e-5, model_type
             assert relative_error(got["aux"], ref["aux"]) < 1e-5, model_type
