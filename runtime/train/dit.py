@@ -173,9 +173,19 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
         ),
         flops_per_token=dit_flops_per_token(model, seq),
         export=functools.partial(export, config=config, state=state, model=model, ema=ema, peft_config=peft_config),
-        checkpoint_model=None if ema is None else ema.wrap(model),
+        checkpoint_model=checkpointed(model, ema, lora=peft_config is not None),
         after_optimizer_step=None if ema is None else ema.update,
     )
+
+
+def checkpointed(model: torch.nn.Module, ema: Any, lora: bool) -> torch.nn.Module | None:
+    """What DCP saves: the model (full fine-tuning) or only the adapter modules (LoRA), plus the EMA when kept."""
+    if lora:
+        from runtime.train.lora import adapter_modules
+
+        trained = adapter_modules(model)
+        return trained if ema is None else ema.wrap(trained)
+    return None if ema is None else ema.wrap(model)
 
 
 def _latent_tokens_of_bucket(bucket: Any, rules: Any) -> int:

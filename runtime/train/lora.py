@@ -16,7 +16,15 @@ import torch
 
 from runtime.train.config import ConfigError, LoraConfig
 
-__all__ = ["ADAPTER", "add_lora", "lora_metadata", "lora_state_dict", "merged_state_dict", "peft_lora_config"]
+__all__ = [
+    "ADAPTER",
+    "add_lora",
+    "adapter_modules",
+    "lora_metadata",
+    "lora_state_dict",
+    "merged_state_dict",
+    "peft_lora_config",
+]
 
 ADAPTER = "default"
 
@@ -53,6 +61,19 @@ def add_lora(model: torch.nn.Module, settings: LoraConfig) -> Any:
     if not trained:
         raise ConfigError(f"dit.lora.target_modules: {settings.target_modules!r} adapted no module")
     return config
+
+
+def adapter_modules(model: torch.nn.Module) -> torch.nn.Module:
+    """The modules holding the trained (adapter) parameters, gathered under one module with the adapters'
+    qualified names ("/" for "."): what a LoRA run checkpoints. The frozen base weights are left out (they come
+    from ``model.path`` again on resume), so a checkpoint holds the adapter and its optimizer state only. The
+    modules are shared, not copied: FSDP2's sharded parameters are saved and loaded in place."""
+    owners = {}
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            module_name = name.rpartition(".")[0]
+            owners[module_name.replace(".", "/")] = model.get_submodule(module_name)
+    return torch.nn.ModuleDict(owners)
 
 
 def lora_metadata(config: Any) -> dict[str, Any]:

@@ -85,17 +85,25 @@ def test_sp_fsdp_hsdp_match_one_process_and_resume(files: dict[str, Path], tmp_p
         checkpoint={"dir": str(tmp_path / "wan_sp_ckpt"), "interval": 2},
     )
     flux_lora = {"lora": {"rank": 4, "alpha": 8}}
-    flux_sp = dit_config(files, "flux", tmp_path / "flux_sp", parallel={"sp": 2}, dit=flux_lora)
+    flux_sp = dit_config(
+        files,
+        "flux",
+        tmp_path / "flux_sp",
+        parallel={"sp": 2},
+        dit=flux_lora,
+        train={"steps": 4},
+        checkpoint={"dir": str(tmp_path / "flux_sp_ckpt"), "interval": 2},
+    )
     ema = {"ema_decay": 0.5}  # FSDP: EMA shards updated locally, gathered for the export
     wan_fsdp = dit_config(
         files, "wan", tmp_path / "wan_fsdp", data={"batch_size": 2}, dit=ema, export={"dir": str(tmp_path / "e2")}
     )
     flux_hsdp = dit_config(files, "flux", tmp_path / "flux_hsdp", parallel={"dp_replicate": 2})
-    cases = [{**wan_sp, "resume_from_step": 2}, flux_sp, wan_fsdp, flux_hsdp]
+    cases = [{**wan_sp, "resume_from_step": 2}, {**flux_sp, "resume_from_step": 2}, wan_fsdp, flux_hsdp]
 
     references = [
         per_step(train_in_process(dit_config(files, "wan", tmp_path / "ref0", train={"steps": 4}))),
-        per_step(train_in_process(dit_config(files, "flux", tmp_path / "ref1", dit=flux_lora))),
+        per_step(train_in_process(dit_config(files, "flux", tmp_path / "ref1", dit=flux_lora, train={"steps": 4}))),
         per_step(
             train_in_process(
                 dit_config(
@@ -113,13 +121,20 @@ def test_sp_fsdp_hsdp_match_one_process_and_resume(files: dict[str, Path], tmp_p
     ]
     per_rank = run_distributed(dit_worker, 2, cases, timeout=300)
     for rank in per_rank:
-        (straight, resumed) = rank[0]
-        _close(straight, references[0])
-        assert resumed == straight[2:]  # steps 3-4 after resuming from the step-2 checkpoint: bitwise
-        for got, ref in zip(rank[1:], references[1:], strict=True):
+        for index in (0, 1):  # steps 3-4 after resuming from the step-2 checkpoint: bitwise (full FT, LoRA)
+            straight, resumed = rank[index]
+            _close(straight, references[index])
+            assert resumed == straight[2:]
+        for got, ref in zip(rank[2:], references[2:], strict=True):
             _close(got, ref)
     assert per_rank[0] == per_rank[1]  # every rank reports the global loss
     from safetensors.torch import load_file
+    from torch.distributed.checkpoint import FileSystemReader
+
+    # a LoRA checkpoint holds the adapter and its optimizer state, not the frozen base weights
+    saved = FileSystemReader(str(tmp_path / "flux_sp_ckpt" / "step_000002")).read_metadata().state_dict_metadata
+    model_keys = [k for k in saved if k.startswith("model.")]
+    assert model_keys and all(".lora_A/" in k or ".lora_B/" in k or "/lora_" in k for k in model_keys), model_keys[:4]
 
     weights = "transformer/diffusion_pytorch_model.safetensors"
     one, two = load_file(tmp_path / "e1" / weights), load_file(tmp_path / "e2" / weights)
