@@ -13,6 +13,7 @@ its scheduler settings are loaded (``encoders=False``).
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,8 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
         )
     except ValueError as exc:  # too few samples per bucket for batch_size x data-parallel replicas
         raise ConfigError(f"data.path: {config.data.path}: {exc}") from None
+    if state.rank == 0:
+        warn_small_buckets(dataset.buckets, config.data.batch_size, rules.video)
     condition_model, conditions = setup_conditions(config, state, dataset, device)
 
     model = load_transformer(config)
@@ -176,6 +179,22 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
         checkpoint_model=checkpointed(model, ema, lora=peft_config is not None),
         after_optimizer_step=None if ema is None else ema.update,
     )
+
+
+def warn_small_buckets(buckets: Any, batch_size: int, video: bool) -> None:
+    """Samples of a bucket with fewer than ``batch_size`` samples never form a batch: say so rather than drop them
+    silently."""
+    counts: dict[Any, int] = {}
+    for bucket in buckets:
+        counts[bucket] = counts.get(bucket, 0) + 1
+    for bucket, count in sorted(counts.items()):
+        if count < batch_size:
+            print(
+                f"warning: data.buckets {bucket.as_list(video)} holds {count} sample(s), fewer than data.batch_size="
+                f"{batch_size}: they are never trained on",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def checkpointed(model: torch.nn.Module, ema: Any, lora: bool) -> torch.nn.Module | None:

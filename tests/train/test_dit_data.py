@@ -244,3 +244,13 @@ def test_user_errors_exit_2_with_one_line(tmp_path: Path) -> None:
         code, err = run_main({**base, **change}, tmp_path)
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and message in lines[0], (change, err)
+
+
+def test_buckets_smaller_than_a_batch_are_reported(capsys: pytest.CaptureFixture) -> None:
+    from runtime.train.dit import warn_small_buckets
+
+    warn_small_buckets([Bucket(1, 32, 48)] * 3 + [Bucket(1, 32, 32)], batch_size=2, video=False)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "warning: data.buckets [32, 32] holds 1 sample(s), fewer than data.batch_size=2: they are never trained on"
+    ]
