@@ -24,6 +24,7 @@ from runtime.checkpoint.dcp import load_checkpoint, save_checkpoint
 from runtime.checkpoint.export import export_hf
 from runtime.checkpoint.verify import CheckpointError
 from runtime.data.sp_batch import packed_attention_kwargs, shard_for_sp
+from runtime.models.registry import lookup
 from runtime.moe.sharding import shard_experts
 from runtime.parallel.fsdp import apply_fsdp, clip_grad_norm_
 from runtime.parallel.state import ParallelState, init_parallel_state
@@ -261,14 +262,21 @@ def text_forward_backward(model, loader, state: ParallelState, config: RunConfig
     device = train_device(state)
     tokens = all_reduce_sum(target_count(rows).to(device), state.dp_group)  # NCCL reduces device tensors only
     loss_share, aux = torch.zeros((), device=device), torch.zeros((), device=device)
-    aux_coef = getattr(model.config, "router_aux_loss_coef", 0.0)
+    # MoE: the load-balancing loss, asked for explicitly (some models read the switch only from forward kwargs,
+    # others from a config flag a real checkpoint may leave off); its coefficient sits in the text config.
+    moe = lookup(config.model.type).is_moe
+    aux_coef = getattr(model.config.get_text_config(), "router_aux_loss_coef", 0.0) if moe else 0.0
+    moe_kwargs = {"output_router_logits": True} if aux_coef else {}
     varlen = model.config.get_text_config()._attn_implementation.startswith("flash")
     for row in rows:
         batch = shard_for_sp(row, state)
         if varlen:  # the packed segments, computed here rather than by a device sync inside the forward
             batch.update(packed_attention_kwargs(batch["position_ids"]))  # multimodal: (4, bs, L), text row first
         out = model(
-            **to_device(batch, device), num_items_in_batch=tokens, loss_chunk_size=config.train.loss_chunk_size
+            **to_device(batch, device),
+            num_items_in_batch=tokens,
+            loss_chunk_size=config.train.loss_chunk_size,
+            **moe_kwargs,
         )
         out.loss.backward()
         # MoE: the load-balancing term is the global value on every rank (not a share); report it once.

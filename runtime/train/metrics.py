@@ -63,8 +63,9 @@ class MetricsLogger:
         enabled: bool,
         tensorboard: bool,
         progress: bool,
-        stream: TextIO = sys.stdout,
+        stream: TextIO | None = None,
     ) -> None:
+        stream = stream if stream is not None else sys.stdout  # the current stdout, not the one at import time
         self.enabled, self.total_steps, self.stream = enabled, total_steps, stream
         self._jsonl = self._writer = self._bar = None
         if not enabled:

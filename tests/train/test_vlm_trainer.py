@@ -130,3 +130,14 @@ def test_text_model_rejects_vision_options(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="data.processor: only vision-language models"):
         parse_config(raw)
     assert parse_config(run_config(tmp_path)).data.processor is None  # the plain text config stays valid
+
+
+def test_the_trainer_adds_the_moe_load_balancing_loss(tmp_path: Path) -> None:
+    """qwen3_vl_moe computes router logits only when asked in the forward call: the trainer must ask (the step loss
+    is then LM loss + coef * aux), whatever the config's output_router_logits says."""
+    raw = vlm_run_config(tmp_path, "qwen3_vl_moe", train={"steps": 1})
+    losses = {}
+    for coef in (0.0, 0.5):
+        raw["model"]["config"]["text_config"]["router_aux_loss_coef"] = coef
+        losses[coef] = run_distributed(train_worker, 1, raw, timeout=300)[0][0]["loss"]
+    assert losses[0.5] > losses[0.0] + 0.1, losses  # the aux loss of a tiny MoE with 8 experts is ~1 (>= 1)
