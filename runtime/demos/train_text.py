@@ -82,6 +82,7 @@ def main() -> bool:
 
     from runtime.checkpoint.dcp import latest_checkpoint, load_checkpoint
     from runtime.models.registry import causal_lm_class
+    from runtime.train.model import load_pretrained
 
     work = Path(tempfile.mkdtemp(prefix="patchgen-demo-"))
     try:
@@ -99,7 +100,10 @@ def main() -> bool:
             print(f"{step:>5} {straight[step]:10.5f} {again}")
         same = all(resumed[s] == straight[s] for s in resumed if s > SAVE_EVERY) and len(resumed) > 1
         falling = straight[STEPS] < straight[1] - 0.5
-        plain = transformers.AutoModelForCausalLM.from_pretrained(work / "hf-resumed", attn_implementation="sdpa")
+        # missing/unexpected/mismatched weights are an error (one line naming them), never a warning
+        plain = load_pretrained(
+            transformers.AutoModelForCausalLM, str(work / "hf-resumed"), attn_implementation="sdpa"
+        )
         ours = causal_lm_class("qwen3")(plain.config)
         load_checkpoint(latest_checkpoint(work / "ckpt"), ours, restore_rng=False)
         ids = torch.randint(0, MODEL["vocab_size"], (1, 64), generator=torch.Generator().manual_seed(0))

@@ -46,6 +46,7 @@ def main() -> bool:
 
     from runtime.data.processor import build_test_processor
     from runtime.data.synthetic_vlm import write_synthetic_vlm_dataset
+    from runtime.train.model import load_pretrained
 
     work = Path(tempfile.mkdtemp(prefix="patchgen-vlm-demo-"))
     try:
@@ -59,7 +60,8 @@ def main() -> bool:
         torchrun(write_config(work, data, processor))
         curve = losses(work / "log")
         falling = curve[STEPS] < curve[1] - 0.5
-        plain = transformers.AutoModelForImageTextToText.from_pretrained(work / "hf")
+        # missing/unexpected/mismatched weights are an error (one line naming them), never a warning
+        plain = load_pretrained(transformers.AutoModelForImageTextToText, str(work / "hf"))
         loaded = type(plain).__name__ == "Qwen3VLForConditionalGeneration"
         print(
             f"qwen3_vl loss step 1 -> {STEPS}: {curve[1]:.4f} -> {curve[STEPS]:.4f} "

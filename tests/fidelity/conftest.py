@@ -1,5 +1,6 @@
-"""One upstream/generated pair per (model, attention implementation), shared by the tests of a module; one intra-op
-thread (tiny ops: threads cost far more than they give on a shared 2-core machine, ~100x measured for generate)."""
+"""One upstream/generated pair per (model, attention implementation), shared by the whole suite (every test sets
+the mode and clears the gradients it uses); one intra-op thread (tiny ops: threads cost far more than they give on
+a shared 2-core machine, ~100x measured for generate)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ def _one_intra_op_thread() -> Iterator[None]:
     torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pairs() -> Callable[[str, str], Pair]:
     built: dict[tuple[str, str], Pair] = {}
 

@@ -53,6 +53,13 @@ def _runs(model, inputs: dict[str, torch.Tensor], kwargs: dict) -> dict[str, obj
     return {"full": full, "no_cache": no_cache, "first": first, "continued": continued}
 
 
+def _cache(output) -> list[torch.Tensor]:
+    """Every key and value tensor of a run's returned cache (none without one)."""
+    cache = getattr(output, "past_key_values", None)
+    layers = [] if cache is None else cache.layers
+    return [t for layer in layers for t in (layer.keys, layer.values)]
+
+
 @pytest.mark.parametrize("attn", ATTENTION)
 @pytest.mark.parametrize("model_type", MODELS)
 def test_greedy_generate_equals_upstream(model_type: str, attn: str, pairs) -> None:
@@ -71,6 +78,8 @@ def test_greedy_generate_equals_upstream(model_type: str, attn: str, pairs) -> N
                 mismatches.check(scenario, "tokens", ref[name].sequences, got[name].sequences)
                 for step, (a, b) in enumerate(zip(ref[name].logits, got[name].logits, strict=True)):
                     mismatches.check(scenario, f"step {step} logits", a, b)
+                for index, (a, b) in enumerate(zip(*(_cache(r[name]) for r in (ref, got)), strict=True)):
+                    mismatches.check(scenario, f"cache tensor {index}", a, b)
             # upstream's own requirement: continuing from the cache gives the one-call result (tolerance as upstream's)
             scenario = f"{attn} {kind} bs={batch_size} continued vs full (generated)"
             if not torch.equal(got["continued"].sequences, got["full"].sequences):
