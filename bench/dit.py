@@ -10,14 +10,12 @@ Run: `.venv/bin/python bench/dit.py`.
 
 from __future__ import annotations
 
-import os
-import socket
 import statistics
 import time
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
+from harness import saved_activation_bytes, worst_rank
 
 from runtime.diffusion.registry import lookup_dit, training_class
 
@@ -118,49 +116,17 @@ def overhead(model_type: str, config: dict[str, Any], inputs: dict[str, Any], re
     return statistics.median(up), statistics.median(gen)
 
 
-def saved_activation_bytes(model: torch.nn.Module, inputs: dict[str, Any]) -> int:
-    """Bytes of distinct tensors autograd saves for backward during one forward."""
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if not isinstance(t, torch.nn.Parameter):
-            storage = t.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model(**inputs)[0].square().mean()
-    loss.backward()
-    return sum(seen.values())
-
-
-def _memory_worker(rank: int, world: int, port: int, frames: int, out: Any) -> None:
+def _memory_worker(rank: int, world: int, frames: int) -> int:
     from runtime.parallel.state import init_parallel_state
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
-    )
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     init_parallel_state(sp_size=world)
     _, model = _pair("wan", WAN)
-    out.put((rank, saved_activation_bytes(model, _inputs("wan", (16, 16), frames=frames))))
-    torch.distributed.destroy_process_group()
+    inputs = _inputs("wan", (16, 16), frames=frames)
+    return saved_activation_bytes(lambda: model(**inputs)[0].square().mean())
 
 
 def activation_bytes_per_rank(world: int, frames: int) -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_memory_worker, args=(r, world, port, frames, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = dict(out.get(timeout=900) for _ in procs)
-    for p in procs:
-        p.join()
-    return max(results.values())
+    return worst_rank(_memory_worker, world, frames)
 
 
 def main() -> None:

@@ -15,8 +15,6 @@ Run: `.venv/bin/python bench/dit_train.py`.
 from __future__ import annotations
 
 import ctypes
-import os
-import socket
 import statistics
 import sys
 import tempfile
@@ -24,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.multiprocessing as mp
+from harness import worst_rank
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # A bench-size Wan transformer on the tiny pipeline's VAE (4 latent channels) and UMT5 (d_model 16).
@@ -116,11 +114,7 @@ class MallocPeak(TorchDispatchMode):
         return out
 
 
-def _memory_worker(rank: int, world: int, port: int, raw: dict, out: Any) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
-    )
-    torch.set_num_threads(1)
+def _memory_worker(rank: int, world: int, raw: dict) -> int:
     from runtime.train.config import parse_config
     from runtime.train.dit import build_dit_job
     from runtime.train.loop import setup_parallel
@@ -133,23 +127,11 @@ def _memory_worker(rank: int, world: int, port: int, raw: dict, out: Any) -> Non
     tracker = MallocPeak()
     with tracker:
         job.forward_backward(1)
-    out.put((rank, tracker.peak - tracker.base))
-    torch.distributed.destroy_process_group()
+    return tracker.peak - tracker.base
 
 
 def peak_bytes_per_rank(world: int, raw: dict) -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_memory_worker, args=(r, world, port, raw, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = dict(out.get(timeout=1800) for _ in procs)
-    for p in procs:
-        p.join()
-    return max(results.values())
+    return worst_rank(_memory_worker, world, raw)
 
 
 def main() -> None:

@@ -9,14 +9,12 @@ Run: `.venv/bin/python bench/train_overhead.py` (part of `make bench`).
 
 from __future__ import annotations
 
-import os
-import socket
 import statistics
 import time
 
 import torch
-import torch.multiprocessing as mp
 import transformers
+from harness import saved_activation_bytes, worst_rank
 
 from runtime.data.sp_batch import shard_for_sp
 from runtime.models.registry import causal_lm_class
@@ -29,6 +27,7 @@ BENCH = dict(
     num_attention_heads=8,
     num_key_value_heads=4,
     head_dim=32,
+    use_sliding_window=False,  # full causal attention in every layer (the tiny test config has a sliding layer)
     vocab_size=4096,
     max_position_embeddings=8192,
 )
@@ -60,52 +59,19 @@ def overhead(model_type: str = "qwen3", seq: int = 1024, repeats: int = 7) -> tu
     return statistics.median(up), statistics.median(gen)
 
 
-def saved_activation_bytes(model: torch.nn.Module, batch: dict) -> int:
-    """Bytes of distinct tensors autograd saves for backward during one forward."""
-    seen: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if not isinstance(t, torch.nn.Parameter):
-            storage = t.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = model(**batch).loss
-    loss.backward()
-    return sum(seen.values())
-
-
-def _memory_worker(rank: int, world: int, port: int, seq: int, out: mp.Queue) -> None:
+def _memory_worker(rank: int, world: int, seq: int) -> int:
     from runtime.parallel.state import init_parallel_state
 
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
-    )
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     state = init_parallel_state(sp_size=world)
     config = tiny_config("qwen3", **BENCH)
     torch.manual_seed(0)
     model = causal_lm_class("qwen3")(config)
     batch = shard_for_sp(random_packed_batch((seq,), config.vocab_size), state)
-    out.put((rank, saved_activation_bytes(model, {**batch, "loss_chunk_size": 512})))
-    torch.distributed.destroy_process_group()
+    return saved_activation_bytes(lambda: model(**batch, loss_chunk_size=512).loss)
 
 
 def activation_bytes_per_rank(world: int, seq: int) -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_memory_worker, args=(r, world, port, seq, out)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = dict(out.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join()
-    return max(results.values())
+    return worst_rank(_memory_worker, world, seq)
 
 
 def main() -> None:
