@@ -2,7 +2,7 @@
 # Made by patchgen 0.1.0 from specs/qwen3_vl_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_vl_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
-# spec: specs/qwen3_vl_moe.toml sha256=af31513b700399fabede0a727806d326cf1a5700033324349c2b0379a5cdfb2a
+# spec: specs/qwen3_vl_moe.toml sha256=364121ac405a08f14f28af3e3f0144c5b42e2759565740821b3b890eb066c47d
 # templates: sha256=1c4b131d931c735f0cfaa31f227817654252e7e6eba24245eb66ce7f10bf9bd8
 # engine: patchgen==0.1.0 sha256=46ad4efa6fbef1713e94715402bf0a713d6c68f72476858e2013a2fc1646229c
 # body: sha256=81bbf66ac04427a79fa9912c2fd302a857280acfe9fb40769244c78ce03525f2

@@ -55,9 +55,11 @@ def same_logits(export: Path, processor_dir: Path, data: Path) -> bool:
     from runtime.data.omni_packing import pack_omni_row
     from runtime.data.omni_processor import load_omni_processor
     from runtime.models.registry import lookup
+    from runtime.train.model import load_pretrained
 
-    plain = transformers.AutoModelForImageTextToText.from_pretrained(export, experts_implementation="eager")
-    ours = lookup(MODEL_TYPE).model_class().from_pretrained(export, experts_implementation="eager")
+    # strict: weights that do not match the model are an error naming them, never a warning
+    plain = load_pretrained(transformers.AutoModelForImageTextToText, str(export), experts_implementation="eager")
+    ours = load_pretrained(lookup(MODEL_TYPE).model_class(), str(export), experts_implementation="eager")
     processor = load_omni_processor(processor_dir)
     fn = type(ours).get_position_id_func(ours.config)
     row = pack_omni_row([tokenize_omni(s, processor, fn, ours.config) for s in read_jsonl(data)[2:4]], 512)
