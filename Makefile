@@ -37,6 +37,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/codegen.py
 	$(BIN)/python bench/train_overhead.py
 	$(BIN)/python bench/moe.py
+	$(BIN)/python bench/dit.py
 	$(BIN)/python bench/dit_train.py
 
 lint: $(STAMP)

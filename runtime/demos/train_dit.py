@@ -11,6 +11,7 @@ Run through `make demo` (runtime/demo.py), or alone: `python -m runtime.demos.tr
 
 from __future__ import annotations
 
+import functools
 import shutil
 import statistics
 import sys
@@ -23,7 +24,12 @@ import yaml
 from runtime.demos.train_text import losses, torchrun
 
 WAN_STEPS, WAN_SAVE, FLUX_STEPS = 30, 15, 20
-OUTPUTS = Path(tempfile.gettempdir()) / "patchgen-demo-outputs"
+
+
+@functools.cache
+def outputs() -> Path:
+    """A new folder per demo run for the video and image it writes (kept; never an existing file overwritten)."""
+    return Path(tempfile.mkdtemp(prefix="patchgen-demo-outputs-"))
 
 
 def _config(work: Path, name: str, raw: dict) -> Path:
@@ -80,8 +86,7 @@ def wan(work: Path) -> bool:
         generator=torch.Generator().manual_seed(0),
         output_type="np",
     ).frames[0]
-    OUTPUTS.mkdir(exist_ok=True)
-    video = write_video(OUTPUTS / "wan_t2v.mp4", [(f * 255).round().astype("uint8") for f in frames])
+    video = write_video(outputs() / "wan_t2v.mp4", [(f * 255).round().astype("uint8") for f in frames])
     print(f"wan loss mean of steps 1-5 -> {WAN_STEPS - 4}-{WAN_STEPS}: {first:.4f} -> {last:.4f} "
           f"({'falling' if falling else 'NOT falling'})")  # fmt: skip
     print(f"resumed steps {WAN_SAVE + 1}-{WAN_STEPS} bitwise equal to the uninterrupted run: {same}")
@@ -123,12 +128,11 @@ def flux(work: Path) -> bool:
         num_inference_steps=4,
         generator=torch.Generator().manual_seed(0),
     ).images[0]
-    OUTPUTS.mkdir(exist_ok=True)
-    image.save(OUTPUTS / "flux_lora.png")
+    image.save(outputs() / "flux_lora.png")
     print(f"flux LoRA loss mean of steps 1-5 -> {FLUX_STEPS - 4}-{FLUX_STEPS}: {first:.4f} -> {last:.4f} "
           f"({'falling' if falling else 'NOT falling'})")  # fmt: skip
     print(
-        f"plain diffusers FluxPipeline.load_lora_weights loads the LoRA: {loaded}; wrote {OUTPUTS / 'flux_lora.png'}"
+        f"plain diffusers FluxPipeline.load_lora_weights loads the LoRA: {loaded}; wrote {outputs() / 'flux_lora.png'}"
     )
     return falling and loaded
 
