@@ -4,7 +4,7 @@ As ``multimodal_packing`` for the VLMs (never truncated, first label of each sam
 sample order), with two differences:
 
 - **Position ids in the model's layout, stated**: ``(4, 1, L)``, channels first (text row, then T/H/W), which is the
-  layout Qwen3-Omni's text model reads (``[model.data] position_ids_layout = "channels_first"`` in its spec). No
+  layout Qwen3-Omni's text model reads (the runtime's one multimodal layout, docs/parallelism.md). No
   model-side hook guesses a layout from the shape; the SP collator pads the last dim whatever the layout.
 - **Mel features** ``(audios, mel, frames)`` of different samples are padded to the row's longest audio, with
   ``feature_attention_mask`` 0 on the padding (the model selects each audio's frames by that mask).
