@@ -19,6 +19,7 @@ from pathlib import Path
 import transformers
 
 from runtime.data.corpus import corpus_path
+from runtime.data.processor import token_ids
 from runtime.data.tokenization import build_test_tokenizer
 from runtime.models.registry import lookup
 from runtime.models.tiny import tiny_config_dict
@@ -113,14 +114,7 @@ def load_omni_processor(path: str | Path, model_type: str = "qwen3_omni_moe_thin
 def omni_token_ids(processor) -> dict[str, int]:
     """The special-token ids a thinker config needs, read from the processor's tokenizer."""
     tokenizer = processor.tokenizer
-    ids = {}
-    for key, attr in _CONFIG_TOKENS.items():
-        token = getattr(tokenizer, attr)
-        token_id = tokenizer.convert_tokens_to_ids(token)
-        if token_id is None or token_id == tokenizer.unk_token_id:
-            raise ValueError(f"the processor's tokenizer has no token {token!r} (needed for {key})")
-        ids[key] = token_id
-    return ids
+    return token_ids(tokenizer, {key: getattr(tokenizer, attr) for key, attr in _CONFIG_TOKENS.items()})
 
 
 def build_omni_test_processor(

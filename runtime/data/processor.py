@@ -133,6 +133,11 @@ def vlm_token_ids(processor) -> dict[str, int]:
         "vision_start_token_id": getattr(processor, "vision_start_token", VISION_START),
         "vision_end_token_id": getattr(processor, "vision_end_token", VISION_END),
     }
+    return token_ids(tokenizer, tokens)
+
+
+def token_ids(tokenizer, tokens: dict[str, str]) -> dict[str, int]:
+    """Config key -> the id of its token in `tokenizer`; ValueError naming the token when it is not one."""
     ids = {}
     for key, token in tokens.items():
         token_id = tokenizer.convert_tokens_to_ids(token)
