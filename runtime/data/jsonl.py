@@ -15,9 +15,12 @@ training, not in the middle of it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 ROLES = ("system", "user", "assistant")
 
@@ -94,28 +97,28 @@ class ChatSample:
 Sample = TextSample | ChatSample
 
 
-class _LineError(ValueError):
+class LineError(ValueError):
     """What was wrong with one parsed line; re-raised with the file and line number."""
 
 
 def _existing_file(value: Any, where: str, base_dir: Path) -> Path:
     if not isinstance(value, str) or not value:
-        raise _LineError(f"{where} must be a non-empty file path string, got {value!r:.60}")
+        raise LineError(f"{where} must be a non-empty file path string, got {value!r:.60}")
     path = base_dir / value  # an absolute `value` replaces base_dir
     if not path.is_file():
-        raise _LineError(f"{where}: file not found: {path}")
+        raise LineError(f"{where}: file not found: {path}")
     return path
 
 
 def _parse_part(item: Any, where: str, base_dir: Path) -> ContentPart:
     if not isinstance(item, dict):
-        raise _LineError(f"{where} must be an object with a 'type', got {type(item).__name__}")
+        raise LineError(f"{where} must be an object with a 'type', got {type(item).__name__}")
     kind = item.get("type")
     if kind not in PART_TYPES:
-        raise _LineError(f"{where}.type must be one of {', '.join(PART_TYPES)}, got {kind!r}")
+        raise LineError(f"{where}.type must be one of {', '.join(PART_TYPES)}, got {kind!r}")
     if kind == "text":
         if not isinstance(item.get("text"), str):
-            raise _LineError(f"{where}.text must be a string, got {type(item.get('text')).__name__}")
+            raise LineError(f"{where}.text must be a string, got {type(item.get('text')).__name__}")
         return TextPart(item["text"])
     if kind == "image":
         return ImagePart(_existing_file(item.get("image"), f"{where}.image", base_dir))
@@ -123,10 +126,10 @@ def _parse_part(item: Any, where: str, base_dir: Path) -> ContentPart:
         return AudioPart(_existing_file(item.get("audio"), f"{where}.audio", base_dir))
     frames = item.get("video")
     if not isinstance(frames, list) or not frames:
-        raise _LineError(f"{where}.video must be a non-empty list of frame image paths, got {frames!r:.60}")
+        raise LineError(f"{where}.video must be a non-empty list of frame image paths, got {frames!r:.60}")
     fps = item.get("fps")
     if fps is not None and (isinstance(fps, bool) or not isinstance(fps, int | float) or not fps > 0):
-        raise _LineError(f"{where}.fps must be a positive number, got {fps!r}")
+        raise LineError(f"{where}.fps must be a positive number, got {fps!r}")
     paths = tuple(_existing_file(f, f"{where}.video[{k}]", base_dir) for k, f in enumerate(frames))
     track = item.get("audio")
     audio = None if track is None else _existing_file(track, f"{where}.audio", base_dir)
@@ -135,14 +138,14 @@ def _parse_part(item: Any, where: str, base_dir: Path) -> ContentPart:
 
 def _parse_message(item: Any, index: int, base_dir: Path) -> ChatMessage:
     if not isinstance(item, dict):
-        raise _LineError(f"messages[{index}] must be an object with 'role' and 'content', got {type(item).__name__}")
+        raise LineError(f"messages[{index}] must be an object with 'role' and 'content', got {type(item).__name__}")
     role, content = item.get("role"), item.get("content")
     if role not in ROLES:
-        raise _LineError(f"messages[{index}].role must be one of {', '.join(ROLES)}, got {role!r}")
+        raise LineError(f"messages[{index}].role must be one of {', '.join(ROLES)}, got {role!r}")
     if isinstance(content, str):
         return ChatMessage(role, content)
     if not isinstance(content, list) or not content:
-        raise _LineError(
+        raise LineError(
             f"messages[{index}].content must be a string, got {type(content).__name__} (a non-empty "
             f"list of {'/'.join(PART_TYPES)} parts is accepted too)"
         )
@@ -158,22 +161,22 @@ def parse_sample(record: Any, base_dir: str | Path | None = None) -> Sample:
     """
     base_dir = Path(".") if base_dir is None else Path(base_dir)
     if not isinstance(record, dict):
-        raise _LineError(f'expected an object {{"text": ...}} or {{"messages": [...]}}, got {type(record).__name__}')
+        raise LineError(f'expected an object {{"text": ...}} or {{"messages": [...]}}, got {type(record).__name__}')
     has_text, has_messages = "text" in record, "messages" in record
     if has_text == has_messages:
         found = "both" if has_text else "neither"
-        raise _LineError(f"expected exactly one of the keys 'text' or 'messages', found {found}")
+        raise LineError(f"expected exactly one of the keys 'text' or 'messages', found {found}")
     if has_text:
         text = record["text"]
         if not isinstance(text, str) or not text:
-            raise _LineError(f"'text' must be a non-empty string, got {text!r:.60}")
+            raise LineError(f"'text' must be a non-empty string, got {text!r:.60}")
         return TextSample(text)
     messages = record["messages"]
     if not isinstance(messages, list) or not messages:
-        raise _LineError(f"'messages' must be a non-empty list of messages, got {messages!r:.60}")
+        raise LineError(f"'messages' must be a non-empty list of messages, got {messages!r:.60}")
     parsed = tuple(_parse_message(item, i, base_dir) for i, item in enumerate(messages))
     if not any(m.role == "assistant" for m in parsed):
-        raise _LineError("a chat sample needs at least one assistant message (it would have no training targets)")
+        raise LineError("a chat sample needs at least one assistant message (it would have no training targets)")
     return ChatSample(parsed)
 
 
@@ -185,29 +188,35 @@ class LocatedSample:
     sample: Sample
 
 
-def read_jsonl_located(path: str | Path) -> list[LocatedSample]:
-    """``read_jsonl`` with each sample's ``file:line``."""
+def read_records(path: str | Path, parse: Callable[[Any, str], T]) -> list[T]:
+    """``parse(record, "file:line")`` for every non-blank line of a JSONL file, in order. Invalid JSON, non-UTF-8
+    text and a ``LineError`` from ``parse`` become one ValueError naming the file and line."""
     path = Path(path)
-    samples: list[LocatedSample] = []
+    out: list[T] = []
     lineno = 0
     try:
         with path.open(encoding="utf-8") as f:
             for lineno, line in enumerate(f, 1):
                 if not line.strip():
                     continue
+                where = f"{path}:{lineno}"
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as e:
-                    raise ValueError(
-                        f"{path}:{lineno}: expected one JSON object per line, invalid JSON: {e}"
-                    ) from None
+                    raise ValueError(f"{where}: expected one JSON object per line, invalid JSON: {e}") from None
                 try:
-                    samples.append(LocatedSample(f"{path}:{lineno}", parse_sample(record, path.parent)))
-                except _LineError as e:
-                    raise ValueError(f"{path}:{lineno}: {e}") from None
+                    out.append(parse(record, where))
+                except LineError as e:
+                    raise ValueError(f"{where}: {e}") from None
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}:{lineno + 1}: not UTF-8 text ({e.reason})") from None
-    return samples
+    return out
+
+
+def read_jsonl_located(path: str | Path) -> list[LocatedSample]:
+    """``read_jsonl`` with each sample's ``file:line``."""
+    base = Path(path).parent
+    return read_records(path, lambda record, where: LocatedSample(where, parse_sample(record, base)))
 
 
 def read_jsonl(path: str | Path) -> list[Sample]:

@@ -14,11 +14,12 @@ later as a worse model.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from runtime.data.jsonl import LineError, read_records
 
 __all__ = ["IMAGE_SUFFIXES", "MediaSample", "frame_files", "read_media_jsonl"]
 
@@ -39,10 +40,6 @@ class MediaSample:
         return self.kind != "image"
 
 
-class _LineError(ValueError):
-    pass
-
-
 def _natural_key(path: Path) -> list[Any]:
     """``frame_2`` before ``frame_10``: numbers compare as numbers."""
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path.name)]
@@ -55,46 +52,44 @@ def frame_files(directory: Path) -> tuple[Path, ...]:
 
 def _path(value: Any, key: str, base: Path) -> Path:
     if not isinstance(value, str) or not value:
-        raise _LineError(f"{key!r} must be a non-empty path string, got {value!r:.60}")
+        raise LineError(f"{key!r} must be a non-empty path string, got {value!r:.60}")
     return base / value  # an absolute value replaces base
 
 
 def _existing_file(value: Any, key: str, base: Path) -> Path:
     path = _path(value, key, base)
     if not path.is_file():
-        raise _LineError(f"{key}: file not found: {path}")
+        raise LineError(f"{key}: file not found: {path}")
     return path
 
 
 def _video(value: Any, base: Path) -> tuple[str, tuple[Path, ...]]:
     if isinstance(value, list):
         if not value:
-            raise _LineError("'video' as a list must name at least one frame image")
+            raise LineError("'video' as a list must name at least one frame image")
         return "frames", tuple(_existing_file(v, f"video[{i}]", base) for i, v in enumerate(value))
     path = _path(value, "video", base)
     if path.is_dir():
         frames = frame_files(path)
         if not frames:
-            raise _LineError(f"video: the frame folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+            raise LineError(f"video: the frame folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)})")
         return "frames", frames
     if not path.is_file():
-        raise _LineError(f"video: file or frame folder not found: {path}")
+        raise LineError(f"video: file or frame folder not found: {path}")
     if path.suffix.lower() in IMAGE_SUFFIXES:
-        raise _LineError(f"video: {path} is an image; use the 'image' key (or a folder / list of frames)")
+        raise LineError(f"video: {path} is an image; use the 'image' key (or a folder / list of frames)")
     return "video", (path,)
 
 
 def parse_media_record(record: Any, base: Path, where: str) -> MediaSample:
     if not isinstance(record, dict):
-        raise _LineError(
-            f'expected an object {{"caption": ..., "image" or "video": ...}}, got {type(record).__name__}'
-        )
+        raise LineError(f'expected an object {{"caption": ..., "image" or "video": ...}}, got {type(record).__name__}')
     caption = record.get("caption")
     if not isinstance(caption, str):
-        raise _LineError(f"'caption' must be a string, got {caption!r:.60}")
+        raise LineError(f"'caption' must be a string, got {caption!r:.60}")
     has_image, has_video = "image" in record, "video" in record
     if has_image == has_video:
-        raise _LineError(
+        raise LineError(
             f"expected exactly one of the keys 'image' or 'video', found {'both' if has_image else 'neither'}"
         )
     if has_image:
@@ -105,23 +100,5 @@ def parse_media_record(record: Any, base: Path, where: str) -> MediaSample:
 
 def read_media_jsonl(path: str | Path) -> list[MediaSample]:
     """Every sample of a DiT data file in file order (blank lines skipped); ValueError naming ``file:line``."""
-    path = Path(path)
-    samples: list[MediaSample] = []
-    lineno = 0
-    try:
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{where}: expected one JSON object per line, invalid JSON: {exc}") from None
-                try:
-                    samples.append(parse_media_record(record, path.parent, where))
-                except _LineError as exc:
-                    raise ValueError(f"{where}: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}:{lineno + 1}: not UTF-8 text ({exc.reason})") from None
-    return samples
+    base = Path(path).parent
+    return read_records(path, lambda record, where: parse_media_record(record, base, where))
