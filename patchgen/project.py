@@ -24,7 +24,7 @@ from patchgen.config import ProjectConfig
 from patchgen.errors import PatchgenError
 from patchgen.files import PACKAGE_INIT, package_inits, recover, write_atomic
 from patchgen.header import body_hash, parse_inputs, split
-from patchgen.model import SIDECAR_SUFFIX, sidecar_path
+from patchgen.model import sidecar_path
 from patchgen.provenance import engine_sha256, templates_sha256, unified_diff
 from patchgen.spec import Spec, load_spec
 from patchgen.upstream import PinnedSource, UpstreamSource, normalize_name
@@ -208,7 +208,7 @@ def owned_paths(config: ProjectConfig, output: str) -> set[Path]:
     return {
         target,
         target.with_name(target.name + ".diff"),
-        target.with_name(target.name.removesuffix(".py") + SIDECAR_SUFFIX),
+        config.root / sidecar_path(output),
         *package_inits(config.generated_dir, target),
     }
 

@@ -22,7 +22,7 @@ from patchgen.errors import PatchgenError
 from patchgen.model import ModelTable, merge_tables, parse_model_table
 from patchgen.ops import OPS
 from patchgen.templates import Template, load_template
-from patchgen.varkinds import VarError, is_dotted, is_identifier
+from patchgen.varkinds import VarError, is_dotted, is_identifier, type_name
 
 SPEC_KEYS = {
     "module": str,
@@ -91,12 +91,6 @@ class Spec:
         return self.module.split(".")[0]
 
 
-def _type_name(value: Any) -> str:
-    return {str: "string", int: "integer", float: "float", bool: "boolean", list: "array", dict: "table"}.get(
-        type(value), type(value).__name__
-    )
-
-
 def _a(noun: str) -> str:
     return f"an {noun}" if noun[0] in "aeiou" else f"a {noun}"
 
@@ -105,14 +99,14 @@ def _check_keys(table: dict, allowed: dict, required: tuple, path: Path, where: 
     where = where or "top level"
     for key in required:
         if key not in table:
-            raise PatchgenError(f"{path}: {where}: missing required key {key!r} ({_type_name(allowed[key]())})")
+            raise PatchgenError(f"{path}: {where}: missing required key {key!r} ({type_name(allowed[key]())})")
     for key, value in table.items():
         if key not in allowed:
             raise PatchgenError(f"{path}: {where}: unknown key {key!r}; expected one of {sorted(allowed)}")
         if not isinstance(value, allowed[key]) or isinstance(value, bool) and allowed[key] is not bool:
             raise PatchgenError(
-                f"{path}: {where}: key {key!r} must be {_a(_type_name(allowed[key]()))}, "
-                f"found {_type_name(value)} {value!r}"
+                f"{path}: {where}: key {key!r} must be {_a(type_name(allowed[key]()))}, "
+                f"found {type_name(value)} {value!r}"
             )
 
 
@@ -129,7 +123,7 @@ def _is_scope(scope: str) -> bool:
 def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patch:
     where = f"patch {index}"
     if not isinstance(table, dict):
-        raise PatchgenError(f"{path}: {where}: must be a table ([[patch]]), found {_type_name(table)}")
+        raise PatchgenError(f"{path}: {where}: must be a table ([[patch]]), found {type_name(table)}")
     if isinstance(table.get("template"), str):
         where = f"patch {index} ({table['template']})"
     _check_keys(table, PATCH_KEYS, REQUIRED_PATCH_KEYS, path, where)

@@ -78,7 +78,6 @@ class Template:
     def render(self, values: dict[str, Any], builtins: dict[str, str] | None = None) -> str:
         """Render the body from spec values (validated again here, so no path renders an unchecked value) and the
         engine's builtin variables (`scope`, and `expr` for wraps: code the engine itself produced)."""
-        builtins = {**{k: values[k] for k in BUILTIN_VARS if k in values}, **(builtins or {})}
         merged = {}
         for var in self.vars:
             if var.name in values:
@@ -91,7 +90,7 @@ class Template:
                 merged[var.name] = var.prepare(value)
             except VarError as exc:
                 raise PatchgenError(f"{self.path}: vars.{var.name} must be {exc}") from exc
-        merged.update(builtins)
+        merged.update(builtins or {})
         try:
             return _compiled(self.body).render(**merged)
         except jinja2.TemplateError as exc:

@@ -63,14 +63,14 @@ def is_dotted(text: str) -> bool:
     return all(is_identifier(part) for part in text.split("."))
 
 
-def _type_name(value: Any) -> str:
+def type_name(value: Any) -> str:
     names = {str: "string", int: "integer", float: "float", bool: "boolean", list: "array", dict: "table"}
     return names.get(type(value), type(value).__name__)
 
 
 def _found(value: Any) -> str:
     text = repr(value)
-    return f"{_type_name(value)} {text if len(text) <= 80 else text[:77] + '...'}"
+    return f"{type_name(value)} {text if len(text) <= 80 else text[:77] + '...'}"
 
 
 def prepare_scalar(scalar: str, value: Any, choices: tuple[str, ...] = ()) -> Any:

@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_flux.py sha256=19c283790c6ecce114759c47daf98b448292dec9c5070ad04eda1580fbf31770
 # spec: specs/flux.toml sha256=a46518f6c59ce8626ddf551a7e37633f84fa13e8099f8168d73c148f503e5827
 # templates: sha256=11fa7f1372d5feba095daef3480331e26f5375fb0ab717f2e56c56b6161f40fe
-# engine: patchgen==0.1.0 sha256=46ad4efa6fbef1713e94715402bf0a713d6c68f72476858e2013a2fc1646229c
+# engine: patchgen==0.1.0 sha256=c3e27d2f99ddd536cf60cece26473c105481e3680b1ed5110822df3b1dcb5e9f
 # body: sha256=a421dce8cad398d80d7a7da6e6d83b9371321746d99d4ecfc18dbd5abcbf427b
 # patches:
 #   #1 dit/shard_tokens @ FluxTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens and their RoPE; text tokens and positions stay whole

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
 # spec: specs/qwen3_omni_moe.toml sha256=6a8d30ddf6784f2b2d3e15259350ab62a83bdd6d52a8b3b36b3e821aca2a3989
 # templates: sha256=41bb0fbe8d500d9b6940addf03998d5a93300718af71cee32e40cb1e044a559f
-# engine: patchgen==0.1.0 sha256=46ad4efa6fbef1713e94715402bf0a713d6c68f72476858e2013a2fc1646229c
+# engine: patchgen==0.1.0 sha256=c3e27d2f99ddd536cf60cece26473c105481e3680b1ed5110822df3b1dcb5e9f
 # body: sha256=4da6ae00200f1dc88f32b9d9d87925086d97940c1955202a2d64d6f28fd04dbc
 # patches:
 #   #1 core/skip_isinstance @ Qwen3OmniMoePreTrainedModel._init_weights: code2wav (speech output) is pruned with the talker; its weight-init branch can match nothing here

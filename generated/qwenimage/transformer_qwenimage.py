@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_qwenimage.py sha256=cea921e2dd8bba5fcd86ae99054d7320b2773cc653c04c218983d54e737e2cc5
 # spec: specs/qwenimage.toml sha256=4f10b11eecbdf8829cc6809a8d4bcdb06cdf0221ecfd3e3aea1826e5ab6f12ac
 # templates: sha256=11fa7f1372d5feba095daef3480331e26f5375fb0ab717f2e56c56b6161f40fe
-# engine: patchgen==0.1.0 sha256=46ad4efa6fbef1713e94715402bf0a713d6c68f72476858e2013a2fc1646229c
+# engine: patchgen==0.1.0 sha256=c3e27d2f99ddd536cf60cece26473c105481e3680b1ed5110822df3b1dcb5e9f
 # body: sha256=08360730d71f46f6c5cc20b3a6854e268294baacc2feec69d3fae631a2c01ee4
 # patches:
 #   #1 dit/shard_tokens @ QwenImageTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole

@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_wan.py sha256=74741d74c9fa4b9d02be83de9840b37a732080a795aa2d19037c03e312c76907
 # spec: specs/wan.toml sha256=c4cd87e3035ee5a7032430c04564d2f05baff9f074a945786f726cc9e765c9e7
 # templates: sha256=11fa7f1372d5feba095daef3480331e26f5375fb0ab717f2e56c56b6161f40fe
-# engine: patchgen==0.1.0 sha256=46ad4efa6fbef1713e94715402bf0a713d6c68f72476858e2013a2fc1646229c
+# engine: patchgen==0.1.0 sha256=c3e27d2f99ddd536cf60cece26473c105481e3680b1ed5110822df3b1dcb5e9f
 # body: sha256=23b1aaa307843caa0c7ffdf53867bbad1553b50d86c7fafa0ee159265dd1a8d4
 # patches:
 #   #1 dit/shard_tokens @ WanTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables

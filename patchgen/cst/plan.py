@@ -8,7 +8,7 @@ where `resolve` stops at the first.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import libcst as cst
 
@@ -34,16 +34,8 @@ from patchgen.spec import Patch
 
 
 @dataclass
-class Plan:
+class Plan(Resolution):
     """Every applying patch's resolution, merged in patch order."""
-
-    edits: list[Edit] = field(default_factory=list)
-    imports: list[str] = field(default_factory=list)
-    renames: dict[str, str] = field(default_factory=dict)
-    added_names: set[str] = field(default_factory=set)
-    rendered: list[str] = field(default_factory=list)
-    chain_ids: set[int] = field(default_factory=set)
-    path_ids: set[int] = field(default_factory=set)
 
     def absorb(self, part: Resolution) -> None:
         self.edits += part.edits

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 import transformers
 
+from patchgen.model import merge_tables  # the spec's own table merge (extends), data only
 from runtime.models.registry import lookup
 
 
@@ -26,14 +27,6 @@ def tiny_vision_config(model_type: str) -> dict:
     return tiny_config_dict(model_type)["vision_config"]
 
 
-def _merged(base: dict, overrides: dict) -> dict:
-    out = dict(base)
-    for key, value in overrides.items():
-        nested = isinstance(value, dict) and isinstance(out.get(key), dict)
-        out[key] = _merged(out[key], value) if nested else value
-    return out
-
-
 def tiny_config(model_type: str, **overrides) -> transformers.PretrainedConfig:
     """A small config of `model_type` (its spec's `[model.tiny]`, `overrides` merged in, sub-config tables
     key by key); sdpa attention, and eager experts (the numerical reference) for MoE models unless
@@ -41,7 +34,7 @@ def tiny_config(model_type: str, **overrides) -> transformers.PretrainedConfig:
     masks)."""
     entry = lookup(model_type)
     experts_implementation = overrides.pop("experts_implementation", "eager")
-    config = transformers.AutoConfig.for_model(model_type, **_merged(tiny_config_dict(model_type), overrides))
+    config = transformers.AutoConfig.for_model(model_type, **merge_tables(tiny_config_dict(model_type), overrides))
     config._attn_implementation = "sdpa"
     if entry.is_moe:
         config._experts_implementation = experts_implementation  # propagates to a VLM's text sub-config

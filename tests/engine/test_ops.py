@@ -16,6 +16,11 @@ def all_ops(tmp_path_factory):
     return make_project(tmp_path_factory.mktemp("all_ops"), spec_toml(patches=ALL_OPS)).generate()
 
 
+def generate_one(project, **patch):
+    """The toy spec with this one patch, generated."""
+    return project(spec_toml(patches=[patch])).generate()
+
+
 def test_insert_after_with_every_var_type(all_ops) -> None:
     assert (
         "        residual = hidden\n"
@@ -103,19 +108,14 @@ def test_add_definition_appends_to_the_module_and_is_kept(all_ops) -> None:
 
 
 def test_add_definition_after_an_anchor(project) -> None:
-    gen = project(
-        spec_toml(
-            patches=[
-                dict(
-                    template="fx/add_definition",
-                    scope="<module>",
-                    after="EPS = 1e-6",
-                    vars=dict(name="lo", low=0.0, high=2.0),
-                    why="placed",
-                )
-            ]
-        )
-    ).generate()
+    gen = generate_one(
+        project,
+        template="fx/add_definition",
+        scope="<module>",
+        after="EPS = 1e-6",
+        vars=dict(name="lo", low=0.0, high=2.0),
+        why="placed",
+    )
     assert (
         "EPS   =   1e-6  # odd spacing kept verbatim\n"
         "# patchgen #1 fx/add_definition (1 stmt): placed\n"
@@ -151,19 +151,14 @@ def test_imports_block_after_module_imports_in_patch_order_without_duplicates(al
 
 
 def test_no_imports_block_when_templates_import_nothing(project) -> None:
-    gen = project(
-        spec_toml(
-            patches=[
-                dict(
-                    template="fx/insert_code",
-                    scope="ToyModel.forward",
-                    after="norm = math.sqrt(sum(h * h for h in hidden) + EPS)",
-                    vars=dict(code="norm_default"),
-                    why="x",
-                )
-            ]
-        )
-    ).generate()
+    gen = generate_one(
+        project,
+        template="fx/insert_code",
+        scope="ToyModel.forward",
+        after="norm = math.sqrt(sum(h * h for h in hidden) + EPS)",
+        vars=dict(code="norm_default"),
+        why="x",
+    )
     assert "patchgen imports" not in gen.text
 
 
@@ -186,19 +181,14 @@ def test_relative_imports_become_absolute(all_ops) -> None:
 
 
 def test_function_level_relative_import_becomes_absolute_when_its_class_is_not_patched(project) -> None:
-    gen = project(
-        spec_toml(
-            patches=[
-                dict(
-                    template="fx/insert_code",
-                    scope="ToyLayer.forward",
-                    after="residual = hidden",
-                    vars=dict(code="nothing"),
-                    why="x",
-                )
-            ]
-        )
-    ).generate()
+    gen = generate_one(
+        project,
+        template="fx/insert_code",
+        scope="ToyLayer.forward",
+        after="residual = hidden",
+        vars=dict(code="nothing"),
+        why="x",
+    )
     assert (
         "        from fixturepkg.models.sibling import lazy_helper  # a function-level relative import\n" in gen.text
     )
@@ -366,19 +356,14 @@ def test_try_header_is_an_anchor(project) -> None:
 
 
 def test_comments_in_a_template_body_survive(project) -> None:
-    gen = project(
-        spec_toml(
-            patches=[
-                dict(
-                    template="fx/insert_code",
-                    scope="ToyLayer.forward",
-                    after="residual = hidden",
-                    vars=dict(code="commented"),
-                    why="c",
-                )
-            ]
-        )
-    ).generate()
+    gen = generate_one(
+        project,
+        template="fx/insert_code",
+        scope="ToyLayer.forward",
+        after="residual = hidden",
+        vars=dict(code="commented"),
+        why="c",
+    )
     assert (
         "        residual = hidden\n"
         "        # patchgen #1 fx/insert_code (2 stmt): c\n"
@@ -395,20 +380,15 @@ def test_no_trailing_whitespace_in_lines_the_engine_writes(project) -> None:
 
 
 def test_replace_a_run_of_statements_anchor_through(project) -> None:
-    gen = project(
-        spec_toml(
-            patches=[
-                dict(
-                    template="fx/replace_code",
-                    scope="ToyLayer.forward",
-                    anchor="residual = hidden",
-                    through="hidden = rescale(hidden, factor=self.config.scale)",
-                    vars=dict(code="one_for_two"),
-                    why="run",
-                )
-            ]
-        )
-    ).generate()
+    gen = generate_one(
+        project,
+        template="fx/replace_code",
+        scope="ToyLayer.forward",
+        anchor="residual = hidden",
+        through="hidden = rescale(hidden, factor=self.config.scale)",
+        vars=dict(code="one_for_two"),
+        why="run",
+    )
     assert (
         "    def forward(self, hidden, attention_mask=None):\n"
         "        # patchgen #1 fx/replace_code (1 stmt): run\n"
@@ -420,20 +400,15 @@ def test_replace_a_run_of_statements_anchor_through(project) -> None:
 
 
 def test_replace_a_run_through_the_end_of_a_block(project) -> None:
-    gen = project(
-        spec_toml(
-            patches=[
-                dict(
-                    template="fx/replace_code",
-                    scope="ToyLayer.forward",
-                    anchor="hidden = rescale(hidden, factor=self.config.scale)",
-                    through="return hidden",
-                    vars=dict(code="return_rescaled"),
-                    why="tail",
-                )
-            ]
-        )
-    ).generate()
+    gen = generate_one(
+        project,
+        template="fx/replace_code",
+        scope="ToyLayer.forward",
+        anchor="hidden = rescale(hidden, factor=self.config.scale)",
+        through="return hidden",
+        vars=dict(code="return_rescaled"),
+        why="tail",
+    )
     assert (
         "        residual = hidden\n"
         "        # patchgen #1 fx/replace_code (1 stmt): tail\n"

@@ -62,7 +62,7 @@ def test_an_expr_var_renders_normalized_on_one_line(tmp_path: Path) -> None:
         tmp_path, "t/wrap", 'op = "wrap"\ndoc = "d"\n[vars.e]\nkind = "expr"\ndoc = "e"', "f({{ expr }}, {{ e }})"
     )
     # a comment in the value would swallow the rest of the line; a line break could start a statement
-    assert template.render({"e": "(a +  # c\n b)", "expr": "x"}) == "f(x, a + b)\n"
+    assert template.render({"e": "(a +  # c\n b)"}, {"expr": "x"}) == "f(x, a + b)\n"
 
 
 @pytest.mark.parametrize("why", ["two\nlines", "carriage\rreturn", "tab\tinside", "   "])
@@ -101,7 +101,7 @@ def test_templates_render_in_a_sandbox(tmp_path: Path, monkeypatch, body: str) -
     monkeypatch.chdir(tmp_path)
     template = _write_template(tmp_path, "evil/t", 'op = "wrap"\ndoc = "d"', body)
     with pytest.raises(PatchgenError, match="rendering failed"):
-        template.render({"expr": "x"})
+        template.render({}, {"expr": "x"})
     assert not (tmp_path / "PWNED").exists()
 
 
