@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/qwen3_omni_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_omni_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
-# spec: specs/qwen3_omni_moe.toml sha256=6a8d30ddf6784f2b2d3e15259350ab62a83bdd6d52a8b3b36b3e821aca2a3989
-# templates: sha256=41bb0fbe8d500d9b6940addf03998d5a93300718af71cee32e40cb1e044a559f
+# spec: specs/qwen3_omni_moe.toml sha256=c6059011509fcbcd0c3dc3670c2e7dd3908bf0751cc06c1c02e464ea0e2d69ca
+# templates: sha256=1b474cb8c2ffe95632fef192983c9302ed1d2f79b9ed461ad231c8b2abede39d
 # engine: patchgen==0.1.0 sha256=c3e27d2f99ddd536cf60cece26473c105481e3680b1ed5110822df3b1dcb5e9f
-# body: sha256=4da6ae00200f1dc88f32b9d9d87925086d97940c1955202a2d64d6f28fd04dbc
+# body: sha256=1601b7cfefa0ffb21dfa2ed090764cd384398d28dd83ae148cbbda74236f57fe
 # patches:
 #   #1 core/skip_isinstance @ Qwen3OmniMoePreTrainedModel._init_weights: code2wav (speech output) is pruned with the talker; its weight-init branch can match nothing here
 #   #2 sp/full_sequence_mask @ Qwen3OmniMoeThinkerTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
@@ -38,7 +38,7 @@
 #   #29 sp/vit_fill_back @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: same for video tokens
 #   #30 vlm/restore_lm_attention_kwargs @ Qwen3OmniMoeThinkerForConditionalGeneration.forward: the language model gets its packed flash-attention kwargs back
 #   #31 audio/position_id_func @ Qwen3OmniMoeThinkerForConditionalGeneration: the data pipeline computes M-RoPE ids per sample (audio lengths, audio-in-video), before packing and SP slicing
-#   #32 core/submodel_checkpoint @ Qwen3OmniMoeThinkerForConditionalGeneration: a full omni checkpoint loads into the thinker: talker and code2wav weights are dropped and counted, nothing else is
+#   #32 core/submodel_checkpoint @ Qwen3OmniMoeThinkerForConditionalGeneration: the thinker loads a full omni checkpoint as upstream does; our trainer drops the talker and code2wav weights (counted) and refuses any other unexpected key
 #   #33 core/native_weight_init @ Qwen3OmniMoePreTrainedModel: random init as upstream's (every sub-model inits itself): _init_weights sets experts and router through the MoE block, which has no direct parameter
 #   #34 fsdp/wrap_units @ Qwen3OmniMoeThinkerForConditionalGeneration: FSDP shards (and checkpoints) per block: upstream names the two towers only, which would leave the whole MoE LM in the root unit
 #   #35 core/upstream_weight_conversions @ <module>: implied by [model]: generated classes load every checkpoint layout upstream accepts, and save upstream's
@@ -121,7 +121,7 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (
     Qwen3OmniMoeThinkerConfig,
     Qwen3OmniMoeVisionEncoderConfig,
 )
-# patchgen imports (19 stmt): names the patches below use
+# patchgen imports (18 stmt): names the patches below use
 from runtime.sp.positions import full_sequence_mask
 from runtime.sp.positions import slice_position_embeddings
 from runtime.sp.ulysses import ulysses_attn_implementation
@@ -139,7 +139,6 @@ from runtime.audio.dummy_forward import audio_dummy_forward
 from runtime.sp.vision import local_visual_tokens
 from runtime.vlm.dummy_forward import vision_dummy_forward
 from runtime.audio.positions import OmniRopeIndexFunction
-from runtime.models.submodel_checkpoint import drop_checkpoint_prefixes
 from runtime.models.conversions import share_upstream_weight_conversions
 
 
@@ -2349,10 +2348,9 @@ class Qwen3OmniMoeThinkerForConditionalGeneration(
     -> (3, 1, L) M-RoPE ids of one sample."""
         return OmniRopeIndexFunction(Qwen3OmniMoeThinkerForConditionalGeneration, config)
 
-    # patchgen #32 core/submodel_checkpoint (1 stmt): a full omni checkpoint loads into the thinker: talker and code2wav weights are dropped and counted, nothing else is
-    def _adjust_missing_and_unexpected_keys(self, loading_info):
-        super()._adjust_missing_and_unexpected_keys(loading_info)
-        drop_checkpoint_prefixes(loading_info, ("talker.", "code2wav.",), type(self).__name__)
+    # patchgen #32 core/submodel_checkpoint (1 stmt): the thinker loads a full omni checkpoint as upstream does; our trainer drops the talker and code2wav weights (counted) and refuses any other unexpected key
+    # Parts of the full model this class leaves out, read by runtime.models.submodel_checkpoint (our trainer's loader).
+    _patchgen_parts_left_out = ("talker.", "code2wav.",)
 
 
 __all__ = [

@@ -8,6 +8,7 @@ import torch
 import transformers
 
 from runtime.models.registry import lookup
+from runtime.models.submodel_checkpoint import drop_parts_left_out
 from runtime.moe.dispatch import register_experts_kernels
 from runtime.train.config import ConfigError, ModelConfig
 
@@ -39,6 +40,8 @@ def load_pretrained(cls: type, path: str, **kwargs: Any) -> torch.nn.Module:
         raise ConfigError(f"model.path: cannot load {path} as {cls.__name__}: {first}") from None
     finally:
         transformers.logging.set_verbosity(verbosity)
+    # a sub-model's checkpoint may be its full model's: the parts the class declares as left out are dropped, counted
+    info["unexpected_keys"] = drop_parts_left_out(cls, (_key_name(k) for k in info.get("unexpected_keys") or ()))
     problems = [
         f"{what} {_listed(info.get(key))}"
         for key, what in (

@@ -1,6 +1,7 @@
-"""A full Qwen3-Omni checkpoint (thinker + talker + code2wav) loads into the generated thinker: the thinker's weights
-arrive (``thinker.`` prefix stripped by transformers), the talker's and code2wav's are dropped with one log line that
-counts them, and any other unexpected weight is an error."""
+"""A full Qwen3-Omni checkpoint (thinker + talker + code2wav) loads into the generated thinker exactly as into
+upstream's (the same weights, the same ``loading_info``: a generated class accepts what upstream accepts), and our
+trainer's loader is where strictness lives: the talker's and code2wav's weights are dropped with one log line that
+counts them, any other unexpected weight is an error naming it."""
 
 from __future__ import annotations
 
@@ -71,34 +72,66 @@ def full_checkpoint(tmp_path_factory) -> tuple:
     return path, model
 
 
-def test_full_checkpoint_loads_into_the_thinker(full_checkpoint, caplog) -> None:
+def _with_extra_weight(path, tmp_path):
+    weights = load_file(str(path / "model.safetensors"))
+    weights["thinker.model.extra_head.weight"] = torch.randn(2, 2)
+    for name in ("config.json", "generation_config.json"):
+        if (path / name).exists():
+            (tmp_path / name).write_bytes((path / name).read_bytes())
+    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    return tmp_path
+
+
+def _load_both(path) -> tuple:
+    """(generated model, its loading info, upstream model, its loading info), both from ``path``."""
+    transformers.logging.set_verbosity_error()
+    try:
+        ours, ours_info = generated_class().from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+        theirs, theirs_info = transformers.Qwen3OmniMoeThinkerForConditionalGeneration.from_pretrained(
+            path, dtype=torch.float32, output_loading_info=True
+        )
+    finally:
+        transformers.logging.set_verbosity_warning()
+    return ours, ours_info, theirs, theirs_info
+
+
+@pytest.mark.parametrize("extra", [False, True], ids=["full", "full+unknown"])
+def test_the_generated_thinker_loads_what_upstream_loads(full_checkpoint, tmp_path, extra) -> None:
     path, full = full_checkpoint
-    keys = load_file(str(path / "model.safetensors")).keys()
-    assert any(k.startswith("talker.") for k in keys) and any(k.startswith("code2wav.") for k in keys)
+    path = _with_extra_weight(path, tmp_path) if extra else path
+    ours, ours_info, theirs, theirs_info = _load_both(path)
+    for key in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+        assert sorted(map(str, ours_info[key])) == sorted(map(str, theirs_info[key])), key
+    assert ("thinker.model.extra_head.weight" in ours_info["unexpected_keys"]) == extra
+    ref = full.thinker.state_dict()
+    got = ours.state_dict()
+    assert got.keys() == ref.keys() == theirs.state_dict().keys()
+    for name, value in ref.items():
+        assert torch.equal(got[name], value), name
+
+
+def test_the_trainer_drops_the_left_out_parts_counted(full_checkpoint, caplog) -> None:
+    from runtime.train.model import load_pretrained
+
+    path, full = full_checkpoint
     # counted as the full model names them (the talker's per-expert checkpoint weights load stacked)
     others = [k for k in full.state_dict() if k.startswith(("talker.", "code2wav."))]
     with caplog.at_level(logging.WARNING, logger="runtime.models.submodel_checkpoint"):
-        thinker = generated_class().from_pretrained(path, dtype=torch.float32)
+        thinker = load_pretrained(generated_class(), str(path))
     assert [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()] == [
         f"Qwen3OmniMoeThinkerForConditionalGeneration: dropped {len(others)} weights of talker.*, "
         "code2wav.* (parts of the full model this class leaves out)"
     ]
     ref = full.thinker.state_dict()
-    got = thinker.state_dict()
-    assert got.keys() == ref.keys()
-    for name, value in ref.items():
-        assert torch.equal(got[name], value), name
+    for name, value in thinker.state_dict().items():
+        assert torch.equal(value, ref[name]), name
 
 
-def test_an_unknown_weight_is_an_error(full_checkpoint, tmp_path) -> None:
-    path, _ = full_checkpoint
-    weights = load_file(str(path / "model.safetensors"))
-    weights["thinker.model.extra_head.weight"] = torch.zeros(2, 2)
-    for name in ("config.json", "generation_config.json"):
-        if (path / name).exists():
-            (tmp_path / name).write_bytes((path / name).read_bytes())
-    save_file(weights, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(
-        ValueError, match=r"1 weight\(s\) this model does not have: thinker\.model\.extra_head\.weight"
-    ):
-        generated_class().from_pretrained(tmp_path, dtype=torch.float32)
+def test_the_trainer_refuses_an_unknown_weight(full_checkpoint, tmp_path) -> None:
+    from runtime.train.config import ConfigError
+    from runtime.train.model import load_pretrained
+
+    path = _with_extra_weight(full_checkpoint[0], tmp_path)
+    with pytest.raises(ConfigError, match=r"unexpected keys thinker\.model\.extra_head\.weight;") as info:
+        load_pretrained(generated_class(), str(path))
+    assert "\n" not in str(info.value) and "talker" not in str(info.value)
