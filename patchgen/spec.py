@@ -62,6 +62,7 @@ class Patch:
     after: str | None = None
     anchor: str | None = None
     through: str | None = None  # op replace: last statement of the replaced run
+    source: str = field(default="", compare=False)  # "specs/<name>.toml" that states it: generated code names it
 
     @property
     def label(self) -> str:
@@ -167,7 +168,8 @@ def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patc
             f"{path}: {where}: 'scope' must be '<module>', a top-level name or a dotted path such as Class.method; "
             f"found {table['scope']!r}"
         )
-    return Patch(index, template, table["scope"], why, values, *(table.get(k) for k in ANCHOR_KEYS))
+    anchors = (table.get(k) for k in ANCHOR_KEYS)
+    return Patch(index, template, table["scope"], why, values, *anchors, source=f"{path.parent.name}/{path.name}")
 
 
 IMPLIED_CONVERSIONS = "core/upstream_weight_conversions"

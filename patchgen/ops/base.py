@@ -174,7 +174,8 @@ class ResolveContext:
         from patchgen.errors import PatchgenError
 
         try:
-            code = self.patch.template.render(self.patch.vars, {"scope": self.patch.scope, **(builtins or {})})
+            site = {"scope": self.patch.scope, "spec": self.patch.source, "patch": str(self.patch.index)}
+            code = self.patch.template.render(self.patch.vars, {**site, **(builtins or {})})
         except PatchgenError as exc:
             raise PlanError(self.patch, str(exc), kind=RENDER_ERROR) from exc
         self.out.rendered.append(code)

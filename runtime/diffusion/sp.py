@@ -7,23 +7,27 @@ upstream's code path and stays bitwise equal to it):
    when their count is not divisible by sp); ``shard_tokens`` keeps this rank's contiguous slice of each per-token
    tensor and ``shard_rotary`` this rank's slice of the RoPE tables. The sharded RoPE is a ``ShardedRotary``: it
    unpacks like upstream's tuple and carries the ``TokenShard`` to every attention call that uses it.
-2. each attention processor that receives RoPE runs ``ulysses_to_heads`` before its attention call and
-   ``ulysses_to_sequence`` after it. Its query/key/value are ``[replicated prefix | this rank's sharded tokens]``
-   along the sequence: self-attention has no prefix (Wan), joint attention has the text tokens as the prefix
-   (Flux, Qwen-Image). The sharded tokens go through the Ulysses all-to-all (local tokens x all heads -> all tokens
-   x this rank's heads), the prefix keeps this rank's heads, the two are joined in the head-sharded layout and the
-   padding is dropped, so the attention kernel sees exactly the single-process sequence for this rank's heads.
-   Afterwards the sharded part goes back through the inverse all-to-all and the prefix output is all-gathered over
-   heads (every rank needs the full text stream). Attention calls without RoPE (Wan's cross-attention to text and
-   image embeddings) are left alone: their queries are this rank's tokens, their keys/values are replicated, so
-   they are exact without any communication.
+2. each attention processor that receives the split runs ``ulysses_to_heads`` before its attention call and
+   ``ulysses_to_sequence`` after it. Its query/key/value hold this rank's sharded tokens and, for joint attention,
+   a segment of replicated tokens (the text) whose place the spec states (``runtime/diffusion/sp_layout.py``:
+   ``replicated`` none / first / last, ``dims`` bshd / bhsd; checked at the first SP forward). The sharded tokens go
+   through the Ulysses all-to-all (local tokens x all heads -> all tokens x this rank's heads), the replicated
+   segment keeps this rank's heads, the two are joined in the stated order and the padding is dropped, so the
+   attention kernel sees exactly the single-process sequence for this rank's heads. Afterwards the sharded part
+   goes back through the inverse all-to-all and the replicated output is all-gathered over heads (every rank needs
+   the full text stream). Attention calls that do not receive the split (Wan's cross-attention to text and image
+   embeddings) are left alone: their queries are this rank's tokens, their keys/values are replicated, so they are
+   exact without any communication.
 3. ``gather_tokens`` after the output projection all-gathers the tokens and drops the padding: every rank returns
    the full prediction, as upstream does.
 
-Why the shard rides on the RoPE object: the attention hooks need per-forward facts (the padding, where the
-sharded tokens start) and RoPE is the one argument upstream already passes from the model forward to exactly the
-attention calls that mix tokens, through every block and every gradient-checkpoint mechanism (diffusers', torch's
-composable checkpoint, FSDP2's forward hooks rebuild containers but keep dataclasses). No global state is needed.
+Why the shard rides on the RoPE object: the attention hooks need per-forward facts (the padding, the number of
+real tokens) and RoPE is the one argument upstream already passes from the model forward to exactly the attention
+calls that mix tokens, through every block and every gradient-checkpoint mechanism (diffusers', torch's composable
+checkpoint, FSDP2's forward hooks rebuild containers but keep dataclasses). No global state is needed. Which
+processor argument carries the split is the spec's statement (the ``carrier`` var of ``dit/ulysses_attention``);
+``attention_split`` accepts a ``ShardedRotary`` or a bare ``TokenShard`` (a model without RoPE hands the split to
+its processors through an argument of its own).
 
 Gradients follow ``runtime.parallel.collectives``' partial-gradient convention, with one DiT-specific choice:
 ``gather_tokens``' backward keeps this rank's slice of the incoming gradient without communication, because every
@@ -42,6 +46,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
+from runtime.diffusion.sp_layout import AttentionLayout, check_layout
 from runtime.parallel.collectives import (
     gather_along_dim,
     gather_heads_scatter_seq,
@@ -52,10 +57,12 @@ from runtime.parallel.collectives import (
 from runtime.parallel.state import get_parallel_state
 
 __all__ = [
+    "AttentionSplit",
     "ShardedRotary",
     "TokenShard",
+    "attention_split",
     "gather_tokens",
-    "rotary_token_shard",
+    "refuse_under_sp",
     "shard_rotary",
     "shard_tokens",
     "token_shard",
@@ -69,7 +76,8 @@ class TokenShard:
     """How one forward's patchified tokens are split over the SP group.
 
     ``tokens`` real tokens are padded by ``pad`` to ``size * local``; rank ``rank`` holds tokens
-    ``[rank * local, (rank + 1) * local)`` of the padded sequence.
+    ``[rank * local, (rank + 1) * local)`` of the padded sequence. ``checked``: the attention sites whose stated
+    layout was already checked for this model (shared by all its forwards: the check runs once per site).
     """
 
     group: ProcessGroup = dataclasses.field(repr=False, compare=False)
@@ -77,6 +85,7 @@ class TokenShard:
     rank: int
     tokens: int
     pad: int
+    checked: set = dataclasses.field(default_factory=set, repr=False, compare=False)
 
     @property
     def local(self) -> int:
@@ -104,30 +113,57 @@ class ShardedRotary(Sequence):
         return self.parts[index]
 
 
-def _check_processors(model: torch.nn.Module, processors: tuple[type, ...]) -> None:
+def _check_processors(
+    model: torch.nn.Module, processors: tuple[type, ...], replicated_modules: tuple[str, ...], site: str
+) -> None:
     for name, module in model.named_modules():
         processor = getattr(module, "processor", None)
-        if processor is not None and not isinstance(processor, processors):
-            allowed = ", ".join(sorted(p.__name__ for p in processors))
-            raise ValueError(
-                f"sequence parallelism needs an SP-aware attention processor on every attention module; {name} has "
-                f"{type(processor).__name__} (SP-aware here: {allowed}). Keep the generated processors (do not call "
-                f"set_attn_processor with another one) or train with sp_size=1."
-            )
+        if processor is None or isinstance(processor, processors):
+            continue
+        if any(name == prefix or name.startswith(prefix + ".") for prefix in replicated_modules):
+            continue  # stated by the spec: runs before the split, on replicated tokens only
+        allowed = ", ".join(sorted(p.__name__ for p in processors))
+        raise ValueError(
+            f"sequence parallelism: attention module {name} has {type(processor).__name__}, which is not SP-aware "
+            f"(SP-aware here: {allowed}). If {name} runs before the token split on replicated tokens only (e.g. a text "
+            f"refiner), add {name.split('.')[0]!r} to the var `replicated_modules` of {site}; if "
+            f"set_attn_processor replaced the generated processor, keep the generated one; or train with sp=1."
+        )
 
 
-def token_shard(model: torch.nn.Module, num_tokens: int, processors: tuple[type, ...]) -> TokenShard | None:
+def token_shard(
+    model: torch.nn.Module,
+    num_tokens: int,
+    processors: tuple[type, ...],
+    replicated_modules: tuple[str, ...] = (),
+    site: str = "the dit/shard_tokens patch",
+) -> TokenShard | None:
     """The split of ``num_tokens`` patchified tokens over the SP group, or None when SP is off.
 
     ``processors`` are the SP-aware attention processor classes of the model's module: slicing is only correct when
-    every attention runs through them, so any other processor is refused.
+    every attention runs through them, so any other processor is refused, except under ``replicated_modules``
+    (module paths the spec declares as running before the split on replicated tokens, e.g. a text refiner).
     """
     state = get_parallel_state()
     if not state.sp_enabled:
         return None
-    _check_processors(model, processors)
+    _check_processors(model, processors, replicated_modules, site)
     size = state.sp_size
-    return TokenShard(group=state.sp_group, size=size, rank=state.sp_rank, tokens=num_tokens, pad=-num_tokens % size)
+    checked = model.__dict__.setdefault("_patchgen_sp_checked_sites", set())
+    return TokenShard(
+        group=state.sp_group,
+        size=size,
+        rank=state.sp_rank,
+        tokens=num_tokens,
+        pad=-num_tokens % size,
+        checked=checked,
+    )
+
+
+def refuse_under_sp(condition: Any, reason: str, site: str = "?") -> None:
+    """Raise when SP is on and ``condition`` holds: a configuration the token split would make silently wrong."""
+    if condition and get_parallel_state().sp_enabled:
+        raise ValueError(f"sequence parallelism cannot run this configuration ({site}): {reason}; train with sp=1")
 
 
 def _pad_and_slice(x: Tensor, shard: TokenShard, dim: int) -> Tensor:
@@ -171,72 +207,93 @@ def shard_rotary(
     return ShardedRotary(tuple(items), shard)
 
 
-def rotary_token_shard(rotary: Any) -> TokenShard | None:
-    """The ``TokenShard`` an attention call works on: the one its RoPE carries; None when SP is off or the call has
-    no RoPE (cross-attention, exact without communication)."""
-    return rotary.shard if isinstance(rotary, ShardedRotary) else None
+@dataclasses.dataclass(frozen=True)
+class AttentionSplit:
+    """One attention call under SP: the forward's token split and the layout its spec states."""
+
+    shard: TokenShard
+    layout: AttentionLayout
 
 
-def _prefix_length(x: Tensor, shard: TokenShard) -> int:
-    prefix = x.size(1) - shard.local
-    if prefix < 0:
-        raise ValueError(
-            f"SP attention: a sequence of {x.size(1)} tokens is shorter than this rank's {shard.local} sharded tokens"
-        )
-    return prefix
+def attention_split(carrier: Any, *, replicated: str, dims: str, site: str = "?") -> AttentionSplit | None:
+    """The split an attention call works on: the ``TokenShard`` its carrier argument holds (a ``ShardedRotary`` or a
+    bare ``TokenShard``), with the stated layout (``sp_layout``); None when SP is off or the call does not receive
+    the split (cross-attention: exact without communication)."""
+    if isinstance(carrier, ShardedRotary):
+        carrier = carrier.shard
+    if not isinstance(carrier, TokenShard):
+        return None
+    return AttentionSplit(carrier, AttentionLayout(replicated, dims, site))
+
+
+def _joined(layout: AttentionLayout, replicated: Tensor, sharded: Tensor) -> Tensor:
+    parts = [replicated, sharded] if layout.replicated == "first" else [sharded, replicated]
+    return torch.cat(parts, dim=1)
 
 
 def ulysses_to_heads(
-    shard: TokenShard | None, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None = None
+    split: AttentionSplit | None, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """Before attention: ``(b, prefix + local, h, d)`` -> ``(b, prefix + tokens, h / sp, d)``.
-
-    The sharded tokens are all-to-all'ed to this rank's heads and unpadded, the replicated prefix keeps this rank's
-    heads. A mask ``(b, 1, 1, prefix + local)`` over keys keeps its prefix columns and takes the sharded tokens as
-    valid (Qwen-Image builds its joint mask that way: text mask, then ones). Identity when ``shard`` is None.
+    """Before attention: this rank's sharded tokens x all heads (+ a replicated segment) -> every token x this rank's
+    heads, in the stated layout. The sharded tokens are all-to-all'ed and unpadded, the replicated segment keeps
+    this rank's heads. A key mask ``(b, 1, 1, s)`` keeps its replicated columns and takes the sharded tokens as
+    valid (Qwen-Image and HunyuanVideo build their joint masks that way). Identity when ``split`` is None.
     """
-    if shard is None:
+    if split is None:
         return query, key, value, attention_mask
+    shard, layout = split.shard, split.layout
+    query, key, value = (layout.to_bshd(x) for x in (query, key, value))
     heads = query.size(2)
     if heads % shard.size:
         raise ValueError(
             f"{heads} attention heads cannot be split over sp={shard.size}: sp must divide the head count"
         )
-    prefix = _prefix_length(query, shard)
+    start, count = layout.segments(query.size(1), shard.local)
+    if layout.site not in shard.checked:
+        check_layout(layout, key, shard.local, shard.group)
+        shard.checked.add(layout.site)
+    rep_start = 0 if layout.replicated == "first" else shard.local
 
     def one(x: Tensor) -> Tensor:
-        local = gather_seq_scatter_heads(x.narrow(1, prefix, shard.local), seq_dim=1, head_dim=2, group=shard.group)
+        local = gather_seq_scatter_heads(x.narrow(1, start, shard.local), seq_dim=1, head_dim=2, group=shard.group)
         local = unpad(local, 1, shard.pad)
-        if not prefix:
-            return local
-        return torch.cat([slice_for_rank(x.narrow(1, 0, prefix), 2, shard.group), local], dim=1)
+        if not count:
+            return layout.from_bshd(local)
+        return layout.from_bshd(_joined(layout, slice_for_rank(x.narrow(1, rep_start, count), 2, shard.group), local))
 
     if attention_mask is not None:
         if attention_mask.dim() != 4 or attention_mask.size(-2) != 1 or attention_mask.size(-1) != query.size(1):
             raise ValueError(
-                f"SP attention takes a key mask of shape (b, 1, 1, {query.size(1)}), got {tuple(attention_mask.shape)}"
+                f"{layout.site}: SP attention takes a key mask of shape (b, 1, 1, {query.size(1)}), got "
+                f"{tuple(attention_mask.shape)}"
             )
         fill = True if attention_mask.dtype == torch.bool else 0.0
         tokens = attention_mask.new_full((*attention_mask.shape[:-1], shard.tokens), fill)
-        attention_mask = torch.cat([attention_mask.narrow(-1, 0, prefix), tokens], dim=-1)
+        kept = attention_mask.narrow(-1, rep_start, count)
+        attention_mask = torch.cat([kept, tokens] if layout.replicated == "first" else [tokens, kept], dim=-1)
     return one(query), one(key), one(value), attention_mask
 
 
-def ulysses_to_sequence(shard: TokenShard | None, out: Tensor) -> Tensor:
-    """After attention: ``(b, prefix + tokens, h / sp, d)`` -> ``(b, prefix + local, h, d)``, the inverse of
-    ``ulysses_to_heads``; the prefix output is all-gathered over heads. Identity when ``shard`` is None."""
-    if shard is None:
+def ulysses_to_sequence(split: AttentionSplit | None, out: Tensor) -> Tensor:
+    """After attention: every token x this rank's heads -> this rank's sharded tokens x all heads (+ the replicated
+    segment, all-gathered over heads), the inverse of ``ulysses_to_heads``. Identity when ``split`` is None."""
+    if split is None:
         return out
-    prefix = out.size(1) - shard.tokens
-    local = out.narrow(1, prefix, shard.tokens)
+    shard, layout = split.shard, split.layout
+    out = layout.to_bshd(out)
+    count = out.size(1) - shard.tokens
+    start = count if layout.replicated == "first" else 0
+    local = out.narrow(1, start, shard.tokens)
     if shard.pad:
         shape = list(local.shape)
         shape[1] = shard.pad
         local = torch.cat([local, local.new_zeros(shape)], dim=1)
     local = gather_heads_scatter_seq(local, head_dim=2, seq_dim=1, group=shard.group)
-    if not prefix:
-        return local
-    return torch.cat([gather_along_dim(out.narrow(1, 0, prefix), 2, shard.group), local], dim=1)
+    if not count:
+        return layout.from_bshd(local)
+    rep_start = 0 if layout.replicated == "first" else shard.tokens
+    full = gather_along_dim(out.narrow(1, rep_start, count), 2, shard.group)
+    return layout.from_bshd(_joined(layout, full, local))
 
 
 class _GatherForReplicatedLoss(torch.autograd.Function):

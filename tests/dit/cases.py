@@ -41,6 +41,7 @@ CASES = {
     "wan_i2v": Case("wan_i2v", "wan", tiny_config("wan", "i2v"), {**VIDEO, "batch": 1, "text": WAN_I2V_TEXT_LEN}),
     "flux": Case("flux", "flux", tiny_config("flux"), {**IMAGE, "batch": 2}),
     "qwenimage": Case("qwenimage", "qwenimage", tiny_config("qwenimage"), {**IMAGE, "batch": 2}),
+    "hunyuanvideo": Case("hunyuanvideo", "hunyuanvideo", tiny_config("hunyuanvideo"), {**VIDEO, "batch": 2, "text": 7}),
     "qwenimage_zero_cond_t": Case(
         "qwenimage_zero_cond_t", "qwenimage", tiny_config("qwenimage", "zero_cond_t"), {**IMAGE, "batch": 1}
     ),
@@ -66,6 +67,19 @@ def inputs(case: Case, seed: int = 1) -> dict[str, Any]:
         if cfg.get("image_dim"):
             out["encoder_hidden_states_image"] = randn(s["batch"], 5, cfg["image_dim"])
         return out
+    if case.model_type == "hunyuanvideo":
+        cfg = case.config
+        mask = torch.ones(s["batch"], s["text"], dtype=torch.long)
+        mask[-1, s["text"] - 3 :] = 0  # the last sample's prompt is 3 tokens shorter (padding)
+        return {
+            "hidden_states": randn(s["batch"], cfg["in_channels"], s["frames"], s["height"], s["width"]),
+            "timestep": torch.rand(s["batch"], generator=g) * 1000,
+            "encoder_hidden_states": randn(s["batch"], s["text"], cfg["text_embed_dim"]),
+            "encoder_attention_mask": mask,
+            "pooled_projections": randn(s["batch"], cfg["pooled_projection_dim"]),
+            "guidance": torch.full((s["batch"],), 6000.0),
+            "return_dict": False,
+        }
     b, h, w, text = s["batch"], s["height"], s["width"], s["text"]
     cfg = case.config
     if case.model_type == "flux":

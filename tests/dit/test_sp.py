@@ -20,8 +20,10 @@ SP2 = [
     ("flux", True),
     ("qwenimage", False),
     ("qwenimage_zero_cond_t", True),
+    ("hunyuanvideo", False),
+    ("hunyuanvideo", True),
 ]
-SP4 = [("wan_t2v", True)]
+SP4 = [("wan_t2v", True), ("hunyuanvideo", True)]
 
 
 def _run(name: str, checkpointing: bool) -> dict:
@@ -58,9 +60,14 @@ def _compare(per_rank: list[list[dict]], cases: list[tuple[str, bool]]) -> None:
             assert relative_error(got["out"], ref["out"]) < 1e-5, case
             assert relative_error(got["loss"], ref["loss"]) < 1e-5, case
             assert got["grads"].keys() == ref["grads"].keys(), case
+            # A gradient that is zero in exact arithmetic (a key bias without a norm after it: softmax ignores it)
+            # is rounding noise on both sides; it is held to 1e-5 of the whole gradient's norm instead of its own.
+            total = sum(g.double().norm() ** 2 for g in ref["grads"].values() if g is not None) ** 0.5
             for key, grad in ref["grads"].items():
                 if grad is None:
                     assert got["grads"][key] is None, (case, key)
+                elif grad.double().norm() < 1e-9 * total:
+                    assert (got["grads"][key].double() - grad.double()).norm() < 1e-5 * total, (case, key)
                 else:
                     assert relative_error(got["grads"][key], grad) < 1e-5, (case, key)
 
