@@ -125,8 +125,8 @@ def _check_processors(
         allowed = ", ".join(sorted(p.__name__ for p in processors))
         raise ValueError(
             f"sequence parallelism: attention module {name} has {type(processor).__name__}, which is not SP-aware "
-            f"(SP-aware here: {allowed}). If {name} runs before the token split on replicated tokens only (e.g. a text "
-            f"refiner), add {name.split('.')[0]!r} to the var `replicated_modules` of {site}; if "
+            f"(SP-aware here: {allowed}). If {name} runs before the token split on replicated tokens only (e.g. a "
+            f"text refiner), add {name.split('.')[0]!r} to the var `replicated_modules` of {site}; if "
             f"set_attn_processor replaced the generated processor, keep the generated one; or train with sp=1."
         )
 

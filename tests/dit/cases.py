@@ -41,7 +41,9 @@ CASES = {
     "wan_i2v": Case("wan_i2v", "wan", tiny_config("wan", "i2v"), {**VIDEO, "batch": 1, "text": WAN_I2V_TEXT_LEN}),
     "flux": Case("flux", "flux", tiny_config("flux"), {**IMAGE, "batch": 2}),
     "qwenimage": Case("qwenimage", "qwenimage", tiny_config("qwenimage"), {**IMAGE, "batch": 2}),
-    "hunyuanvideo": Case("hunyuanvideo", "hunyuanvideo", tiny_config("hunyuanvideo"), {**VIDEO, "batch": 2, "text": 7}),
+    "hunyuanvideo": Case(
+        "hunyuanvideo", "hunyuanvideo", tiny_config("hunyuanvideo"), {**VIDEO, "batch": 2, "text": 7}
+    ),
     "qwenimage_zero_cond_t": Case(
         "qwenimage_zero_cond_t", "qwenimage", tiny_config("qwenimage", "zero_cond_t"), {**IMAGE, "batch": 1}
     ),
