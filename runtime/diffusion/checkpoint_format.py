@@ -3,18 +3,22 @@
 A diffusers model directory holds ``config.json`` (the ``__init__`` arguments plus ``_class_name`` and
 ``_diffusers_version``) and ``diffusion_pytorch_model.safetensors``, or, when large, numbered shards listed by
 ``diffusion_pytorch_model.safetensors.index.json`` (``weight_map``: key -> file). Key names are the module's
-``state_dict`` names, so ``<Class>.from_pretrained`` of plain diffusers reads what ``write_model_dir`` writes.
+``state_dict`` names, so ``<Class>.from_pretrained`` of plain diffusers reads what ``write_model_dir`` writes. A
+``variant`` (e.g. ``fp16``) names the weight files as diffusers does (``diffusion_pytorch_model.fp16.safetensors``,
+``diffusion_pytorch_model.safetensors.index.fp16.json``), through diffusers' own ``_add_variant``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
+from diffusers.utils import _add_variant
 from diffusers.utils.constants import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFETENSORS_WEIGHTS_NAME
 from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors.torch import load_file, save_file
@@ -42,10 +46,11 @@ def read_config(directory: str | os.PathLike, class_name: str) -> dict[str, Any]
     return {k: v for k, v in config.items() if not k.startswith("_")}
 
 
-def read_weights(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
+def read_weights(directory: str | os.PathLike, variant: str | None = None) -> dict[str, torch.Tensor]:
     """Every tensor of a diffusers model directory: one safetensors file, or the shards its index lists."""
     directory = Path(directory)
-    single, index = directory / SAFETENSORS_WEIGHTS_NAME, directory / SAFE_WEIGHTS_INDEX_NAME
+    single = directory / _add_variant(SAFETENSORS_WEIGHTS_NAME, variant)
+    index = directory / _add_variant(SAFE_WEIGHTS_INDEX_NAME, variant)
     if single.is_file():
         return load_file(single)
     if index.is_file():
@@ -57,7 +62,7 @@ def read_weights(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
         if missing:
             raise ValueError(f"{index}: keys listed in weight_map but absent from the shards: {missing[:5]}")
         return state
-    raise FileNotFoundError(f"{directory}: neither {SAFETENSORS_WEIGHTS_NAME} nor {SAFE_WEIGHTS_INDEX_NAME}")
+    raise FileNotFoundError(f"{directory}: neither {single.name} nor {index.name}")
 
 
 def _json_value(value: Any) -> Any:
@@ -73,11 +78,13 @@ def write_model_dir(
     config: Mapping[str, Any],
     state_dict: Mapping[str, torch.Tensor],
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    variant: str | None = None,
 ) -> list[str]:
     """Write ``config.json`` (``config`` as given: the caller adds ``_class_name`` / ``_diffusers_version``) and the
     weights, sharded above ``max_shard_size``. Returns the weight file names written.
 
-    Stale weight files of an earlier save in the same directory are removed so the directory is unambiguous.
+    Stale weight files of an earlier save of the same variant in the same directory are removed so the directory is
+    unambiguous (other variants stay: diffusers keeps fp32 and fp16 weights side by side).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -85,15 +92,18 @@ def write_model_dir(
         json.dumps({k: _json_value(v) for k, v in config.items()}, indent=2, sort_keys=True) + "\n"
     )
     tensors = {k: v.detach().contiguous() for k, v in state_dict.items()}
-    stem = SAFETENSORS_WEIGHTS_NAME.removesuffix(".safetensors")
+    stem = _add_variant(SAFETENSORS_WEIGHTS_NAME, variant).removesuffix(".safetensors")
+    index_name = _add_variant(SAFE_WEIGHTS_INDEX_NAME, variant)
     split = split_torch_state_dict_into_shards(
         tensors, filename_pattern=stem + "{suffix}.safetensors", max_shard_size=max_shard_size
     )
-    for old in directory.glob(stem + "*.safetensors*"):
-        old.unlink()
+    stale = re.compile(re.escape(stem) + r"(-\d{5}-of-\d{5})?\.safetensors")
+    for old in directory.iterdir():
+        if stale.fullmatch(old.name) or old.name == index_name:
+            old.unlink()
     for filename, keys in split.filename_to_tensors.items():
         save_file({k: tensors[k] for k in keys}, directory / filename, metadata={"format": "pt"})
     if split.is_sharded:
         index = {"metadata": dict(split.metadata), "weight_map": dict(sorted(split.tensor_to_filename.items()))}
-        (directory / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        (directory / index_name).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     return sorted(split.filename_to_tensors)

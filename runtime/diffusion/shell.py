@@ -43,6 +43,7 @@ from diffusers.configuration_utils import FrozenDict
 from transformers import PretrainedConfig, PreTrainedModel
 
 from runtime.diffusion.checkpoint_format import DEFAULT_MAX_SHARD_SIZE, read_config, read_weights, write_model_dir
+from runtime.diffusion.pretrained_args import load_options, save_options
 
 __all__ = ["DiTPreTrainedModel", "PatchgenDiTConfig", "PatchgenDiTShell", "diffusers_init_parameters"]
 
@@ -169,62 +170,89 @@ class PatchgenDiTShell:
         *,
         state_dict: dict[str, torch.Tensor] | None = None,
         max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
-        **_: Any,
+        variant: str | None = None,
+        is_main_process: bool = True,
+        safe_serialization: bool = True,
+        **others: Any,
     ) -> None:
         """A directory plain diffusers loads (``<Class>.from_pretrained``, or as a pipeline's ``transformer``):
         ``config.json`` with only the diffusers ``__init__`` parameters + ``_class_name`` + ``_diffusers_version``,
-        safetensors with the upstream key names, sharded above ``max_shard_size``. ``state_dict`` overrides the
-        module's own (e.g. a full state dict gathered from FSDP shards)."""
+        safetensors with the upstream key names, sharded above ``max_shard_size``, named for ``variant`` as diffusers
+        names them. ``state_dict`` overrides the module's own (e.g. a full state dict gathered from FSDP shards).
+        The other arguments of diffusers' ``ModelMixin.save_pretrained`` are honoured or refused (pretrained_args)."""
+        options = save_options(
+            type(self).__name__,
+            variant=variant,
+            is_main_process=is_main_process,
+            safe_serialization=safe_serialization,
+            **others,
+        )
+        if not options.is_main_process:
+            return
         weights = self.state_dict() if state_dict is None else state_dict
-        write_model_dir(save_directory, self.config.diffusers_config_json(), weights, max_shard_size)
+        write_model_dir(save_directory, self.config.diffusers_config_json(), weights, max_shard_size, options.variant)
 
     @classmethod
     def from_pretrained(
-        cls,
-        pretrained_model_name_or_path: str | os.PathLike,
-        *,
-        subfolder: str | None = None,
-        torch_dtype: torch.dtype | None = None,
-        **config_overrides: Any,
-    ) -> PatchgenDiTShell:
-        """Load any standard diffusers model directory (single or sharded safetensors), e.g. a pipeline's
-        ``transformer/`` folder (``subfolder="transformer"``). ``config_overrides`` set project-only keys such as
-        ``condition_model_type`` or ``attention_backend``. Returns the model in eval mode, as diffusers does."""
-        directory = Path(pretrained_model_name_or_path) / (subfolder or "")
+        cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any
+    ) -> PatchgenDiTShell | tuple[PatchgenDiTShell, dict[str, list]]:
+        """Load any standard diffusers model directory (single or sharded safetensors, a ``variant``), e.g. a
+        pipeline's ``transformer/`` folder (``subfolder="transformer"``), in ``dtype`` / ``torch_dtype``. Every other
+        loading argument diffusers documents is honoured or refused (``runtime/diffusion/pretrained_args.py``); the
+        remaining keyword arguments set project-only config keys such as ``condition_model_type`` or
+        ``attention_backend``. Returns the model in eval mode, as diffusers does, and with
+        ``output_loading_info=True`` also diffusers' loading info: checkpoint keys the model does not have are
+        reported there (and logged), as upstream does; missing keys are an error. Our trainer refuses both."""
         diffusers_cls = cls.config_class.diffusers_class
-        raw = read_config(directory, diffusers_cls.__name__)
         known = diffusers_init_parameters(diffusers_cls)
+        project_keys = {"condition_model_type", "attention_backend", *known}
+        options, config_overrides = load_options(cls.__name__, kwargs, project_keys)
+        directory = Path(pretrained_model_name_or_path) / (options.subfolder or "")
+        raw = read_config(directory, diffusers_cls.__name__)
         unknown = sorted(set(raw) - set(known))
         if unknown:
             logger.warning("%s: ignoring config keys %s unknown to %s", directory, unknown, diffusers_cls.__name__)
         config = cls.config_class(**{k: v for k, v in raw.items() if k in known}, **config_overrides)
-        dtype = torch_dtype or torch.get_default_dtype()
+        dtype = options.dtype or torch.get_default_dtype()
         previous = torch.get_default_dtype()
         torch.set_default_dtype(dtype)
         try:
             model = cls(config)
         finally:
             torch.set_default_dtype(previous)
-        _load_weights(model, read_weights(directory), directory)
+        info = _load_weights(model, read_weights(directory, options.variant), directory)
         _keep_in_fp32(model, dtype)
-        return model.eval()
+        model.eval()
+        return (model, info) if options.output_loading_info else model
 
 
-def _load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], directory: Path) -> None:
+def _load_weights(model: torch.nn.Module, state: dict[str, torch.Tensor], directory: Path) -> dict[str, list]:
+    """Load ``state`` into ``model``: missing keys are an error (they would stay random), unexpected ones are logged
+    and returned, as diffusers' own loader treats them."""
     ignore = tuple(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ())
     unexpected = sorted(k for k in set(state) - set(model.state_dict()) if not any(p in k for p in ignore))
-    state = {k: v for k, v in state.items() if not any(p in k for p in ignore)}
+    state = {k: v for k, v in state.items() if k not in unexpected and not any(p in k for p in ignore)}
     result = model.load_state_dict(state, strict=False)
-    if result.missing_keys or unexpected:
+    if result.missing_keys:
         raise ValueError(
-            f"{directory}: checkpoint does not match {type(model).__name__}: missing {result.missing_keys[:5]}, "
-            f"unexpected {unexpected[:5]}"
+            f"{directory}: checkpoint does not match {type(model).__name__}: {len(result.missing_keys)} missing "
+            f"weight(s), e.g. {sorted(result.missing_keys)[:5]}"
         )
+    if unexpected:
+        logger.warning(
+            "%s: %d checkpoint weights %s is not using: %s",
+            directory,
+            len(unexpected),
+            type(model).__name__,
+            unexpected[:5],
+        )
+    return {"missing_keys": [], "unexpected_keys": unexpected, "mismatched_keys": [], "error_msgs": []}
 
 
 def _keep_in_fp32(model: torch.nn.Module, dtype: torch.dtype) -> None:
     """diffusers' rule: parameters under a module named in ``_keep_in_fp32_modules`` stay fp32 in fp16/bf16 models."""
     keep = getattr(model, "_keep_in_fp32_modules", None) or ()
+    keep = (keep,) if isinstance(keep, str) else tuple(keep)  # a bare string names one module, not its characters
     if dtype not in (torch.float16, torch.bfloat16) or not keep:
         return
     for name, param in model.named_parameters():
