@@ -7,9 +7,14 @@ A chat message's ``content`` is a string or, for vision-language models, a list 
 ``{"type": "text", "text": ...}``, ``{"type": "image", "image": "a.png"}`` or
 ``{"type": "video", "video": ["f0.png", "f1.png", ...], "fps": 2}`` (a video is its frames as image files; ``fps``
 is optional; omni models: ``"audio": "track.wav"`` gives the video's audio track as a separate file) or, for omni
-models, ``{"type": "audio", "audio": "clip.flac"}``. Relative paths resolve against the JSONL file's directory, and
-every file must exist when the line is read: a missing image is a data error that should stop the run before
-training, not in the middle of it.
+models, ``{"type": "audio", "audio": "clip.flac"}``. Media paths are relative to the JSONL file's directory and must
+stay inside it (``runtime/data/media_paths.py``: ``data.media_dir`` names another root), and every file must exist
+when the line is read: a missing image is a data error that should stop the run before training, not in the middle
+of it.
+
+Limits: a line holds at most ``MAX_LINE_BYTES`` bytes (read with that cap, so a line of gigabytes is refused after
+reading its first 16 MiB, not loaded) and nests at most ``MAX_JSON_DEPTH`` levels of objects and lists (a sample
+needs six; deeper nesting is refused instead of exhausting Python's recursion).
 """
 
 from __future__ import annotations
@@ -20,7 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from runtime.data.errors import LineError
+from runtime.data.media_paths import MediaRoot
+
 T = TypeVar("T")
+
+MAX_LINE_BYTES = 16 * 2**20
+MAX_JSON_DEPTH = 64
+DATA_SUFFIXES = (".jsonl", ".txt")  # JSON samples one a line, or plain text split into documents
 
 ROLES = ("system", "user", "assistant")
 
@@ -97,20 +109,16 @@ class ChatSample:
 Sample = TextSample | ChatSample
 
 
-class LineError(ValueError):
-    """What was wrong with one parsed line; re-raised with the file and line number."""
-
-
-def _existing_file(value: Any, where: str, base_dir: Path) -> Path:
+def _existing_file(value: Any, where: str, root: MediaRoot) -> Path:
     if not isinstance(value, str) or not value:
         raise LineError(f"{where} must be a non-empty file path string, got {value!r:.60}")
-    path = base_dir / value  # an absolute `value` replaces base_dir
+    path = root.resolve(value, where)
     if not path.is_file():
         raise LineError(f"{where}: file not found: {path}")
     return path
 
 
-def _parse_part(item: Any, where: str, base_dir: Path) -> ContentPart:
+def _parse_part(item: Any, where: str, root: MediaRoot) -> ContentPart:
     if not isinstance(item, dict):
         raise LineError(f"{where} must be an object with a 'type', got {type(item).__name__}")
     kind = item.get("type")
@@ -121,22 +129,22 @@ def _parse_part(item: Any, where: str, base_dir: Path) -> ContentPart:
             raise LineError(f"{where}.text must be a string, got {type(item.get('text')).__name__}")
         return TextPart(item["text"])
     if kind == "image":
-        return ImagePart(_existing_file(item.get("image"), f"{where}.image", base_dir))
+        return ImagePart(_existing_file(item.get("image"), f"{where}.image", root))
     if kind == "audio":
-        return AudioPart(_existing_file(item.get("audio"), f"{where}.audio", base_dir))
+        return AudioPart(_existing_file(item.get("audio"), f"{where}.audio", root))
     frames = item.get("video")
     if not isinstance(frames, list) or not frames:
         raise LineError(f"{where}.video must be a non-empty list of frame image paths, got {frames!r:.60}")
     fps = item.get("fps")
     if fps is not None and (isinstance(fps, bool) or not isinstance(fps, int | float) or not fps > 0):
         raise LineError(f"{where}.fps must be a positive number, got {fps!r}")
-    paths = tuple(_existing_file(f, f"{where}.video[{k}]", base_dir) for k, f in enumerate(frames))
+    paths = tuple(_existing_file(f, f"{where}.video[{k}]", root) for k, f in enumerate(frames))
     track = item.get("audio")
-    audio = None if track is None else _existing_file(track, f"{where}.audio", base_dir)
+    audio = None if track is None else _existing_file(track, f"{where}.audio", root)
     return VideoPart(paths, None if fps is None else float(fps), audio)
 
 
-def _parse_message(item: Any, index: int, base_dir: Path) -> ChatMessage:
+def _parse_message(item: Any, index: int, root: MediaRoot) -> ChatMessage:
     if not isinstance(item, dict):
         raise LineError(f"messages[{index}] must be an object with 'role' and 'content', got {type(item).__name__}")
     role, content = item.get("role"), item.get("content")
@@ -150,16 +158,16 @@ def _parse_message(item: Any, index: int, base_dir: Path) -> ChatMessage:
             f"list of {'/'.join(PART_TYPES)} parts is accepted too)"
         )
     where = f"messages[{index}].content"
-    return ChatMessage(role, tuple(_parse_part(part, f"{where}[{k}]", base_dir) for k, part in enumerate(content)))
+    return ChatMessage(role, tuple(_parse_part(part, f"{where}[{k}]", root) for k, part in enumerate(content)))
 
 
-def parse_sample(record: Any, base_dir: str | Path | None = None) -> Sample:
+def parse_sample(record: Any, base_dir: str | Path | MediaRoot | None = None) -> Sample:
     """One decoded JSON value -> a sample; ValueError saying what was expected otherwise.
 
-    Keys other than ``text`` / ``messages`` (ids, metadata) are allowed and ignored. Relative image and frame paths
-    resolve against ``base_dir`` (the current directory when None).
+    Keys other than ``text`` / ``messages`` (ids, metadata) are allowed and ignored. Media paths resolve against
+    ``base_dir`` (the current directory when None) and must stay inside it (a ``MediaRoot`` says how).
     """
-    base_dir = Path(".") if base_dir is None else Path(base_dir)
+    root = base_dir if isinstance(base_dir, MediaRoot) else MediaRoot.at("." if base_dir is None else base_dir)
     if not isinstance(record, dict):
         raise LineError(f'expected an object {{"text": ...}} or {{"messages": [...]}}, got {type(record).__name__}')
     has_text, has_messages = "text" in record, "messages" in record
@@ -174,7 +182,7 @@ def parse_sample(record: Any, base_dir: str | Path | None = None) -> Sample:
     messages = record["messages"]
     if not isinstance(messages, list) or not messages:
         raise LineError(f"'messages' must be a non-empty list of messages, got {messages!r:.60}")
-    parsed = tuple(_parse_message(item, i, base_dir) for i, item in enumerate(messages))
+    parsed = tuple(_parse_message(item, i, root) for i, item in enumerate(messages))
     if not any(m.role == "assistant" for m in parsed):
         raise LineError("a chat sample needs at least one assistant message (it would have no training targets)")
     return ChatSample(parsed)
@@ -188,44 +196,72 @@ class LocatedSample:
     sample: Sample
 
 
+def _too_deep(value: Any) -> bool:
+    """Whether objects and lists nest more than ``MAX_JSON_DEPTH`` levels in a decoded JSON value."""
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            if level > MAX_JSON_DEPTH:
+                return True
+            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def _decode_line(line: bytes, where: str) -> Any:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start} of the line)") from None
+    too_deep = ValueError(f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep (the limit per line)")
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: expected one JSON object per line, invalid JSON: {e}") from None
+    except RecursionError:  # deeper than Python's recursion limit, which is above MAX_JSON_DEPTH
+        raise too_deep from None
+    if _too_deep(record):
+        raise too_deep
+    return record
+
+
 def read_records(path: str | Path, parse: Callable[[Any, str], T]) -> list[T]:
     """``parse(record, "file:line")`` for every non-blank line of a JSONL file, in order. Invalid JSON, non-UTF-8
-    text and a ``LineError`` from ``parse`` become one ValueError naming the file and line."""
+    text, a line over the limits and a ``LineError`` from ``parse`` become one ValueError naming the file and
+    line."""
     path = Path(path)
     out: list[T] = []
-    lineno = 0
-    try:
-        with path.open(encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{lineno}"
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{where}: expected one JSON object per line, invalid JSON: {e}") from None
-                try:
-                    out.append(parse(record, where))
-                except LineError as e:
-                    raise ValueError(f"{where}: {e}") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}:{lineno + 1}: not UTF-8 text ({e.reason})") from None
+    with path.open("rb") as f:
+        for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            where = f"{path}:{lineno}"
+            if len(line) > MAX_LINE_BYTES:
+                raise ValueError(
+                    f"{where}: a line of more than {MAX_LINE_BYTES} bytes (16 MiB, the limit per line); split the "
+                    f"sample or keep large content in files"
+                )
+            if not line.strip():
+                continue
+            try:
+                out.append(parse(_decode_line(line, where), where))
+            except LineError as e:
+                raise ValueError(f"{where}: {e}") from None
     return out
 
 
-def read_jsonl_located(path: str | Path) -> list[LocatedSample]:
+def read_jsonl_located(path: str | Path, media_dir: str | Path | None = None) -> list[LocatedSample]:
     """``read_jsonl`` with each sample's ``file:line``."""
-    base = Path(path).parent
-    return read_records(path, lambda record, where: LocatedSample(where, parse_sample(record, base)))
+    root = MediaRoot.of(path, media_dir)
+    return read_records(path, lambda record, where: LocatedSample(where, parse_sample(record, root)))
 
 
-def read_jsonl(path: str | Path) -> list[Sample]:
+def read_jsonl(path: str | Path, media_dir: str | Path | None = None) -> list[Sample]:
     """Every sample of a JSONL file, in file order; blank lines are skipped.
 
     A bad line raises ValueError naming the file, the line number and what was expected (for a missing image or
-    frame, its path). Relative media paths resolve against the file's directory.
+    frame, its path). Media paths resolve against the file's directory (``media_dir`` when given) and must stay
+    inside it.
     """
-    return [located.sample for located in read_jsonl_located(path)]
+    return [located.sample for located in read_jsonl_located(path, media_dir)]
 
 
 def split_documents(text: str, target_chars: int = 2000) -> list[str]:
@@ -258,11 +294,19 @@ def read_text_documents(path: str | Path, target_chars: int = 2000) -> list[Text
     return [TextSample(d) for d in split_documents(Path(path).read_text(encoding="utf-8"), target_chars)]
 
 
-def read_samples_located(path: str | Path, target_chars: int = 2000) -> list[LocatedSample]:
+def read_samples_located(
+    path: str | Path, target_chars: int = 2000, media_dir: str | Path | None = None
+) -> list[LocatedSample]:
     """``read_samples`` with where each sample came from (``file:line`` for JSONL, the file for text)."""
     path = Path(path)
-    if path.suffix == ".jsonl":
-        return read_jsonl_located(path)
+    suffix = path.suffix.lower()
+    if suffix not in DATA_SUFFIXES:
+        raise ValueError(
+            f"{path}: a data file must end in .jsonl (one JSON sample per line) or .txt (plain text, split into "
+            f"documents), found {suffix or 'no suffix'!r}; rename it if it is one of these"
+        )
+    if suffix == ".jsonl":
+        return read_jsonl_located(path, media_dir)
     try:
         documents = read_text_documents(path, target_chars)
     except UnicodeDecodeError as e:
@@ -270,6 +314,7 @@ def read_samples_located(path: str | Path, target_chars: int = 2000) -> list[Loc
     return [LocatedSample(str(path), d) for d in documents]
 
 
-def read_samples(path: str | Path, target_chars: int = 2000) -> list[Sample]:
-    """Samples from a ``.jsonl`` file or a plain-text file (anything else), chosen by the file suffix."""
-    return [located.sample for located in read_samples_located(path, target_chars)]
+def read_samples(path: str | Path, target_chars: int = 2000, media_dir: str | Path | None = None) -> list[Sample]:
+    """Samples from a ``.jsonl`` file or a ``.txt`` plain-text file, chosen by the file suffix (any other suffix is
+    a ValueError)."""
+    return [located.sample for located in read_samples_located(path, target_chars, media_dir)]

@@ -7,7 +7,8 @@ Example (every key shown with its default unless marked required)::
       path: null               # local HF checkpoint; null = random init from `config`
       config: {}               # overrides for random init (AutoConfig.for_model(type, **config))
       seed: 0
-      attn_implementation: sdpa  # or flash_attention_2 where flash-attn is installed
+      attn_implementation: sdpa  # eager | sdpa | flex_attention | flash_attention_2/3/4 (where flash-attn is
+                                 # installed); DiTs: sdpa (the processors' own) or a diffusers attention backend
       experts_implementation: patchgen_grouped  # MoE models: eager | patchgen_grouped | patchgen_triton
       freeze_vision: false     # vision-language models: train without updating the vision tower
       freeze_audio: false      # omni models: train without updating the audio encoder
@@ -17,6 +18,8 @@ Example (every key shown with its default unless marked required)::
       processor: proc/         # required for vision-language models instead: local processor directory
       token_budget: 1024       # tokens per packed row (one row per micro-batch per DP replica)
       seed: 0
+      media_dir: null          # VLM/omni/DiT data: media paths resolve against (and must stay inside) the data
+                               # file's directory; a directory here replaces it (absolute paths inside it allowed)
     parallel: {sp: 1, ep: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false}
     optim: {lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, grad_clip: 1.0,
             warmup_steps: 0, min_lr_ratio: 0.1}
@@ -51,6 +54,9 @@ Diffusion transformers (``model.type`` of a ``family = "dit"`` spec: wan, flux, 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import importlib.util
+import math
 import re
 import types
 import typing
@@ -61,6 +67,7 @@ from typing import Any
 import yaml
 
 from runtime.train.model_keys import SHARED_MODELING_MODULES, keys_read_by, unknown_config_key
+from runtime.train.model_limits import size_problem
 
 
 class ConfigError(ValueError):
@@ -90,6 +97,7 @@ class DataConfig:
     batch_size: int = 1  # DiTs: samples per micro-batch per DP replica
     frame_stride: int = 1  # DiTs: every n-th video frame
     cache: str | None = None  # DiTs: condition cache directory (null: conditions computed every step)
+    media_dir: str | None = None  # where media paths resolve and must stay (null: the data file's directory)
 
 
 @dataclass(frozen=True)
@@ -188,8 +196,81 @@ _POSITIVE = {
     "data.frame_stride",
     "dit.lora.rank",
     "dit.lora.alpha",
+    "log.peak_tflops",
 }
-_NON_NEGATIVE = {"optim.lr", "optim.weight_decay", "optim.grad_clip", "optim.warmup_steps", "checkpoint.interval"}
+_NON_NEGATIVE = {
+    "optim.lr",
+    "optim.weight_decay",
+    "optim.grad_clip",
+    "optim.eps",
+    "optim.warmup_steps",
+    "checkpoint.interval",
+    "model.seed",
+    "data.seed",
+}
+_UNIT_INTERVAL = {"optim.min_lr_ratio"}  # ratios: [0, 1]
+
+# Every integer of a run config fits a signed 64-bit value (seeds, counts and ids end up in torch tensors).
+MAX_INT = 2**63 - 1
+# A run config is a page of YAML: anything larger or deeper is not one (and would only cost time to parse).
+MAX_CONFIG_BYTES = 1 << 20
+MAX_CONFIG_DEPTH = 32
+
+# Attention implementations a training forward can use (transformers' AttentionInterface on 5.14.1 plus eager; the
+# runtime's own `ulysses_<name>` wrappers are chosen by the runtime under SP, never named in a config), and the
+# module each flash-attention implementation imports (absent on CPU machines).
+ATTN_IMPLEMENTATIONS = (
+    "sdpa",
+    "eager",
+    "flex_attention",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flash_attention_4",
+)
+_ATTN_MODULES = {
+    "flash_attention_2": "flash_attn",
+    "flash_attention_3": "flash_attn_interface",
+    "flash_attention_4": "flash_attn",
+}
+EXPERTS_IMPLEMENTATIONS = ("eager", "patchgen_grouped", "patchgen_triton")  # runtime/moe/dispatch.py
+_CHOICES = {"train.nonfinite": ("stop", "skip"), "model.experts_implementation": EXPERTS_IMPLEMENTATIONS}
+
+
+def _shown(value: Any) -> str:
+    return f"{value!r:.60}"
+
+
+def _check_number(value: Any, key: str) -> None:
+    """Finite floats and 64-bit integers only: a NaN or infinite learning rate trains NaN, a 100-digit seed is an
+    overflow deep inside torch."""
+    if isinstance(value, bool):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: must be a finite number, found {value}")
+    if isinstance(value, int) and not -MAX_INT - 1 <= value <= MAX_INT:
+        raise ConfigError(f"{key}: must fit in 64 bits (-2**63 <= value < 2**63), found {_shown(value)}")
+
+
+def _check_numbers_within(value: Any, key: str) -> None:
+    """``_check_number`` for every number in a mapping or list value (``model.config``, ``dit.condition``)."""
+    stack, seen = [(value, key)], set()
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, dict | list):
+            if id(item) in seen:  # YAML aliases share objects: walk each once
+                continue
+            seen.add(id(item))
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            stack.extend((v, f"{where}.{k}" if isinstance(item, dict) else f"{where}[{k}]") for k, v in pairs)
+        else:
+            _check_number(item, where)
+
+
+def _check_choice(value: str, key: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{key}: unknown value {_shown(value)}; expected one of {', '.join(choices)}{hint}")
 
 
 def _check_type(value: Any, annotation: Any, key: str) -> Any:
@@ -198,6 +279,7 @@ def _check_type(value: Any, annotation: Any, key: str) -> Any:
         if type(None) in hint:
             return None
         raise ConfigError(f"{key}: must not be null")
+    _check_number(value, key)
     for kind in hint:
         if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
@@ -233,17 +315,26 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
             values[name] = _build(hint, raw[name], key)
             continue
         value = _check_type(raw[name], hint, key)
+        if isinstance(value, dict | list):
+            _check_numbers_within(value, key)
         if value is not None and key in _POSITIVE and value <= 0:
             raise ConfigError(f"{key}: must be positive, found {value}")
         if value is not None and key in _NON_NEGATIVE and value < 0:
             raise ConfigError(f"{key}: must not be negative, found {value}")
+        if value is not None and key in _UNIT_INTERVAL and not 0 <= value <= 1:
+            raise ConfigError(f"{key}: expected a ratio in [0, 1], found {value}")
+        if key in _CHOICES:
+            _check_choice(value, key, _CHOICES[key])
         values[name] = value
     return cls(**values)
 
 
 def parse_config(raw: Any) -> RunConfig:
     config = _build(RunConfig, raw, "")
-    if len(config.optim.betas) != 2 or not all(isinstance(b, int | float) and 0 <= b < 1 for b in config.optim.betas):
+    betas = config.optim.betas
+    if len(betas) != 2 or not all(
+        isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1 for b in betas
+    ):
         raise ConfigError(f"optim.betas: expected two numbers in [0, 1), found {config.optim.betas!r}")
     _check_model_kind(config)
     _check_model_config(config)
@@ -259,6 +350,7 @@ def _check_model_kind(config: RunConfig) -> None:
     entry = REGISTRY.get(config.model.type)
     if entry is None:
         return  # build_model names the known types
+    _check_attention(config, entry.family == "dit")
     if entry.family == "dit":
         _check_dit(config)
         return
@@ -284,12 +376,33 @@ def _check_model_kind(config: RunConfig) -> None:
             )
         if config.model.freeze_vision:
             raise ConfigError(f"model.freeze_vision: {config.model.type!r} has no vision tower")
+        if config.data.media_dir is not None:
+            raise ConfigError(f"data.media_dir: {config.model.type!r} is a text model; its data has no media files")
     if config.model.freeze_audio and not entry.has("audio"):
         raise ConfigError(f"model.freeze_audio: {config.model.type!r} has no audio encoder")
 
 
+def _check_attention(config: RunConfig, dit: bool) -> None:
+    """A known attention implementation, and for flash attention its package (a CPU machine has none): transformers
+    would say so only when the model is built, in a multi-line error."""
+    name = config.model.attn_implementation
+    if dit:  # diffusers' attention backends (`attention_backend=`); sdpa keeps the processors' own attention
+        from diffusers.models.attention_dispatch import AttentionBackendName
+
+        _check_choice(name, "model.attn_implementation", ("sdpa", *(b.value for b in AttentionBackendName)))
+        return
+    _check_choice(name, "model.attn_implementation", ATTN_IMPLEMENTATIONS)
+    module = _ATTN_MODULES.get(name)
+    if module and importlib.util.find_spec(module) is None:
+        raise ConfigError(
+            f"model.attn_implementation: {name} needs the {module} package, which is not installed here "
+            f"(the gpu extra, CUDA machines only); use sdpa"
+        )
+
+
 def _check_model_config(config: RunConfig) -> None:
-    """``model.config`` sets a random init's config: every key must be one its config class knows."""
+    """``model.config`` sets a random init's config: every key must be one its config class knows, and every size
+    in it lies within ``runtime/train/model_limits.py``'s bounds."""
     model = config.model
     if model.path is not None and model.config:
         raise ConfigError(
@@ -307,9 +420,12 @@ def _check_model_config(config: RunConfig) -> None:
     message = unknown_config_key(CONFIG_MAPPING[model.type], model.config, read=read)
     if message:
         raise ConfigError(message)
+    found = size_problem(model.config)
+    if found:
+        raise ConfigError(f"model.config.{found[0]}: {found[1]}")
 
 
-_KEY_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*):")
+_KEY_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?:\[\d+\])*:")  # `data.buckets[2]:` is data.buckets
 
 
 def key_line(path: Path, dotted: str) -> int | None:
@@ -337,16 +453,58 @@ def locate_error(message: str, path: Path) -> str:
     return f"{path}:{line}: {message}" if line else f"{path}: {message}"
 
 
-def load_config(path: str | Path) -> RunConfig:
-    path = Path(path)
+def _read_text(path: Path) -> str:
+    """The config file's text: a UTF-8 file of at most ``MAX_CONFIG_BYTES``, else a one-line ``ConfigError``."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: not a file (expected a YAML run config)") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{path}: more than {MAX_CONFIG_BYTES} bytes (1 MiB), the limit for a run config; is it the right file?"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
+
+
+def _depth(value: Any) -> int:
+    """How deeply mappings and lists nest in ``value`` (1 for a flat mapping); shared (aliased) objects count once."""
+    deepest, stack, seen = 0, [(value, 1)], set()
+    while stack:
+        item, level = stack.pop()
+        if not isinstance(item, dict | list) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        deepest = max(deepest, level)
+        if deepest > MAX_CONFIG_DEPTH:
+            break
+        stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def load_config(path: str | Path) -> RunConfig:
+    path = Path(path)
+    text = _read_text(path)
+    too_deep = ConfigError(f"{path}: nested more than {MAX_CONFIG_DEPTH} levels deep, the limit for a run config")
+    try:
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise ConfigError(f"{path}:{where} not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    except RecursionError:
+        raise too_deep from None
+    except ValueError as exc:  # a value YAML parses but Python cannot hold (e.g. an integer of 5000 digits)
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())[:200]}") from None
+    if _depth(raw) > MAX_CONFIG_DEPTH:
+        raise too_deep
     try:
         return parse_config(raw)
     except ConfigError as exc:
@@ -379,6 +537,12 @@ def _check_dit(config: RunConfig) -> None:
         raise ConfigError(
             "data.buckets: required for DiTs: [[frames, height, width], ...] (video models) or [[height, width], ...]"
         )
+    from runtime.data.dit.buckets import check_bucket_limits
+
+    try:
+        check_bucket_limits(config.data.buckets)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if config.parallel.ep != 1:
         raise ConfigError(f"parallel.ep: the DiT {kind!r} has no experts; remove parallel.ep")
     ema = config.dit.ema_decay

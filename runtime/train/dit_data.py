@@ -52,7 +52,7 @@ def read_dit_samples(config: RunConfig) -> list[MediaSample]:
     if not path.is_file():
         raise ConfigError(f"data.path: {path}: {'not a file' if path.exists() else 'file not found'}")
     try:
-        samples = read_media_jsonl(path)
+        samples = read_media_jsonl(path, config.data.media_dir)
     except ValueError as exc:
         raise ConfigError(f"data.path: {exc}") from None
     except OSError as exc:

@@ -3,6 +3,8 @@ error costs seconds, not a model build or a whole run, and is one line naming th
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,12 +12,14 @@ from pathlib import Path
 from runtime.checkpoint.dcp import latest_intact_checkpoint
 from runtime.checkpoint.export import ExportTargetError, check_export_target
 from runtime.checkpoint.verify import CheckpointError, verify_checkpoint
-from runtime.data.jsonl import ChatSample, ImagePart, LocatedSample, VideoPart, read_samples_located
+from runtime.data.jsonl import AudioPart, ChatSample, ImagePart, LocatedSample, VideoPart, read_samples_located
 from runtime.parallel.state import ParallelState
 from runtime.train.config import ConfigError, RunConfig
+from runtime.train.model_limits import random_init_problem, size_problem
 
-# Images (and video frames) of this many first samples are opened and verified up front; every referenced file is
-# checked to exist. The others are decoded when the data is tokenized, where a failure is the same one-line error.
+# Images (and video frames) of this many first samples are opened and verified up front, and their audio files'
+# headers checked (runtime.data.audio.check_audio); every referenced file is checked to exist. The others are
+# decoded when the data is tokenized, where a failure is the same one-line error.
 VERIFIED_IMAGE_LINES = 8
 
 
@@ -41,6 +45,7 @@ def check_export(config: RunConfig) -> None:
         "data.processor": config.data.processor,
         "model.path": config.model.path,
         "data.cache": config.data.cache,
+        "data.media_dir": config.data.media_dir,
     }
     try:
         check_export_target(config.export.dir, overwrite=config.export.overwrite, protected=protected)
@@ -48,17 +53,48 @@ def check_export(config: RunConfig) -> None:
         raise ConfigError(str(exc)) from None
 
 
-def _image_files(sample: object) -> list[Path]:
+def check_output_dirs(config: RunConfig) -> None:
+    """The directories a run creates and writes (checkpoints, logs, the DiT condition cache) must not be, or lie
+    below, a file: found now, not as a traceback when the first write comes."""
+    for key, value in (
+        ("checkpoint.dir", config.checkpoint.dir),
+        ("log.dir", config.log.dir),
+        ("data.cache", config.data.cache),
+    ):
+        if not value:
+            continue
+        path = Path(value)
+        blocker = next((p for p in (path, *path.parents) if os.path.lexists(p)), None)
+        if blocker is not None and not blocker.is_dir():
+            raise ConfigError(
+                f"{key}: {value}: {blocker} is not a directory (the run creates a directory there); name another "
+                f"place or move the file"
+            )
+
+
+def _media_files(sample: object) -> tuple[list[Path], list[Path]]:
+    """A chat sample's image files (images and video frames) and audio files (clips and video tracks)."""
+    images: list[Path] = []
+    audio: list[Path] = []
     if not isinstance(sample, ChatSample):
-        return []
-    files: list[Path] = []
+        return images, audio
     for message in sample.messages:
         for part in () if isinstance(message.content, str) else message.content:
             if isinstance(part, ImagePart):
-                files.append(part.path)
+                images.append(part.path)
             elif isinstance(part, VideoPart):
-                files.extend(part.frames)
-    return files
+                images.extend(part.frames)
+                audio.extend([part.audio] if part.audio is not None else [])
+            elif isinstance(part, AudioPart):
+                audio.append(part.path)
+    return images, audio
+
+
+def check_media_dir(config: RunConfig) -> None:
+    media_dir = config.data.media_dir
+    if media_dir is not None and not Path(media_dir).is_dir():
+        what = "not a directory" if Path(media_dir).exists() else "not a directory (it does not exist)"
+        raise ConfigError(f"data.media_dir: {media_dir}: {what}")
 
 
 def verify_image(path: Path, where: str) -> None:
@@ -73,15 +109,19 @@ def verify_image(path: Path, where: str) -> None:
 
 
 def check_data(config: RunConfig) -> list[LocatedSample]:
-    """Parse the whole data file (cheap: text; every referenced image and frame must exist) and verify the images of
-    its first ``VERIFIED_IMAGE_LINES`` samples; one-line errors naming file:line."""
+    """Parse the whole data file (cheap: text; every referenced media file must exist, inside the media root) and
+    verify the images and audio headers of its first ``VERIFIED_IMAGE_LINES`` samples; one-line errors naming
+    file:line."""
+    from runtime.data.audio import check_audio
+
     path = Path(config.data.path)
     if not path.exists():
         raise ConfigError(f"data.path: {path}: file not found")
     if not path.is_file():
         raise ConfigError(f"data.path: {path}: not a file (expected a .jsonl file or a plain-text file)")
+    check_media_dir(config)
     try:
-        samples = read_samples_located(path)
+        samples = read_samples_located(path, media_dir=config.data.media_dir)
     except ValueError as exc:  # names file:line and what was expected
         raise ConfigError(f"data.path: {exc}") from None
     except OSError as exc:
@@ -89,8 +129,14 @@ def check_data(config: RunConfig) -> list[LocatedSample]:
     if not samples:
         raise ConfigError(f"data.path: {path}: no samples (the file is empty or holds only blank lines)")
     for located in samples[:VERIFIED_IMAGE_LINES]:
-        for image in _image_files(located.sample):
+        images, audio = _media_files(located.sample)
+        for image in images:
             verify_image(image, located.where)
+        for clip in audio:
+            try:
+                check_audio(clip)
+            except ValueError as exc:
+                raise ConfigError(f"data.path: {located.where}: {exc}") from None
     return samples
 
 
@@ -130,6 +176,33 @@ def check_model_path(config: RunConfig) -> None:
         raise ConfigError(f"model.path: {path}: {what} (expected a local HF checkpoint: config.json + *.safetensors)")
 
 
+def check_random_init(config: RunConfig) -> None:
+    """A random init (no ``model.path``) must be buildable on this machine (``runtime/train/model_limits.py``)."""
+    from runtime.models.registry import REGISTRY
+
+    entry = REGISTRY.get(config.model.type)
+    if config.model.path is not None or entry is None:
+        return
+    problem = random_init_problem(config.model.type, config.model.config, entry.model_class())
+    if problem:
+        raise ConfigError(problem)
+
+
+def check_dit_transformer_config(config: RunConfig) -> None:
+    """The sizes in a DiT pipeline's ``transformer/config.json`` within ``model_limits``' bounds (a layer count of a
+    billion never finishes building)."""
+    path = Path(config.model.path) / "transformer" / "config.json"
+    try:
+        values = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:
+        raise ConfigError(
+            f"model.path: {path}: not a readable JSON config ({' '.join(str(exc).split())[:200]})"
+        ) from None
+    found = size_problem(values) if isinstance(values, dict) else ("", "expected a JSON object")
+    if found:
+        raise ConfigError(f"model.path: {path}: {found[0]}: {found[1]}")
+
+
 def check_inputs(config: RunConfig, state: ParallelState) -> CheckedInputs:
     """Every check that can run before the model is built. Collective (checkpoint hashing is split over ranks)."""
     if _is_dit(config):
@@ -137,13 +210,18 @@ def check_inputs(config: RunConfig, state: ParallelState) -> CheckedInputs:
         from runtime.train.dit_data import read_dit_samples
 
         check_pipeline_dir(config)  # a diffusers pipeline directory, not an HF checkpoint
+        check_dit_transformer_config(config)
+        check_output_dirs(config)
         check_export(config)
+        check_media_dir(config)
         dit_samples = read_dit_samples(config)  # {"caption", "image"|"video"} lines, every media file present
         resume_from, skipped = select_checkpoint(config, state)
         return CheckedInputs(resume_from=resume_from, skipped_checkpoints=skipped, dit_samples=dit_samples)
     check_model_path(config)
+    check_output_dirs(config)
     check_export(config)
     samples = check_data(config)
+    check_random_init(config)
     resume_from, skipped = select_checkpoint(config, state)
     return CheckedInputs(samples=samples, resume_from=resume_from, skipped_checkpoints=skipped)
 

@@ -104,7 +104,9 @@ def test_jsonl_reads_media_parts_relative_to_the_file(tmp_path: Path) -> None:
     ]
     line = {"messages": [{"role": "user", "content": content}, {"role": "assistant", "content": "Seen."}]}
     (tmp_path / "d.jsonl").write_text(json.dumps(line) + "\n")
-    (sample,) = read_jsonl(tmp_path / "d.jsonl")
+    with pytest.raises(ValueError, match=r"d.jsonl:1: messages\[0\].content\[2\].video\[1\]: absolute path"):
+        read_jsonl(tmp_path / "d.jsonl")  # media paths are relative to the data file
+    (sample,) = read_jsonl(tmp_path / "d.jsonl", media_dir=tmp_path)  # absolute ones inside an explicit media_dir
     user = ChatMessage(
         "user",
         (TextPart("Look: "), ImagePart(tmp_path / "sub/a.png"), VideoPart((tmp_path / "f0.png", absolute), 4.0)),

@@ -137,7 +137,7 @@ def test_videos_with_and_without_a_track_in_one_sample_are_an_error(env: dict, t
     path = tmp_path / "mixed.jsonl"
     path.write_text(json.dumps(record) + "\n")
     with pytest.raises(ValueError, match="must all have an audio track or none"):
-        _tokenize(env, read_jsonl(path))
+        _tokenize(env, read_jsonl(path, media_dir=base))  # absolute media paths: allowed inside media_dir
 
 
 def test_packed_row_pads_mel_frames_and_keeps_channels_first_ids(env: dict) -> None:

@@ -17,9 +17,9 @@ def make_files(root: Path) -> dict[str, Path]:
     from runtime.diffusion.tiny import save_tiny_pipeline
 
     images = write_synthetic_images(root / "images", 4, 32, 48, seed=1)
-    square = write_synthetic_images(root / "images_square", 4, 40, 40, seed=2)
+    square = write_synthetic_images(root / "images" / "square", 4, 40, 40, seed=2)  # media stay inside images/
     lines = images.read_text().splitlines() + [
-        line.replace('"images/', '"../images_square/images/') for line in square.read_text().splitlines()
+        line.replace('"images/', '"square/images/') for line in square.read_text().splitlines()
     ]
     images.write_text("\n".join(lines) + "\n")
     return {

@@ -9,6 +9,12 @@ are ``4k + 1``.
 
 A sample goes to the bucket with the most frames it can fill (at ``frame_stride``), then the closest aspect ratio,
 then the largest area, then the first listed.
+
+Limits (checked when the run config is read): at most ``MAX_BUCKETS`` buckets, sides up to ``MAX_BUCKET_SIDE``
+pixels, up to ``MAX_BUCKET_FRAMES`` frames and ``MAX_BUCKET_PIXELS`` pixels per sample (frames x height x width):
+every sample is decoded and resized to its bucket, so a larger one exhausts the machine instead of training, and
+assigning samples to a million buckets never finishes. Real models sit far inside them (Wan: 81 x 720 x 1280 is
+7.5e7 pixels).
 """
 
 from __future__ import annotations
@@ -16,11 +22,27 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from runtime.data.dit.media import MediaInfo
+if TYPE_CHECKING:  # the config check imports this module; it stays free of torch
+    from runtime.data.dit.media import MediaInfo
 
-__all__ = ["Bucket", "MediaRules", "assign_bucket", "parse_buckets"]
+__all__ = [
+    "MAX_BUCKETS",
+    "MAX_BUCKET_FRAMES",
+    "MAX_BUCKET_PIXELS",
+    "MAX_BUCKET_SIDE",
+    "Bucket",
+    "MediaRules",
+    "assign_bucket",
+    "check_bucket_limits",
+    "parse_buckets",
+]
+
+MAX_BUCKETS = 1024
+MAX_BUCKET_SIDE = 16384
+MAX_BUCKET_FRAMES = 1024
+MAX_BUCKET_PIXELS = 2**30
 
 
 @dataclass(frozen=True)
@@ -42,20 +64,45 @@ class Bucket:
         return [self.frames, self.height, self.width] if video else [self.height, self.width]
 
 
+def _is_size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def check_bucket_limits(raw: Any, key: str = "data.buckets") -> None:
+    """ValueError naming ``key`` when ``raw`` holds more buckets, or a bucket larger, than the limits above (entries
+    of the wrong shape are left to ``parse_buckets``, which knows the model's)."""
+    if not isinstance(raw, list):
+        return
+    if len(raw) > MAX_BUCKETS:
+        raise ValueError(f"{key}: {len(raw)} buckets; at most {MAX_BUCKETS} are allowed (the limit)")
+    for index, entry in enumerate(raw):
+        if not isinstance(entry, list) or len(entry) not in (2, 3) or not all(_is_size(v) for v in entry):
+            continue
+        frames, height, width = entry if len(entry) == 3 else (1, *entry)
+        where = f"{key}[{index}]"
+        if max(height, width) > MAX_BUCKET_SIDE:
+            raise ValueError(f"{where}: {entry}: a side of more than {MAX_BUCKET_SIDE} pixels (the limit)")
+        if frames > MAX_BUCKET_FRAMES:
+            raise ValueError(f"{where}: {entry}: more than {MAX_BUCKET_FRAMES} frames (the limit)")
+        if frames * height * width > MAX_BUCKET_PIXELS:
+            raise ValueError(
+                f"{where}: {entry}: {frames * height * width} pixels per sample, more than {MAX_BUCKET_PIXELS} "
+                f"(2**30, the limit)"
+            )
+
+
 def parse_buckets(raw: Any, rules: MediaRules, key: str = "data.buckets") -> list[Bucket]:
     """``raw`` (the config value) as buckets; ValueError naming ``key`` and the bad entry."""
     shape = "[frames, height, width]" if rules.video else "[height, width]"
     if not isinstance(raw, list) or not raw:
         raise ValueError(f"{key}: expected a non-empty list of {shape} buckets, found {raw!r:.80}")
+    check_bucket_limits(raw, key)
     buckets: list[Bucket] = []
+    seen: set[Bucket] = set()
     for index, entry in enumerate(raw):
         where = f"{key}[{index}]"
         size = 3 if rules.video else 2
-        if (
-            not isinstance(entry, list)
-            or len(entry) != size
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in entry)
-        ):
+        if not isinstance(entry, list) or len(entry) != size or not all(_is_size(v) for v in entry):
             raise ValueError(f"{where}: expected {shape} as {size} positive integers, found {entry!r:.60}")
         bucket = Bucket(*entry) if rules.video else Bucket(1, *entry)
         m = rules.pixel_multiple
@@ -66,8 +113,9 @@ def parse_buckets(raw: Any, rules: MediaRules, key: str = "data.buckets") -> lis
             raise ValueError(
                 f"{where}: the frame count must be {t}k + 1 (1, {t + 1}, {2 * t + 1}, ...), found {entry}"
             )
-        if bucket in buckets:
+        if bucket in seen:
             raise ValueError(f"{where}: {entry} is listed twice")
+        seen.add(bucket)
         buckets.append(bucket)
     return buckets
 

@@ -7,9 +7,10 @@ One JSON object per line::
     {"caption": "a red ball bouncing", "video": ["f0.png", "f1.png"]}  # the frames listed one by one
     {"caption": "a lighthouse at dusk", "image": "img/lighthouse.jpg"} # an image (PIL)
 
-Paths are relative to the JSONL file (absolute paths are kept). Other keys are ignored. Parsing is strict and stops
-at the first bad line with ``file:line`` and what was expected: a skipped or misread line would only show up much
-later as a worse model.
+Paths are relative to the JSONL file and must stay inside its directory, a frame folder's frames too
+(``runtime/data/media_paths.py``; ``data.media_dir`` names another root). Other keys are ignored. Parsing is strict
+and stops at the first bad line with ``file:line`` and what was expected: a skipped or misread line would only show
+up much later as a worse model.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from runtime.data.jsonl import LineError, read_records
+from runtime.data.errors import LineError
+from runtime.data.jsonl import read_records
+from runtime.data.media_paths import MediaRoot
 
 __all__ = ["IMAGE_SUFFIXES", "MediaSample", "frame_files", "read_media_jsonl"]
 
@@ -50,20 +53,20 @@ def frame_files(directory: Path) -> tuple[Path, ...]:
     return tuple(sorted((p for p in directory.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES), key=_natural_key))
 
 
-def _path(value: Any, key: str, base: Path) -> Path:
+def _path(value: Any, key: str, base: MediaRoot) -> Path:
     if not isinstance(value, str) or not value:
         raise LineError(f"{key!r} must be a non-empty path string, got {value!r:.60}")
-    return base / value  # an absolute value replaces base
+    return base.resolve(value, key)
 
 
-def _existing_file(value: Any, key: str, base: Path) -> Path:
+def _existing_file(value: Any, key: str, base: MediaRoot) -> Path:
     path = _path(value, key, base)
     if not path.is_file():
         raise LineError(f"{key}: file not found: {path}")
     return path
 
 
-def _video(value: Any, base: Path) -> tuple[str, tuple[Path, ...]]:
+def _video(value: Any, base: MediaRoot) -> tuple[str, tuple[Path, ...]]:
     if isinstance(value, list):
         if not value:
             raise LineError("'video' as a list must name at least one frame image")
@@ -73,6 +76,8 @@ def _video(value: Any, base: Path) -> tuple[str, tuple[Path, ...]]:
         frames = frame_files(path)
         if not frames:
             raise LineError(f"video: the frame folder {path} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+        for frame in frames:  # a symlinked frame must stay inside too
+            base.check_inside(frame, "video", f"{value.rstrip('/')}/{frame.name}")
         return "frames", frames
     if not path.is_file():
         raise LineError(f"video: file or frame folder not found: {path}")
@@ -81,7 +86,7 @@ def _video(value: Any, base: Path) -> tuple[str, tuple[Path, ...]]:
     return "video", (path,)
 
 
-def parse_media_record(record: Any, base: Path, where: str) -> MediaSample:
+def parse_media_record(record: Any, base: MediaRoot, where: str) -> MediaSample:
     if not isinstance(record, dict):
         raise LineError(f'expected an object {{"caption": ..., "image" or "video": ...}}, got {type(record).__name__}')
     caption = record.get("caption")
@@ -98,7 +103,14 @@ def parse_media_record(record: Any, base: Path, where: str) -> MediaSample:
     return MediaSample(where, caption, kind, files)
 
 
-def read_media_jsonl(path: str | Path) -> list[MediaSample]:
-    """Every sample of a DiT data file in file order (blank lines skipped); ValueError naming ``file:line``."""
-    base = Path(path).parent
+def read_media_jsonl(path: str | Path, media_dir: str | Path | None = None) -> list[MediaSample]:
+    """Every sample of a DiT data file in file order (blank lines skipped); ValueError naming ``file:line``. Media
+    paths resolve against the file's directory (``media_dir`` when given) and must stay inside it."""
+    path = Path(path)
+    if path.suffix.lower() != ".jsonl":
+        raise ValueError(
+            f"{path}: a DiT data file must end in .jsonl (one JSON sample per line), found "
+            f"{path.suffix or 'no suffix'!r}; rename it if it is one"
+        )
+    base = MediaRoot.of(path, media_dir)
     return read_records(path, lambda record, where: parse_media_record(record, base, where))
