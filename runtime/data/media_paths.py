@@ -58,7 +58,10 @@ class MediaRoot:
 
     def check_inside(self, path: Path, key: str, shown: str | None = None) -> None:
         """``LineError`` unless ``path`` (symlinks resolved) lies inside the root."""
-        real = path.resolve()
+        try:
+            real = path.resolve()
+        except (OSError, RuntimeError) as exc:  # a symlink loop (RuntimeError before Python 3.13)
+            raise LineError(f"{key}: {shown or str(path)!r}: cannot resolve it: {exc}") from None
         if not real.is_relative_to(self.real):
             raise LineError(
                 f"{key}: {shown or str(path)!r} leads outside {self._where()} (to {real}); media must stay inside "

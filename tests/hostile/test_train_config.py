@@ -117,6 +117,19 @@ def test_numbers_and_choices_are_range_checked(tmp_path: Path, nothing_built, ke
     _check(raw, tmp_path, key, *needles)
 
 
+def test_attention_choices_are_those_transformers_registers() -> None:
+    """The fixed list (checked without importing transformers' modeling code) is transformers' own on this install:
+    every implementation registered for training and nothing it does not know."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from runtime.sp.ulysses import PREFIX
+    from runtime.train.config import ATTN_IMPLEMENTATIONS
+
+    ours = ("paged|", PREFIX)  # generation-only, and the runtime's SP wrappers (registered when SP first runs)
+    registered = {name for name in ALL_ATTENTION_FUNCTIONS.valid_keys() if not name.startswith(ours)}
+    assert set(ATTN_IMPLEMENTATIONS) == registered | {"eager"}
+
+
 def test_moe_experts_implementation_is_a_known_one(tmp_path: Path, nothing_built) -> None:
     raw = run_config(tmp_path, model={"type": "qwen3_moe", "config": TINY_MOE, "experts_implementation": "grouped"})
     _check(raw, tmp_path, "model.experts_implementation", "patchgen_grouped")

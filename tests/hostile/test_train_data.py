@@ -153,6 +153,8 @@ def test_chat_media_paths_stay_inside_the_data_directory(tmp_path: Path, nothing
     link = tmp_path / "set" / "images" / "link.png"
     link.symlink_to(outside)
     (tmp_path / "set" / "escape").symlink_to(tmp_path / "outside", target_is_directory=True)
+    (tmp_path / "set" / "loop_a").symlink_to(tmp_path / "set" / "loop_b")
+    (tmp_path / "set" / "loop_b").symlink_to(tmp_path / "set" / "loop_a")
     good = _chat({"type": "image", "image": "images/a.png"})
     cases = [
         (_chat({"type": "image", "image": str(outside)}), ("absolute", str(outside), "data.media_dir")),
@@ -160,6 +162,7 @@ def test_chat_media_paths_stay_inside_the_data_directory(tmp_path: Path, nothing
         (_chat({"type": "image", "image": "../outside/secret.png"}), ("../outside/secret.png", "outside")),
         (_chat({"type": "video", "video": ["images/a.png", "images/link.png"]}), ("video[1]", "images/link.png")),
         (_chat({"type": "image", "image": "escape/secret.png"}), ("escape/secret.png", "outside")),
+        (_chat({"type": "image", "image": "loop_a"}), ("loop_a", "cannot resolve")),
     ]
     data = tmp_path / "set" / "data.jsonl"
     for line, needles in cases:
