@@ -215,6 +215,7 @@ MAX_INT = 2**63 - 1
 # A run config is a page of YAML: anything larger or deeper is not one (and would only cost time to parse).
 MAX_CONFIG_BYTES = 1 << 20
 MAX_CONFIG_DEPTH = 32
+MAX_CONFIG_VALUES = 100_000
 
 # Attention implementations a training forward can use (transformers' AttentionInterface on 5.14.1 plus eager; the
 # runtime's own `ulysses_<name>` wrappers are chosen by the runtime under SP, never named in a config), and the
@@ -474,37 +475,41 @@ def _read_text(path: Path) -> str:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
 
 
-def _depth(value: Any) -> int:
-    """How deeply mappings and lists nest in ``value`` (1 for a flat mapping); shared (aliased) objects count once."""
-    deepest, stack, seen = 0, [(value, 1)], set()
+def _shape_problem(value: Any) -> str | None:
+    """What is wrong with the shape of a loaded config: mappings and lists nested more than ``MAX_CONFIG_DEPTH``
+    levels, or more than ``MAX_CONFIG_VALUES`` values once YAML aliases are expanded (an alias bomb is a few lines
+    that expand to billions). Stops counting at the limits."""
+    count, stack = 0, [(value, 1)]
     while stack:
         item, level = stack.pop()
-        if not isinstance(item, dict | list) or id(item) in seen:
-            continue
-        seen.add(id(item))
-        deepest = max(deepest, level)
-        if deepest > MAX_CONFIG_DEPTH:
-            break
-        stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return deepest
+        count += 1
+        if count > MAX_CONFIG_VALUES:
+            return f"more than {MAX_CONFIG_VALUES} values once its aliases are expanded, the limit for a run config"
+        if isinstance(item, dict | list):
+            if level > MAX_CONFIG_DEPTH:
+                return f"nested more than {MAX_CONFIG_DEPTH} levels deep, the limit for a run config"
+            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return None
 
 
 def load_config(path: str | Path) -> RunConfig:
     path = Path(path)
     text = _read_text(path)
-    too_deep = ConfigError(f"{path}: nested more than {MAX_CONFIG_DEPTH} levels deep, the limit for a run config")
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise ConfigError(f"{path}:{where} not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    except RecursionError:
-        raise too_deep from None
+    except RecursionError:  # deeper than Python's recursion limit, which is above MAX_CONFIG_DEPTH
+        raise ConfigError(
+            f"{path}: nested more than {MAX_CONFIG_DEPTH} levels deep, the limit for a run config"
+        ) from None
     except ValueError as exc:  # a value YAML parses but Python cannot hold (e.g. an integer of 5000 digits)
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())[:200]}") from None
-    if _depth(raw) > MAX_CONFIG_DEPTH:
-        raise too_deep
+    problem = _shape_problem(raw)
+    if problem:
+        raise ConfigError(f"{path}: {problem}")
     try:
         return parse_config(raw)
     except ConfigError as exc:

@@ -15,6 +15,7 @@ import contextlib
 import io
 import json
 import math
+import time
 from pathlib import Path
 
 import pytest
@@ -236,7 +237,7 @@ def _main(path: Path) -> tuple[int, str]:
 
 
 def test_config_file_that_cannot_be_read_is_one_line(tmp_path: Path, nothing_built) -> None:
-    from runtime.train.config import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH
+    from runtime.train.config import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_VALUES
 
     text = yaml.safe_dump(run_config(tmp_path)).encode()
     bad = tmp_path / "latin1.yaml"
@@ -258,3 +259,15 @@ def test_config_file_that_cannot_be_read_is_one_line(tmp_path: Path, nothing_bui
         deep.write_text(text.decode() + "extra: " + "[" * depth + "]" * depth + "\n")
         line = _one_line(*_main(deep))
         assert line.startswith(f"error: {deep}: ") and f"{MAX_CONFIG_DEPTH} levels" in line, line
+
+    bomb = tmp_path / "bomb.yaml"  # nine levels of nine aliases: 9**9 values from a dozen lines
+    levels = ["l0: &l0 [x, x, x, x, x, x, x, x, x]"]
+    levels += [f"l{k}: &l{k} [{', '.join([f'*l{k - 1}'] * 9)}]" for k in range(1, 10)]
+    config = yaml.safe_load(text.decode())
+    config["model"]["config"]["rope_parameters"] = "REPLACE"
+    body = yaml.safe_dump(config).replace("REPLACE", "*l9")
+    bomb.write_text("\n".join(["x-anchors:", *("  " + line for line in levels), body]))
+    started = time.perf_counter()
+    line = _one_line(*_main(bomb))
+    assert line.startswith(f"error: {bomb}: ") and f"{MAX_CONFIG_VALUES} values" in line, line
+    assert time.perf_counter() - started < 10
