@@ -47,7 +47,7 @@ def make_pipeline(root: Path) -> Path:
 
     from runtime.diffusion.tiny import save_tiny_pipeline
 
-    pipe = save_tiny_pipeline("wan_t2v", root / "pipe")
+    pipe = save_tiny_pipeline("wan", root / "pipe")
     torch.manual_seed(0)
     WanTransformer3DModel(**TRANSFORMER).save_pretrained(pipe / "transformer")
     return pipe

@@ -51,7 +51,7 @@ def wan(work: Path) -> bool:
     from runtime.data.dit.synthetic import write_synthetic_clips, write_video
     from runtime.diffusion.tiny import save_tiny_pipeline
 
-    pipe_dir = save_tiny_pipeline("wan_t2v", work / "wan")
+    pipe_dir = save_tiny_pipeline("wan", work / "wan")
     data = write_synthetic_clips(work / "clips", 8, 9, 32, 32, seed=0, frame_folders_every=4)
     raw = {
         "model": {"type": "wan", "path": str(pipe_dir), "seed": 0},

@@ -11,7 +11,7 @@ from typing import Any
 
 from runtime.models.registry import GeneratedModel, lookup, model_types
 
-__all__ = ["dit_model_types", "lookup_dit", "tiny_config", "training_class"]
+__all__ = ["dit_model_types", "lookup_dit", "tiny_cases", "tiny_config", "training_class"]
 
 
 def dit_model_types() -> list[str]:
@@ -40,3 +40,14 @@ def tiny_config(model_type: str, variant: str | None = None) -> dict[str, Any]:
             raise ValueError(f"{model_type}: no tiny variant {variant!r}; known: {sorted(variants)}")
         config.update(variants[variant])
     return config
+
+
+def tiny_cases() -> dict[str, tuple[str, str | None]]:
+    """Every tiny DiT configuration the specs declare: ``name -> (model_type, variant)``; the base config is named
+    by its model type, a variant ``<model_type>_<variant>`` (``wan``, ``wan_i2v``, ``flux``, ...)."""
+    cases: dict[str, tuple[str, str | None]] = {}
+    for model_type in dit_model_types():
+        cases[model_type] = (model_type, None)
+        for variant in lookup_dit(model_type).data.get("tiny_variants", {}):
+            cases[f"{model_type}_{variant}"] = (model_type, variant)
+    return cases

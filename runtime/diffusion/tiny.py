@@ -1,14 +1,21 @@
 """Tiny random DiT pipelines saved as real diffusers pipeline directories (no downloads), for tests and demos.
 
-Each ``save_tiny_pipeline(kind, directory)`` builds every component from a tiny config (a byte-level BPE tokenizer
-trained on the bundled corpus, random text/image encoders, a random VAE, a flow-matching scheduler and a random
-transformer from the tiny config of its spec's ``[model]`` table) and writes it with ``pipeline.save_pretrained``, so
-loading it goes through diffusers' and transformers' real loading code.
+``save_tiny_pipeline(name, directory)`` builds the pipeline of a tiny case (``registry.tiny_cases``: a DiT's model
+type, or ``<model_type>_<variant>``): its condition model's ``tiny_components`` (tokenizers trained on the bundled
+corpus, random text/image encoders, a random VAE, a flow-matching scheduler) around a random transformer built
+from the spec's tiny config, written with ``pipeline.save_pretrained`` so loading it goes through diffusers' and
+transformers' real loading code. The component builders several models share live here.
+
+Command line (a tiny pipeline directory to experiment with)::
+
+    python -m runtime.diffusion.tiny wan pipelines/wan
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -16,14 +23,12 @@ from typing import Any
 
 import torch
 
-from runtime.diffusion.registry import tiny_config
+from runtime.diffusion.registry import lookup_dit, tiny_cases, tiny_config
 
-__all__ = ["WAN_I2V_TEXT_LEN", "save_tiny_pipeline"]
-
-WAN_I2V_TEXT_LEN = 512  # Wan's attention splits image/text context at a hard-coded 512 text tokens
+__all__ = ["save_tiny_pipeline", "tiny_clip_text", "tiny_clip_vision", "tiny_tokenizer"]
 
 
-def _tokenizer(**kwargs: Any) -> Any:
+def tiny_tokenizer(**kwargs: Any) -> Any:
     """A byte-level BPE trained on the bundled corpus (the pipeline saves it with its other components)."""
     from transformers import AutoTokenizer
 
@@ -35,38 +40,25 @@ def _tokenizer(**kwargs: Any) -> Any:
         return AutoTokenizer.from_pretrained(scratch, **kwargs)
 
 
-def _umt5(vocab_size: int, d_model: int) -> Any:
-    from transformers import UMT5Config, UMT5EncoderModel
+def tiny_clip_text(tokenizer: Any, hidden_size: int) -> Any:
+    """A one-layer CLIP text encoder (pooled output of ``hidden_size``) for ``tokenizer``."""
+    from transformers import CLIPTextConfig, CLIPTextModel
 
-    config = UMT5Config(
-        vocab_size=vocab_size,
-        d_model=d_model,
-        d_kv=4,
-        d_ff=32,
-        num_layers=1,
-        num_heads=4,
-        relative_attention_num_buckets=8,
-        relative_attention_max_distance=32,
+    config = CLIPTextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        max_position_embeddings=77,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
-    return UMT5EncoderModel(config)
+    return CLIPTextModel(config)
 
 
-def _wan_vae(z_dim: int) -> Any:
-    from diffusers import AutoencoderKLWan
-
-    # 3 spatial downsamples (x8) and 2 temporal ones (x4): the scale factors the pipelines assume.
-    return AutoencoderKLWan(
-        base_dim=8,
-        z_dim=z_dim,
-        dim_mult=[1, 1, 1, 1],
-        num_res_blocks=1,
-        temperal_downsample=[False, True, True],
-        latents_mean=[0.1, -0.2, 0.3, -0.1],
-        latents_std=[1.5, 0.8, 1.2, 2.0],
-    )
-
-
-def _clip_vision(hidden_size: int) -> tuple[Any, Any]:
+def tiny_clip_vision(hidden_size: int) -> tuple[Any, Any]:
+    """A two-layer CLIP vision encoder and its image processor (32 px)."""
     from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
 
     config = CLIPVisionConfig(
@@ -81,130 +73,40 @@ def _clip_vision(hidden_size: int) -> tuple[Any, Any]:
     return CLIPVisionModel(config), processor
 
 
-def _wan(directory: Path, i2v: bool, seed: int) -> Path:
-    from diffusers import FlowMatchEulerDiscreteScheduler, WanImageToVideoPipeline, WanPipeline, WanTransformer3DModel
+def save_tiny_pipeline(name: str, directory: str | os.PathLike, seed: int = 0) -> Path:
+    """Write the tiny pipeline of case ``name`` (``registry.tiny_cases``) to ``directory``."""
+    from runtime.diffusion.conditions import condition_model_class
 
-    config = tiny_config("wan", "i2v" if i2v else None)
-    tokenizer = _tokenizer()
+    cases = tiny_cases()
+    if name not in cases:
+        raise ValueError(f"unknown tiny pipeline {name!r}; known: {', '.join(sorted(cases))}")
+    model_type, variant = cases[name]
+    entry = lookup_dit(model_type)
+    condition = condition_model_class(entry.data["condition_model_type"])
+    config = tiny_config(model_type, variant)
     torch.manual_seed(seed)
-    components: dict[str, Any] = dict(
-        tokenizer=tokenizer,
-        text_encoder=_umt5(len(tokenizer), config["text_dim"]),
-        vae=_wan_vae(tiny_config("wan")["in_channels"]),  # T2V in_channels: the latent channels
-        scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
-        transformer=WanTransformer3DModel(**config),
-    )
-    if i2v:
-        components["image_encoder"], components["image_processor"] = _clip_vision(config["image_dim"])
-    pipeline = (WanImageToVideoPipeline if i2v else WanPipeline)(**components)
-    pipeline.save_pretrained(directory)
-    return directory
-
-
-def _flux(directory: Path, seed: int) -> Path:
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
-
-    config = tiny_config("flux")
-    tokenizer, tokenizer_2 = _tokenizer(model_max_length=77), _tokenizer()
-    torch.manual_seed(seed)
-    clip = CLIPTextConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=config["pooled_projection_dim"],
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        max_position_embeddings=77,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    t5 = T5Config(
-        vocab_size=len(tokenizer_2),
-        d_model=config["joint_attention_dim"],
-        d_kv=8,
-        d_ff=32,
-        num_layers=1,
-        num_heads=4,
-        relative_attention_num_buckets=8,
-    )
-    vae = AutoencoderKL(  # 4 blocks: the x8 scale factor FluxPipeline derives from block_out_channels
-        block_out_channels=[8, 8, 8, 8],
-        down_block_types=["DownEncoderBlock2D"] * 4,
-        up_block_types=["UpDecoderBlock2D"] * 4,
-        latent_channels=config["in_channels"] // 4,
-        layers_per_block=1,
-        norm_num_groups=4,
-        shift_factor=0.1159,
-        scaling_factor=0.3611,
-    )
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096
-    )
-    FluxPipeline(
-        scheduler=scheduler,
-        vae=vae,
-        text_encoder=CLIPTextModel(clip),
-        tokenizer=tokenizer,
-        text_encoder_2=T5EncoderModel(t5),
-        tokenizer_2=tokenizer_2,
-        transformer=FluxTransformer2DModel(**config),
-    ).save_pretrained(directory)
-    return directory
-
-
-def _qwenimage(directory: Path, seed: int) -> Path:
-    from diffusers import (
-        AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
-        QwenImagePipeline,
-        QwenImageTransformer2DModel,
-    )
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-    from runtime.models.tiny import tiny_config as tiny_transformers_config
-
-    config = tiny_config("qwenimage")
-    tokenizer = _tokenizer()
-    torch.manual_seed(seed)
-    text_encoder_config = tiny_transformers_config("qwen2_5_vl", text_config={"vocab_size": len(tokenizer)})
-    if text_encoder_config.get_text_config().hidden_size != config["joint_attention_dim"]:
-        raise ValueError("specs/qwenimage.toml: joint_attention_dim must be the tiny qwen2_5_vl text hidden size")
-    vae = AutoencoderKLQwenImage(  # 3 temporal-downsample entries: the x8 scale factor QwenImagePipeline derives
-        base_dim=8,
-        z_dim=config["out_channels"],
-        dim_mult=[1, 1, 1, 1],
-        num_res_blocks=1,
-        temperal_downsample=[False, True, True],
-        latents_mean=[0.1, -0.2, 0.3, -0.1],
-        latents_std=[1.5, 0.8, 1.2, 2.0],
-    )
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=0.9,
-        base_image_seq_len=256,
-        max_image_seq_len=8192,
-        time_shift_type="exponential",
-    )
-    QwenImagePipeline(
-        scheduler=scheduler,
-        vae=vae,
-        text_encoder=Qwen2_5_VLForConditionalGeneration(text_encoder_config),
-        tokenizer=tokenizer,
-        transformer=QwenImageTransformer2DModel(**config),
-    ).save_pretrained(directory)
-    return directory
-
-
-def save_tiny_pipeline(kind: str, directory: str | os.PathLike, seed: int = 0) -> Path:
-    """Write the tiny ``kind`` pipeline ("wan_t2v", "wan_i2v", "flux", "qwenimage") to ``directory``."""
+    components = condition.tiny_components(config, variant)
+    components["transformer"] = entry.upstream_class()(**config)
     directory = Path(directory)
-    builders = {
-        "wan_t2v": lambda: _wan(directory, False, seed),
-        "wan_i2v": lambda: _wan(directory, True, seed),
-        "flux": lambda: _flux(directory, seed),
-        "qwenimage": lambda: _qwenimage(directory, seed),
-    }
-    if kind not in builders:
-        raise ValueError(f"unknown tiny pipeline {kind!r}; known: {', '.join(sorted(builders))}")
-    return builders[kind]()
+    condition.tiny_pipeline_class(variant)(**components).save_pretrained(directory)
+    return directory
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m runtime.diffusion.tiny")
+    parser.add_argument("name", help=f"tiny case: {', '.join(sorted(tiny_cases()))}")
+    parser.add_argument("directory", type=Path, help="where to write the pipeline (must not exist)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.name not in tiny_cases():
+        print(f"error: unknown tiny pipeline {args.name!r}; known: {', '.join(sorted(tiny_cases()))}", file=sys.stderr)
+        return 2
+    if args.directory.exists():
+        print(f"error: {args.directory} exists; name a new directory (nothing is overwritten)", file=sys.stderr)
+        return 2
+    print(save_tiny_pipeline(args.name, args.directory, args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -49,22 +49,24 @@ def test_saved_directory_is_pure_diffusers(name: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("sharded", [False, True])
-def test_loads_plain_diffusers_checkpoints(sharded: bool, tmp_path: Path) -> None:
-    case = CASES["wan_i2v"]
+@pytest.mark.parametrize("name", NAMES)
+def test_loads_plain_diffusers_checkpoints(name: str, sharded: bool, tmp_path: Path) -> None:
+    case = CASES[name]
     torch.manual_seed(3)
     plain = case.upstream_class(**case.config)
     plain.save_pretrained(tmp_path, max_shard_size=20_000 if sharded else "10GB")
     assert (tmp_path / "diffusion_pytorch_model.safetensors.index.json").is_file() == sharded
     model = case.shell_class.from_pretrained(tmp_path)
     assert not model.training
-    assert model.config.model_type == "wan" and model.config.condition_model_type == "wan"
+    assert model.config.model_type == case.model_type
+    assert model.config.condition_model_type == case.shell_class.config_class.default_condition_model_type
     for key, value in plain.state_dict().items():
         assert torch.equal(model.state_dict()[key], value), key
-    assert torch.equal(_out(model, "wan_i2v"), _out(_realigned(plain), "wan_i2v"))
+    assert torch.equal(_out(model, name), _out(_realigned(plain), name))
 
 
 def test_config_bridge() -> None:
-    case = CASES["wan_t2v"]
+    case = CASES["wan"]
     model = shell(case, condition_model_type="custom")
     config = model.config
     params = diffusers_init_parameters(case.upstream_class)
@@ -83,7 +85,7 @@ def test_config_bridge() -> None:
 def test_refuses_another_models_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"_class_name": "FluxTransformer2DModel"}))
     with pytest.raises(ValueError, match="_class_name is 'FluxTransformer2DModel', expected 'WanTransformer3DModel'"):
-        CASES["wan_t2v"].shell_class.from_pretrained(tmp_path)
+        CASES["wan"].shell_class.from_pretrained(tmp_path)
 
 
 def test_registry_resolves_every_dit() -> None:

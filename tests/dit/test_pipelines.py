@@ -3,13 +3,17 @@
 * the condition model's training inputs are what the diffusers pipeline feeds the transformer for the same prompt
   (and first frame, Wan I2V), recorded from a real pipeline call;
 * a pipeline with the shell's saved (pure diffusers) transformer swapped in produces the same latents as the
-  in-memory shell.
+  in-memory shell;
+* a pipeline holding the generated class (shell or patched diffusers class) saves a ``model_index.json`` that plain
+  ``DiffusionPipeline.from_pretrained`` loads back.
+
+Every DiT spec's tiny cases (tests/dit/cases.py) run through all three; the per-model facts (pipeline class,
+example pixels, call arguments) come from its condition model.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,35 +21,18 @@ import diffusers
 import pytest
 import torch
 
-from runtime.diffusion.conditions import load_condition_model
-from runtime.diffusion.conditions.wan import _to_pil
-from runtime.diffusion.registry import lookup_dit, training_class
+from runtime.diffusion.conditions import ConditionModel, load_condition_model
+from tests.dit.cases import CASES, Case
 
 PROMPT = "a small boat on a quiet lake"
 # forward kwargs a pipeline passes that are not training inputs
 PIPELINE_ONLY = {"attention_kwargs", "joint_attention_kwargs", "return_dict"}
+NAMES = sorted(CASES)
 
 
-@dataclass(frozen=True)
-class Kind:
-    pipeline: str  # diffusers pipeline class
-    model_type: str
-    pixels: tuple[int, ...]  # one training sample's pixels: (C, F, H, W) video or (C, H, W) image
-    call: dict[str, Any]
-
-
-KINDS = {
-    # 5 frames -> 2 latent frames; 32 px -> 4x4 latents -> 2x2 tokens per frame
-    "wan_t2v": Kind("WanPipeline", "wan", (3, 5, 32, 32), {"num_frames": 5, "guidance_scale": 3.0}),
-    "wan_i2v": Kind("WanImageToVideoPipeline", "wan", (3, 5, 32, 32), {"num_frames": 5, "guidance_scale": 3.0}),
-    # 32x48 px -> 4x6 latents -> 2x3 packed tokens
-    "flux": Kind("FluxPipeline", "flux", (3, 32, 48), {"guidance_scale": 3.5}),
-    "qwenimage": Kind("QwenImagePipeline", "qwenimage", (3, 32, 48), {"true_cfg_scale": 1.0}),
-}
-
-
-def _pixels(kind: Kind, seed: int = 0) -> torch.Tensor:
-    return torch.rand(*kind.pixels, generator=torch.Generator().manual_seed(seed)) * 2 - 1
+def _pixels(case: Case, seed: int = 0) -> torch.Tensor:
+    shape = case.condition_class.example_pixels
+    return torch.rand(*shape, generator=torch.Generator().manual_seed(seed)) * 2 - 1
 
 
 def _record_calls(model: torch.nn.Module) -> list[dict[str, Any]]:
@@ -55,13 +42,11 @@ def _record_calls(model: torch.nn.Module) -> list[dict[str, Any]]:
     return calls
 
 
-def _pipeline(name: str, directory: Path, transformer: torch.nn.Module) -> Any:
-    return getattr(diffusers, name).from_pretrained(directory, transformer=transformer)
+def _pipeline(case: Case, directory: Path, transformer: torch.nn.Module) -> Any:
+    return case.condition_class.tiny_pipeline_class(case.variant).from_pretrained(directory, transformer=transformer)
 
 
-def _run(pipe: Any, name: str, pixels: torch.Tensor) -> torch.Tensor:
-    kind = KINDS[name]
-    extra = {"image": _to_pil(pixels[:, 0])} if name == "wan_i2v" else {}
+def _run(pipe: Any, case: Case, cm: ConditionModel, pixels: torch.Tensor) -> torch.Tensor:
     out = pipe(
         prompt=PROMPT,
         height=pixels.shape[-2],
@@ -69,51 +54,52 @@ def _run(pipe: Any, name: str, pixels: torch.Tensor) -> torch.Tensor:
         num_inference_steps=2,
         output_type="latent",
         generator=torch.Generator().manual_seed(7),
-        **kind.call,
-        **extra,
+        **case.condition_class.pipeline_call,
+        **cm.pipeline_inputs(pixels),
     )
-    return out.frames if name.startswith("wan") else out.images
+    return out.frames if case.condition_class.video else out.images
 
 
-def _expected_latents(name: str, pipe: Any, pixels: torch.Tensor) -> torch.Tensor:
-    """The normalization each pipeline undoes before decoding, applied to the VAE posterior's mode."""
-    vae = pipe.vae
+def _expected_latents(pipe: Any, pixels: torch.Tensor) -> torch.Tensor:
+    """The normalization each pipeline undoes before decoding, applied to the VAE posterior's mode, written from
+    the VAE's config (per-channel mean/std; shift and scale; scale alone) independently of the condition models."""
+    vae, config = pipe.vae, pipe.vae.config
+    image_vae = isinstance(vae, diffusers.AutoencoderKL)  # 2-D; the others encode (b, c, f, h, w) videos
+    video = pixels if pixels.dim() == 4 or image_vae else pixels[:, None]
     with torch.no_grad():
-        if name == "flux":
-            z = vae.encode(pixels[None]).latent_dist.mode()[0]
-            return (z - vae.config.shift_factor) * vae.config.scaling_factor
-        video = pixels if name.startswith("wan") else pixels[:, None]
         z = vae.encode(video[None]).latent_dist.mode()[0]
-        mean = torch.tensor(vae.config.latents_mean).view(-1, 1, 1, 1)
-        std = torch.tensor(vae.config.latents_std).view(-1, 1, 1, 1)
-        z = (z - mean) / std
-        return z if name.startswith("wan") else z[:, 0]
+    if getattr(config, "latents_mean", None) is not None:
+        shape = (-1,) + (1,) * (z.dim() - 1)
+        z = (z - torch.tensor(config.latents_mean).view(shape)) / torch.tensor(config.latents_std).view(shape)
+    else:
+        z = (z - (getattr(config, "shift_factor", None) or 0.0)) * config.scaling_factor
+    return z if z.dim() == pixels.dim() else z[:, 0]
 
 
-@pytest.mark.parametrize("name", sorted(KINDS))
+@pytest.mark.parametrize("name", NAMES)
 def test_condition_model_feeds_what_the_pipeline_feeds(name: str, tiny_pipelines) -> None:
-    kind = KINDS[name]
+    case = CASES[name]
     directory = tiny_pipelines(name)
-    cm = load_condition_model(lookup_dit(kind.model_type).data["condition_model_type"], directory)
+    cm = load_condition_model(case.shell_class.config_class.default_condition_model_type, directory)
     assert not any(p.requires_grad for p in cm.parameters()) and not cm.training
-    pixels = _pixels(kind)
+    pixels = _pixels(case)
     cond = cm.get_condition([PROMPT], [pixels])
     assert len(cond["latents"]) == len(cond["context"]) == 1
 
-    transformer = training_class(kind.model_type).from_pretrained(directory, subfolder="transformer")
+    transformer = case.shell_class.from_pretrained(directory, subfolder="transformer")
     calls = _record_calls(transformer)
-    pipe = _pipeline(kind.pipeline, directory, transformer)
-    _run(pipe, name, pixels)
+    pipe = _pipeline(case, directory, transformer)
+    _run(pipe, case, cm, pixels)
     seen, context = calls[0], cond["context"][0]
-    text = context["encoder_hidden_states"]
-    assert torch.equal(seen["encoder_hidden_states"][0, : text.shape[0]], text)
-    for key in ("pooled_projections", "encoder_hidden_states_image"):
-        if key in context:
-            assert torch.equal(seen[key][0], context[key]), key
+    for key, value in context.items():  # every per-sample tensor the pipeline passes too (text may be padded there)
+        if key in seen:
+            got = seen[key][0]
+            assert torch.equal(got[: value.shape[0]] if got.dim() else got, value), key
+    assert "encoder_hidden_states" in context and "encoder_hidden_states" in seen
     if "condition" in context:  # Wan I2V: the first-frame mask + latents the pipeline concatenates
         z = cond["latents"][0].shape[0]
         assert torch.equal(seen["hidden_states"][0, z:], context["condition"])
-    assert torch.equal(cond["latents"][0], _expected_latents(name, pipe, pixels))
+    assert torch.equal(cond["latents"][0], _expected_latents(pipe, pixels))
 
     inputs = cm.process_condition(cond["latents"], cond["context"], torch.Generator().manual_seed(3))
     assert set(inputs) <= set(inspect.signature(transformer.forward).parameters)
@@ -126,12 +112,13 @@ def test_condition_model_feeds_what_the_pipeline_feeds(name: str, tiny_pipelines
     assert out.shape == inputs.target.shape == (inputs["hidden_states"][:, : out.shape[1]]).shape
 
     # batches: two samples (Qwen-Image prompts of different lengths are padded and masked)
-    pair = cm.get_condition([PROMPT, "red"], [pixels, _pixels(kind, 1)])
+    pair = cm.get_condition([PROMPT, "red"], [pixels, _pixels(case, 1)])
     batch = cm.process_condition(pair["latents"], pair["context"], torch.Generator().manual_seed(4))
     x0 = torch.stack(pair["latents"])
-    noise = x0 + (batch.target if name.startswith("wan") else _unpack(batch.target, x0))
+    packed = batch["hidden_states"].dim() != x0.dim()  # Flux, Qwen-Image: 2x2 patches packed into tokens
+    noise = x0 + (_unpack(batch.target, x0) if packed else batch.target)
     s = batch.sigmas.view(-1, *([1] * (x0.dim() - 1)))
-    noisy = batch["hidden_states"][:, : x0.shape[1]] if name.startswith("wan") else _unpack(batch["hidden_states"], x0)
+    noisy = _unpack(batch["hidden_states"], x0) if packed else batch["hidden_states"][:, : x0.shape[1]]
     assert torch.allclose(noisy, (1 - s) * x0 + s * noise, atol=1e-6)
     assert transformer(**batch, return_dict=False)[0].shape == batch.target.shape
 
@@ -141,21 +128,39 @@ def _unpack(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return tokens.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
 
 
-@pytest.mark.parametrize("name", sorted(KINDS))
+@pytest.mark.parametrize("name", NAMES)
 def test_pipeline_with_saved_transformer_matches_in_memory(name: str, tiny_pipelines, tmp_path: Path) -> None:
-    kind = KINDS[name]
+    case = CASES[name]
     directory = tiny_pipelines(name)
-    model = training_class(kind.model_type).from_pretrained(directory, subfolder="transformer")
+    cm = load_condition_model(case.shell_class.config_class.default_condition_model_type, directory)
+    model = case.shell_class.from_pretrained(directory, subfolder="transformer")
     with torch.no_grad():  # weights the pipeline directory does not have
         for param in model.parameters():
             param.add_(0.01 * torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())))
     model.save_pretrained(tmp_path / "transformer")
-    plain = lookup_dit(kind.model_type).upstream_class().from_pretrained(tmp_path / "transformer")
+    plain = case.upstream_class.from_pretrained(tmp_path / "transformer")
     assert type(plain).__module__.startswith("diffusers.")
     for param in plain.parameters():  # see test_checkpoint._realigned: same values, BLAS-friendly addresses
         param.data = param.data.clone()
 
-    pixels = _pixels(kind, 1)
-    ours = _run(_pipeline(kind.pipeline, directory, model), name, pixels)
-    theirs = _run(_pipeline(kind.pipeline, directory, plain), name, pixels)
+    pixels = _pixels(case, 1)
+    ours = _run(_pipeline(case, directory, model), case, cm, pixels)
+    theirs = _run(_pipeline(case, directory, plain), case, cm, pixels)
     assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_pipeline_holding_the_generated_class_saves_and_reloads(name: str, tiny_pipelines, tmp_path: Path) -> None:
+    """``pipe.save_pretrained`` records the generated class in model_index.json so that plain
+    ``DiffusionPipeline.from_pretrained`` loads it back (diffusers' custom-component route), same outputs."""
+    case = CASES[name]
+    directory = tiny_pipelines(name)
+    cm = load_condition_model(case.shell_class.config_class.default_condition_model_type, directory)
+    pixels = _pixels(case, 2)
+    for cls in (case.shell_class, case.shell_class.config_class.diffusers_class):  # the shell, the patched class
+        model = cls.from_pretrained(directory, subfolder="transformer")
+        pipe = _pipeline(case, directory, model)
+        pipe.save_pretrained(tmp_path / cls.__name__)
+        again = diffusers.DiffusionPipeline.from_pretrained(tmp_path / cls.__name__)
+        assert type(again) is type(pipe) and type(again.transformer) is cls
+        assert torch.equal(_run(again, case, cm, pixels), _run(pipe, case, cm, pixels))

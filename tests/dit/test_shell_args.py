@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from runtime.diffusion.shell import _keep_in_fp32
 from tests.dit.cases import CASES, shell
 
-CASE = CASES["wan_t2v"]
+CASE = CASES["wan"]
 
 
 @pytest.fixture(scope="module")

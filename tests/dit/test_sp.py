@@ -1,8 +1,9 @@
 """Ulysses SP (gloo) against one process: loss, output and every parameter gradient within 1e-5 relative.
 
-All SP=2 cases of all models run in one spawn and the SP=4 case in another (spawning a gloo world costs
-seconds). Every case has a token count that sp does not divide (padding path); the `ckpt` cases turn gradient
-checkpointing on (recomputed blocks repeat their all-to-alls in backward: same gradients, no hang).
+The cases are every DiT spec's tiny config and variants (tests/dit/cases.py). All SP=2 cases run in one spawn and
+the SP=4 ones in another (spawning a gloo world costs seconds). Every case has a token count that sp does not divide
+(padding path); half the cases turn gradient checkpointing on (recomputed blocks repeat their all-to-alls in
+backward: same gradients, no hang).
 """
 
 from __future__ import annotations
@@ -12,18 +13,9 @@ import pytest
 from tests.dist_utils import run_distributed
 from tests.dit.cases import CASES, inputs, loss_and_grads, relative_error, shell
 
-SP2 = [
-    ("wan_t2v", False),
-    ("wan_i2v", False),
-    ("wan_t2v", True),
-    ("flux", False),
-    ("flux", True),
-    ("qwenimage", False),
-    ("qwenimage_zero_cond_t", True),
-    ("hunyuanvideo", False),
-    ("hunyuanvideo", True),
-]
-SP4 = [("wan_t2v", True), ("hunyuanvideo", True)]
+# every spec's tiny case (and variant), with and without gradient checkpointing; SP=4 where 4 divides the heads
+SP2 = [(name, checkpointing) for name in sorted(CASES) for checkpointing in (False, True)]
+SP4 = [(name, True) for name in sorted(CASES) if CASES[name].config["num_attention_heads"] % 4 == 0]
 
 
 def _run(name: str, checkpointing: bool) -> dict:

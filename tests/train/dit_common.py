@@ -23,7 +23,7 @@ def make_files(root: Path) -> dict[str, Path]:
     ]
     images.write_text("\n".join(lines) + "\n")
     return {
-        "wan": save_tiny_pipeline("wan_t2v", root / "wan"),
+        "wan": save_tiny_pipeline("wan", root / "wan"),
         "flux": save_tiny_pipeline("flux", root / "flux"),
         "clips": write_synthetic_clips(root / "clips", 8, 9, 32, 32, seed=0, frame_folders_every=3),
         "images": images,

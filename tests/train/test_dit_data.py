@@ -208,7 +208,7 @@ def test_user_errors_exit_2_with_one_line(tmp_path: Path) -> None:
     from runtime.diffusion.tiny import save_tiny_pipeline
     from tests.train.common import run_main
 
-    pipe = save_tiny_pipeline("wan_t2v", tmp_path / "pipe")
+    pipe = save_tiny_pipeline("wan", tmp_path / "pipe")
     data = write_synthetic_clips(tmp_path / "data", 2, 5, 32, 32)
     short = tmp_path / "short.jsonl"
     short.write_text(data.read_text().replace("clips/", "data/clips/"))

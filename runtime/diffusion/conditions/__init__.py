@@ -1,30 +1,46 @@
-"""Frozen condition models of the DiTs, by ``condition_model_type`` (see ``base.py`` for the API)."""
+"""Frozen condition models of the DiTs (see ``base.py`` for the API).
+
+A spec's ``[model.data] condition_model_type = "<name>"`` names the module ``runtime.diffusion.conditions.<name>``,
+which defines exactly one ``ConditionModel`` subclass: adding a DiT adds that module, no registry edit.
+"""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+import re
 from typing import Any
 
 from runtime.diffusion.conditions.base import ConditionInputs, ConditionModel
 
-__all__ = ["CONDITION_MODELS", "ConditionInputs", "ConditionModel", "condition_model_class", "load_condition_model"]
-
-# condition_model_type -> "module:class", imported on use
-CONDITION_MODELS = {
-    "wan": "runtime.diffusion.conditions.wan:WanConditionModel",
-    "flux": "runtime.diffusion.conditions.flux:FluxConditionModel",
-    "qwenimage": "runtime.diffusion.conditions.qwenimage:QwenImageConditionModel",
-}
+__all__ = ["ConditionInputs", "ConditionModel", "condition_model_class", "load_condition_model"]
 
 
 def condition_model_class(condition_model_type: str) -> type[ConditionModel]:
+    """The ``ConditionModel`` subclass that ``runtime.diffusion.conditions.<condition_model_type>`` defines."""
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", condition_model_type or ""):
+        raise ValueError(f"condition model type {condition_model_type!r} is not a module name ([a-z][a-z0-9_]*)")
+    name = f"{__name__}.{condition_model_type}"
     try:
-        module, name = CONDITION_MODELS[condition_model_type].split(":")
-    except KeyError:
-        known = ", ".join(sorted(CONDITION_MODELS))
-        raise ValueError(f"no condition model {condition_model_type!r}; known: {known}") from None
-    return getattr(importlib.import_module(module), name)
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+        raise ValueError(
+            f"no condition model {condition_model_type!r}: add runtime/diffusion/conditions/{condition_model_type}.py "
+            f"with its ConditionModel subclass"
+        ) from None
+    found = [
+        cls
+        for _, cls in inspect.getmembers(module, inspect.isclass)
+        if issubclass(cls, ConditionModel) and cls.__module__ == name
+    ]
+    if len(found) != 1:
+        raise ValueError(
+            f"{name} must define exactly one ConditionModel subclass, found {[c.__name__ for c in found]}"
+        )
+    return found[0]
 
 
 def load_condition_model(condition_model_type: str, path: str | os.PathLike, **options: Any) -> ConditionModel:

@@ -21,6 +21,12 @@ API (what a DiT trainer relies on):
 
 ``from_pretrained(path, encoders=False)`` loads only what ``process_condition`` needs (scheduler settings): a
 trainer that reads cached conditions never loads the VAE or the text encoders.
+
+What else differs per model lives here too, so a DiT is its spec plus its condition model module
+(``runtime/diffusion/conditions/<condition_model_type>.py``, found by that name): ``tiny_components`` (tiny random
+pipeline components around the spec's tiny transformer, for tests and demos), ``example_inputs`` (random forward
+kwargs of the transformer with a token count that sp = 2 and 4 do not divide), and the facts of a short pipeline
+call (``example_pixels``, ``pipeline_call``, ``pipeline_inputs``). The spec-driven DiT suites read only these.
 """
 
 from __future__ import annotations
@@ -66,6 +72,10 @@ class ConditionModel(nn.Module):
     pixel_multiple: ClassVar[int] = 16
     #: video frame counts must be ``temporal_multiple * k + 1`` (the VAE's temporal compression)
     temporal_multiple: ClassVar[int] = 1
+    #: one sample's pixels for a short pipeline call in tests: ``(C, F, H, W)`` video or ``(C, H, W)`` image
+    example_pixels: ClassVar[tuple[int, ...]] = (3, 32, 48)
+    #: keyword arguments of that call besides prompt, size and steps (guidance, frames)
+    pipeline_call: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, pipeline: Any, sampler: TimestepSampler) -> None:
         super().__init__()
@@ -90,6 +100,26 @@ class ConditionModel(nn.Module):
             skipped += (*cls.components, *cls.optional_components)
         none = {name: None for name in skipped if name in accepted}
         return pipeline_class.from_pretrained(path, **none, **kwargs)
+
+    @classmethod
+    def tiny_pipeline_class(cls, variant: str | None) -> type:
+        """The pipeline class of a tiny variant (e.g. Wan's ``i2v``: the image-to-video pipeline)."""
+        return cls.pipeline_class
+
+    @classmethod
+    def tiny_components(cls, config: dict[str, Any], variant: str | None) -> dict[str, Any]:
+        """Tiny random pipeline components (all but the transformer) that fit the tiny transformer ``config``."""
+        raise NotImplementedError(f"{cls.__name__} has no tiny pipeline components")
+
+    @classmethod
+    def example_inputs(cls, config: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
+        """Random forward kwargs (never zeros) for a transformer built from ``config``, as ``process_condition``
+        lays them out, with ``return_dict=False``."""
+        raise NotImplementedError(f"{cls.__name__} has no example inputs")
+
+    def pipeline_inputs(self, pixels: Tensor) -> dict[str, Any]:
+        """Extra inputs of a pipeline call for a sample with these pixels (Wan I2V: the first frame)."""
+        return {}
 
     def train(self, mode: bool = True) -> ConditionModel:
         return super().train(False)  # frozen: always in eval mode

@@ -32,6 +32,67 @@ TEXT_LENGTH = 512  # FluxPipeline's max_sequence_length (T5 tokens)
 class FluxConditionModel(ConditionModel):
     pipeline_class = FluxPipeline
     components = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "vae")
+    # 32x48 px -> 4x6 latents -> 2x3 packed tokens
+    example_pixels = (3, 32, 48)
+    pipeline_call = {"guidance_scale": 3.5}
+
+    @classmethod
+    def tiny_components(cls, config: dict[str, Any], variant: str | None) -> dict[str, Any]:
+        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
+        from transformers import T5Config, T5EncoderModel
+
+        from runtime.diffusion.tiny import tiny_clip_text, tiny_tokenizer
+
+        tokenizer, tokenizer_2 = tiny_tokenizer(model_max_length=77), tiny_tokenizer()
+        t5 = T5Config(
+            vocab_size=len(tokenizer_2),
+            d_model=config["joint_attention_dim"],
+            d_kv=8,
+            d_ff=32,
+            num_layers=1,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+        )
+        return dict(
+            tokenizer=tokenizer,
+            tokenizer_2=tokenizer_2,
+            text_encoder=tiny_clip_text(tokenizer, config["pooled_projection_dim"]),
+            text_encoder_2=T5EncoderModel(t5),
+            vae=AutoencoderKL(  # 4 blocks: the x8 scale factor FluxPipeline derives from block_out_channels
+                block_out_channels=[8, 8, 8, 8],
+                down_block_types=["DownEncoderBlock2D"] * 4,
+                up_block_types=["UpDecoderBlock2D"] * 4,
+                latent_channels=config["in_channels"] // 4,
+                layers_per_block=1,
+                norm_num_groups=4,
+                shift_factor=0.1159,
+                scaling_factor=0.3611,
+            ),
+            scheduler=FlowMatchEulerDiscreteScheduler(
+                use_dynamic_shifting=True,
+                base_shift=0.5,
+                max_shift=1.15,
+                base_image_seq_len=256,
+                max_image_seq_len=4096,
+            ),
+        )
+
+    @classmethod
+    def example_inputs(cls, config: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
+        """3x5 = 15 packed image tokens, 7 text tokens, a batch of 2, guidance 3.5."""
+        batch, h, w, text = 2, 3, 5, 7
+        rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+        img_ids = torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).reshape(h * w, 3).float()
+        return {
+            "hidden_states": torch.randn(batch, h * w, config["in_channels"], generator=generator),
+            "encoder_hidden_states": torch.randn(batch, text, config["joint_attention_dim"], generator=generator),
+            "pooled_projections": torch.randn(batch, config["pooled_projection_dim"], generator=generator),
+            "timestep": torch.rand(batch, generator=generator),
+            "img_ids": img_ids,  # (0, row, col) per packed token, as FluxPipeline lays them out
+            "txt_ids": torch.zeros(text, 3),
+            "guidance": torch.full((batch,), 3.5),
+            "return_dict": False,
+        }
 
     def __init__(self, pipeline: Any, sampler: TimestepSampler, guidance_scale: float | None) -> None:
         super().__init__(pipeline, sampler)

@@ -28,6 +28,63 @@ __all__ = ["QwenImageConditionModel"]
 class QwenImageConditionModel(ConditionModel):
     pipeline_class = QwenImagePipeline
     components = ("tokenizer", "text_encoder", "vae")
+    # 32x48 px -> 4x6 latents -> 2x3 packed tokens
+    example_pixels = (3, 32, 48)
+    pipeline_call = {"true_cfg_scale": 1.0}
+
+    @classmethod
+    def tiny_components(cls, config: dict[str, Any], variant: str | None) -> dict[str, Any]:
+        from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler
+        from transformers import Qwen2_5_VLForConditionalGeneration
+
+        from runtime.diffusion.tiny import tiny_tokenizer
+        from runtime.models.tiny import tiny_config as tiny_transformers_config
+
+        tokenizer = tiny_tokenizer()
+        text_config = tiny_transformers_config("qwen2_5_vl", text_config={"vocab_size": len(tokenizer)})
+        if text_config.get_text_config().hidden_size != config["joint_attention_dim"]:
+            raise ValueError("specs/qwenimage.toml: joint_attention_dim must be the tiny qwen2_5_vl text hidden size")
+        return dict(
+            tokenizer=tokenizer,
+            text_encoder=Qwen2_5_VLForConditionalGeneration(text_config),
+            vae=AutoencoderKLQwenImage(  # 3 temporal-downsample entries: the x8 scale factor the pipeline derives
+                base_dim=8,
+                z_dim=config["out_channels"],
+                dim_mult=[1, 1, 1, 1],
+                num_res_blocks=1,
+                temperal_downsample=[False, True, True],
+                latents_mean=[0.1, -0.2, 0.3, -0.1],
+                latents_std=[1.5, 0.8, 1.2, 2.0],
+            ),
+            scheduler=FlowMatchEulerDiscreteScheduler(
+                use_dynamic_shifting=True,
+                base_shift=0.5,
+                max_shift=0.9,
+                base_image_seq_len=256,
+                max_image_seq_len=8192,
+                time_shift_type="exponential",
+            ),
+        )
+
+    @classmethod
+    def example_inputs(cls, config: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
+        """3x5 = 15 packed image tokens (zero_cond_t: plus a 2x3 condition image, batch 1), 7 text tokens of which
+        the last sample's last 2 are padding."""
+        h, w, text = 3, 5, 7
+        zero_cond_t = bool(config.get("zero_cond_t"))
+        batch = 1 if zero_cond_t else 2
+        shapes = [(1, h, w), (1, 2, 3)] if zero_cond_t else [(1, h, w)]
+        mask = torch.ones(batch, text, dtype=torch.long)
+        mask[-1, text - 2 :] = 0
+        tokens = sum(f * y * x for f, y, x in shapes)
+        return {
+            "hidden_states": torch.randn(batch, tokens, config["in_channels"], generator=generator),
+            "encoder_hidden_states": torch.randn(batch, text, config["joint_attention_dim"], generator=generator),
+            "encoder_hidden_states_mask": mask,
+            "timestep": torch.rand(batch, generator=generator),
+            "img_shapes": [shapes] * batch,
+            "return_dict": False,
+        }
 
     def __init__(self, pipeline: Any, sampler: TimestepSampler) -> None:
         super().__init__(pipeline, sampler)

@@ -41,6 +41,69 @@ class WanConditionModel(ConditionModel):
     optional_components = ("image_encoder", "image_processor")
     video = True
     temporal_multiple = 4  # AutoencoderKLWan: the first frame, then 4 frames per latent frame
+    # 5 frames -> 2 latent frames; 32 px -> 4x4 latents -> 2x2 tokens per frame
+    example_pixels = (3, 5, 32, 32)
+    pipeline_call = {"num_frames": 5, "guidance_scale": 3.0}
+
+    @classmethod
+    def tiny_pipeline_class(cls, variant: str | None) -> type:
+        return WanImageToVideoPipeline if variant == "i2v" else WanPipeline
+
+    @classmethod
+    def tiny_components(cls, config: dict[str, Any], variant: str | None) -> dict[str, Any]:
+        from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler
+        from transformers import UMT5Config, UMT5EncoderModel
+
+        from runtime.diffusion.tiny import tiny_clip_vision, tiny_tokenizer
+
+        tokenizer = tiny_tokenizer()
+        umt5 = UMT5Config(
+            vocab_size=len(tokenizer),
+            d_model=config["text_dim"],
+            d_kv=4,
+            d_ff=32,
+            num_layers=1,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=32,
+        )
+        components: dict[str, Any] = dict(
+            tokenizer=tokenizer,
+            text_encoder=UMT5EncoderModel(umt5),
+            # 3 spatial downsamples (x8) and 2 temporal ones (x4): the scale factors the pipelines assume
+            vae=AutoencoderKLWan(
+                base_dim=8,
+                z_dim=config["out_channels"],
+                dim_mult=[1, 1, 1, 1],
+                num_res_blocks=1,
+                temperal_downsample=[False, True, True],
+                latents_mean=[0.1, -0.2, 0.3, -0.1],
+                latents_std=[1.5, 0.8, 1.2, 2.0],
+            ),
+            scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0),
+        )
+        if variant == "i2v":
+            components["image_encoder"], components["image_processor"] = tiny_clip_vision(config["image_dim"])
+        return components
+
+    @classmethod
+    def example_inputs(cls, config: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
+        """3 frames of 6x10 latents -> 3 x 3 x 5 = 45 tokens; I2V: batch 1 with exactly 512 text tokens (its
+        attention splits image and text context there) and 5 CLIP image tokens."""
+        i2v = bool(config.get("image_dim"))
+        batch, text = (1, TEXT_LENGTH) if i2v else (2, 7)
+        out = {
+            "hidden_states": torch.randn(batch, config["in_channels"], 3, 6, 10, generator=generator),
+            "timestep": torch.rand(batch, generator=generator) * 1000,
+            "encoder_hidden_states": torch.randn(batch, text, config["text_dim"], generator=generator),
+            "return_dict": False,
+        }
+        if i2v:
+            out["encoder_hidden_states_image"] = torch.randn(batch, 5, config["image_dim"], generator=generator)
+        return out
+
+    def pipeline_inputs(self, pixels: Tensor) -> dict[str, Any]:
+        return {"image": _to_pil(pixels[:, 0])} if self.i2v else {}
 
     def __init__(self, pipeline: Any, sampler: TimestepSampler) -> None:
         super().__init__(pipeline, sampler)

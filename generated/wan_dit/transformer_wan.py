@@ -2,14 +2,14 @@
 # Made by patchgen 0.1.0 from specs/wan.toml; to change it, edit the spec or a
 # template and run `patchgen regen wan`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_wan.py sha256=74741d74c9fa4b9d02be83de9840b37a732080a795aa2d19037c03e312c76907
-# spec: specs/wan.toml sha256=c4cd87e3035ee5a7032430c04564d2f05baff9f074a945786f726cc9e765c9e7
-# templates: sha256=11fa7f1372d5feba095daef3480331e26f5375fb0ab717f2e56c56b6161f40fe
-# engine: patchgen==0.1.0 sha256=c3e27d2f99ddd536cf60cece26473c105481e3680b1ed5110822df3b1dcb5e9f
-# body: sha256=23b1aaa307843caa0c7ffdf53867bbad1553b50d86c7fafa0ee159265dd1a8d4
+# spec: specs/wan.toml sha256=bbba948234c498f867549f0a367c0ebdc244537f6b2afdbb8a7ca066b0c660fc
+# templates: sha256=ce163f94865173d6fc3eaa4f965dcb60cc9afc2c630847e61588ff201d9e650c
+# engine: patchgen==0.1.0 sha256=8b3c804e9a1f54e90768c8e4848820c9880bcfbf7028f1d5449a6b79e92a257e
+# body: sha256=8a4ae9d9693d7436fe346d5ae12635f2397e5bd0f439574e7a324a4821570942
 # patches:
 #   #1 dit/shard_tokens @ WanTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables
-#   #2 dit/ulysses_attention @ WanAttnProcessor.__call__: self-attention (the call with RoPE) sees every token: all-to-all to this rank's heads
-#   #3 dit/ulysses_attention @ WanAttnProcessor.__call__: and back to this rank's tokens x all heads
+#   #2 dit/ulysses_to_heads @ WanAttnProcessor.__call__: self-attention (the call with RoPE) sees every token: all-to-all to this rank's heads
+#   #3 dit/ulysses_to_sequence @ WanAttnProcessor.__call__: and back to this rank's tokens x all heads
 #   #4 dit/gather_tokens @ WanTransformer3DModel.forward: gather the projected tokens (out_channels x patch, not the hidden size) and drop the padding before unpatchify
 #   #5 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
@@ -46,9 +46,10 @@ from diffusers.models.embeddings import PixArtAlphaTextProjection, TimestepEmbed
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.normalization import FP32LayerNorm
-# patchgen imports (4 stmt): names the patches below use
+# patchgen imports (5 stmt): names the patches below use
 from runtime.diffusion.sp import shard_rotary, shard_tokens, token_shard
-from runtime.diffusion.sp import rotary_token_shard, ulysses_to_heads, ulysses_to_sequence
+from runtime.diffusion.sp import attention_split, ulysses_to_heads
+from runtime.diffusion.sp import ulysses_to_sequence
 from runtime.diffusion.sp import gather_tokens
 from runtime.diffusion.shell import DiTPreTrainedModel, PatchgenDiTConfig, PatchgenDiTShell
 
@@ -159,8 +160,8 @@ class WanAttnProcessor:
             )
             hidden_states_img = hidden_states_img.flatten(2, 3)
             hidden_states_img = hidden_states_img.type_as(query)
-        # patchgen #2 dit/ulysses_attention (2 stmt): self-attention (the call with RoPE) sees every token: all-to-all to this rank's heads
-        dit_attn = rotary_token_shard(rotary_emb)
+        # patchgen #2 dit/ulysses_to_heads (2 stmt): self-attention (the call with RoPE) sees every token: all-to-all to this rank's heads
+        dit_attn = attention_split(rotary_emb, replicated="none", dims="bshd", site="specs/wan.toml patch 2 (dit/ulysses_to_heads in WanAttnProcessor.__call__)")
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
         hidden_states = dispatch_attention_fn(
@@ -174,7 +175,7 @@ class WanAttnProcessor:
             # Reference: https://github.com/huggingface/diffusers/pull/12909
             parallel_config=(self._parallel_config if encoder_hidden_states is None else None),
         )
-        # patchgen #3 dit/ulysses_attention (1 stmt): and back to this rank's tokens x all heads
+        # patchgen #3 dit/ulysses_to_sequence (1 stmt): and back to this rank's tokens x all heads
         hidden_states = ulysses_to_sequence(dit_attn, hidden_states)
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.type_as(query)
@@ -688,7 +689,7 @@ class WanTransformer3DModel(
         # flatten+transpose produces a non-contiguous tensor; make it contiguous before the block loop.
         hidden_states = hidden_states.contiguous()
         # patchgen #1 dit/shard_tokens (3 stmt): each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables
-        dit_sp = token_shard(self, hidden_states.shape[1], (WanAttnProcessor,))
+        dit_sp = token_shard(self, hidden_states.shape[1], (WanAttnProcessor,), site="specs/wan.toml patch 1 (dit/shard_tokens in WanTransformer3DModel.forward)")
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
         rotary_emb = shard_rotary(rotary_emb, dit_sp, dim=1, parts=(0, 1))
 

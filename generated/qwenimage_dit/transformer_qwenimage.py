@@ -2,14 +2,14 @@
 # Made by patchgen 0.1.0 from specs/qwenimage.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwenimage`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_qwenimage.py sha256=cea921e2dd8bba5fcd86ae99054d7320b2773cc653c04c218983d54e737e2cc5
-# spec: specs/qwenimage.toml sha256=4f10b11eecbdf8829cc6809a8d4bcdb06cdf0221ecfd3e3aea1826e5ab6f12ac
-# templates: sha256=11fa7f1372d5feba095daef3480331e26f5375fb0ab717f2e56c56b6161f40fe
-# engine: patchgen==0.1.0 sha256=c3e27d2f99ddd536cf60cece26473c105481e3680b1ed5110822df3b1dcb5e9f
-# body: sha256=08360730d71f46f6c5cc20b3a6854e268294baacc2feec69d3fae631a2c01ee4
+# spec: specs/qwenimage.toml sha256=17c5293cc48e3ac2c807e34a5bdc263642b5ff3df5bbc8772a4ce87b767d2b0c
+# templates: sha256=ce163f94865173d6fc3eaa4f965dcb60cc9afc2c630847e61588ff201d9e650c
+# engine: patchgen==0.1.0 sha256=8b3c804e9a1f54e90768c8e4848820c9880bcfbf7028f1d5449a6b79e92a257e
+# body: sha256=35503e2f93688f16dda03f46d36754381931a2ca7df4bf8900e82ad2f73afc15
 # patches:
 #   #1 dit/shard_tokens @ QwenImageTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole
-#   #2 dit/ulysses_attention @ QwenDoubleStreamAttnProcessor2_0.__call__: joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
-#   #3 dit/ulysses_attention @ QwenDoubleStreamAttnProcessor2_0.__call__: and back: image tokens to this rank's slice, the text output gathered over heads
+#   #2 dit/ulysses_to_heads @ QwenDoubleStreamAttnProcessor2_0.__call__: joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
+#   #3 dit/ulysses_to_sequence @ QwenDoubleStreamAttnProcessor2_0.__call__: and back: image tokens to this rank's slice, the text output gathered over heads
 #   #4 dit/gather_tokens @ QwenImageTransformer2DModel.forward: gather the projected image tokens and drop the padding
 #   #5 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
@@ -50,9 +50,10 @@ from diffusers.models.embeddings import TimestepEmbedding, Timesteps
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.normalization import AdaLayerNormContinuous, RMSNorm
-# patchgen imports (4 stmt): names the patches below use
+# patchgen imports (5 stmt): names the patches below use
 from runtime.diffusion.sp import shard_rotary, shard_tokens, token_shard
-from runtime.diffusion.sp import rotary_token_shard, ulysses_to_heads, ulysses_to_sequence
+from runtime.diffusion.sp import attention_split, ulysses_to_heads
+from runtime.diffusion.sp import ulysses_to_sequence
 from runtime.diffusion.sp import gather_tokens
 from runtime.diffusion.shell import DiTPreTrainedModel, PatchgenDiTConfig, PatchgenDiTShell
 
@@ -565,8 +566,8 @@ class QwenDoubleStreamAttnProcessor2_0:
         joint_query = torch.cat([txt_query, img_query], dim=1)
         joint_key = torch.cat([txt_key, img_key], dim=1)
         joint_value = torch.cat([txt_value, img_value], dim=1)
-        # patchgen #2 dit/ulysses_attention (2 stmt): joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
-        dit_attn = rotary_token_shard(image_rotary_emb)
+        # patchgen #2 dit/ulysses_to_heads (2 stmt): joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
+        dit_attn = attention_split(image_rotary_emb, replicated="first", dims="bshd", site="specs/qwenimage.toml patch 2 (dit/ulysses_to_heads in QwenDoubleStreamAttnProcessor2_0.__call__)")
         joint_query, joint_key, joint_value, attention_mask = ulysses_to_heads(dit_attn, joint_query, joint_key, joint_value, attention_mask)
 
         joint_hidden_states = dispatch_attention_fn(
@@ -579,7 +580,7 @@ class QwenDoubleStreamAttnProcessor2_0:
             backend=self._attention_backend,
             parallel_config=self._parallel_config,
         )
-        # patchgen #3 dit/ulysses_attention (1 stmt): and back: image tokens to this rank's slice, the text output gathered over heads
+        # patchgen #3 dit/ulysses_to_sequence (1 stmt): and back: image tokens to this rank's slice, the text output gathered over heads
         joint_hidden_states = ulysses_to_sequence(dit_attn, joint_hidden_states)
 
         # Reshape back
@@ -960,7 +961,7 @@ class QwenImageTransformer2DModel(
 
         image_rotary_emb = self.pos_embed(img_shapes, max_txt_seq_len=text_seq_len, device=hidden_states.device)
         # patchgen #1 dit/shard_tokens (4 stmt): each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole
-        dit_sp = token_shard(self, hidden_states.shape[1], (QwenDoubleStreamAttnProcessor2_0,))
+        dit_sp = token_shard(self, hidden_states.shape[1], (QwenDoubleStreamAttnProcessor2_0,), site="specs/qwenimage.toml patch 1 (dit/shard_tokens in QwenImageTransformer2DModel.forward)")
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
         modulate_index = shard_tokens(modulate_index, dit_sp, dim=1)
         image_rotary_emb = shard_rotary(image_rotary_emb, dit_sp, dim=0, parts=(0,))

@@ -2,14 +2,14 @@
 # Made by patchgen 0.1.0 from specs/flux.toml; to change it, edit the spec or a
 # template and run `patchgen regen flux`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_flux.py sha256=19c283790c6ecce114759c47daf98b448292dec9c5070ad04eda1580fbf31770
-# spec: specs/flux.toml sha256=a46518f6c59ce8626ddf551a7e37633f84fa13e8099f8168d73c148f503e5827
-# templates: sha256=11fa7f1372d5feba095daef3480331e26f5375fb0ab717f2e56c56b6161f40fe
-# engine: patchgen==0.1.0 sha256=c3e27d2f99ddd536cf60cece26473c105481e3680b1ed5110822df3b1dcb5e9f
-# body: sha256=a421dce8cad398d80d7a7da6e6d83b9371321746d99d4ecfc18dbd5abcbf427b
+# spec: specs/flux.toml sha256=5691dd4ff3bc751836863901df5b865d00a1c306a95fc59153dc982259dd7ece
+# templates: sha256=ce163f94865173d6fc3eaa4f965dcb60cc9afc2c630847e61588ff201d9e650c
+# engine: patchgen==0.1.0 sha256=8b3c804e9a1f54e90768c8e4848820c9880bcfbf7028f1d5449a6b79e92a257e
+# body: sha256=6e4b6bcaa198fe1f67783204ee477bdab57d962fd650c59548387251e7a56424
 # patches:
 #   #1 dit/shard_tokens @ FluxTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens and their RoPE; text tokens and positions stay whole
-#   #2 dit/ulysses_attention @ FluxAttnProcessor.__call__: joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
-#   #3 dit/ulysses_attention @ FluxAttnProcessor.__call__: and back: image tokens to this rank's slice, the text output gathered over heads
+#   #2 dit/ulysses_to_heads @ FluxAttnProcessor.__call__: joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
+#   #3 dit/ulysses_to_sequence @ FluxAttnProcessor.__call__: and back: image tokens to this rank's slice, the text output gathered over heads
 #   #4 dit/gather_tokens @ FluxTransformer2DModel.forward: gather the projected image tokens and drop the padding
 #   #5 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
@@ -53,9 +53,10 @@ from diffusers.models.embeddings import (
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.normalization import AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle
-# patchgen imports (4 stmt): names the patches below use
+# patchgen imports (5 stmt): names the patches below use
 from runtime.diffusion.sp import shard_rotary, shard_tokens, token_shard
-from runtime.diffusion.sp import rotary_token_shard, ulysses_to_heads, ulysses_to_sequence
+from runtime.diffusion.sp import attention_split, ulysses_to_heads
+from runtime.diffusion.sp import ulysses_to_sequence
 from runtime.diffusion.sp import gather_tokens
 from runtime.diffusion.shell import DiTPreTrainedModel, PatchgenDiTConfig, PatchgenDiTShell
 
@@ -137,8 +138,8 @@ class FluxAttnProcessor:
         if image_rotary_emb is not None:
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
             key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
-        # patchgen #2 dit/ulysses_attention (2 stmt): joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
-        dit_attn = rotary_token_shard(image_rotary_emb)
+        # patchgen #2 dit/ulysses_to_heads (2 stmt): joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
+        dit_attn = attention_split(image_rotary_emb, replicated="first", dims="bshd", site="specs/flux.toml patch 2 (dit/ulysses_to_heads in FluxAttnProcessor.__call__)")
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
         hidden_states = dispatch_attention_fn(
@@ -149,7 +150,7 @@ class FluxAttnProcessor:
             backend=self._attention_backend,
             parallel_config=self._parallel_config,
         )
-        # patchgen #3 dit/ulysses_attention (1 stmt): and back: image tokens to this rank's slice, the text output gathered over heads
+        # patchgen #3 dit/ulysses_to_sequence (1 stmt): and back: image tokens to this rank's slice, the text output gathered over heads
         hidden_states = ulysses_to_sequence(dit_attn, hidden_states)
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.to(query.dtype)
@@ -774,7 +775,7 @@ class FluxTransformer2DModel(
         ids = torch.cat((txt_ids, img_ids), dim=0)
         image_rotary_emb = self.pos_embed(ids)
         # patchgen #1 dit/shard_tokens (3 stmt): each SP rank runs the blocks on its slice of the image tokens and their RoPE; text tokens and positions stay whole
-        dit_sp = token_shard(self, hidden_states.shape[1], (FluxAttnProcessor,))
+        dit_sp = token_shard(self, hidden_states.shape[1], (FluxAttnProcessor,), site="specs/flux.toml patch 1 (dit/shard_tokens in FluxTransformer2DModel.forward)")
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
         image_rotary_emb = shard_rotary(image_rotary_emb, dit_sp, dim=0, parts=(0, 1), prefix=txt_ids.shape[0])
 
