@@ -11,8 +11,9 @@ Layout under ``root``::
         .metadata, *.distcp    DCP: model + optimizer
         rank_00000.safetensors per rank: the RNG states' tensors
         rank_00000.json        per rank: scheduler state, the rest of the RNG states, extra
-        COMPLETE               json, written last, before the rename: step, world size, and every other file's
-                               size and sha256 (``runtime/checkpoint/verify.py``)
+        COMPLETE               json, written last, before the rename: step, world size, the model's type and config
+                               (``runtime/checkpoint/identity.py``), and every other file's size and sha256
+                               (``runtime/checkpoint/verify.py``)
     .step_000020.tmp/          a save in progress, or one that was killed: never read, removed by the next save
 
 Nothing of ours is pickled: the per-rank state is safetensors + JSON. ``load_checkpoint`` verifies every file
@@ -35,7 +36,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import re
 import shutil
 import time
@@ -48,8 +48,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import load as load_safetensors
-from safetensors.torch import save as save_safetensors
 from torch.distributed import ProcessGroup
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (
@@ -60,8 +58,27 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from runtime.checkpoint.dcp_io import SafeFileSystemReader, SafeLoadPlanner
-from runtime.checkpoint.verify import (
+from runtime.checkpoint.discovery import (
     COMPLETE_MARKER,
+    checkpoint_dir_name,
+    checkpoint_step,
+    is_complete_checkpoint,
+    latest_checkpoint,
+    list_checkpoints,
+)
+from runtime.checkpoint.identity import mismatch_message, module_identity
+from runtime.checkpoint.rank_state import (
+    encode_rank_state,
+    get_rng_state,
+    json_data,
+    rank_files,
+    read_rank_state,
+    restore_rng_state,
+    rng_from_files,
+    rng_to_files,
+    set_rng_state,
+)
+from runtime.checkpoint.verify import (
     FORMAT_VERSION,
     CheckpointError,
     HashingFileSystemWriter,
@@ -74,14 +91,23 @@ from runtime.checkpoint.verify import (
 
 logger = logging.getLogger(__name__)
 
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+__all__ = [  # the discovery and RNG helpers are re-exported: callers import them from here
+    "checkpoint_dir_name",
+    "checkpoint_step",
+    "get_rng_state",
+    "is_complete_checkpoint",
+    "latest_checkpoint",
+    "latest_intact_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "replace_dir_atomically",
+    "rng_from_files",
+    "rng_to_files",
+    "save_checkpoint",
+    "set_rng_state",
+]
+
 _STALE_DIR = re.compile(r"^\.step_\d+\.(tmp|old)$")
-
-
-def checkpoint_dir_name(step: int) -> str:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be a non-negative integer, got {step!r}")
-    return f"step_{step:06d}"
 
 
 def _dist_ready() -> bool:
@@ -157,100 +183,7 @@ def replace_dir_atomically(tmp: Path, final: Path) -> None:
         shutil.rmtree(old)
 
 
-# ------------------------------------------------------------------------------------------------------------- RNG
-
-
-def get_rng_state() -> dict[str, Any]:
-    """Every generator a training step may draw from, on this process."""
-    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    try:
-        import numpy as np
-    except ImportError:
-        pass
-    else:
-        state["numpy"] = np.random.get_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        cuda_states = state["cuda"]
-        if len(cuda_states) != torch.cuda.device_count():
-            logger.warning(
-                "checkpoint holds CUDA RNG states of %d devices, this process sees %d; restoring the first ones only",
-                len(cuda_states),
-                torch.cuda.device_count(),
-            )
-        for device, cuda_state in enumerate(cuda_states[: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(cuda_state, device)
-    if "numpy" in state:
-        import numpy as np
-
-        np.random.set_state(state["numpy"])
-
-
-def rng_to_files(state: dict[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """``get_rng_state()``'s dict as (tensors for safetensors, JSON data); ``rng_from_files`` inverts it exactly."""
-    version, words, gauss_next = state["python"]
-    tensors = {"rng.torch": state["torch"], "rng.python": torch.tensor(words, dtype=torch.int64)}
-    data: dict[str, Any] = {"python": {"version": version, "gauss_next": gauss_next}}
-    for device, cuda_state in enumerate(state.get("cuda", ())):
-        tensors[f"rng.cuda.{device}"] = cuda_state
-    data["cuda_devices"] = len(state.get("cuda", ()))
-    if "numpy" in state:
-        kind, keys, pos, has_gauss, cached = state["numpy"]
-        tensors["rng.numpy"] = torch.from_numpy(keys.astype("int64"))
-        data["numpy"] = {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
-    return tensors, data
-
-
-def rng_from_files(tensors: dict[str, torch.Tensor], data: dict[str, Any]) -> dict[str, Any]:
-    python = data["python"]
-    words = tuple(int(w) for w in tensors["rng.python"].tolist())
-    state: dict[str, Any] = {"python": (python["version"], words, python["gauss_next"]), "torch": tensors["rng.torch"]}
-    if data.get("cuda_devices"):
-        state["cuda"] = [tensors[f"rng.cuda.{d}"] for d in range(data["cuda_devices"])]
-    if "numpy" in data:
-        import numpy as np
-
-        n = data["numpy"]
-        keys = tensors["rng.numpy"].numpy().astype(np.uint32)
-        state["numpy"] = (n["kind"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"])
-    return state
-
-
 # ------------------------------------------------------------------------------------------------------ discovery
-
-
-def is_complete_checkpoint(path: Path) -> bool:
-    path = Path(path)
-    return _STEP_DIR.match(path.name) is not None and (path / COMPLETE_MARKER).is_file()
-
-
-def list_checkpoints(root: Path) -> list[Path]:
-    """The complete checkpoints under ``root``, oldest step first."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and is_complete_checkpoint(p)]
-    return sorted(found, key=checkpoint_step)
-
-
-def latest_checkpoint(root: Path) -> Path | None:
-    """The complete checkpoint with the highest step under ``root``; None if there is none."""
-    found = list_checkpoints(root)
-    return found[-1] if found else None
-
-
-def checkpoint_step(path: Path) -> int:
-    match = _STEP_DIR.match(Path(path).name)
-    if match is None:
-        raise ValueError(f"not a checkpoint directory name (step_<n>): {path}")
-    return int(match.group(1))
 
 
 def _remove_stale(root: Path) -> None:
@@ -274,13 +207,15 @@ def latest_intact_checkpoint(
     root: Path, *, process_group: ProcessGroup | None = None
 ) -> tuple[Path | None, list[CheckpointError]]:
     """The newest checkpoint under ``root`` that verifies, and the errors of the newer ones that did not (newest
-    first, each also logged as a warning); ``(None, errors)`` when none does. Collective when distributed."""
+    first); ``(None, errors)`` when none does. Collective when distributed. The caller says what it skipped: a
+    warning logged here too would reach the console through logging's last-resort handler, printing each message
+    twice (once more in the caller's error when none is intact)."""
     skipped: list[CheckpointError] = []
     for path in reversed(list_checkpoints(root)):
         try:
             verify_checkpoint(path, process_group=process_group)
         except CheckpointError as exc:
-            logger.warning("skipping %s", exc)
+            logger.debug("skipping %s", exc)
             skipped.append(exc)
             continue
         return path, skipped
@@ -288,44 +223,6 @@ def latest_intact_checkpoint(
 
 
 # ------------------------------------------------------------------------------------------------------ save/load
-
-
-def _rank_files(path: Path, rank: int) -> tuple[Path, Path]:
-    """This rank's state: RNG tensors (safetensors) and everything else (JSON)."""
-    return path / f"rank_{rank:05d}.safetensors", path / f"rank_{rank:05d}.json"
-
-
-def _json_data(value: Any, what: str) -> bytes:
-    """``value`` as JSON bytes, refusing anything that would not come back equal (tuples, non-str keys, objects)."""
-    try:
-        text = json.dumps(value, sort_keys=True)
-        same = json.loads(text) == value
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"{what} must be JSON data (dicts with str keys, lists, str, numbers, bools, None): {exc}"
-        ) from None
-    if not same:
-        raise TypeError(
-            f"{what} must be JSON data (dicts with str keys, lists, str, numbers, bools, None): it would not load "
-            f"back equal (tuples become lists, non-str keys strings)"
-        )
-    return (text + "\n").encode()
-
-
-def _encode_rank_state(
-    rank: int, world_size: int, scheduler: Any, rng: dict[str, Any], extra: dict
-) -> tuple[bytes, bytes]:
-    tensors, rng_data = rng_to_files(rng)
-    scheduler_state = None if scheduler is None else scheduler.state_dict()
-    data = {
-        "format_version": FORMAT_VERSION,
-        "rank": rank,
-        "world_size": world_size,
-        "scheduler": json.loads(_json_data(scheduler_state, "the scheduler's state_dict()")),
-        "rng": rng_data,
-        "extra": extra,
-    }
-    return save_safetensors({k: v.contiguous() for k, v in tensors.items()}), _json_data(data, "the per-rank state")
 
 
 def _dcp_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
@@ -343,6 +240,7 @@ def save_checkpoint(
     scheduler: Any | None = None,
     extra: dict[str, Any] | None = None,
     *,
+    identity: dict[str, Any] | None = None,
     keep: int | None = None,
     process_group: ProcessGroup | None = None,
 ) -> Path:
@@ -351,7 +249,9 @@ def save_checkpoint(
     ``extra`` is kept per rank and handed back by ``load_checkpoint`` on the same rank; it must be small JSON data
     (it is stored as JSON, never pickled). ``keep`` then removes complete checkpoints until ``keep`` are left: this
     one and the highest other steps. ``process_group`` is the group of all ranks that hold parts of the model
-    (default: the world). The completion marker lists every file with its size and sha256, taken while writing.
+    (default: the world). The completion marker lists every file with its size and sha256, taken while writing,
+    and the model's ``identity`` (``runtime/checkpoint/identity.py``; default: the model's own config and type),
+    which ``load_checkpoint`` compares before it reads a weight.
 
     An optimizer that has not stepped yet gets its state created here (DCP's lr=0 step on zero gradients: the
     parameters do not move, but AdamW's step count becomes 1), so a save before the first step changes the run's
@@ -363,8 +263,9 @@ def save_checkpoint(
     rng = get_rng_state()  # before anything else could draw; restored at the end, so saving is RNG-neutral
     rank, world_size = _rank(process_group), _world_size(process_group)
     # Encoded before any file or collective, so that state which cannot be stored fails here, not after the shards.
-    _json_data(extra, "extra")
-    rank_tensors, rank_json = _encode_rank_state(rank, world_size, scheduler, rng, extra)
+    json_data(extra, "extra")
+    identity = json.loads(json_data(identity or module_identity(model), "the model identity"))
+    rank_tensors, rank_json = encode_rank_state(rank, world_size, scheduler, rng, extra)
     root = Path(root)
     name = checkpoint_dir_name(step)
     final, tmp = root / name, root / f".{name}.tmp"
@@ -385,7 +286,7 @@ def save_checkpoint(
         )
     _fault_point("dcp_saved", tmp)
     digests = writer.digests
-    for file, data in zip(_rank_files(tmp, rank), (rank_tensors, rank_json), strict=True):
+    for file, data in zip(rank_files(tmp, rank), (rank_tensors, rank_json), strict=True):
         _write_durably(file, data)
         digests[file.name] = digest_bytes(data)
     digests = gather_digests(digests, process_group)
@@ -396,6 +297,7 @@ def save_checkpoint(
             "format_version": FORMAT_VERSION,
             "step": step,
             "world_size": world_size,
+            "model": identity,
             "time": time.time(),
             "files": complete_digests(tmp, digests),
         }
@@ -409,20 +311,13 @@ def save_checkpoint(
     return final
 
 
-def _read_rank_state(path: Path, rank: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    tensor_file, json_file = _rank_files(path, rank)
-    try:
-        return load_safetensors(tensor_file.read_bytes()), json.loads(json_file.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:  # verified files that do not parse: written by something else
-        raise CheckpointError(f"checkpoint {path}: cannot read the state of rank {rank}: {exc}") from None
-
-
 def load_checkpoint(
     path: Path,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | None = None,
     scheduler: Any | None = None,
     *,
+    identity: dict[str, Any] | None = None,
     restore_rng: bool = True,
     verify: bool = True,
     process_group: ProcessGroup | None = None,
@@ -431,6 +326,9 @@ def load_checkpoint(
 
     Every file is first checked against the completion marker (``verify_checkpoint``; ``verify=False`` when the
     caller has just done that): a damaged checkpoint raises ``CheckpointError`` before anything is read from it.
+    Then, before any weight is read: the model ``identity`` the checkpoint records must equal ``identity`` (when
+    given: the trainer passes its run's), and this rank's state must have the structure ``save_checkpoint`` writes
+    (``runtime/checkpoint/rank_state.py``); either is a ``CheckpointError`` naming the checkpoint and the key.
     The model (plain or FSDP2) and optimizer must be built the same way as when saving (same parameters and param
     groups); the world size may differ, in which case model and optimizer are resharded by DCP but the per-rank
     RNG states cannot be matched to ranks and are not restored (the resumed run is then not exact), and every rank
@@ -439,6 +337,21 @@ def load_checkpoint(
     path = Path(path)
     marker = verify_checkpoint(path, process_group=process_group) if verify else read_marker(path)
     rank, world_size = _rank(process_group), _world_size(process_group)
+    if identity is not None:
+        mismatch = mismatch_message(path, marker["model"], json.loads(json_data(identity, "the model identity")))
+        if mismatch:
+            raise CheckpointError(mismatch)
+    same_layout = marker["world_size"] == world_size
+    source_rank = rank if same_layout else 0
+    tensors, per_rank = read_rank_state(path, source_rank, marker["world_size"], scheduler)
+    if not same_layout:
+        logger.warning(
+            "%s was saved by %d ranks, loading on %d: model and optimizer are resharded, RNG states are "
+            "not restored and every rank gets rank 0's extra",
+            path,
+            marker["world_size"],
+            world_size,
+        )
 
     # For a fresh optimizer get_state_dict creates the state (an lr=0 step on zero gradients) that DCP loads into.
     state = _dcp_state(model, optimizer)
@@ -464,21 +377,8 @@ def load_checkpoint(
         set_model_state_dict(model, state["model"])
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-
-    same_layout = marker["world_size"] == world_size
-    tensors, per_rank = _read_rank_state(path, rank if same_layout else 0)
-    if not same_layout:
-        logger.warning(
-            "%s was saved by %d ranks, loading on %d: model and optimizer are resharded, RNG states are "
-            "not restored and every rank gets rank 0's extra",
-            path,
-            marker["world_size"],
-            world_size,
-        )
     if scheduler is not None:
-        if per_rank["scheduler"] is None:
-            raise CheckpointError(f"checkpoint {path} holds no scheduler state")
         scheduler.load_state_dict(per_rank["scheduler"])
     if restore_rng and same_layout:
-        set_rng_state(rng_from_files(tensors, per_rank["rng"]))
+        restore_rng_state(path, tensors, per_rank["rng"])
     return per_rank["extra"]

@@ -28,10 +28,17 @@ from torch.distributed import ProcessGroup
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 
+from runtime.checkpoint.discovery import COMPLETE_MARKER, describe_checkpoints
+from runtime.checkpoint.identity import is_identity
+
 logger = logging.getLogger(__name__)
 
-COMPLETE_MARKER = "COMPLETE"
-FORMAT_VERSION = 2  # 1: per-rank state pickled (rank_N.pt), no file hashes; no longer read
+# 1: per-rank state pickled (rank_N.pt), no file hashes; 2: no model identity. Neither is read any more.
+FORMAT_VERSION = 3
+_OLD_FORMATS = {
+    1: "pickled per-rank state, no file hashes",
+    2: "it does not record the model it was saved from, so a resume cannot be checked against the run's model",
+}
 
 FileDigests = dict[str, dict[str, Any]]  # file name -> {"size": int, "sha256": hex}
 
@@ -180,7 +187,8 @@ def read_marker(path: Path) -> dict[str, Any]:
     """The parsed completion marker of checkpoint ``path``; ``CheckpointError`` if missing, unreadable or malformed."""
     path = Path(path)
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path}: not a directory")
+        what = "is not a directory" if path.exists() else "does not exist"
+        raise CheckpointError(f"checkpoint {path} {what} ({describe_checkpoints(path.parent)})")
     marker_path = path / COMPLETE_MARKER
     if not marker_path.is_file():
         raise CheckpointError(
@@ -195,10 +203,10 @@ def read_marker(path: Path) -> dict[str, Any]:
         raise _bad_marker(path, "is not a JSON object")
     version = marker.get("format_version")
     if version != FORMAT_VERSION:
-        if isinstance(version, int) and version < FORMAT_VERSION:
+        if isinstance(version, int) and version in _OLD_FORMATS:
             raise CheckpointError(
-                f"checkpoint {path} has format version {version} (pickled per-rank state, no file hashes), which "
-                f"this runtime no longer reads"
+                f"checkpoint {path} has format version {version} ({_OLD_FORMATS[version]}), which this runtime no "
+                f"longer reads"
             )
         raise _bad_marker(path, f"has format_version {version!r}, expected {FORMAT_VERSION}")
     files = marker.get("files")
@@ -216,41 +224,51 @@ def read_marker(path: Path) -> dict[str, Any]:
             raise _bad_marker(path, f"has a malformed entry for {name}")
     if not isinstance(marker.get("world_size"), int) or marker["world_size"] < 1:
         raise _bad_marker(path, "has no valid world_size")
+    if not is_identity(marker.get("model")):
+        raise _bad_marker(path, "does not name the model it was saved from (model: {type, config})")
     return marker
 
 
-def verify_checkpoint(path: Path, *, process_group: ProcessGroup | None = None) -> dict[str, Any]:
-    """Check every file of checkpoint ``path`` against its marker; return the marker. Collective when distributed.
-
-    Sizes are checked on every rank; the hashing is split over the ranks and the findings are shared, so every rank
-    raises the same ``CheckpointError`` (first problem, and how many more) or none does.
-    """
-    path = Path(path)
-    marker = read_marker(path)
+def damaged_files(
+    directory: Path, files: FileDigests, *, process_group: ProcessGroup | None = None
+) -> list[tuple[str, str]]:
+    """``(name, what is wrong)`` for every file of ``files`` in ``directory`` that is missing or whose size or sha256
+    differs, sorted; empty when all match. Collective when distributed: sizes are checked on every rank, the hashing
+    is split over the ranks (rank r hashes files r, r + world, ...) and every rank gets every finding."""
     problems: list[tuple[str, str]] = []
     to_hash: list[str] = []
-    for name, entry in sorted(marker["files"].items()):
-        file = path / name
+    for name, entry in sorted(files.items()):
+        file = directory / name
         if not file.is_file():
             problems.append((name, f"{name} is missing"))
             continue
         size = file.stat().st_size
         if size != entry["size"]:
-            problems.append(
-                (name, f"{name} has size {size}, the marker says {entry['size']} (truncated or rewritten)")
-            )
+            why = f"{name} has size {size}, the record says {entry['size']} (truncated or rewritten)"
+            problems.append((name, why))
             continue
         to_hash.append(name)
     rank, world = (dist.get_rank(process_group), dist.get_world_size(process_group)) if _dist_ready() else (0, 1)
     for name in to_hash[rank::world]:
-        if hash_file(path / name) != marker["files"][name]["sha256"]:
-            problems.append((name, f"{name}'s sha256 differs from the marker's (the file changed after it was saved)"))
+        if hash_file(directory / name) != files[name]["sha256"]:
+            why = f"{name}'s sha256 differs from the recorded one (the file changed after it was written)"
+            problems.append((name, why))
     if world > 1:
         everyone: list[Any] = [None] * world
         dist.all_gather_object(everyone, problems, group=process_group)
         problems = [p for part in everyone for p in part]
+    return sorted(problems)
+
+
+def verify_checkpoint(path: Path, *, process_group: ProcessGroup | None = None) -> dict[str, Any]:
+    """Check every file of checkpoint ``path`` against its marker; return the marker. Collective when distributed.
+
+    Every rank raises the same ``CheckpointError`` (first problem, and how many more) or none does.
+    """
+    path = Path(path)
+    marker = read_marker(path)
+    problems = damaged_files(path, marker["files"], process_group=process_group)
     if problems:
-        problems.sort()
         more = f" (and {len(problems) - 1} more damaged files)" if len(problems) > 1 else ""
         raise CheckpointError(f"checkpoint {path} is damaged: {problems[0][1]}{more}")
     return marker

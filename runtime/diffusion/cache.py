@@ -14,6 +14,15 @@ is never read again, and the sample is recomputed.
 leaves no partial shard under a shard name). Shards are self-describing; the index (key -> shard) is rebuilt by
 reading their headers. ``<dir>/file_digests.json`` memoises file hashes by (size, mtime): unchanged files are not
 re-read on the next start.
+
+**Integrity.** Like a checkpoint's files, every shard's size and sha256 are recorded when it is written, in
+``conditions-<id>.sha256`` beside it (JSON ``{"size", "sha256"}``, written before the shard is renamed into place),
+and checked before its tensors are read (``verify``, split over the ranks, once per run; ``get`` checks a shard it
+reads unverified): a shard whose bytes changed is a ``CacheError`` naming it, never a silent NaN. A shard without
+its record is not one this code finished: its samples are recomputed. Conditions that are not finite (the condition
+model produced NaN or inf) are refused when they are written (``NonFiniteConditionError``, naming the sample). A
+planted shard of NaN with recomputed hashes still verifies; its NaN then stops the run at the first step that reads
+it (``runtime/train/finite.py``, naming the shard).
 """
 
 from __future__ import annotations
@@ -31,28 +40,56 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch.distributed import ProcessGroup
+
+from runtime.checkpoint.verify import damaged_files, hash_file
+from runtime.data.dit.media import MediaError
 
 __all__ = [
     "CACHE_FORMAT",
+    "CacheError",
     "ConditionCache",
     "FileDigests",
+    "NonFiniteConditionError",
     "condition_fingerprint",
     "sample_key",
 ]
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 1: shards without recorded hashes
 _SHARD_PREFIX = "conditions-"
 _SHARD_SUFFIX = ".safetensors"
+_DIGEST_SUFFIX = ".sha256"
 _MEMO = "file_digests.json"
 _NOT_CONDITION_INPUTS = ("transformer", "transformer_2", "scheduler")  # pipeline parts get_condition never reads
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+class CacheError(ValueError):
+    """A cache shard whose bytes are not the ones recorded when it was written; one line naming it."""
+
+
+class NonFiniteConditionError(MediaError):
+    """The condition model's output for a sample is not finite: never cached, never trained on. A ``MediaError``
+    (a property of the sample's data), so that a rank computing conditions raises it on every rank."""
+
+
+def digest_path(shard: Path) -> Path:
+    """Where the size and sha256 of ``shard`` are recorded."""
+    return shard.with_name(shard.name[: -len(_SHARD_SUFFIX)] + _DIGEST_SUFFIX)
+
+
+def _read_digest(shard: Path) -> dict[str, Any] | None:
+    """The recorded ``{"size", "sha256"}`` of ``shard``; None when there is no well-formed record."""
+    try:
+        entry = json.loads(digest_path(shard).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    ok = (
+        isinstance(entry, dict)
+        and isinstance(entry.get("size"), int)
+        and isinstance(entry.get("sha256"), str)
+        and len(entry["sha256"]) == 64
+    )
+    return {"size": entry["size"], "sha256": entry["sha256"]} if ok else None
 
 
 class FileDigests:
@@ -81,7 +118,7 @@ class FileDigests:
         known = self._known.get(str(path))
         if known is not None and known[:2] == stamp:
             return known[2]
-        digest = _sha256_file(path)
+        digest = hash_file(path)
         self._known[str(path)] = [*stamp, digest]
         self._dirty = True
         return digest
@@ -173,24 +210,33 @@ class ConditionCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._index: dict[str, tuple[Path, list[str]]] = {}
         self._handles: dict[Path, Any] = {}
+        self._digests: dict[Path, dict[str, Any]] = {}
+        self._verified: set[Path] = set()
         self.unreadable: list[str] = []  # shards that failed to open on the last refresh (their samples recompute)
+        self.labels: dict[str, str] = {}  # key -> what the sample is (data file:line), for messages
         self.refresh()
 
     def shards(self) -> list[Path]:
         return sorted(self.directory.glob(f"{_SHARD_PREFIX}*{_SHARD_SUFFIX}"))
 
     def refresh(self) -> None:
-        """Re-read every shard's header (after this or another process wrote shards)."""
+        """Re-read every shard's header and recorded digest (after this or another process wrote shards)."""
         index: dict[str, tuple[Path, list[str]]] = {}
         self._handles.clear()
+        self._digests, self._verified = {}, set()
         self.unreadable = []
         for shard in self.shards():
+            digest = _read_digest(shard)
+            if digest is None:  # not finished by this code (or written before hashes were recorded): recomputed
+                self.unreadable.append(f"{shard}: no record of its size and sha256 ({digest_path(shard).name})")
+                continue
             try:
                 with safe_open(shard, framework="pt") as f:
                     names = list(f.keys())
             except Exception as exc:  # a damaged shard: its samples are simply missing and get recomputed
                 self.unreadable.append(f"{shard}: {exc}")
                 continue
+            self._digests[shard] = digest
             found: dict[str, list[str]] = {}
             for name in names:
                 found.setdefault(name.split("/", 1)[0], []).append(name)
@@ -204,10 +250,47 @@ class ConditionCache:
     def __len__(self) -> int:
         return len(self._index)
 
+    def shard_of(self, key: str) -> Path:
+        return self._index[key][0]
+
+    def describe(self, key: str) -> str:
+        """The sample's label (its data file:line when ``labels`` has it) and, if cached, its shard's name."""
+        label = self.labels.get(key, f"sample {key[:16]}")
+        return f"{label} (cached in {self.shard_of(key).name})" if key in self._index else label
+
+    def verify(self, keys: Iterable[str], *, process_group: ProcessGroup | None = None) -> None:
+        """Check the size and sha256 of every shard holding one of ``keys`` against its record, before any of their
+        tensors are read; ``CacheError`` naming the first bad shard. Collective when distributed: the hashing is
+        split over the ranks and every rank raises the same error or none does."""
+        shards = sorted({self._index[key][0] for key in keys if key in self._index})
+        problems = damaged_files(
+            self.directory, {s.name: self._digests[s] for s in shards}, process_group=process_group
+        )
+        if problems:
+            more = f" (and {len(problems) - 1} more damaged shards)" if len(problems) > 1 else ""
+            raise CacheError(
+                f"condition shard {self.directory / problems[0][0]} is damaged: {problems[0][1]}{more}; delete it "
+                f"(and its {_DIGEST_SUFFIX} record) to have its samples recomputed"
+            )
+        self._verified.update(shards)
+
+    def _check(self, shard: Path) -> None:
+        """One shard's bytes against its record, on this rank alone (a shard read without ``verify``)."""
+        digest = self._digests[shard]
+        if shard.stat().st_size != digest["size"] or hash_file(shard) != digest["sha256"]:
+            raise CacheError(
+                f"condition shard {shard} is damaged: its size or sha256 differs from the recorded one (the file "
+                f"changed after it was written); delete it (and its {_DIGEST_SUFFIX} record) to have its samples "
+                f"recomputed"
+            )
+        self._verified.add(shard)
+
     def get(self, key: str) -> Condition:
         shard, names = self._index[key]
         handle = self._handles.get(shard)
         if handle is None:
+            if shard not in self._verified:
+                self._check(shard)
             handle = self._handles[shard] = safe_open(shard, framework="pt")
         prefix = f"{key}/"
         latents, context = None, {}
@@ -225,6 +308,10 @@ class ConditionCache:
         return ShardWriter(self, max_samples)
 
 
+def _not_finite(tensor: torch.Tensor) -> bool:
+    return tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+
+
 class ShardWriter:
     """Collects conditions and writes them as a shard every ``max_samples`` samples (and on ``close``)."""
 
@@ -235,12 +322,21 @@ class ShardWriter:
         self.written: list[Path] = []
 
     def add(self, key: str, latents: torch.Tensor, context: Mapping[str, Any]) -> None:
+        """Queue one sample's conditions; ``NonFiniteConditionError`` (nothing queued) when any is NaN or inf."""
         if key in self._keys:
             return
-        self._pending[f"{key}/latents"] = latents.detach().to("cpu").clone().contiguous()
         for name, value in context.items():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"condition context {name!r} is a {type(value).__name__}; only tensors are cached")
+        bad = [name for name, value in (("latents", latents), *context.items()) if _not_finite(value)]
+        if bad:
+            raise NonFiniteConditionError(
+                f"{self.cache.labels.get(key, f'sample {key[:16]}')}: the condition model's {', '.join(bad)} for "
+                f"this sample are not finite (NaN or inf); nothing of it was cached (check the sample's media and "
+                f"the condition model's weights)"
+            )
+        self._pending[f"{key}/latents"] = latents.detach().to("cpu").clone().contiguous()
+        for name, value in context.items():
             self._pending[f"{key}/context/{name}"] = value.detach().to("cpu").clone().contiguous()
         self._keys.append(key)
         if len(self._keys) >= self.max_samples:
@@ -257,6 +353,10 @@ class ShardWriter:
             save_file(self._pending, tmp, metadata={"format": "patchgen-dit-conditions", "version": str(CACHE_FORMAT)})
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
+            # the record goes first: a shard under its final name always has one (a crash between leaves a record
+            # without a shard, overwritten by the next write of that shard)
+            record = {"size": Path(tmp).stat().st_size, "sha256": hash_file(Path(tmp))}
+            _write_atomically(digest_path(final), json.dumps(record).encode())
             os.replace(tmp, final)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

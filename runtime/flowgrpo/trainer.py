@@ -17,6 +17,10 @@ Per iteration, for ``P`` prompts and group size ``G`` (``B = P * G`` samples):
 With one inner epoch the policy has not moved since the rollout when the gradient is taken: the ratio is 1 (exactly
 1 when the micro-batch layout equals the rollout's: all samples in one micro-batch at the same step indices).
 
+Non-finite values: before each AdamW step the learning rate, the epoch's loss and the gradient norm must be finite
+(``runtime/train/finite.py``, agreed over the ranks): otherwise the iteration stops with ``NonFiniteError`` naming
+the prompts (``nonfinite="stop"``) or the update is skipped and counted in ``skipped_nonfinite`` (``"skip"``).
+
 Distributed: when ``torch.distributed`` is initialised with world size > 1 the module is sharded with FSDP2 via
 ``runtime.parallel.fsdp.apply_fsdp`` (before the optimizer is built). Each rank rolls out WHOLE groups (its own
 prompts), so the group advantages need no communication; ``apply_fsdp`` SUMS gradients over ranks, so each rank's
@@ -27,6 +31,7 @@ tests/flowgrpo/test_trainer_fsdp.py checks a 2-rank step against one process hol
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -39,6 +44,7 @@ from torch import nn
 from runtime.flowgrpo.algorithm import AdvantageMode, group_advantages, kl_to_reference, policy_loss
 from runtime.flowgrpo.rewards import check_rewards
 from runtime.flowgrpo.rollout import RolloutResult, rollout
+from runtime.train.finite import check_mode, guard_update, micro_batches
 
 __all__ = ["GRPOConfig", "FlowGRPOTrainer", "disabled_adapters", "repeat_batch", "select_rows"]
 
@@ -61,6 +67,7 @@ class GRPOConfig:
     kl_coef: float = 0.0
     max_grad_norm: float | None = 1.0
     seed: int = 0
+    nonfinite: str = "stop"  # a non-finite loss or gradient norm: "stop" (NonFiniteError) or "skip" the update
 
 
 @contextlib.contextmanager
@@ -143,8 +150,10 @@ class FlowGRPOTrainer:
         if not self.params:
             raise ValueError("no trainable parameters (nothing requires grad)")
         c = self.config
+        check_mode(c.nonfinite, "GRPOConfig.nonfinite")
         self.optimizer = torch.optim.AdamW(self.params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay)
         self.iteration = 0
+        self.skipped_nonfinite = 0  # updates skipped so far (nonfinite="skip")
         self.history: list[dict[str, float]] = []
 
     @property
@@ -207,6 +216,8 @@ class FlowGRPOTrainer:
                 order = torch.randperm(b, generator=torch.Generator().manual_seed(c.seed + 7919 * self.iteration))
             self.optimizer.zero_grad(set_to_none=True)
             total = 0.0
+            micro_losses: list[torch.Tensor] = []
+            micro_prompts: list[list[str]] = []
             for j in range(w):
                 for start in range(0, b, mb):
                     rows = order[start : start + mb]
@@ -231,6 +242,8 @@ class FlowGRPOTrainer:
                     scaled = loss * (n / b / w / self.world_size)
                     scaled.backward()
                     total += scaled.item()
+                    micro_losses.append(scaled.detach())
+                    micro_prompts.append([f"prompt {sample_prompts[r]!r}"[:120] for r in rows.tolist()])
                     stats["clip_fraction"].append(clip_frac.item())
                     stats["approx_kl"].append(approx_kl.item())
                     stats["ratio_mean"].append(torch.exp(log_prob.detach() - old).mean().item())
@@ -242,7 +255,20 @@ class FlowGRPOTrainer:
                 clip_grad_norm_ = torch.nn.utils.clip_grad_norm_
             norm = clip_grad_norm_(self.params, c.max_grad_norm or math.inf)
             grad_norms.append(float(norm))
-            self.optimizer.step()
+            applied = guard_update(
+                f"iteration {self.iteration} (inner epoch {epoch})",
+                torch.tensor(total),
+                norm,
+                self.optimizer,
+                mode=c.nonfinite,
+                sources=functools.partial(micro_batches, micro_losses, micro_prompts),
+                lr_setting="GRPOConfig.lr",
+                mode_setting="GRPOConfig.nonfinite",
+            )
+            if applied:
+                self.optimizer.step()
+            else:
+                self.skipped_nonfinite += 1
         self.module.eval()
 
         metrics = {k: sum(v) / len(v) for k, v in stats.items()}
@@ -251,6 +277,7 @@ class FlowGRPOTrainer:
             reward_mean=rewards.mean().item(),
             reward_std=rewards.std(unbiased=False).item(),
             grad_norm=sum(grad_norms) / len(grad_norms),
+            skipped_nonfinite=self.skipped_nonfinite,
         )
         self.last_rollout, self.last_rewards = res, rewards
         self.history.append(metrics)

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runtime.checkpoint.identity import model_identity
+from runtime.diffusion.cache import CacheError
 from runtime.parallel.fsdp import apply_fsdp, block_modules
 from runtime.parallel.state import ParallelState
 from runtime.train.config import ConfigError, RunConfig
@@ -91,7 +93,14 @@ def setup_conditions(config: RunConfig, state: ParallelState, dataset: Any, devi
     if state.rank == 0:
         digests.update(memo)
         digests.save()
+    cache.labels = {key: dataset.samples[index].where for index, key in enumerate(keys)}
+    # conditions that are not finite are refused while filling (NonFiniteConditionError, a MediaError: raised on
+    # every rank as a ConfigError naming the sample's file:line)
     fill_cache(cache, keys, dataset, lambda: load_condition_model_for(config, encoders=True, device=device), state)
+    try:
+        cache.verify(keys)  # every shard the run reads, hashed once over the ranks before any tensor is read
+    except CacheError as exc:
+        raise ConfigError(f"data.cache: {exc}") from None
     return light.to(device), CachedConditions(cache, keys)
 
 
@@ -178,7 +187,16 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
         export=functools.partial(export, config=config, state=state, model=model, ema=ema, peft_config=peft_config),
         checkpoint_model=checkpointed(model, ema, lora=peft_config is not None),
         after_optimizer_step=None if ema is None else ema.update,
+        identity=dit_identity(config, model),
     )
+
+
+def dit_identity(config: RunConfig, model: torch.nn.Module) -> dict[str, Any]:
+    """What a DiT checkpoint must match on resume: the transformer's config and the LoRA settings (a LoRA
+    checkpoint holds only the adapter, whose meaning depends on its rank, alpha and targets)."""
+    lora = config.dit.lora
+    adapter = None if lora.rank is None else {"rank": lora.rank, "alpha": lora.alpha, "targets": lora.target_modules}
+    return model_identity(config.model.type, {"transformer": model.config, "lora": adapter})
 
 
 def warn_small_buckets(buckets: Any, batch_size: int, video: bool) -> None:
@@ -228,8 +246,12 @@ def dit_forward_backward(
     global_samples = sum(len(b) for b in batches) * state.dp_size  # every rank takes equally many, equally big
     loss_share = torch.zeros((), device=device, dtype=torch.float32)
     tokens = 0
+    micro_losses = []
     for micro, batch in enumerate(batches):
-        latents, context = conditions(batch)
+        try:
+            latents, context = conditions(batch)
+        except CacheError as exc:  # a shard changed after the run verified it
+            raise ConfigError(f"data.cache: {exc}") from None
         seq_len = latent_tokens(latents[0])
         position = micro * state.dp_size + state.dp_rank
         generators = noise_generators(config.model.seed, step, position, len(batch))
@@ -240,11 +262,27 @@ def dit_forward_backward(
         loss = weighted_flow_matching_loss(prediction, inputs, condition_model, seq_len, global_samples)
         loss.backward()
         loss_share += loss.detach()
+        micro_losses.append(loss.detach())
         tokens += seq_len * len(batch)
     totals = all_reduce_sum(
         torch.stack([loss_share.double(), torch.tensor(tokens, dtype=torch.float64, device=device)]), state.dp_group
     )
-    return StepWork(loss=totals[0].float(), count=int(totals[1]), processed=int(totals[1]))
+    return StepWork(
+        loss=totals[0].float(),
+        count=int(totals[1]),
+        processed=int(totals[1]),
+        micro_losses=micro_losses,
+        describe=lambda: [[describe_sample(i, conditions) for i in batch] for batch in batches],
+    )
+
+
+def describe_sample(index: int, conditions: Any) -> str:
+    """A sample of the data set for a message: its data file:line, and the cache shard its conditions came from."""
+    cache = getattr(conditions, "cache", None)
+    if cache is not None:
+        return cache.describe(conditions.keys[index])
+    dataset = getattr(conditions, "dataset", None)
+    return dataset.samples[index].where if dataset is not None else f"sample {index}"
 
 
 def export(config: RunConfig, state: ParallelState, model: torch.nn.Module, ema: Any, peft_config: Any) -> None:

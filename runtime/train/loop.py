@@ -11,8 +11,10 @@ summed over all ranks (FSDP configured to sum) are exactly the gradients of the 
 
 from __future__ import annotations
 
+import copy
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ import torch.distributed as dist
 
 from runtime.checkpoint.dcp import load_checkpoint, save_checkpoint
 from runtime.checkpoint.export import export_hf
+from runtime.checkpoint.identity import model_identity
 from runtime.checkpoint.verify import CheckpointError
 from runtime.data.sp_batch import packed_attention_kwargs, shard_for_sp
 from runtime.models.registry import lookup
@@ -37,6 +40,7 @@ from runtime.train.data import (
     is_dit,
     load_text_processor,
 )
+from runtime.train.finite import check_mode, guard_update, micro_batches
 from runtime.train.metrics import MetricsLogger, StepMetrics, detect_peak_tflops, flops_per_token
 from runtime.train.model import build_model
 from runtime.train.schedule import build_scheduler
@@ -60,6 +64,10 @@ class StepWork:
     loss: torch.Tensor  # the global loss of the step (every DP replica's share added up)
     count: int  # its denominator: valid target tokens (text) or latent tokens (DiT) of the global batch
     processed: int  # tokens the whole job processed in the step (tokens/s and TFLOP/s)
+    # This rank's loss of each micro-batch, and what each was made of (sample file:line, cache shard), described
+    # only when the non-finite guard names a step's data (``runtime/train/finite.py``).
+    micro_losses: Sequence[torch.Tensor] = ()
+    describe: Callable[[], list[list[str]]] = field(default=lambda: [])
 
 
 @dataclass
@@ -74,6 +82,9 @@ class Job:
     export: Callable[[], None] | None = None
     checkpoint_model: torch.nn.Module | None = None  # what DCP saves when it is more than ``model`` (e.g. + EMA)
     after_optimizer_step: Callable[[], None] | None = None  # e.g. the EMA update
+    # What checkpoints record and a resume must match (``runtime/checkpoint/identity.py``); default: model.type and
+    # the config of ``model``.
+    identity: dict[str, Any] | None = None
 
 
 def setup_parallel(config: RunConfig) -> ParallelState:
@@ -128,6 +139,7 @@ def build_text_job(config: RunConfig, state: ParallelState, inputs: CheckedInput
     check_sp(model, config, state.sp_size)
     check_vocab(model, processor)
     loader = build_loader(config, state, model, processor, inputs.samples)
+    names = sample_names(inputs.samples) if loader.num_dropped == 0 else None  # loader.samples[i] is samples[i]
     device = train_device(state)
     model.to(device)  # before EP/FSDP sharding, so shards and buffers live on the training device
 
@@ -155,7 +167,7 @@ def build_text_job(config: RunConfig, state: ParallelState, inputs: CheckedInput
     return Job(
         model=model,
         loader=loader,
-        forward_backward=lambda step: text_forward_backward(model, loader, state, config),
+        forward_backward=lambda step: text_forward_backward(model, loader, state, config, names),
         flops_per_token=flops_per_token(mc.get_text_config(), config.data.token_budget),  # the LM's (a ViT's not)
         export=export,
     )
@@ -168,18 +180,23 @@ def run_job(
     resume_from: Path | None = None,
     skipped_checkpoints: list[str] | None = None,
 ) -> RunResult:
-    """The loop every family shares: AdamW + warmup/cosine, resume, metrics, checkpoints, export."""
+    """The loop every family shares: AdamW + warmup/cosine, resume, metrics, checkpoints, export; a step whose loss,
+    gradient norm or learning rate is not finite stops the run or is skipped (``runtime/train/finite.py``)."""
     job.model.train()
     o = config.optim
+    check_mode(config.train.nonfinite, "train.nonfinite")
+    if not math.isfinite(o.lr):  # AdamW refuses NaN with a traceback and takes inf; neither may train
+        raise ConfigError(f"optim.lr: {o.lr} is not a finite number")
     trained = [p for p in job.model.parameters() if p.requires_grad]  # frozen parts (a ViT, LoRA's base) left out
     optimizer = torch.optim.AdamW(trained, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
     scheduler = build_scheduler(optimizer, o.warmup_steps, config.train.steps, o.min_lr_ratio)
     saved = job.checkpoint_model if job.checkpoint_model is not None else job.model
+    identity = job.identity or model_identity(config.model.type, job.model.config)
 
-    start_step = 0
+    start_step, skipped = 0, 0
     ckpt = config.checkpoint
     if resume_from is not None:
-        start_step = resume(resume_from, saved, optimizer, scheduler, job.loader)
+        start_step, skipped = resume(resume_from, saved, optimizer, scheduler, job.loader, identity)
 
     logger = MetricsLogger(
         Path(config.log.dir),
@@ -194,7 +211,8 @@ def run_job(
     metrics: list[StepMetrics] = []
     try:
         for step in range(start_step + 1, config.train.steps + 1):
-            metrics.append(train_step(step, job, optimizer, scheduler, state, config, peak))
+            metrics.append(train_step(step, job, optimizer, scheduler, state, config, peak, skipped))
+            skipped = metrics[-1].skipped_nonfinite
             logger.log(metrics[-1], echo=step % config.log.interval == 0 or step == config.train.steps)
             if ckpt.interval and step % ckpt.interval == 0:
                 save_checkpoint(
@@ -203,7 +221,8 @@ def run_job(
                     saved,
                     optimizer,
                     scheduler,
-                    {"step": step, "data": job.loader.state_dict()},
+                    {"step": step, "data": job.loader.state_dict(), "skipped_nonfinite": skipped},
+                    identity=identity,
                     keep=ckpt.keep,
                 )
     finally:
@@ -213,14 +232,29 @@ def run_job(
     return RunResult(metrics, start_step, list(skipped_checkpoints or []), model=job.model)
 
 
-def resume(path: Path, model, optimizer, scheduler, loader) -> int:
-    """Load the (already verified) checkpoint ``path`` into the run; its step. Mismatches are user errors."""
+def resume(path: Path, model, optimizer, scheduler, loader, identity: dict[str, Any]) -> tuple[int, int]:
+    """Load the (already verified) checkpoint ``path`` into the run, refused before any weight is read when it was
+    saved from another model than ``identity``; (its step, the non-finite steps skipped up to it). Mismatches and
+    state this trainer did not write are user errors."""
     try:
-        extra = load_checkpoint(path, model, optimizer, scheduler, verify=False)
-        loader.load_state_dict(extra["data"])
-    except (CheckpointError, ValueError) as exc:
+        extra = load_checkpoint(path, model, optimizer, scheduler, identity=identity, verify=False)
+    except CheckpointError as exc:  # names the checkpoint
+        raise ConfigError(f"checkpoint.resume: {exc}") from None
+    except ValueError as exc:
         raise ConfigError(f"checkpoint.resume: {path}: {exc}") from None
-    return int(extra["step"])
+    step, skipped, data = extra.get("step"), extra.get("skipped_nonfinite", 0), extra.get("data")
+    for key, value in (("step", step), ("skipped_nonfinite", skipped)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"checkpoint.resume: {path}: its extra.{key} is {value!r}, expected a whole number >= 0")
+    if not isinstance(data, dict):
+        raise ConfigError(f"checkpoint.resume: {path}: its extra.data (the data position) is {data!r}")
+    try:
+        loader.load_state_dict(data)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ConfigError(
+            f"checkpoint.resume: {path}: its data position does not fit this run's data: {exc}"
+        ) from None
+    return step, skipped
 
 
 def train_step(
@@ -231,16 +265,28 @@ def train_step(
     state: ParallelState,
     config: RunConfig,
     peak_tflops: float | None,
+    skipped: int = 0,
 ) -> StepMetrics:
-    """One optimizer step: the family's forward/backward passes, clipping, AdamW, schedule, (EMA), metrics."""
+    """One optimizer step: the family's forward/backward passes, clipping, the non-finite guard, AdamW, schedule,
+    (EMA), metrics. A skipped step (``train.nonfinite: skip``) changes no parameter, no optimizer state and no EMA;
+    the schedule and the data still advance, so the run ends at the step it would have ended."""
     started = time.perf_counter()
     work = job.forward_backward(step)
     grad_norm = clip_grad_norm_(job.model.parameters(), config.optim.grad_clip or float("inf"))
     lr = scheduler.get_last_lr()[0]
-    optimizer.step()
+    applied = guard_update(
+        step,
+        work.loss,
+        grad_norm,
+        optimizer,
+        mode=config.train.nonfinite,
+        sources=lambda: micro_batches(work.micro_losses, work.describe()),
+    )
+    if applied:
+        optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    if job.after_optimizer_step is not None:
+    if applied and job.after_optimizer_step is not None:
         job.after_optimizer_step()
     elapsed = time.perf_counter() - started
     tflops = job.flops_per_token * work.processed / elapsed / state.world_size / 1e12
@@ -253,12 +299,40 @@ def train_step(
         tokens_per_s=work.processed / elapsed,
         tflops_per_device=tflops,
         mfu=None if peak_tflops is None else tflops / peak_tflops,
+        skipped_nonfinite=skipped + (not applied),
     )
 
 
-def text_forward_backward(model, loader, state: ParallelState, config: RunConfig) -> StepWork:
+def sample_names(samples: Sequence[Any]) -> list[str]:
+    """Each located sample's ``file:line``; a text file's documents (all named by the file) by their number."""
+    names = [s.where for s in samples]
+    if len(set(names)) < len(names):
+        names = [f"{name} document {index + 1}" for index, name in enumerate(names)]
+    return names
+
+
+def describe_rows(
+    loader: Any, position: dict, count: int, names: Sequence[str] | None, dp_rank: int
+) -> list[list[str]]:
+    """The samples of the ``count`` rows ``loader`` handed out from ``position`` (its ``state_dict()`` then): the
+    sampler is deterministic, so a copy of it replays them. Without ``names`` (the loader left samples out up front,
+    so its indices are not the data file's), the rows' place in the data order."""
+    sampler = copy.copy(loader.sampler)
+    sampler.load_state_dict(position)
+    rows = [next(sampler) for _ in range(count)]
+    if names is None:
+        epoch, first = position["epoch"], position["position"]
+        return [[f"data row {first + i} of epoch {epoch} (data-parallel rank {dp_rank})"] for i in range(count)]
+    return [[names[i] for i in row] for row in rows]
+
+
+def text_forward_backward(
+    model, loader, state: ParallelState, config: RunConfig, names: Sequence[str] | None = None
+) -> StepWork:
     """Packed rows: every rank's loss is its share of the global token-weighted mean (see the module docstring)."""
+    position = loader.state_dict()
     rows = [next(loader) for _ in range(config.train.micro_batches)]
+    micro_losses = []
     device = train_device(state)
     tokens = all_reduce_sum(target_count(rows).to(device), state.dp_group)  # NCCL reduces device tensors only
     loss_share, aux = torch.zeros((), device=device), torch.zeros((), device=device)
@@ -284,6 +358,13 @@ def text_forward_backward(model, loader, state: ParallelState, config: RunConfig
         row_aux = torch.zeros((), device=device) if row_aux is None else aux_coef * row_aux.detach()
         loss_share += out.loss.detach() - row_aux
         aux += row_aux / len(rows)
+        micro_losses.append(out.loss.detach())
     loss = all_reduce_sum(loss_share, state.dp_group) + aux  # SP ranks already agree; DP shares add up
     processed = sum(row["input_ids"].numel() for row in rows) * state.dp_size
-    return StepWork(loss=loss, count=int(tokens), processed=processed)
+    return StepWork(
+        loss=loss,
+        count=int(tokens),
+        processed=processed,
+        micro_losses=micro_losses,
+        describe=lambda: describe_rows(loader, position, len(rows), names, state.dp_rank),
+    )

@@ -1,4 +1,5 @@
-"""Step metrics: loss, grad norm, lr, tokens/s, model TFLOP/s and MFU, to console, JSONL and tensorboard."""
+"""Step metrics: loss, grad norm, lr, tokens/s, model TFLOP/s and MFU, steps skipped as non-finite, to console, JSONL
+and tensorboard."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class StepMetrics:
     tokens_per_s: float  # all tokens processed per second, whole job
     tflops_per_device: float
     mfu: float | None
+    skipped_nonfinite: int = 0  # steps of the run so far whose update was skipped (train.nonfinite: skip)
 
 
 class MetricsLogger:
@@ -97,9 +99,10 @@ class MetricsLogger:
         if not echo:
             return
         mfu = f" mfu {m.mfu:.1%}" if m.mfu is not None else ""
+        skipped = f" skipped_nonfinite {m.skipped_nonfinite}" if m.skipped_nonfinite else ""
         line = (
             f"step {m.step:>5}/{self.total_steps} loss {m.loss:.4f} grad_norm {m.grad_norm:.3f} lr {m.lr:.2e} "
-            f"tok/s {m.tokens_per_s:,.0f} tflops/dev {m.tflops_per_device:.3f}{mfu}"
+            f"tok/s {m.tokens_per_s:,.0f} tflops/dev {m.tflops_per_device:.3f}{mfu}{skipped}"
         )
         if self._bar is not None:
             self._bar.set_postfix_str(f"loss {m.loss:.4f}")

@@ -23,6 +23,7 @@ from runtime.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
+from runtime.checkpoint.verify import FORMAT_VERSION
 from tests.checkpoint.common import mlp, mlp_step
 
 
@@ -57,7 +58,7 @@ def _edit_marker(ckpt: Path, **changes) -> None:
     (ckpt / COMPLETE_MARKER).write_text(json.dumps({**marker, **changes}))
 
 
-_NO_FILES = '{"format_version": 2, "step": 2, "world_size": 1}'
+_NO_FILES = json.dumps({"format_version": FORMAT_VERSION, "step": 2, "world_size": 1})
 DAMAGE: dict[str, tuple[Callable[[Path], None], str]] = {
     "noise in a shard": (lambda c: _noise(_distcp(c)), "sha256"),
     "truncated shard": (lambda c: _truncate(_distcp(c)), "size"),
