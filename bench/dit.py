@@ -1,9 +1,10 @@
 """DiT training overhead, measured as ratios in one run.
 
 1. forward+backward CPU time (one thread), generated shell vs the diffusers class with the same weights,
-   parallelism off, for Wan, Flux and Qwen-Image (target <= 1.02);
-2. activation memory per rank (bytes of tensors saved for backward) at sp=2 vs sp=1 for a long Wan video token
-   sequence (target <= 0.6): exact and repeatable on CPU, unlike RSS.
+   parallelism off, for Wan, Flux, Qwen-Image and HunyuanVideo (target <= 1.02);
+2. activation memory per rank (bytes of tensors saved for backward) at sp=2 vs sp=1 for long video token
+   sequences of Wan (self-attention) and HunyuanVideo (joint [video, text] attention) (target <= 0.6): exact and
+   repeatable on CPU, unlike RSS.
 
 Run: `.venv/bin/python bench/dit.py`.
 """
@@ -54,6 +55,22 @@ QWEN = dict(
     joint_attention_dim=64,
     axes_dims_rope=(8, 12, 12),
 )
+HUNYUAN = dict(
+    in_channels=16,
+    out_channels=16,
+    num_attention_heads=8,
+    attention_head_dim=36,  # RoPE t/h/w = 12/12/12
+    num_layers=2,
+    num_single_layers=2,
+    num_refiner_layers=1,
+    patch_size=2,
+    patch_size_t=1,
+    text_embed_dim=64,
+    pooled_projection_dim=32,
+    rope_axes_dim=(12, 12, 12),
+    guidance_embeds=True,
+)
+CONFIGS = {"wan": WAN, "hunyuanvideo": HUNYUAN}
 
 
 def _inputs(model_type: str, tokens_hw: tuple[int, int], frames: int = 1, text: int = 64) -> dict[str, Any]:
@@ -64,6 +81,16 @@ def _inputs(model_type: str, tokens_hw: tuple[int, int], frames: int = 1, text: 
             "hidden_states": torch.randn(1, 16, frames, 2 * h, 2 * w, generator=g),
             "timestep": torch.tensor([500.0]),
             "encoder_hidden_states": torch.randn(1, text, 64, generator=g),
+            "return_dict": False,
+        }
+    if model_type == "hunyuanvideo":
+        return {
+            "hidden_states": torch.randn(1, 16, frames, 2 * h, 2 * w, generator=g),
+            "timestep": torch.tensor([500.0]),
+            "encoder_hidden_states": torch.randn(1, text, 64, generator=g),
+            "encoder_attention_mask": torch.ones(1, text, dtype=torch.long),
+            "pooled_projections": torch.randn(1, 32, generator=g),
+            "guidance": torch.tensor([6000.0]),
             "return_dict": False,
         }
     if model_type == "flux":
@@ -116,17 +143,17 @@ def overhead(model_type: str, config: dict[str, Any], inputs: dict[str, Any], re
     return statistics.median(up), statistics.median(gen)
 
 
-def _memory_worker(rank: int, world: int, frames: int) -> int:
+def _memory_worker(rank: int, world: int, model_type: str, frames: int) -> int:
     from runtime.parallel.state import init_parallel_state
 
     init_parallel_state(sp_size=world)
-    _, model = _pair("wan", WAN)
-    inputs = _inputs("wan", (16, 16), frames=frames)
+    _, model = _pair(model_type, CONFIGS[model_type])
+    inputs = _inputs(model_type, (16, 16), frames=frames)
     return saved_activation_bytes(lambda: model(**inputs)[0].square().mean())
 
 
-def activation_bytes_per_rank(world: int, frames: int) -> int:
-    return worst_rank(_memory_worker, world, frames)
+def activation_bytes_per_rank(model_type: str, world: int, frames: int) -> int:
+    return worst_rank(_memory_worker, world, model_type, frames)
 
 
 def main() -> None:
@@ -136,17 +163,19 @@ def main() -> None:
         ("wan", WAN, _inputs("wan", (16, 16), frames=2), "2 frames x 16x16 = 512 tokens"),
         ("flux", FLUX, _inputs("flux", (16, 32)), "512 image + 64 text tokens"),
         ("qwenimage", QWEN, _inputs("qwenimage", (16, 32)), "512 image + 64 text tokens"),
+        ("hunyuanvideo", HUNYUAN, _inputs("hunyuanvideo", (16, 16), frames=2), "512 video + 64 text tokens"),
     ]
     for model_type, config, inputs, what in cases:
         up, gen = overhead(model_type, config, inputs)
         print(
-            f"  {model_type:10s} {what:32s} diffusers {up * 1e3:7.1f} ms  generated {gen * 1e3:7.1f} ms  "
+            f"  {model_type:12s} {what:30s} diffusers {up * 1e3:7.1f} ms  generated {gen * 1e3:7.1f} ms  "
             f"ratio {gen / up:5.3f}  (target <= 1.02)"
         )
     frames = 16  # 16 x 16 x 16 = 4096 video tokens
-    one, two = activation_bytes_per_rank(1, frames), activation_bytes_per_rank(2, frames)
-    print(f"activation memory per rank, Wan, {frames * 256} video tokens (bytes saved for backward)")
-    print(f"  sp=1 {one / 2**20:8.1f} MiB\n  sp=2 {two / 2**20:8.1f} MiB\n  ratio {two / one:7.3f}  (target <= 0.6)")
+    for model_type in CONFIGS:
+        one, two = activation_bytes_per_rank(model_type, 1, frames), activation_bytes_per_rank(model_type, 2, frames)
+        print(f"activation memory per rank, {model_type}, {frames * 256} video tokens (bytes saved for backward)")
+        print(f"  sp=1 {one / 2**20:8.1f} MiB  sp=2 {two / 2**20:8.1f} MiB  ratio {two / one:7.3f}  (target <= 0.6)")
 
 
 if __name__ == "__main__":
