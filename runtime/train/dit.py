@@ -112,12 +112,22 @@ def load_transformer(config: RunConfig) -> torch.nn.Module:
         {} if config.model.attn_implementation == "sdpa" else {"attention_backend": config.model.attn_implementation}
     )
     try:
-        return cls.from_pretrained(config.model.path, subfolder="transformer", **backend)
+        model, info = cls.from_pretrained(
+            config.model.path, subfolder="transformer", output_loading_info=True, **backend
+        )
     except (OSError, ValueError) as exc:
         message = " ".join(str(exc).split())[:300]
         raise ConfigError(
             f"model.path: cannot load {config.model.path}/transformer as {cls.__name__}: {message}"
         ) from None
+    # the shell loads what diffusers loads (unexpected weights are reported, not refused); the trainer refuses them
+    if info["unexpected_keys"]:
+        keys = info["unexpected_keys"]
+        raise ConfigError(
+            f"model.path: {config.model.path}/transformer has {len(keys)} weight(s) {cls.__name__} does not have: "
+            f"{', '.join(keys[:4])}{' ...' if len(keys) > 4 else ''}; use a checkpoint of this model type and size"
+        )
+    return model
 
 
 def dit_flops_per_token(model: torch.nn.Module, seq_len: int) -> float:

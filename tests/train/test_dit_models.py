@@ -120,3 +120,24 @@ def test_lora_export_loads_in_the_plain_pipeline(name: str, files: dict[str, Pat
         else:
             assert torch.equal(got, expected)
         assert not torch.equal(base, expected)
+
+
+def test_a_transformer_checkpoint_with_unknown_weights_is_refused(files: dict[str, Path], tmp_path: Path) -> None:
+    """The shell loads it as diffusers does (reported in loading_info); the trainer refuses it naming the key."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from runtime.train.config import ConfigError
+
+    case = CASES["flux"]
+    pipe = tmp_path / "pipe"
+    shutil.copytree(files[case.name], pipe)
+    weights_file = pipe / "transformer" / "diffusion_pytorch_model.safetensors"
+    weights = load_file(weights_file)
+    weights["transformer_blocks.0.extra.weight"] = torch.randn(3)
+    save_file(weights, weights_file)
+    raw = _config(files, case, tmp_path / "run")
+    raw["model"]["path"] = str(pipe)
+    with pytest.raises(ConfigError, match=r"1 weight\(s\) .* does not have: transformer_blocks\.0\.extra\.weight"):
+        train_in_process(raw)
