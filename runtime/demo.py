@@ -63,7 +63,8 @@ def main() -> None:
 
     ok = omni_demo() and ok
     print(
-        "== 6. DiT trainer: tiny Wan2.1 T2V, sp=2, generated clips, resume, WanPipeline video; tiny Flux.1 LoRA ==",
+        "== 6. DiT trainer: tiny Wan2.1 T2V, sp=2, generated clips, resume, WanPipeline video; tiny Flux.1 LoRA; "
+        "tiny HunyuanVideo LoRA, sp=2 ==",
         flush=True,
     )
     from runtime.demos.train_dit import main as dit_demo
