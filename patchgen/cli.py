@@ -17,8 +17,8 @@ import typer
 
 from patchgen.config import ProjectConfig, load_config
 from patchgen.errors import PatchgenError
-from patchgen.files import recover, write_text_atomic
-from patchgen.project import ORPHAN, load_specs, with_dependents
+from patchgen.files import write_text_atomic
+from patchgen.project import ORPHAN, finish_interrupted_write, load_specs, with_dependents
 from patchgen.project import check as check_project
 from patchgen.project import regen as regen_project
 from patchgen.upstream import InstalledSource, PinnedSource, WheelSource, normalize_name
@@ -44,7 +44,7 @@ FromOption = Annotated[
 def open_project(root: Path | None) -> ProjectConfig:
     """The project's configuration, after finishing any write a killed patchgen process left half done."""
     config = load_config(root)
-    outcome = recover(config.root)
+    outcome = finish_interrupted_write(config)
     if outcome == "discarded":
         typer.echo("note: removed the leftovers of an interrupted write (.patchgen-txn/)", err=True)
     elif outcome is not None:
@@ -248,8 +248,10 @@ def main() -> None:
         sys.exit(130)
     except Exception as exc:
         if any(cls.__name__ == "ClickException" for cls in type(exc).__mro__):  # usage errors (typer's own click)
-            exc.show()
-            sys.exit(2)
+            if type(exc).__name__ == "NoArgsIsHelpError":  # bare `patchgen`: the help is the answer
+                exc.show()
+                sys.exit(2)
+            _fail(usage_line(exc))
         if os.environ.get("PATCHGEN_DEBUG"):
             traceback.print_exc()
             sys.exit(2)
@@ -262,6 +264,18 @@ def main() -> None:
             f"(a bug in patchgen; rerun with PATCHGEN_DEBUG=1 to see the traceback)"
         )
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def usage_line(exc: Exception) -> str:
+    """click's usage error (usage, hint and message over several lines) as one line: the command, what is wrong,
+    the commands there are when the command is unknown, and where help is."""
+    ctx = getattr(exc, "ctx", None)
+    where = ctx.command_path if ctx is not None else "patchgen"
+    message = " ".join(exc.format_message().split()).rstrip(".")
+    listed = ""
+    if ctx is not None and hasattr(ctx.command, "list_commands") and message.startswith("No such command"):
+        listed = f"commands: {', '.join(sorted(ctx.command.list_commands(ctx)))}; "
+    return f"{where}: {message[:1].lower()}{message[1:]} ({listed}see `{where} --help`)"
 
 
 def _fail(message: str) -> None:

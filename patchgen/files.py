@@ -4,36 +4,38 @@ A commit, under an exclusive lock on the project root:
 1. stage: each new text is written and fsynced in `<root>/.patchgen-txn/` (a directory that git-ignores itself),
    each existing target is hard-linked (or copied) there as its backup, and every target is checked to be
    writable (no directory where a file goes, no file where a directory goes);
-2. journal: `journal.json` lists (target, staged file, backup) and the directories to create; it is written to a
-   temp name, fsynced and renamed into place. That rename is the commit point;
+2. journal: `journal.json` lists (target, staged file, backup, the sha256 of both) and the directories to create;
+   it is written to a temp name, fsynced and renamed into place. That rename is the commit point;
 3. apply: each staged file is renamed over its target;
 4. finish: the journal is removed, then the staging directory.
 
 A failure before the commit point leaves every target untouched; a failure while applying restores every target
 from its backup (a `rollback` marker makes that resumable). A process killed at any instant leaves a journal that
 the next patchgen command (`recover`, run first by every command) rolls forward, or back when that fails; without a
-journal, staging leftovers are discarded. Files get their mode from the umask, like any file the user writes.
+journal, staging leftovers are discarded. A journal is replayed only once `journal.verify` has proven it names
+nothing but what the write may touch (its `Confinement`), in states the write could have left (the journal records
+the sha256 of every staged file and backup); a write refuses up front any target a journal of it could not name.
+Files get their mode from the umask, like any file the user writes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import filecmp
+import hashlib
 import json
 import os
-import re
 import shutil
-from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from patchgen.errors import PatchgenError
+from patchgen.journal import GITIGNORE_NAME, JOURNAL, ROLLBACK, TXN_DIR, Confinement, Refused, pins_only, verify
+from patchgen.provenance import file_sha256
 
 PACKAGE_INIT = "# Package of generated modeling files; written by `patchgen regen`.\n"
-TXN_DIR = ".patchgen-txn"
 GITIGNORE = "*\n"  # the staging directory ignores itself (and all it holds) in any git repository
-JOURNAL = "journal.json"
-ROLLBACK = "rollback"
-_STAGED = re.compile(r"\d+\.(new|old)")
 
 
 def package_inits(generated_dir: Path, target: Path) -> dict[Path, str]:
@@ -62,15 +64,22 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise PatchgenError(f"cannot write {path}: {exc.strerror or exc}") from exc
 
 
-def write_atomic(files: dict[Path, str], root: Path) -> None:
-    """Write every file or none (see the module docstring); every path must lie inside `root`."""
+def write_atomic(files: dict[Path, str], confinement: Confinement) -> None:
+    """Write every file or none (see the module docstring); every path must be one `confinement` allows."""
     if not files:
         return
+    root = confinement.root
     outside = [str(p) for p in files if not p.is_relative_to(root)]
     if outside:
         raise ValueError(f"write_atomic: {outside} outside the project root {root}")
+    for path, text in sorted(files.items()):
+        problem = confinement.problem(path)
+        if problem is None and path == confinement.pins_file and not pins_only(text.encode(), path.read_bytes()):
+            problem = "a journaled write may change only its pins"
+        if problem is not None:
+            raise PatchgenError(f"cannot write {_rel(root, path)}: {problem}; nothing was changed")
     with _locked(root):
-        _recover_locked(root)
+        _recover_locked(confinement)
         txn = root / TXN_DIR
         try:
             journal = _stage(root, txn, files)
@@ -95,31 +104,36 @@ def write_atomic(files: dict[Path, str], root: Path) -> None:
         _finish(txn)
 
 
-def recover(root: Path) -> str | None:
+def recover(root: Path, confinement: Callable[[], Confinement]) -> str | None:
     """Finish a commit a killed process left behind: 'rolled forward', 'rolled back', 'discarded' (staging without
-    a journal: nothing had changed) or None (nothing to do). Every patchgen command calls this first."""
-    if not (root / TXN_DIR).exists():
+    a journal: nothing had changed) or None (nothing to do). Every patchgen command calls this first.
+    `confinement` (computed only when there is something to recover) says what the journal may touch."""
+    if not os.path.lexists(root / TXN_DIR):
         return None
     with _locked(root):
-        return _recover_locked(root)
+        return _recover_locked(confinement())
 
 
-def _recover_locked(root: Path) -> str | None:
+def _recover_locked(confinement: Confinement) -> str | None:
+    root = confinement.root
     txn = root / TXN_DIR
-    if not txn.exists():
+    if not os.path.lexists(txn):
         return None
     journal_path = txn / JOURNAL
-    if not journal_path.is_file():
-        shutil.rmtree(txn)
-        return "discarded"
     try:
-        journal = json.loads(journal_path.read_text(encoding="utf-8"))
-        _check_journal(journal)
-    except (ValueError, KeyError, TypeError) as exc:
+        journal = verify(confinement)
+    except (Refused, OSError) as exc:
+        where = journal_path if os.path.lexists(journal_path) else txn
+        why = _why(exc) if isinstance(exc, OSError) else str(exc)
         raise PatchgenError(
-            f"{journal_path}: an interrupted write left a journal that cannot be used ({exc}); restore generated/ "
-            f"from git (git checkout -- generated) and delete {txn}"
-        ) from exc
+            f"{where}: refused to replay an interrupted write: {why}; nothing was changed. If a patchgen write "
+            f"really was interrupted, restore generated/ from git (git checkout -- generated); then delete {txn}"
+        ) from None
+    if journal is None:
+        for name in os.listdir(txn):  # verify proved them all patchgen's own regular files
+            os.unlink(txn / name)
+        os.rmdir(txn)
+        return "discarded"
     try:
         if (txn / ROLLBACK).exists():
             _roll_back(root, journal)
@@ -137,19 +151,6 @@ def _recover_locked(root: Path) -> str | None:
         ) from exc
     _finish(txn)
     return outcome
-
-
-def _check_journal(journal: dict) -> None:
-    """A journal names only plain paths inside the project and its own staged files (never `..`, never absolute)."""
-    paths = [entry["target"] for entry in journal["entries"]] + list(journal["dirs"])
-    for path in paths:
-        if not isinstance(path, str) or PurePosixPath(path).is_absolute() or ".." in PurePosixPath(path).parts:
-            raise ValueError(f"path {path!r} outside the project")
-    for entry in journal["entries"]:
-        for key in ("new", "old"):
-            name = entry[key]
-            if not (name is None and key == "old") and not (isinstance(name, str) and _STAGED.fullmatch(name)):
-                raise ValueError(f"staged file {name!r} is not one of the journal's own")
 
 
 @contextlib.contextmanager
@@ -173,16 +174,19 @@ def _stage(root: Path, txn: Path, files: dict[Path, str]) -> dict:
     for path in sorted(files):
         new_dirs += [d for d in _missing_dirs(root, path) if d not in new_dirs]
     txn.mkdir()
-    _write_durable(txn / ".gitignore", GITIGNORE.encode())
+    _write_durable(txn / GITIGNORE_NAME, GITIGNORE.encode())
     for number, (path, text) in enumerate(sorted(files.items())):
+        data = text.encode("utf-8")
         entry = {"target": path.relative_to(root).as_posix(), "new": f"{number}.new", "old": None}
-        _write_durable(txn / entry["new"], text.encode("utf-8"))
+        _write_durable(txn / entry["new"], data)
+        entry["new_sha256"] = hashlib.sha256(data).hexdigest()
         if os.path.lexists(path):
             entry["old"] = f"{number}.old"
             try:
                 os.link(path, txn / entry["old"], follow_symlinks=False)
             except OSError:  # no hard links here (or an immutable file): a copy is as good a backup
                 shutil.copy2(path, txn / entry["old"], follow_symlinks=False)
+            entry["old_sha256"] = file_sha256(txn / entry["old"])
         entries.append(entry)
     journal = {"entries": entries, "dirs": [d.relative_to(root).as_posix() for d in new_dirs]}
     _write_durable(txn / (JOURNAL + ".tmp"), json.dumps(journal, indent=1).encode())
@@ -197,6 +201,8 @@ def _missing_dirs(root: Path, path: Path) -> list[Path]:
     before anything is staged."""
     if path.is_dir() and not path.is_symlink():
         raise PatchgenError(f"cannot write {_rel(root, path)}: is a directory; nothing was changed")
+    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):
+        raise PatchgenError(f"cannot write {_rel(root, path)}: not a regular file; nothing was changed")
     missing = []
     parent = path.parent
     while not parent.is_dir():

@@ -82,12 +82,12 @@ def plan_error(spec: Spec, upstream: UpstreamFile, module: cst.Module, exc: Plan
     for scope, line in other_scopes(module, exc):
         lines.append(f"  the anchor matches in another scope: {scope} (line {line}); is 'scope' right?")
     if exc.kind == RENDER_ERROR:
-        lines.append("  fix the template or the patch's vars, then run `patchgen regen` again")
+        hint = "fix the template or the patch's vars, then run `patchgen regen` again"
     else:
-        lines.append(
-            "  fix the spec's anchor/scope (copy the statement from upstream), then run `patchgen regen` again"
-        )
-    return PatchgenError("\n".join(lines))
+        hint = "fix the spec's anchor/scope (copy the statement from upstream), then run `patchgen regen` again"
+    if len(lines) == 1 and "\n" not in lines[0]:  # nothing to list: one line
+        return PatchgenError(f"{lines[0]}; {hint}")
+    return PatchgenError("\n".join([*lines, "  " + hint]))
 
 
 def parse_upstream(upstream: UpstreamFile) -> cst.Module:
@@ -158,12 +158,8 @@ def build(spec: Spec, upstream: UpstreamFile, module: cst.Module, plan: Plan, co
                 f"AutoModel). Add it to 'keep', or patch the code that builds it"
             )
     body = pruned.code
-    defined = {s.name.value for s in pruned.body if isinstance(s, cst.ClassDef)}
-    if spec.model is not None and spec.model.cls not in defined:
-        raise PatchgenError(
-            f"{spec.path}: [model] class {spec.model.cls!r} is not a class of the generated module: name a 'keep' "
-            f"root or a class a patch adds"
-        )
+    if spec.model is not None:
+        check_model_class(spec, pruned, plan)
     relpath = spec.output
     header = Header(
         model=spec.name,
@@ -191,6 +187,19 @@ def build(spec: Spec, upstream: UpstreamFile, module: cst.Module, plan: Plan, co
         ) from exc
 
     return Generated(spec, upstream, relpath, text, unified_diff(upstream, text, relpath), header)
+
+
+def check_model_class(spec: Spec, pruned: cst.Module, plan: Plan) -> None:
+    """The class that trains the model is one the spec keeps on purpose: a `keep` root (as renamed) or a class a
+    patch adds, never a helper that is only there because a root uses it."""
+    kept = {plan.renames.get(name, name) for name in spec.keep} | set(plan.added_names)
+    classes = {s.name.value for s in pruned.body if isinstance(s, cst.ClassDef)}
+    if spec.model.cls not in kept & classes:
+        roots = ", ".join(sorted(kept & classes)) or "none"
+        raise PatchgenError(
+            f"{spec.path}: [model] class {spec.model.cls!r} is not a kept class of the generated module: name a "
+            f"'keep' root or a class a patch adds ({roots})"
+        )
 
 
 @dataclass(frozen=True)

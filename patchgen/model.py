@@ -9,12 +9,14 @@ generated module as `<output>.model.json`; the runtime registry and the tests re
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
 from patchgen.errors import PatchgenError
-from patchgen.varkinds import is_dotted, is_identifier
+from patchgen.varkinds import is_dotted, is_identifier, type_name
 
 FAMILIES = ("causal_lm", "vlm", "omni", "dit")
 CAPABILITIES = (
@@ -40,6 +42,17 @@ MODEL_KEYS = {
 }
 REQUIRED_MODEL_KEYS = ("model_type", "class", "upstream", "family")
 SIDECAR_SUFFIX = ".model.json"
+# `tiny` and `data` are plain data the runtime builds models and data pipelines from: bounded, so a spec cannot make
+# a test or a demo allocate a huge model or loop for ever. `data.tiny_variants.<name>` tables are tiny configs too.
+MAX_TINY_INT = 8192  # any integer of a tiny config (sizes, counts, token ids, positions)
+MAX_TINY_FLOAT = 1e7  # any float of a tiny config (e.g. rope_theta)
+MAX_DATA_NUMBER = 1 << 31  # the magnitude of any other number in `data`
+MAX_TABLE_DEPTH = 4  # tables nested in `tiny` / `data`, these included ([model.tiny.text_config.rope_parameters])
+MAX_TABLE_KEYS = 256
+MAX_ARRAY_ITEMS = 256
+MAX_STRING_CHARS = 200
+_DATA_STRING = re.compile(r"[A-Za-z0-9_.+-]*")  # names, dotted class paths, words such as "default"
+_COUNT_KEY = re.compile(r"num_\w+|\w+_(size|dim|layers|heads)|depth")  # an integer, or an array of integers
 
 
 @dataclass(frozen=True)
@@ -123,6 +136,8 @@ def parse_model_table(table: Any, where: str) -> ModelTable:
                 "bool": "true or false",
             }[kind]
             raise PatchgenError(f"{where}: [model] key {key!r} must be {expected}, found {value!r}")
+    for key in ("tiny", "data"):
+        _check_data(where, key, table.get(key, {}), tiny=key == "tiny", depth=1)
     return ModelTable(
         table["model_type"],
         table["class"],
@@ -132,4 +147,59 @@ def parse_model_table(table: Any, where: str) -> ModelTable:
         dict(table.get("tiny", {})),
         dict(table.get("data", {})),
         table.get("conversions", True),
+    )
+
+
+def _check_data(where: str, key: str, value: Any, tiny: bool, depth: int) -> None:
+    """One value of `[model.tiny]` / `[model.data]` (`key` is its dotted path there): a bounded table, array,
+    string, boolean or number; in a tiny config a number is never negative nor larger than the tiny limits, and a
+    size or count (`num_*`, `*_size`, `*_dim`, `*_layers`, `*_heads`, `depth`) is an integer or an array of them."""
+    name = key.rsplit(".", 1)[-1]
+
+    def refuse(expected: str) -> PatchgenError:
+        text = repr(value)
+        found = f"{type_name(value)} {text if len(text) <= 60 else text[:57] + '...'}"
+        return PatchgenError(f"{where}: [model] key {key!r} must be {expected}, found {found}")
+
+    if not is_identifier(name):
+        raise PatchgenError(f"{where}: [model] key {key!r}: keys are Python names (configuration attributes)")
+    if isinstance(value, dict):
+        if depth > MAX_TABLE_DEPTH:
+            raise refuse(f"a value: tables nest at most {MAX_TABLE_DEPTH} deep in [model.tiny] and [model.data]")
+        if len(value) > MAX_TABLE_KEYS:
+            raise refuse(f"a table of at most {MAX_TABLE_KEYS} keys")
+        for sub, item in value.items():  # the tables under data.tiny_variants are tiny configs
+            _check_data(where, f"{key}.{sub}", item, tiny or key == "data.tiny_variants", depth + 1)
+        return
+    items = value if isinstance(value, list) else [value]
+    if isinstance(value, list) and len(value) > MAX_ARRAY_ITEMS:
+        raise refuse(f"an array of at most {MAX_ARRAY_ITEMS} items")
+    count = tiny and _COUNT_KEY.fullmatch(name) is not None
+    for item in items:
+        if isinstance(item, bool):
+            ok = not count
+        elif isinstance(item, int):
+            ok = (0 <= item <= MAX_TINY_INT) if tiny else abs(item) <= MAX_DATA_NUMBER
+        elif isinstance(item, float):
+            bound = (0 <= item <= MAX_TINY_FLOAT) if tiny else abs(item) <= MAX_DATA_NUMBER
+            ok = not count and math.isfinite(item) and bound
+        elif isinstance(item, str):
+            ok = not count and len(item) <= MAX_STRING_CHARS and _DATA_STRING.fullmatch(item) is not None
+        else:  # a date or time, an array of arrays or of tables
+            ok = False
+        if not ok:
+            raise refuse(_expected(count, tiny))
+
+
+def _expected(count: bool, tiny: bool) -> str:
+    if count:
+        return f"an integer from 0 to {MAX_TINY_INT} (a size or count of a tiny config), or an array of them"
+    numbers = (
+        f"integers from 0 to {MAX_TINY_INT}, finite floats from 0 to {MAX_TINY_FLOAT:g}"
+        if tiny
+        else f"finite numbers of magnitude at most {MAX_DATA_NUMBER}"
+    )
+    return (
+        f"a boolean, a string of at most {MAX_STRING_CHARS} characters from A-Z a-z 0-9 _ . + -, or a number "
+        f"({numbers}), or an array of at most {MAX_ARRAY_ITEMS} of those, or a table"
     )

@@ -12,8 +12,8 @@ import contextlib
 import difflib
 import gc
 import os
+import re
 import sys
-import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -24,17 +24,17 @@ from patchgen.config import ProjectConfig
 from patchgen.errors import PatchgenError
 from patchgen.files import PACKAGE_INIT, package_inits, recover, write_atomic
 from patchgen.header import body_hash, parse_inputs, split
+from patchgen.journal import Confinement
 from patchgen.model import sidecar_path
 from patchgen.provenance import engine_sha256, templates_sha256, unified_diff
-from patchgen.spec import Spec, load_spec
+from patchgen.spec import Spec, load_spec, read_toml
 from patchgen.upstream import PinnedSource, UpstreamSource, normalize_name
 
 if TYPE_CHECKING:
     from patchgen.generate import Generated
 
-# Limits that make hostile or runaway input fail fast and clearly instead of exhausting time or the stack.
-MAX_SPEC_BYTES = 1 << 20
-MAX_PATCHES = 256
+# Limits that make hostile or runaway input fail fast and clearly instead of exhausting time or the stack (the
+# limits of one spec file are in patchgen.spec).
 MAX_WRAPS_PER_ANCHOR = 8
 MAX_WRAPS_PER_SCOPE = 32  # wraps of nested expressions nest too (the real specs have at most 3 per scope)
 
@@ -54,26 +54,20 @@ def load_specs(config: ProjectConfig, models: list[str] | None) -> list[Spec]:
         )
     specs = []
     for name in models or available:
-        path = config.spec_path(name)
-        if path.is_file() and path.stat().st_size > MAX_SPEC_BYTES:
-            raise PatchgenError(f"{path}: larger than {MAX_SPEC_BYTES // 1024} KiB; a spec is a short list of patches")
-        specs.append(load_spec(path, config.templates_dir))
+        specs.append(load_spec(config.spec_path(name), config.templates_dir))
     for spec in specs:
         check_limits(spec)
         check_output(config, spec)
         check_module(config, spec)
+        check_model_upstream(config, spec)
     check_unique_outputs(config, specs)
     return specs
 
 
 def check_limits(spec: Spec) -> None:
     """Refuse, before any work, what would only exhaust the engine: each nested wrap re-parses the expression it
-    wraps, so hundreds of them on one expression take minutes and end in a RecursionError."""
-    if len(spec.patches) > MAX_PATCHES:
-        raise PatchgenError(
-            f"{spec.path}: {len(spec.patches)} patches; at most {MAX_PATCHES} per spec: split the model's "
-            f"patches over fewer, larger templates"
-        )
+    wraps, so hundreds of them on one expression take minutes and end in a RecursionError (the patch count is
+    limited when the spec loads)."""
     wraps: dict[tuple[str, str], list[int]] = {}
     for patch in spec.patches:
         if getattr(patch.template, "op", None) == "wrap" and patch.anchor_text:
@@ -127,30 +121,46 @@ def _rel(config: ProjectConfig, path: Path) -> str:
 
 def check_output(config: ProjectConfig, spec: Spec) -> None:
     """`output` is a plain relative path that resolves, symlinks included, to a module inside the generated dir."""
-    output, generated = spec.output, _rel(config, config.generated_dir)
-    where = f"{spec.path}: key 'output' = {output!r}"
+    check_output_path(config, spec.path, spec.output)
+    target, inside = config.root / spec.output, config.generated_dir.resolve()
+    resolved = target.resolve()
+    if not resolved.is_relative_to(inside):
+        raise PatchgenError(
+            f"{spec.path}: key 'output' = {spec.output!r}: resolves to {resolved} (through a symlink), outside the "
+            f"generated directory {inside}"
+        )
+
+
+def check_output_path(config: ProjectConfig, path: Path, output: str) -> None:
+    """The spec file at `path` names in `output` a module path inside the generated directory, as written (no
+    file is looked at): plain, relative, every part a Python identifier (the output is imported as a module)."""
+    generated, name = _rel(config, config.generated_dir), path.stem
+    where = f"{path}: key 'output' = {output!r}"
+    example = f"e.g. '{generated}/{name}/modeling_{name}.py'"
     plain = PurePosixPath(output)
     if "\\" in output or plain.as_posix() != output or any(part in (".", "..") for part in plain.parts):
         raise PatchgenError(
-            f"{where}: write it as a plain relative path inside the generated directory, e.g. "
-            f"'{generated}/{spec.name}/modeling_{spec.name}.py' (no '..', './', '//' or backslashes)"
+            f"{where}: write it as a plain relative path inside the generated directory, {example} "
+            f"(no '..', './', '//' or backslashes)"
         )
-    target = config.root / output
-    if not target.is_relative_to(config.generated_dir):
+    if plain.suffix != ".py" or not all(_OUTPUT_PART.fullmatch(p) for p in (*plain.parent.parts, plain.stem)):
+        raise PatchgenError(
+            f"{where}: every folder and the file name (before .py) must be a Python identifier of ASCII letters, "
+            f"digits and _ (the output is imported as {generated}.<...>), {example}"
+        )
+    if not (config.root / output).is_relative_to(config.generated_dir):
         raise PatchgenError(
             f"{where}: outside the generated directory ([tool.patchgen] generated = {generated!r}); patchgen "
-            f"writes only there, e.g. '{generated}/{spec.name}/modeling_{spec.name}.py'"
-        )
-    resolved, inside = target.resolve(), config.generated_dir.resolve()
-    if not resolved.is_relative_to(inside):
-        raise PatchgenError(
-            f"{where}: resolves to {resolved} (through a symlink), outside the generated directory {inside}"
+            f"writes only there, {example}"
         )
     if plain.name == "__init__.py":
         raise PatchgenError(
             f"{where}: __init__.py is the package file patchgen writes itself; name the module, e.g. "
-            f"modeling_{spec.name}.py"
+            f"modeling_{name}.py"
         )
+
+
+_OUTPUT_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def check_module(config: ProjectConfig, spec: Spec) -> None:
@@ -170,6 +180,22 @@ def check_module(config: ProjectConfig, spec: Spec) -> None:
         f"{where}: package {package!r} is not pinned ([tool.patchgen] pins: {listed}); name a module of a pinned "
         f"package, or, if {package} is an upstream package to generate from, add it to [tool.patchgen] pins "
         f'with its exact version ({package} = "<version>")'
+    )
+
+
+def check_model_upstream(config: ProjectConfig, spec: Spec) -> None:
+    """`[model] upstream` is a public class of a pinned upstream package: the runtime imports it to build the
+    reference model, so nothing else (`os.system`) may be named there."""
+    if spec.model is None:
+        return
+    parts = spec.model.upstream.split(".")
+    pinned = {normalize_name(name) for name in config.pins}
+    if normalize_name(parts[0]) in pinned and not any(p.startswith("_") for p in parts) and parts[-1][:1].isupper():
+        return
+    raise PatchgenError(
+        f"{spec.path}: [model] key 'upstream' = {spec.model.upstream!r}: must be a public class of a pinned upstream "
+        f"package ({', '.join(sorted(config.pins)) or 'none pinned'}), e.g. transformers.AutoModelForCausalLM or "
+        f"diffusers.WanTransformer3DModel"
     )
 
 
@@ -194,12 +220,30 @@ def _declared_outputs(config: ProjectConfig, names: list[str]) -> list[tuple[Pat
     for name in names:
         path = config.spec_path(name)
         try:
-            output = tomllib.loads(path.read_text(encoding="utf-8")).get("output")
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            output = read_toml(path)[0].get("output")
+        except PatchgenError:
             continue
         if isinstance(output, str):
             found.append((path, output))
     return found
+
+
+def confinement(config: ProjectConfig) -> Confinement:
+    """What a journaled write may touch: every file the current specs own (what `regen --all` writes), found from
+    each spec's raw `output` as written (no spec is loaded, no file resolved), and pyproject.toml (its pins)."""
+    owned: set[Path] = set()
+    for path, output in _declared_outputs(config, config.models()):
+        try:
+            check_output_path(config, path, output)
+        except PatchgenError:
+            continue  # not a valid output: loading that spec says why
+        owned |= owned_paths(config, output)
+    return Confinement(config.root, config.generated_dir, frozenset(owned), config.root / "pyproject.toml")
+
+
+def finish_interrupted_write(config: ProjectConfig) -> str | None:
+    """`files.recover` confined to what this project's specs may write."""
+    return recover(config.root, lambda: confinement(config))
 
 
 def owned_paths(config: ProjectConfig, output: str) -> set[Path]:
@@ -268,7 +312,7 @@ def regen(
 ) -> list[Change]:
     from patchgen.generate import generate  # libcst and the rewriter: only when something is generated
 
-    recover(config.root)
+    finish_interrupted_write(config)
     source = source or PinnedSource(config.pins)
     files: dict[Path, str] = {}
     with without_cyclic_gc():
@@ -279,7 +323,7 @@ def regen(
         old = path.read_bytes() if path.is_file() else None
         changes.append(Change(path, "new" if old is None else "unchanged" if old == text.encode() else "changed"))
     if not dry_run:
-        write_atomic({c.path: files[c.path] for c in changes if c.status != "unchanged"}, config.root)
+        write_atomic({c.path: files[c.path] for c in changes if c.status != "unchanged"}, confinement(config))
     if is_whole_project(config, specs):
         changes += [Change(path, "orphan") for path in orphans(config, specs)]
     return changes
@@ -384,7 +428,7 @@ def _show(old: str, new: str, path: Path, limit: int = 60) -> str:
 def check(
     config: ProjectConfig, specs: list[Spec], full: bool = False, source: UpstreamSource | None = None
 ) -> list[Drift]:
-    recover(config.root)
+    finish_interrupted_write(config)
     source = source or PinnedSource(config.pins)
     with without_cyclic_gc():
         drifts = [d for spec in specs for d in check_spec(config, spec, source, full)]

@@ -37,6 +37,14 @@ def engine_sha256() -> str:
     return digest.hexdigest()
 
 
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def templates_sha256(spec: Spec) -> str:
     used = sorted({(p.template.name, p.template.sha256) for p in spec.patches})
     return hashlib.sha256("\n".join(f"{n} {s}" for n, s in used).encode()).hexdigest()

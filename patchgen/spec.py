@@ -49,6 +49,12 @@ REQUIRED_PATCH_KEYS = ("template", "scope", "why")
 ANCHOR_KEYS = ("before", "after", "anchor", "through")
 MAX_EXTENDS_DEPTH = 4
 CODE_KINDS = ("identifier", "dotted", "expr")  # var kinds whose values class_prefix renames
+# Limits that make hostile or runaway input fail fast and clearly instead of exhausting memory or time.
+MAX_SPEC_BYTES = 1 << 20  # a spec file, and each one it extends
+MAX_PATCHES = 256
+MAX_NAMES = 256  # entries of `keep` and of `exclude`
+MAX_WHY_CHARS = 300  # a `why` is one line of a comment
+_SPEC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")  # a model name, on the command line and in headers
 
 
 @dataclass(frozen=True)
@@ -112,9 +118,18 @@ def _check_keys(table: dict, allowed: dict, required: tuple, path: Path, where: 
 
 
 def _names(value: list, path: Path, key: str) -> tuple[str, ...]:
+    if len(value) > MAX_NAMES:
+        raise PatchgenError(f"{path}: key {key!r} has {len(value)} names; at most {MAX_NAMES}")
     if not all(isinstance(v, str) and is_identifier(v) for v in value):
-        raise PatchgenError(f"{path}: key {key!r} must be an array of top-level definition names, found {value!r}")
+        raise PatchgenError(
+            f"{path}: key {key!r} must be an array of top-level definition names, found {_short(value)}"
+        )
     return tuple(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _is_scope(scope: str) -> bool:
@@ -159,9 +174,10 @@ def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patc
         docs = "; ".join(v.describe() for v in template.vars if v.name in missing)
         raise PatchgenError(f"{path}: {where}: template {template.name} needs vars {missing}: {docs}")
     why = table["why"].strip()
-    if not why or not why.isprintable():
+    if not why or not why.isprintable() or len(why) > MAX_WHY_CHARS:
         raise PatchgenError(
-            f"{path}: {where}: 'why' must say in one line (no line breaks or control characters) why the patch exists"
+            f"{path}: {where}: 'why' must say in one line of at most {MAX_WHY_CHARS} characters (no line breaks or "
+            f"control characters) why the patch exists; found {len(why)} characters"
         )
     if not _is_scope(table["scope"]):
         raise PatchgenError(
@@ -196,16 +212,22 @@ def _implied_conversions(
     return Patch(index, template, "<module>", why, {"model_type": model.model_type})
 
 
-def _read_toml(path: Path) -> tuple[dict, bytes]:
+def read_toml(path: Path) -> tuple[dict, bytes]:
+    """A spec file's table and bytes; never more than MAX_SPEC_BYTES are read."""
     if not path.is_file():
         raise PatchgenError(f"{path}: spec file not found")
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_SPEC_BYTES + 1)
+        if len(raw) > MAX_SPEC_BYTES:
+            raise PatchgenError(f"{path}: larger than {MAX_SPEC_BYTES // 1024} KiB; a spec is a short list of patches")
         return tomllib.loads(raw.decode("utf-8")), raw
     except UnicodeDecodeError as exc:
         raise PatchgenError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     except tomllib.TOMLDecodeError as exc:
         raise PatchgenError(f"{path}: not valid TOML: {exc}") from exc
+    except RecursionError:
+        raise PatchgenError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
     except OSError as exc:
         raise PatchgenError(f"{path}: cannot read the spec: {exc.strerror}") from exc
 
@@ -266,7 +288,9 @@ def _resolve_extends(data: dict, path: Path, templates_dir: Path, depth: int = 0
     base_path = path.with_name(f"{name}.toml")
     if base_path.resolve() == path.resolve():
         raise PatchgenError(f"{path}: a spec cannot extend itself")
-    base, raw = _read_toml(base_path)
+    if not base_path.is_file():
+        raise PatchgenError(f"{path}: 'extends' = {name!r}: no spec file {base_path}")
+    base, raw = read_toml(base_path)
     base, raws, paths = _resolve_extends(base, base_path, templates_dir, depth + 1)
     rename = _prefix_renamer(data["class_prefix"], path) if "class_prefix" in data else (lambda text: text)
     merged = {k: v for k, v in data.items() if k not in ("extends", "class_prefix", "patch", "model")}
@@ -294,7 +318,12 @@ def _resolve_extends(data: dict, path: Path, templates_dir: Path, depth: int = 0
 
 
 def load_spec(path: Path, templates_dir: Path) -> Spec:
-    own, raw = _read_toml(path)
+    if not _SPEC_NAME.fullmatch(path.stem):
+        raise PatchgenError(
+            f"{path.parent}: spec file {path.name!r}: a model's name (the file name without .toml) may hold only "
+            f"ASCII letters, digits, _ and -, and must not start with -; rename the file"
+        )
+    own, raw = read_toml(path)
     _check_keys(own, SPEC_KEYS, ("module", "output") if "extends" in own else REQUIRED_SPEC_KEYS, path, "")
     data, inherited_raw, inherited_paths = _resolve_extends(own, path, templates_dir)
     _check_keys(data, SPEC_KEYS, REQUIRED_SPEC_KEYS, path, "")
@@ -305,6 +334,11 @@ def load_spec(path: Path, templates_dir: Path) -> Spec:
         raise PatchgenError(f"{path}: key 'module' must be a dotted module name, found {data['module']!r}")
     if not data["output"].endswith(".py") or Path(data["output"]).is_absolute():
         raise PatchgenError(f"{path}: key 'output' must be a relative path ending in .py, found {data['output']!r}")
+    if len(data.get("patch", [])) > MAX_PATCHES:
+        raise PatchgenError(
+            f"{path}: {len(data['patch'])} patches; at most {MAX_PATCHES} per spec: split the model's patches over "
+            f"fewer, larger templates"
+        )
     patches = tuple(_load_patch(i, t, path, templates_dir) for i, t in enumerate(data.get("patch", []), start=1))
     model = parse_model_table(data["model"], str(path)) if "model" in data else None
     if model is not None and model.implies_conversions:

@@ -15,7 +15,8 @@ A template file looks like::
 
 The front matter is data (TOML). Every variable declares a kind (`patchgen.varkinds`) and spec values are validated
 against it before rendering; the body renders in jinja2's immutable sandbox with StrictUndefined and no globals, so a
-template can neither reach Python internals nor render a missing variable as an empty string.
+template can neither reach Python internals nor render a missing variable as an empty string, and within limits of
+size and work (`patchgen.sandbox`), so it cannot exhaust the machine either.
 """
 
 from __future__ import annotations
@@ -29,13 +30,14 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-import jinja2.sandbox
 
 from patchgen.errors import PatchgenError
 from patchgen.ops import OPS
+from patchgen.sandbox import BoundedEnvironment, render
 from patchgen.varkinds import Kind, VarError, is_identifier, parse_kind, prepare
 
 BUILTIN_VARS = ("expr", "scope")
+MAX_TEMPLATE_BYTES = 256 << 10  # a template is one patch kind: a few dozen lines
 _TEMPLATE_NAME = re.compile(r"[A-Za-z0-9_]+(/[A-Za-z0-9_]+)*\Z")
 _MISSING = object()
 
@@ -92,23 +94,15 @@ class Template:
                 raise PatchgenError(f"{self.path}: vars.{var.name} must be {exc}") from exc
         merged.update(builtins or {})
         try:
-            return _compiled(self.body).render(**merged)
-        except jinja2.TemplateError as exc:
-            raise PatchgenError(f"{self.path}: rendering failed: {exc}") from exc
+            return render(_compiled(self.body), merged)
         except RecursionError as exc:
             raise PatchgenError(f"{self.path}: rendering failed: nested too deeply") from exc
+        except Exception as exc:  # a template is input: whatever fails in it (1 / 0 too) is the template's error
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            raise PatchgenError(f"{self.path}: rendering failed: {text}") from exc
 
 
-def _environment() -> jinja2.Environment:
-    """An immutable sandbox with no globals: no lipsum/range/cycler/namespace, no attribute starting with `_`."""
-    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
-        undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False
-    )
-    env.globals.clear()
-    return env
-
-
-_ENV = _environment()
+_ENV = BoundedEnvironment()
 
 
 @functools.lru_cache(maxsize=256)
@@ -211,6 +205,8 @@ def load_template(templates_dir: Path, name: str) -> Template:
             f"unknown template {name!r} (no file {templates_dir / (name + '.py.j2')}); available: {available}"
         )
     try:
+        if path.stat().st_size > MAX_TEMPLATE_BYTES:
+            raise PatchgenError(f"{path}: larger than {MAX_TEMPLATE_BYTES // 1024} KiB; a template is one patch kind")
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise PatchgenError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc

@@ -28,7 +28,7 @@ from patchgen.errors import PatchgenError
 from patchgen.files import write_atomic
 from patchgen.generate import Generated, build, candidate_lines, parse_upstream
 from patchgen.header import split
-from patchgen.project import outputs
+from patchgen.project import confinement, outputs
 from patchgen.spec import Patch, Spec
 from patchgen.upstream import (
     InstalledSource,
@@ -398,5 +398,5 @@ def apply(config: ProjectConfig, upgrade: Upgrade) -> list[Path]:
         pyproject.read_text(encoding="utf-8"), {keys[w.package]: w.version for w in upgrade.wheels}
     )
     changed = {p: t for p, t in files.items() if not p.is_file() or p.read_text(encoding="utf-8") != t}
-    write_atomic(changed, config.root)
+    write_atomic(changed, confinement(config))
     return sorted(changed)

@@ -6,12 +6,12 @@ runs work offline. Nothing is installed or imported: the wheel is a zip that `up
 
 A wheel is trusted by its content, never by its name: however it was obtained (a path, the cache, a download),
 its sha256 must be one that `[tool.patchgen.wheel_sha256]` records for its release. A release with no recorded
-hash is refused until the user records it (after comparing it with the hash the index publishes).
+hash is refused until the user records it (after comparing it with the hash the index publishes), and is never
+downloaded before that.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import subprocess
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchgen.errors import PatchgenError
+from patchgen.provenance import file_sha256
 from patchgen.upstream import Wheel, normalize_name, read_wheel
 
 CACHE_DIR = ".patchgen-cache/wheels"
@@ -86,10 +87,9 @@ def download_wheel(package: str, version: str, cache: Path) -> Path:
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise PatchgenError(f"cannot run pip to download {package}=={version}: {exc}") from exc
         if result.returncode != 0:
-            tail = "\n".join((result.stderr or result.stdout).strip().splitlines()[-5:])
             raise PatchgenError(
-                f"cannot download {package}=={version} (pip exit {result.returncode}):\n{tail}\n"
-                f"offline? put the wheel into {cache} or pass its path instead"
+                f"cannot download {package}=={version}: {pip_reason(result)}; offline? put the wheel into {cache} "
+                f"or pass its path instead"
             )
         found = sorted(Path(tmp).glob("*.whl"))
         if len(found) != 1:
@@ -99,6 +99,14 @@ def download_wheel(package: str, version: str, cache: Path) -> Path:
         final = cache / found[0].name
         os.replace(found[0], final)
         return final
+
+
+def pip_reason(result: subprocess.CompletedProcess) -> str:
+    """pip's last error line (e.g. `No matching distribution found for x==1`): pip explains over many lines."""
+    lines = [line.strip() for line in (result.stderr or result.stdout or "").splitlines() if line.strip()]
+    errors = [line.removeprefix("ERROR:").strip() for line in lines if line.startswith("ERROR:")]
+    reason = (errors or lines or [f"pip exit {result.returncode}"])[-1]
+    return reason if len(reason) <= 200 else reason[:197] + "..."
 
 
 def obtain(target: Target, cache: Path, trusted: dict[str, frozenset[str]]) -> tuple[Wheel, bool]:
@@ -112,20 +120,20 @@ def obtain(target: Target, cache: Path, trusted: dict[str, frozenset[str]]) -> t
     else:
         path = cached_wheel(cache, target.package, target.version)
         if path is None:
+            pin = f"{target.package}=={target.version}"
+            if pin not in trusted:  # refused before anything is downloaded
+                raise PatchgenError(
+                    f"no sha256 recorded for {pin}, so it is not downloaded: patchgen reads only wheels whose hash "
+                    f"the project records. Copy the wheel's sha256 from https://pypi.org/project/{target.package}/"
+                    f'{target.version}/#files and add "{pin}" = "<sha256>" to [tool.patchgen.wheel_sha256] in '
+                    f"pyproject.toml"
+                )
             path, downloaded = download_wheel(target.package, target.version, cache), True
     wheel = read_wheel(path)
     if target.package is not None and (wheel.package, wheel.version) != (target.package, target.version):
         raise PatchgenError(f"{path}: the wheel is {wheel.pin}, expected {target.package}=={target.version}")
     verify(wheel, trusted, "the wheel cache" if path.parent == cache else None)
     return wheel, downloaded
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def verify(wheel: Wheel, trusted: dict[str, frozenset[str]], found_in: str | None = None) -> None:

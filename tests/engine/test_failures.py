@@ -9,7 +9,8 @@ import time
 import pytest
 
 from patchgen import project as project_module
-from patchgen.project import MAX_PATCHES, MAX_SPEC_BYTES, MAX_WRAPS_PER_ANCHOR, MAX_WRAPS_PER_SCOPE
+from patchgen.project import MAX_WRAPS_PER_ANCHOR, MAX_WRAPS_PER_SCOPE
+from patchgen.spec import MAX_PATCHES, MAX_SPEC_BYTES
 from patchgen.upstream import MAX_UPSTREAM_BYTES
 from patchgen.wheels import wheel_cache
 from tests.engine.helpers import (

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from patchgen import files
+from patchgen.config import load_config, with_pins
 from patchgen.errors import PatchgenError
-from patchgen.files import TXN_DIR, recover, write_atomic
+from patchgen.files import TXN_DIR, write_atomic
 from patchgen.generate import generate
-from patchgen.project import load_specs, outputs, regen
+from patchgen.project import confinement, finish_interrupted_write, load_specs, outputs, regen
 from tests.engine.helpers import ALL_OPS, FixtureSource, run_cli, spec_toml
 
 # every os call by which a commit touches the disk; the child dies before one of them
@@ -34,9 +35,14 @@ def state(root: Path) -> dict[str, bytes]:
     return found
 
 
+def recover(root: Path) -> str | None:
+    """What every patchgen command runs first."""
+    return finish_interrupted_write(load_config(root))
+
+
 def old_and_new(project) -> tuple[Path, dict[Path, str], dict[str, bytes], dict[str, bytes]]:
     """A project with two models generated (old); the new set changes both, adds a third model in a new directory
-    and rewrites pyproject.toml (as `upgrade --apply` does)."""
+    and moves the pins in pyproject.toml (as `upgrade --apply` does)."""
     proj = project(
         {
             "toy": spec_toml(patches=ALL_OPS),
@@ -54,7 +60,7 @@ def old_and_new(project) -> tuple[Path, dict[Path, str], dict[str, bytes], dict[
     for spec in load_specs(config, None):
         new_files.update(outputs(config, generate(spec, source, config)))
     pyproject = proj.root / "pyproject.toml"
-    new_files[pyproject] = pyproject.read_text() + "# v2\n"
+    new_files[pyproject] = with_pins(pyproject.read_text(), {"fixturepkg": "1.2.4"})
     new_files = {p: t for p, t in new_files.items() if not p.is_file() or p.read_text() != t}
     new = {**old, **{p.relative_to(proj.root).as_posix(): t.encode() for p, t in new_files.items()}}
     return proj.root, new_files, old, new
@@ -63,6 +69,7 @@ def old_and_new(project) -> tuple[Path, dict[Path, str], dict[str, bytes], dict[
 def commit_in_child(root: Path, new_files: dict[Path, str], kill_at: int, only: str | None = None) -> int:
     """Exit code of a forked child that commits `new_files` and dies right before its `kill_at`-th fs call (or its
     `kill_at`-th call of `os.<only>` that does not rename into the staging directory)."""
+    allowed = confinement(load_config(root))
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child never returns
         count = [0]
@@ -80,7 +87,7 @@ def commit_in_child(root: Path, new_files: dict[Path, str], kill_at: int, only: 
         for name in FS_CALLS:
             setattr(os, name, counted(name, getattr(os, name)))
         try:
-            write_atomic(new_files, root)
+            write_atomic(new_files, allowed)
         except BaseException:
             os._exit(1)
         os._exit(0)
@@ -139,7 +146,7 @@ def test_a_failing_rename_rolls_every_output_back(project, monkeypatch, fail_at)
 
     monkeypatch.setattr(os, "replace", flaky)
     with pytest.raises(PatchgenError) as err:
-        write_atomic(new_files, root)
+        write_atomic(new_files, confinement(load_config(root)))
     assert "Operation not permitted" in str(err.value) and "nothing was changed" in str(err.value)
     assert state(root) == old and not (root / TXN_DIR).exists()
 
@@ -149,12 +156,12 @@ def test_a_directory_where_a_target_should_be_changes_nothing(project) -> None:
     blocker = root / "generated" / "third"
     blocker.write_text("a file where a directory is needed\n")
     with pytest.raises(PatchgenError, match=r"generated/third: not a directory"):
-        write_atomic(new_files, root)
+        write_atomic(new_files, confinement(load_config(root)))
     blocker.unlink()
     (root / "generated" / "other" / "modeling_other.py.diff").unlink()
     (root / "generated" / "other" / "modeling_other.py.diff").mkdir()
     with pytest.raises(PatchgenError, match=r"modeling_other.py.diff: is a directory"):
-        write_atomic(new_files, root)
+        write_atomic(new_files, confinement(load_config(root)))
     (root / "generated" / "other" / "modeling_other.py.diff").rmdir()
     assert state(root) == {k: v for k, v in old.items() if not k.endswith("other/modeling_other.py.diff")}
     assert not (root / TXN_DIR).exists()
@@ -165,7 +172,7 @@ def test_written_files_get_their_mode_from_the_umask(project, umask) -> None:
     root, new_files, _, _ = old_and_new(project)
     previous = os.umask(umask)
     try:
-        write_atomic(new_files, root)
+        write_atomic(new_files, confinement(load_config(root)))
     finally:
         os.umask(previous)
     for path in new_files:
@@ -194,7 +201,18 @@ def test_a_journal_naming_paths_outside_the_project_is_refused(project, tmp_path
     journal = {"entries": [{"target": "../victim.txt", "new": "0.new", "old": None}], "dirs": []}
     (root / TXN_DIR / "journal.json").write_text(json.dumps(journal))
     with pytest.raises(
-        PatchgenError, match=r"journal that cannot be used \(path '../victim.txt' outside the project\)"
+        PatchgenError, match=r"refused to replay an interrupted write: entry 0 is not a plain relative"
     ):
         recover(root)
     assert victim.read_text() == "keep me\n" and state(root) == old
+
+
+def test_a_write_through_a_symlinked_folder_is_refused_before_anything_is_staged(project) -> None:
+    """A journal of such a write could never be replayed (recovery writes through no symlink), so the write itself
+    refuses it: the output's folder is a link to another folder of generated/."""
+    proj = project(spec_toml(output="generated/link/modeling_toy.py"))
+    (proj.root / "generated" / "real").mkdir(parents=True)
+    (proj.root / "generated" / "link").symlink_to("real", target_is_directory=True)
+    with pytest.raises(PatchgenError, match=r"cannot write generated/link/\S+: 'generated/link' is a symlink"):
+        regen(proj.config, load_specs(proj.config, None), source=FixtureSource())
+    assert list((proj.root / "generated" / "real").iterdir()) == [] and not (proj.root / TXN_DIR).exists()

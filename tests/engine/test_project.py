@@ -13,6 +13,7 @@ import pytest
 
 from patchgen.errors import PatchgenError
 from patchgen.files import write_atomic
+from patchgen.journal import Confinement
 from patchgen.project import check, load_specs, regen
 from tests.engine.helpers import ALL_OPS, REPO, FixtureSource, spec_toml
 
@@ -174,10 +175,12 @@ def test_write_atomic_stages_everything_before_replacing_anything(tmp_path) -> N
     keep = tmp_path / "a.py"
     keep.write_text("old\n")
     (tmp_path / "blocker").write_text("a file where a directory is needed\n")
+    paths = [keep, tmp_path / "blocker" / "b.py", tmp_path / "sub" / "c.py"]
+    allowed = Confinement(tmp_path, tmp_path, frozenset(paths))
     with pytest.raises(PatchgenError, match="blocker: not a directory; nothing was changed"):
-        write_atomic({keep: "new\n", tmp_path / "blocker" / "b.py": "x\n"}, tmp_path)
+        write_atomic({keep: "new\n", tmp_path / "blocker" / "b.py": "x\n"}, allowed)
     assert keep.read_text() == "old\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py", "blocker"]  # no temp files left behind
-    write_atomic({keep: "new\n", tmp_path / "sub" / "c.py": "c\n"}, tmp_path)
+    write_atomic({keep: "new\n", tmp_path / "sub" / "c.py": "c\n"}, allowed)
     assert keep.read_text() == "new\n" and (tmp_path / "sub" / "c.py").read_text() == "c\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py", "blocker", "sub"]
