@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_hunyuan_video.py sha256=c5de2f401716dad9d63a701dac70ae348debfc81640c33cb300c34f402b9f681
 # spec: specs/hunyuanvideo.toml sha256=3e657ebe6d3033c6f015f793c7051cb1fa53971d15d2f2d6e8ab050ba361f4d1
 # templates: sha256=16cdd4a17d3b8394518a32a1d7ffaeeefe3dae9e9778948dbc262800c2e24ce5
-# engine: patchgen==0.1.0 sha256=8b3c804e9a1f54e90768c8e4848820c9880bcfbf7028f1d5449a6b79e92a257e
+# engine: patchgen==0.1.0 sha256=bc25ad381602c441bda1d6be7f2d1117a9fca20d6d4273a6b44e96b8d227e2c4
 # body: sha256=267d8001d1c5a44e828a9a5a08dffd7f6349aeab28b97b9507b5bb5686a5eb60
 # patches:
 #   #1 dit/refuse_under_sp @ HunyuanVideoTransformer3DModel.forward: I2V token replacement indexes the first frame's tokens globally: refuse SP instead of modulating the wrong tokens

@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_qwenimage.py sha256=cea921e2dd8bba5fcd86ae99054d7320b2773cc653c04c218983d54e737e2cc5
 # spec: specs/qwenimage.toml sha256=17c5293cc48e3ac2c807e34a5bdc263642b5ff3df5bbc8772a4ce87b767d2b0c
 # templates: sha256=ce163f94865173d6fc3eaa4f965dcb60cc9afc2c630847e61588ff201d9e650c
-# engine: patchgen==0.1.0 sha256=8b3c804e9a1f54e90768c8e4848820c9880bcfbf7028f1d5449a6b79e92a257e
+# engine: patchgen==0.1.0 sha256=bc25ad381602c441bda1d6be7f2d1117a9fca20d6d4273a6b44e96b8d227e2c4
 # body: sha256=35503e2f93688f16dda03f46d36754381931a2ca7df4bf8900e82ad2f73afc15
 # patches:
 #   #1 dit/shard_tokens @ QwenImageTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole
