@@ -42,7 +42,8 @@ def _variant(tmp: Path, name: str, edit: tuple[str, str]) -> Path:
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
-    return project / "generated" / "hunyuanvideo" / "transformer_hunyuan_video.py"
+    output = next(line for line in text.splitlines() if line.startswith("output = "))
+    return project / output.split('"')[1]
 
 
 def _forward_error(rank: int, world_size: int, module_path: str) -> str:
