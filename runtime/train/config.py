@@ -29,7 +29,7 @@ Example (every key shown with its default unless marked required)::
     export: {dir: null, overwrite: false}  # write a plain-transformers checkpoint at the end; overwrite replaces an
                                            # earlier export (a directory the exporter wrote), never anything else
 
-Diffusion transformers (``model.type`` of a ``family = "dit"`` spec: wan, flux, qwenimage, hunyuanvideo) read other keys::
+Diffusion transformers (``model.type`` of a ``family = "dit"`` spec, e.g. wan, flux, hunyuanvideo) read other keys::
 
     model:
       type: wan
