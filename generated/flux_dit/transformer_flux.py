@@ -2,16 +2,17 @@
 # Made by patchgen 0.1.0 from specs/flux.toml; to change it, edit the spec or a
 # template and run `patchgen regen flux`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_flux.py sha256=19c283790c6ecce114759c47daf98b448292dec9c5070ad04eda1580fbf31770
-# spec: specs/flux.toml sha256=5691dd4ff3bc751836863901df5b865d00a1c306a95fc59153dc982259dd7ece
-# templates: sha256=ce163f94865173d6fc3eaa4f965dcb60cc9afc2c630847e61588ff201d9e650c
+# spec: specs/flux.toml sha256=ac9be642072af9da428ab0aee84cbba9261ba2ffc80d6dcf260c520e2326f125
+# templates: sha256=d64b9a5c7bb6b7c71282e0e4adc16eda50789c64cfa29183bcfa551b8c090f14
 # engine: patchgen==0.1.0 sha256=bc25ad381602c441bda1d6be7f2d1117a9fca20d6d4273a6b44e96b8d227e2c4
-# body: sha256=6e4b6bcaa198fe1f67783204ee477bdab57d962fd650c59548387251e7a56424
+# body: sha256=1d881d8ac9f97b226ec66bb5a7294a2f10430729934a37e0f1e2c61599b38b58
 # patches:
 #   #1 dit/shard_tokens @ FluxTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens and their RoPE; text tokens and positions stay whole
-#   #2 dit/ulysses_to_heads @ FluxAttnProcessor.__call__: joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
-#   #3 dit/ulysses_to_sequence @ FluxAttnProcessor.__call__: and back: image tokens to this rank's slice, the text output gathered over heads
-#   #4 dit/gather_tokens @ FluxTransformer2DModel.forward: gather the projected image tokens and drop the padding
-#   #5 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+#   #2 dit/shard_rotary @ FluxTransformer2DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
+#   #3 dit/ulysses_to_heads @ FluxAttnProcessor.__call__: joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
+#   #4 dit/ulysses_to_sequence @ FluxAttnProcessor.__call__: and back: image tokens to this rank's slice, the text output gathered over heads
+#   #5 dit/gather_tokens @ FluxTransformer2DModel.forward: gather the projected image tokens and drop the padding
+#   #6 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
 # Copyright 2025 Black Forest Labs, The HuggingFace Team and The InstantX Team. All rights reserved.
 #
@@ -53,8 +54,9 @@ from diffusers.models.embeddings import (
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.normalization import AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle
-# patchgen imports (5 stmt): names the patches below use
-from runtime.diffusion.sp import shard_rotary, shard_tokens, token_shard
+# patchgen imports (6 stmt): names the patches below use
+from runtime.diffusion.sp import shard_tokens, token_shard
+from runtime.diffusion.sp import shard_rotary
 from runtime.diffusion.sp import attention_split, ulysses_to_heads
 from runtime.diffusion.sp import ulysses_to_sequence
 from runtime.diffusion.sp import gather_tokens
@@ -138,8 +140,8 @@ class FluxAttnProcessor:
         if image_rotary_emb is not None:
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
             key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
-        # patchgen #2 dit/ulysses_to_heads (2 stmt): joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
-        dit_attn = attention_split(image_rotary_emb, replicated="first", dims="bshd", site="specs/flux.toml patch 2 (dit/ulysses_to_heads in FluxAttnProcessor.__call__)")
+        # patchgen #3 dit/ulysses_to_heads (2 stmt): joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
+        dit_attn = attention_split(image_rotary_emb, replicated="first", dims="bshd", site="specs/flux.toml patch 3 (dit/ulysses_to_heads in FluxAttnProcessor.__call__)")
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
         hidden_states = dispatch_attention_fn(
@@ -150,7 +152,7 @@ class FluxAttnProcessor:
             backend=self._attention_backend,
             parallel_config=self._parallel_config,
         )
-        # patchgen #3 dit/ulysses_to_sequence (1 stmt): and back: image tokens to this rank's slice, the text output gathered over heads
+        # patchgen #4 dit/ulysses_to_sequence (1 stmt): and back: image tokens to this rank's slice, the text output gathered over heads
         hidden_states = ulysses_to_sequence(dit_attn, hidden_states)
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.to(query.dtype)
@@ -774,9 +776,10 @@ class FluxTransformer2DModel(
 
         ids = torch.cat((txt_ids, img_ids), dim=0)
         image_rotary_emb = self.pos_embed(ids)
-        # patchgen #1 dit/shard_tokens (3 stmt): each SP rank runs the blocks on its slice of the image tokens and their RoPE; text tokens and positions stay whole
+        # patchgen #1 dit/shard_tokens (2 stmt): each SP rank runs the blocks on its slice of the image tokens and their RoPE; text tokens and positions stay whole
         dit_sp = token_shard(self, hidden_states.shape[1], (FluxAttnProcessor,), site="specs/flux.toml patch 1 (dit/shard_tokens in FluxTransformer2DModel.forward)")
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
+        # patchgen #2 dit/shard_rotary (1 stmt): this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
         image_rotary_emb = shard_rotary(image_rotary_emb, dit_sp, dim=0, parts=(0, 1), prefix=txt_ids.shape[0])
 
         if joint_attention_kwargs is not None and "ip_adapter_image_embeds" in joint_attention_kwargs:
@@ -844,7 +847,7 @@ class FluxTransformer2DModel(
 
         hidden_states = self.norm_out(hidden_states, temb)
         output = self.proj_out(hidden_states)
-        # patchgen #4 dit/gather_tokens (1 stmt): gather the projected image tokens and drop the padding
+        # patchgen #5 dit/gather_tokens (1 stmt): gather the projected image tokens and drop the padding
         output = gather_tokens(output, dit_sp)
 
         if not return_dict:
@@ -853,7 +856,7 @@ class FluxTransformer2DModel(
         return Transformer2DModelOutput(sample=output)
 
 
-# patchgen #5 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+# patchgen #6 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 class FluxTransformer2DModelConfig(PatchgenDiTConfig):
     """FluxTransformer2DModel's __init__ parameters as a transformers config (model_type "flux")."""
 

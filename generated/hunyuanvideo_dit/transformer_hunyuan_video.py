@@ -2,17 +2,18 @@
 # Made by patchgen 0.1.0 from specs/hunyuanvideo.toml; to change it, edit the spec or a
 # template and run `patchgen regen hunyuanvideo`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_hunyuan_video.py sha256=c5de2f401716dad9d63a701dac70ae348debfc81640c33cb300c34f402b9f681
-# spec: specs/hunyuanvideo.toml sha256=3e657ebe6d3033c6f015f793c7051cb1fa53971d15d2f2d6e8ab050ba361f4d1
-# templates: sha256=16cdd4a17d3b8394518a32a1d7ffaeeefe3dae9e9778948dbc262800c2e24ce5
+# spec: specs/hunyuanvideo.toml sha256=2d34aa51b34a5b658e521011e005f8e309a0502c79f22493f2355e7af6bcc45f
+# templates: sha256=2fbaafe2386a1511a4e57f386cd97e2a44dd0e9340c6a6de209af797624f9cea
 # engine: patchgen==0.1.0 sha256=bc25ad381602c441bda1d6be7f2d1117a9fca20d6d4273a6b44e96b8d227e2c4
-# body: sha256=267d8001d1c5a44e828a9a5a08dffd7f6349aeab28b97b9507b5bb5686a5eb60
+# body: sha256=5a261d5ca2c22bbee8bb7c26ad063b8dcffa52945ac81628f2ff522856583697
 # patches:
 #   #1 dit/refuse_under_sp @ HunyuanVideoTransformer3DModel.forward: I2V token replacement indexes the first frame's tokens globally: refuse SP instead of modulating the wrong tokens
 #   #2 dit/shard_tokens @ HunyuanVideoTransformer3DModel.forward: each SP rank runs the blocks on its slice of the video tokens and their RoPE; the text (refined before the split) stays whole
-#   #3 dit/ulysses_to_heads @ HunyuanVideoAttnProcessor2_0.__call__: joint attention over [video, text]: video tokens all-to-all to this rank's heads, text (last) keeps this rank's heads
-#   #4 dit/ulysses_to_sequence @ HunyuanVideoAttnProcessor2_0.__call__: and back: video tokens to this rank's slice, the text output gathered over heads
-#   #5 dit/gather_tokens @ HunyuanVideoTransformer3DModel.forward: gather the projected tokens and drop the padding before unpatchify
-#   #6 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+#   #3 dit/shard_rotary @ HunyuanVideoTransformer3DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
+#   #4 dit/ulysses_to_heads @ HunyuanVideoAttnProcessor2_0.__call__: joint attention over [video, text]: video tokens all-to-all to this rank's heads, text (last) keeps this rank's heads
+#   #5 dit/ulysses_to_sequence @ HunyuanVideoAttnProcessor2_0.__call__: and back: video tokens to this rank's slice, the text output gathered over heads
+#   #6 dit/gather_tokens @ HunyuanVideoTransformer3DModel.forward: gather the projected tokens and drop the padding before unpatchify
+#   #7 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
 # Copyright 2025 The Hunyuan Team and The HuggingFace Team. All rights reserved.
 #
@@ -53,9 +54,10 @@ from diffusers.models.embeddings import (
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.normalization import AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle, FP32LayerNorm
-# patchgen imports (6 stmt): names the patches below use
+# patchgen imports (7 stmt): names the patches below use
 from runtime.diffusion.sp import refuse_under_sp
-from runtime.diffusion.sp import shard_rotary, shard_tokens, token_shard
+from runtime.diffusion.sp import shard_tokens, token_shard
+from runtime.diffusion.sp import shard_rotary
 from runtime.diffusion.sp import attention_split, ulysses_to_heads
 from runtime.diffusion.sp import ulysses_to_sequence
 from runtime.diffusion.sp import gather_tokens
@@ -150,8 +152,8 @@ class HunyuanVideoAttnProcessor2_0:
             query = torch.cat([query, encoder_query], dim=1)
             key = torch.cat([key, encoder_key], dim=1)
             value = torch.cat([value, encoder_value], dim=1)
-        # patchgen #3 dit/ulysses_to_heads (2 stmt): joint attention over [video, text]: video tokens all-to-all to this rank's heads, text (last) keeps this rank's heads
-        dit_attn = attention_split(image_rotary_emb, replicated="last", dims="bshd", site="specs/hunyuanvideo.toml patch 3 (dit/ulysses_to_heads in HunyuanVideoAttnProcessor2_0.__call__)")
+        # patchgen #4 dit/ulysses_to_heads (2 stmt): joint attention over [video, text]: video tokens all-to-all to this rank's heads, text (last) keeps this rank's heads
+        dit_attn = attention_split(image_rotary_emb, replicated="last", dims="bshd", site="specs/hunyuanvideo.toml patch 4 (dit/ulysses_to_heads in HunyuanVideoAttnProcessor2_0.__call__)")
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
         # 5. Attention
@@ -165,7 +167,7 @@ class HunyuanVideoAttnProcessor2_0:
             backend=self._attention_backend,
             parallel_config=self._parallel_config,
         )
-        # patchgen #4 dit/ulysses_to_sequence (1 stmt): and back: video tokens to this rank's slice, the text output gathered over heads
+        # patchgen #5 dit/ulysses_to_sequence (1 stmt): and back: video tokens to this rank's slice, the text output gathered over heads
         hidden_states = ulysses_to_sequence(dit_attn, hidden_states)
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.to(query.dtype)
@@ -1076,9 +1078,10 @@ class HunyuanVideoTransformer3DModel(
 
         hidden_states = self.x_embedder(hidden_states)
         encoder_hidden_states = self.context_embedder(encoder_hidden_states, timestep, encoder_attention_mask)
-        # patchgen #2 dit/shard_tokens (3 stmt): each SP rank runs the blocks on its slice of the video tokens and their RoPE; the text (refined before the split) stays whole
+        # patchgen #2 dit/shard_tokens (2 stmt): each SP rank runs the blocks on its slice of the video tokens and their RoPE; the text (refined before the split) stays whole
         dit_sp = token_shard(self, hidden_states.shape[1], (HunyuanVideoAttnProcessor2_0,), replicated_modules=("context_embedder",), site="specs/hunyuanvideo.toml patch 2 (dit/shard_tokens in HunyuanVideoTransformer3DModel.forward)")
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
+        # patchgen #3 dit/shard_rotary (1 stmt): this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
         image_rotary_emb = shard_rotary(image_rotary_emb, dit_sp, dim=0, parts=(0, 1))
 
         # 3. Attention mask preparation
@@ -1147,7 +1150,7 @@ class HunyuanVideoTransformer3DModel(
         # 5. Output projection
         hidden_states = self.norm_out(hidden_states, temb)
         hidden_states = self.proj_out(hidden_states)
-        # patchgen #5 dit/gather_tokens (1 stmt): gather the projected tokens and drop the padding before unpatchify
+        # patchgen #6 dit/gather_tokens (1 stmt): gather the projected tokens and drop the padding before unpatchify
         hidden_states = gather_tokens(hidden_states, dit_sp)
 
         hidden_states = hidden_states.reshape(
@@ -1162,7 +1165,7 @@ class HunyuanVideoTransformer3DModel(
         return Transformer2DModelOutput(sample=hidden_states)
 
 
-# patchgen #6 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+# patchgen #7 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 class HunyuanVideoTransformer3DModelConfig(PatchgenDiTConfig):
     """HunyuanVideoTransformer3DModel's __init__ parameters as a transformers config (model_type "hunyuanvideo")."""
 

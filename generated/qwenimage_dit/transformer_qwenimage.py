@@ -2,16 +2,17 @@
 # Made by patchgen 0.1.0 from specs/qwenimage.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwenimage`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_qwenimage.py sha256=cea921e2dd8bba5fcd86ae99054d7320b2773cc653c04c218983d54e737e2cc5
-# spec: specs/qwenimage.toml sha256=17c5293cc48e3ac2c807e34a5bdc263642b5ff3df5bbc8772a4ce87b767d2b0c
-# templates: sha256=ce163f94865173d6fc3eaa4f965dcb60cc9afc2c630847e61588ff201d9e650c
+# spec: specs/qwenimage.toml sha256=c271a5b9b8d1c88200bf88749dd629cf1210cc94c2acb6568c6d95fce8eea087
+# templates: sha256=d64b9a5c7bb6b7c71282e0e4adc16eda50789c64cfa29183bcfa551b8c090f14
 # engine: patchgen==0.1.0 sha256=bc25ad381602c441bda1d6be7f2d1117a9fca20d6d4273a6b44e96b8d227e2c4
-# body: sha256=35503e2f93688f16dda03f46d36754381931a2ca7df4bf8900e82ad2f73afc15
+# body: sha256=13301c4a035db84c3c157968f5541265ad9b8f7fcf1efb57d13072c66c1f3629
 # patches:
 #   #1 dit/shard_tokens @ QwenImageTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole
-#   #2 dit/ulysses_to_heads @ QwenDoubleStreamAttnProcessor2_0.__call__: joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
-#   #3 dit/ulysses_to_sequence @ QwenDoubleStreamAttnProcessor2_0.__call__: and back: image tokens to this rank's slice, the text output gathered over heads
-#   #4 dit/gather_tokens @ QwenImageTransformer2DModel.forward: gather the projected image tokens and drop the padding
-#   #5 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+#   #2 dit/shard_rotary @ QwenImageTransformer2DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
+#   #3 dit/ulysses_to_heads @ QwenDoubleStreamAttnProcessor2_0.__call__: joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
+#   #4 dit/ulysses_to_sequence @ QwenDoubleStreamAttnProcessor2_0.__call__: and back: image tokens to this rank's slice, the text output gathered over heads
+#   #5 dit/gather_tokens @ QwenImageTransformer2DModel.forward: gather the projected image tokens and drop the padding
+#   #6 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
 # Copyright 2025 Qwen-Image Team, The HuggingFace Team. All rights reserved.
 #
@@ -50,8 +51,9 @@ from diffusers.models.embeddings import TimestepEmbedding, Timesteps
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.normalization import AdaLayerNormContinuous, RMSNorm
-# patchgen imports (5 stmt): names the patches below use
-from runtime.diffusion.sp import shard_rotary, shard_tokens, token_shard
+# patchgen imports (6 stmt): names the patches below use
+from runtime.diffusion.sp import shard_tokens, token_shard
+from runtime.diffusion.sp import shard_rotary
 from runtime.diffusion.sp import attention_split, ulysses_to_heads
 from runtime.diffusion.sp import ulysses_to_sequence
 from runtime.diffusion.sp import gather_tokens
@@ -566,8 +568,8 @@ class QwenDoubleStreamAttnProcessor2_0:
         joint_query = torch.cat([txt_query, img_query], dim=1)
         joint_key = torch.cat([txt_key, img_key], dim=1)
         joint_value = torch.cat([txt_value, img_value], dim=1)
-        # patchgen #2 dit/ulysses_to_heads (2 stmt): joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
-        dit_attn = attention_split(image_rotary_emb, replicated="first", dims="bshd", site="specs/qwenimage.toml patch 2 (dit/ulysses_to_heads in QwenDoubleStreamAttnProcessor2_0.__call__)")
+        # patchgen #3 dit/ulysses_to_heads (2 stmt): joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
+        dit_attn = attention_split(image_rotary_emb, replicated="first", dims="bshd", site="specs/qwenimage.toml patch 3 (dit/ulysses_to_heads in QwenDoubleStreamAttnProcessor2_0.__call__)")
         joint_query, joint_key, joint_value, attention_mask = ulysses_to_heads(dit_attn, joint_query, joint_key, joint_value, attention_mask)
 
         joint_hidden_states = dispatch_attention_fn(
@@ -580,7 +582,7 @@ class QwenDoubleStreamAttnProcessor2_0:
             backend=self._attention_backend,
             parallel_config=self._parallel_config,
         )
-        # patchgen #3 dit/ulysses_to_sequence (1 stmt): and back: image tokens to this rank's slice, the text output gathered over heads
+        # patchgen #4 dit/ulysses_to_sequence (1 stmt): and back: image tokens to this rank's slice, the text output gathered over heads
         joint_hidden_states = ulysses_to_sequence(dit_attn, joint_hidden_states)
 
         # Reshape back
@@ -960,10 +962,11 @@ class QwenImageTransformer2DModel(
         )
 
         image_rotary_emb = self.pos_embed(img_shapes, max_txt_seq_len=text_seq_len, device=hidden_states.device)
-        # patchgen #1 dit/shard_tokens (4 stmt): each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole
+        # patchgen #1 dit/shard_tokens (3 stmt): each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole
         dit_sp = token_shard(self, hidden_states.shape[1], (QwenDoubleStreamAttnProcessor2_0,), site="specs/qwenimage.toml patch 1 (dit/shard_tokens in QwenImageTransformer2DModel.forward)")
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
         modulate_index = shard_tokens(modulate_index, dit_sp, dim=1)
+        # patchgen #2 dit/shard_rotary (1 stmt): this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
         image_rotary_emb = shard_rotary(image_rotary_emb, dit_sp, dim=0, parts=(0,))
 
         for index_block, block in enumerate(self.transformer_blocks):
@@ -1001,7 +1004,7 @@ class QwenImageTransformer2DModel(
         # Use only the image part (hidden_states) from the dual-stream blocks
         hidden_states = self.norm_out(hidden_states, temb)
         output = self.proj_out(hidden_states)
-        # patchgen #4 dit/gather_tokens (1 stmt): gather the projected image tokens and drop the padding
+        # patchgen #5 dit/gather_tokens (1 stmt): gather the projected image tokens and drop the padding
         output = gather_tokens(output, dit_sp)
 
         if not return_dict:
@@ -1010,7 +1013,7 @@ class QwenImageTransformer2DModel(
         return Transformer2DModelOutput(sample=output)
 
 
-# patchgen #5 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+# patchgen #6 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 class QwenImageTransformer2DModelConfig(PatchgenDiTConfig):
     """QwenImageTransformer2DModel's __init__ parameters as a transformers config (model_type "qwenimage")."""
 

@@ -2,16 +2,17 @@
 # Made by patchgen 0.1.0 from specs/wan.toml; to change it, edit the spec or a
 # template and run `patchgen regen wan`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_wan.py sha256=74741d74c9fa4b9d02be83de9840b37a732080a795aa2d19037c03e312c76907
-# spec: specs/wan.toml sha256=bbba948234c498f867549f0a367c0ebdc244537f6b2afdbb8a7ca066b0c660fc
-# templates: sha256=ce163f94865173d6fc3eaa4f965dcb60cc9afc2c630847e61588ff201d9e650c
+# spec: specs/wan.toml sha256=969c9bc484e22bfb0226b58e36d78b0a2da9ae9648c3fdb85a1e037a34087a60
+# templates: sha256=d64b9a5c7bb6b7c71282e0e4adc16eda50789c64cfa29183bcfa551b8c090f14
 # engine: patchgen==0.1.0 sha256=bc25ad381602c441bda1d6be7f2d1117a9fca20d6d4273a6b44e96b8d227e2c4
-# body: sha256=8a4ae9d9693d7436fe346d5ae12635f2397e5bd0f439574e7a324a4821570942
+# body: sha256=a11eb07f4799ddc1f8fb71334afdd3b4a2809f814c3297e9111b709d90b664b7
 # patches:
 #   #1 dit/shard_tokens @ WanTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables
-#   #2 dit/ulysses_to_heads @ WanAttnProcessor.__call__: self-attention (the call with RoPE) sees every token: all-to-all to this rank's heads
-#   #3 dit/ulysses_to_sequence @ WanAttnProcessor.__call__: and back to this rank's tokens x all heads
-#   #4 dit/gather_tokens @ WanTransformer3DModel.forward: gather the projected tokens (out_channels x patch, not the hidden size) and drop the padding before unpatchify
-#   #5 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+#   #2 dit/shard_rotary @ WanTransformer3DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
+#   #3 dit/ulysses_to_heads @ WanAttnProcessor.__call__: self-attention (the call with RoPE) sees every token: all-to-all to this rank's heads
+#   #4 dit/ulysses_to_sequence @ WanAttnProcessor.__call__: and back to this rank's tokens x all heads
+#   #5 dit/gather_tokens @ WanTransformer3DModel.forward: gather the projected tokens (out_channels x patch, not the hidden size) and drop the padding before unpatchify
+#   #6 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
 # Copyright 2025 The Wan Team and The HuggingFace Team. All rights reserved.
 #
@@ -46,8 +47,9 @@ from diffusers.models.embeddings import PixArtAlphaTextProjection, TimestepEmbed
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.normalization import FP32LayerNorm
-# patchgen imports (5 stmt): names the patches below use
-from runtime.diffusion.sp import shard_rotary, shard_tokens, token_shard
+# patchgen imports (6 stmt): names the patches below use
+from runtime.diffusion.sp import shard_tokens, token_shard
+from runtime.diffusion.sp import shard_rotary
 from runtime.diffusion.sp import attention_split, ulysses_to_heads
 from runtime.diffusion.sp import ulysses_to_sequence
 from runtime.diffusion.sp import gather_tokens
@@ -160,8 +162,8 @@ class WanAttnProcessor:
             )
             hidden_states_img = hidden_states_img.flatten(2, 3)
             hidden_states_img = hidden_states_img.type_as(query)
-        # patchgen #2 dit/ulysses_to_heads (2 stmt): self-attention (the call with RoPE) sees every token: all-to-all to this rank's heads
-        dit_attn = attention_split(rotary_emb, replicated="none", dims="bshd", site="specs/wan.toml patch 2 (dit/ulysses_to_heads in WanAttnProcessor.__call__)")
+        # patchgen #3 dit/ulysses_to_heads (2 stmt): self-attention (the call with RoPE) sees every token: all-to-all to this rank's heads
+        dit_attn = attention_split(rotary_emb, replicated="none", dims="bshd", site="specs/wan.toml patch 3 (dit/ulysses_to_heads in WanAttnProcessor.__call__)")
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
         hidden_states = dispatch_attention_fn(
@@ -175,7 +177,7 @@ class WanAttnProcessor:
             # Reference: https://github.com/huggingface/diffusers/pull/12909
             parallel_config=(self._parallel_config if encoder_hidden_states is None else None),
         )
-        # patchgen #3 dit/ulysses_to_sequence (1 stmt): and back to this rank's tokens x all heads
+        # patchgen #4 dit/ulysses_to_sequence (1 stmt): and back to this rank's tokens x all heads
         hidden_states = ulysses_to_sequence(dit_attn, hidden_states)
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.type_as(query)
@@ -688,9 +690,10 @@ class WanTransformer3DModel(
 
         # flatten+transpose produces a non-contiguous tensor; make it contiguous before the block loop.
         hidden_states = hidden_states.contiguous()
-        # patchgen #1 dit/shard_tokens (3 stmt): each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables
+        # patchgen #1 dit/shard_tokens (2 stmt): each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables
         dit_sp = token_shard(self, hidden_states.shape[1], (WanAttnProcessor,), site="specs/wan.toml patch 1 (dit/shard_tokens in WanTransformer3DModel.forward)")
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
+        # patchgen #2 dit/shard_rotary (1 stmt): this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
         rotary_emb = shard_rotary(rotary_emb, dit_sp, dim=1, parts=(0, 1))
 
         # timestep shape: batch_size, or batch_size, seq_len (wan 2.2 ti2v)
@@ -742,7 +745,7 @@ class WanTransformer3DModel(
 
         hidden_states = (self.norm_out(hidden_states.float()) * (1 + scale) + shift).type_as(hidden_states)
         hidden_states = self.proj_out(hidden_states)
-        # patchgen #4 dit/gather_tokens (1 stmt): gather the projected tokens (out_channels x patch, not the hidden size) and drop the padding before unpatchify
+        # patchgen #5 dit/gather_tokens (1 stmt): gather the projected tokens (out_channels x patch, not the hidden size) and drop the padding before unpatchify
         hidden_states = gather_tokens(hidden_states, dit_sp)
 
         hidden_states = hidden_states.reshape(
@@ -757,7 +760,7 @@ class WanTransformer3DModel(
         return Transformer2DModelOutput(sample=output)
 
 
-# patchgen #5 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+# patchgen #6 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 class WanTransformer3DModelConfig(PatchgenDiTConfig):
     """WanTransformer3DModel's __init__ parameters as a transformers config (model_type "wan")."""
 

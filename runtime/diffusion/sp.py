@@ -61,6 +61,7 @@ __all__ = [
     "ShardedRotary",
     "TokenShard",
     "attention_split",
+    "carry_token_shard",
     "gather_tokens",
     "refuse_under_sp",
     "shard_rotary",
@@ -196,7 +197,7 @@ def shard_rotary(
     ``parts`` are the indices of the per-token tables (the others, e.g. Qwen-Image's text table, stay whole);
     ``prefix`` leading entries along ``dim`` belong to replicated tokens (Flux: the text positions) and stay whole.
     """
-    if shard is None:
+    if shard is None or rotary is None:
         return rotary
     items = list(rotary)
     for i in parts:
@@ -205,6 +206,14 @@ def shard_rotary(
         local = _pad_and_slice(tail, shard, dim)
         items[i] = torch.cat([head, local], dim=dim) if prefix else local
     return ShardedRotary(tuple(items), shard)
+
+
+def carry_token_shard(kwargs: dict | None, shard: TokenShard | None, key: str = "dit_sp") -> dict | None:
+    """``kwargs`` (a dict the blocks pass on to their attention processors) with the split under ``key``; ``kwargs``
+    itself when SP is off, so the generated model passes exactly what upstream passes."""
+    if shard is None:
+        return kwargs
+    return {**(kwargs or {}), key: shard}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,7 +70,7 @@ def test_a_wrongly_stated_layout_raises_at_the_first_forward(tmp_path: Path) -> 
     wrong = _variant(tmp_path, "first", ('replicated = "last"', 'replicated = "first"'))
     messages = run_distributed(_forward_error, 2, str(wrong), timeout=300)
     for message in messages:
-        assert message.startswith("specs/hunyuanvideo.toml patch 3 (dit/ulysses_to_heads"), message
+        assert message.startswith("specs/hunyuanvideo.toml patch 4 (dit/ulysses_to_heads"), message
         assert "replicated = 'first'" in message and "fix the var `replicated`" in message, message
 
 
