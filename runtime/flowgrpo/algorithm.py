@@ -2,9 +2,13 @@
 
 Advantages (one reward per sample, samples of the same prompt form a group, ``group_ids`` says which)::
 
-    "group":  A_i = (r_i - mean_g) / (std_g + eps)      std over the group (population std, like numpy)
+    "group":  A_i = (r_i - mean_g) / (std_g + eps)      std over the group
     "global": A_i = (r_i - mean_g) / (std_all + eps)    std over the whole batch (robust for tiny groups)
     "none":   A_i =  r_i - mean_g                       (Dr.GRPO-style, no scaling)
+
+The std's divisor is ``n - ddof``: ``ddof=1`` (the sample std, ``torch.std``) is verl-omni's convention and the
+default; ``ddof=0`` (the population std, ``np.std``) is flow_grpo's. On a group of ``G`` the two advantages differ
+by ``sqrt(G / (G - 1))`` (1.15x at G = 4). A group (or batch) of one sample has advantage 0 under both.
 
 Policy loss for one denoising step (``logp``, ``logp_old`` of shape ``[B]``)::
 
@@ -15,13 +19,16 @@ Policy loss for one denoising step (``logp``, ``logp_old`` of shape ``[B]``)::
     approx_kl     = 0.5 * mean((logp - logp_old) ** 2)
 
 KL to the reference. Both policies are Gaussians of the same (isotropic) std ``s = std_dev_t * sqrt_dt`` that the
-schedule fixes, so the exact per-element KL is ``(mean - ref_mean)^2 / (2 s^2)``; Flow-GRPO averages it over the
-non-batch dims and then over the batch::
+schedule fixes, so the exact per-element KL is ``(mean - ref_mean)^2 / (2 s^2)``. Two forms (``kl_form``)::
 
-    kl = mean_b( mean_{non-batch}((mean - ref_mean) ** 2) / (2 * s_b ** 2) )
+    "scaled": kl = mean_b( mean_{non-batch}((mean - ref_mean) ** 2) / (2 * std_dev_t_b ** 2) )
+    "exact":  kl = mean_b( mean_{non-batch}((mean - ref_mean) ** 2) / (2 * s_b ** 2) )
 
-(the same quantity as the per-element average of ``KL(N(mean, s^2) || N(ref_mean, s^2))``; rows with ``s = 0``,
-deterministic steps, contribute 0.)
+``"scaled"`` is verl-omni's and flow_grpo's (their scripts divide by ``std_dev_t ** 2``, leaving out ``-dt``) and
+the default: for the "sde" step it is the exact KL times ``-dt = sigma_i - sigma_{i+1}``, so at 10 steps it is
+several to a hundred times smaller than the exact KL and a ``kl_coef`` means something else in each form. For the
+"cps" step ``sqrt_dt`` is 1 and the forms agree. ``"exact"`` is the per-element average of
+``KL(N(mean, s^2) || N(ref_mean, s^2))``. Rows with ``s = 0`` (deterministic steps) contribute 0 in both.
 """
 
 from __future__ import annotations
@@ -31,19 +38,28 @@ from typing import Literal
 import torch
 
 AdvantageMode = Literal["group", "global", "none"]
+KlForm = Literal["scaled", "exact"]
+KL_FORMS = ("scaled", "exact")  # the first is verl-omni's (the default)
 
-__all__ = ["AdvantageMode", "group_advantages", "policy_loss", "kl_to_reference"]
+__all__ = ["AdvantageMode", "KL_FORMS", "KlForm", "group_advantages", "kl_to_reference", "policy_loss"]
 
 
 def group_advantages(
-    rewards: torch.Tensor, group_ids: torch.Tensor, mode: AdvantageMode = "group", eps: float = 1e-4
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor,
+    mode: AdvantageMode = "group",
+    eps: float = 1e-4,
+    ddof: int = 1,
 ) -> torch.Tensor:
     """Per-sample advantages from ``rewards`` ``[B]`` normalised within the prompt groups ``group_ids`` ``[B]``.
 
     Computed in float64 and returned as float32. Group ids may be any integers (not necessarily contiguous).
+    ``ddof``: 1 (verl-omni) or 0 (flow_grpo), see the module docstring.
     """
     if mode not in ("group", "global", "none"):
         raise ValueError(f"unknown advantage mode {mode!r}; expected 'group', 'global' or 'none'")
+    if ddof not in (0, 1):
+        raise ValueError(f"ddof must be 0 (flow_grpo) or 1 (verl-omni), got {ddof!r}")
     r = rewards.detach().to(torch.float64).reshape(-1)
     g = torch.as_tensor(group_ids, device=r.device).reshape(-1)
     if g.shape != r.shape:
@@ -55,9 +71,10 @@ def group_advantages(
     if mode == "none":
         adv = centered
     elif mode == "global":
-        adv = centered / (r.std(unbiased=False) + eps)
-    else:
-        group_var = torch.zeros_like(n).index_add_(0, inverse, centered**2) / n
+        all_var = ((r - r.mean()) ** 2).sum() / max(r.numel() - ddof, 1)
+        adv = centered / (all_var.sqrt() + eps)
+    else:  # a group of one is centred to 0; any finite divisor keeps it 0
+        group_var = torch.zeros_like(n).index_add_(0, inverse, centered**2) / torch.clamp(n - ddof, min=1)
         adv = centered / (group_var.sqrt()[inverse] + eps)
     return adv.to(torch.float32)
 
@@ -82,10 +99,16 @@ def policy_loss(
 
 
 def kl_to_reference(
-    prev_sample_mean: torch.Tensor, ref_prev_sample_mean: torch.Tensor, std_dev_t: torch.Tensor, sqrt_dt: torch.Tensor
+    prev_sample_mean: torch.Tensor,
+    ref_prev_sample_mean: torch.Tensor,
+    std_dev_t: torch.Tensor,
+    sqrt_dt: torch.Tensor,
+    form: KlForm = "scaled",
 ) -> torch.Tensor:
-    """Batch-mean KL between the policy's and the reference's step Gaussians (see the module docstring)."""
-    std = (std_dev_t * sqrt_dt).reshape(-1)
+    """Batch-mean KL between the policy's and the reference's step Gaussians in ``form`` (module docstring)."""
+    if form not in KL_FORMS:
+        raise ValueError(f"unknown KL form {form!r}; expected one of {', '.join(KL_FORMS)}")
+    std = (std_dev_t if form == "scaled" else std_dev_t * sqrt_dt).reshape(-1)
     sq = ((prev_sample_mean - ref_prev_sample_mean.detach()) ** 2).mean(dim=tuple(range(1, prev_sample_mean.ndim)))
     ok = std > 0
     safe = torch.where(ok, std, torch.ones_like(std))

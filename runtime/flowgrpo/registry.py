@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from runtime.flowgrpo.scheduler import SdeMethod, sde_step
+from runtime.flowgrpo.scheduler import CpsLogProb, SdeMethod, sde_step
 
 __all__ = [
     "DiffusionModelBase",
@@ -71,11 +71,13 @@ _REGISTRY: dict[tuple[str, str], type[DiffusionModelBase]] = {}
 class VelocityAdapter(DiffusionModelBase):
     """An adapter whose model predicts a flow velocity: the SDE step is shared, only `velocity` differs.
 
-    Subclasses set `noise_level` and `method` and implement `velocity(module, batch, latents, step_index)`.
+    Subclasses set `noise_level` and `method` and implement `velocity(module, batch, latents, step_index)`;
+    `cps_log_prob` is the CPS log-prob convention (`runtime.flowgrpo.scheduler`; verl-omni's by default).
     """
 
     noise_level: float
     method: SdeMethod
+    cps_log_prob: CpsLogProb = "squared_error"
 
     @abc.abstractmethod
     def velocity(
@@ -104,6 +106,7 @@ class VelocityAdapter(DiffusionModelBase):
             method=self.method,
             prev_sample=prev_sample,
             generator=generator,
+            cps_log_prob=self.cps_log_prob,
         )
 
     def forward_and_sample_previous_step(

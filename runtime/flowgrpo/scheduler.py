@@ -51,9 +51,20 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 SdeMethod = Literal["sde", "cps"]
+CpsLogProb = Literal["squared_error", "gaussian"]
+CPS_LOG_PROBS = ("squared_error", "gaussian")  # the first is verl-omni's (the default)
 _LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
 
-__all__ = ["FlowMatchSchedule", "make_schedule", "gaussian_log_prob", "sde_step", "euler_step", "SdeMethod"]
+__all__ = [
+    "CPS_LOG_PROBS",
+    "CpsLogProb",
+    "FlowMatchSchedule",
+    "SdeMethod",
+    "euler_step",
+    "gaussian_log_prob",
+    "make_schedule",
+    "sde_step",
+]
 
 
 @dataclass(frozen=True)
@@ -102,13 +113,16 @@ def make_schedule(
     num_inference_steps: int,
     *,
     mu: float | None = None,
+    sigmas: Sequence[float] | None = None,
     device: torch.device | str | None = None,
 ) -> FlowMatchSchedule:
     """The shifted sigma schedule of ``num_inference_steps`` steps, exactly as diffusers builds it.
 
     ``scheduler_or_config``: a ``FlowMatchEulerDiscreteScheduler`` (its config is used; the instance is not
     touched), its config mapping (e.g. ``{"shift": 3.0}``), or None for the defaults. ``mu`` is the
-    resolution-dependent shift, required when the config has ``use_dynamic_shifting``.
+    resolution-dependent shift, required when the config has ``use_dynamic_shifting``. ``sigmas``: the unshifted
+    sigmas a pipeline passes to ``set_timesteps`` (Flux and Qwen-Image pass ``linspace(1, 1 / N, N)``, which is
+    not the scheduler's own grid); the scheduler shifts them as it does in that pipeline.
     """
     if isinstance(scheduler_or_config, FlowMatchEulerDiscreteScheduler):
         config = dict(scheduler_or_config.config)
@@ -120,7 +134,12 @@ def make_schedule(
     if scheduler.config.invert_sigmas:
         raise ValueError("invert_sigmas schedules are not supported by the Flow-GRPO SDE step")
     kwargs = {"mu": mu} if mu is not None else {}
-    scheduler.set_timesteps(num_inference_steps, device=device, **kwargs)
+    if sigmas is not None:
+        if len(sigmas) != num_inference_steps:
+            raise ValueError(f"got {len(sigmas)} sigmas for {num_inference_steps} inference steps")
+        scheduler.set_timesteps(sigmas=[float(s) for s in sigmas], device=device, **kwargs)
+    else:
+        scheduler.set_timesteps(num_inference_steps, device=device, **kwargs)
     sigmas = scheduler.sigmas.to(torch.float32)
     timesteps = scheduler.timesteps.to(torch.float32)
     return FlowMatchSchedule(sigmas, timesteps, int(scheduler.config.num_train_timesteps))
@@ -180,6 +199,7 @@ def sde_step(
     method: SdeMethod = "sde",
     prev_sample: torch.Tensor | None = None,
     generator: torch.Generator | Sequence[torch.Generator] | None = None,
+    cps_log_prob: CpsLogProb = "squared_error",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One stochastic step ``sigmas[i] -> sigmas[i + 1]``; returns ``(prev_sample, log_prob, mean, std, sqrt_dt)``.
 
@@ -188,12 +208,15 @@ def sde_step(
     or a ``[B]`` tensor (0 rows take the ODE step). With ``prev_sample`` given (training-side recomputation) no
     noise is drawn and ``log_prob`` is the log-density of that sample; otherwise the noise comes from
     ``generator`` (one, or one per sample). Everything is computed in fp32; ``log_prob`` has shape ``[B]`` (mean over
-    the non-batch dims); ``std_dev_t`` and ``sqrt_dt`` have shape ``[B, 1, ..., 1]``.
+    the non-batch dims); ``std_dev_t`` and ``sqrt_dt`` have shape ``[B, 1, ..., 1]``. ``cps_log_prob`` picks the
+    CPS log-prob convention (see the module docstring).
     """
     if (step_index is None) == (timestep is None):
         raise ValueError("pass exactly one of step_index and timestep")
     if method not in ("sde", "cps"):
         raise ValueError(f"unknown SDE method {method!r}; expected 'sde' or 'cps'")
+    if cps_log_prob not in CPS_LOG_PROBS:
+        raise ValueError(f"unknown CPS log-prob {cps_log_prob!r}; expected one of {', '.join(CPS_LOG_PROBS)}")
     device = sample.device
     x = sample.float()
     v = model_output.float()
@@ -236,5 +259,8 @@ def sde_step(
         if prev_sample.shape != x.shape:
             raise ValueError(f"prev_sample shape {tuple(prev_sample.shape)} != sample shape {tuple(x.shape)}")
         prev = prev_sample.float()
-    log_prob = gaussian_log_prob(prev.detach(), mean, std)
+    if method == "cps" and cps_log_prob == "squared_error":
+        log_prob = -((prev.detach() - mean) ** 2).mean(dim=tuple(range(1, ndim)))
+    else:
+        log_prob = gaussian_log_prob(prev.detach(), mean, std)
     return prev, log_prob, mean, std_dev_t, sqrt_dt

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from runtime.flowgrpo.algorithm import AdvantageMode, group_advantages, kl_to_reference, policy_loss
+from runtime.flowgrpo.algorithm import AdvantageMode, KlForm, group_advantages, kl_to_reference, policy_loss
 from runtime.flowgrpo.rewards import check_rewards
 from runtime.flowgrpo.rollout import RolloutResult, rollout
 from runtime.train.finite import check_mode, guard_update, micro_batches
@@ -64,7 +64,9 @@ class GRPOConfig:
     clip_range: float = 1e-4
     adv_clip_max: float = 5.0
     advantage_mode: AdvantageMode = "group"
+    advantage_ddof: int = 1  # 1: verl-omni's sample std, 0: flow_grpo's population std
     kl_coef: float = 0.0
+    kl_form: KlForm = "scaled"  # "scaled": verl-omni's / flow_grpo's (exact KL x -dt for "sde"), "exact"
     max_grad_norm: float | None = 1.0
     seed: int = 0
     nonfinite: str = "stop"  # a non-finite loss or gradient norm: "stop" (NonFiniteError) or "skip" the update
@@ -201,7 +203,7 @@ class FlowGRPOTrainer:
         with torch.no_grad():
             samples = res.final_latents if self.decode is None else self.decode(res.final_latents)
             rewards = check_rewards(self.reward(samples, sample_prompts), b)
-        advantages = group_advantages(rewards, group_ids, mode=c.advantage_mode)
+        advantages = group_advantages(rewards, group_ids, mode=c.advantage_mode, ddof=c.advantage_ddof)
 
         device = res.final_latents.device
         train_batch = {**full, "schedule": res.schedule.to(device)}
@@ -237,7 +239,7 @@ class FlowGRPOTrainer:
                     kl = torch.zeros((), device=log_prob.device)
                     if c.kl_coef > 0:
                         ref_mean = self._reference_means(sub, x, step_index, prev, levels)
-                        kl = kl_to_reference(mean, ref_mean, std_dev_t, sqrt_dt)
+                        kl = kl_to_reference(mean, ref_mean, std_dev_t, sqrt_dt, c.kl_form)
                         loss = loss + c.kl_coef * kl
                     scaled = loss * (n / b / w / self.world_size)
                     scaled.backward()

@@ -9,12 +9,12 @@ from runtime.flowgrpo.algorithm import group_advantages, kl_to_reference, policy
 def test_group_advantages_hand_computed():
     rewards = torch.tensor([1.0, 3.0, 2.0, 2.0, 10.0, 0.0])
     groups = torch.tensor([7, 7, 2, 2, 5, 5])
-    adv = group_advantages(rewards, groups, "group", eps=0.0 + 1e-4)
+    adv = group_advantages(rewards, groups, "group", eps=0.0 + 1e-4, ddof=0)  # flow_grpo's population std
     # group 7: mean 2, std 1; group 2: std 0 -> 0; group 5: mean 5, std 5
     expected = torch.tensor([-1 / (1 + 1e-4), 1 / (1 + 1e-4), 0.0, 0.0, 5 / (5 + 1e-4), -5 / (5 + 1e-4)])
     torch.testing.assert_close(adv, expected, rtol=0, atol=1e-7)
 
-    glob = group_advantages(rewards, groups, "global")
+    glob = group_advantages(rewards, groups, "global", ddof=0)
     std_all = torch.tensor(rewards.tolist(), dtype=torch.float64).std(unbiased=False).item()
     torch.testing.assert_close(glob, torch.tensor([-1, 1, 0, 0, 5, -5.0]) / (std_all + 1e-4), rtol=0, atol=1e-7)
 
@@ -56,9 +56,9 @@ def test_kl_to_reference():
     mean = torch.randn(3, 4, 5, generator=g)
     std_dev_t = torch.tensor([0.5, 0.0, 2.0]).reshape(3, 1, 1)
     sqrt_dt = torch.full((3, 1, 1), 0.25)
-    assert kl_to_reference(mean, mean.clone(), std_dev_t, sqrt_dt).item() == 0
+    assert kl_to_reference(mean, mean.clone(), std_dev_t, sqrt_dt, "exact").item() == 0
     ref = torch.randn(3, 4, 5, generator=g)
-    kl = kl_to_reference(mean, ref, std_dev_t, sqrt_dt)
+    kl = kl_to_reference(mean, ref, std_dev_t, sqrt_dt, "exact")
     s = (std_dev_t * sqrt_dt).reshape(3)
     per_row = ((mean - ref) ** 2).mean(dim=(1, 2)) / (2 * s**2)
     torch.testing.assert_close(kl, (per_row[0] + per_row[2]) / 3)  # the deterministic row counts 0

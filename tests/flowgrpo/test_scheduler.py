@@ -77,7 +77,14 @@ def test_log_prob_matches_torch_normal(method):
     x, v = _rand(3, 4, 6, 6), _rand(3, 4, 6, 6, seed=1)
     for i in (0, 3, 8):  # includes sigma == 1
         prev, lp, mean, std, sqrt_dt = sde_step(
-            sched, x, v, step_index=i, method=method, noise_level=0.9, generator=torch.Generator().manual_seed(i)
+            sched,
+            x,
+            v,
+            step_index=i,
+            method=method,
+            noise_level=0.9,
+            generator=torch.Generator().manual_seed(i),
+            cps_log_prob="gaussian",
         )
         ref = torch.distributions.Normal(mean, (std * sqrt_dt).expand_as(mean)).log_prob(prev).mean(dim=(1, 2, 3))
         torch.testing.assert_close(lp, ref, rtol=0, atol=1e-6)
