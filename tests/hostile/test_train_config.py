@@ -120,14 +120,18 @@ def test_numbers_and_choices_are_range_checked(tmp_path: Path, nothing_built, ke
 
 def test_attention_choices_are_those_transformers_registers() -> None:
     """The fixed list (checked without importing transformers' modeling code) is transformers' own on this install:
-    every implementation registered for training and nothing it does not know."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    every implementation registered for training and nothing it does not know. Read in a fresh interpreter: other
+    tests register attention functions of their own in this one."""
+    import subprocess
+    import sys
 
     from runtime.sp.ulysses import PREFIX
     from runtime.train.config import ATTN_IMPLEMENTATIONS
 
+    code = "from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as f; print(' '.join(f.valid_keys()))"
+    keys = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     ours = ("paged|", PREFIX)  # generation-only, and the runtime's SP wrappers (registered when SP first runs)
-    registered = {name for name in ALL_ATTENTION_FUNCTIONS.valid_keys() if not name.startswith(ours)}
+    registered = {name for name in keys if not name.startswith(ours)}
     assert set(ATTN_IMPLEMENTATIONS) == registered | {"eager"}
 
 
