@@ -28,6 +28,7 @@ __all__ = [
     "VelocityAdapter",
     "register_diffusion_model",
     "get_diffusion_model_cls",
+    "is_registered",
     "registered_diffusion_models",
     "unregister_diffusion_model",
 ]
@@ -139,6 +140,10 @@ def register_diffusion_model(
     return deco
 
 
+def is_registered(architecture: str, algorithm: str) -> bool:
+    return (architecture, algorithm) in _REGISTRY
+
+
 def unregister_diffusion_model(architecture: str, algorithm: str) -> None:
     _REGISTRY.pop((architecture, algorithm), None)
 
@@ -149,7 +154,8 @@ def registered_diffusion_models() -> list[tuple[str, str]]:
 
 
 # Modules whose import registers the built-in adapters; imported on the first lookup (keeps diffusers lazy).
-_BUILTIN_ADAPTER_MODULES = ("runtime.flowgrpo.sd3", "runtime.flowgrpo.mot")
+# The generated DiTs last: an architecture with an adapter of its own (SD3's) keeps it.
+_BUILTIN_ADAPTER_MODULES = ("runtime.flowgrpo.sd3", "runtime.flowgrpo.mot", "runtime.flowgrpo.dit")
 _builtins_loaded = False
 
 

@@ -10,3 +10,19 @@ def _one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def tiny_pipelines(tmp_path_factory: pytest.TempPathFactory):
+    """tiny case name -> directory of a tiny random diffusers pipeline, built once per session on first use."""
+    from runtime.diffusion.tiny import save_tiny_pipeline
+
+    root = tmp_path_factory.mktemp("flowgrpo_pipelines")
+    built = {}
+
+    def get(name: str):
+        if name not in built:
+            built[name] = save_tiny_pipeline(name, root / name)
+        return built[name]
+
+    return get

@@ -27,6 +27,14 @@ What else differs per model lives here too, so a DiT is its spec plus its condit
 pipeline components around the spec's tiny transformer, for tests and demos), ``example_inputs`` (random forward
 kwargs of the transformer with a token count that sp = 2 and 4 do not divide), and the facts of a short pipeline
 call (``example_pixels``, ``pipeline_call``, ``pipeline_inputs``). The spec-driven DiT suites read only these.
+
+Sampling (what a Flow-GRPO rollout needs to denoise as the model's own pipeline does, ``runtime/flowgrpo/dit.py``):
+``sampling_latent_shape`` (one sample's latents for a pixel size), ``sampling_schedule`` (the arguments the
+pipeline gives ``scheduler.set_timesteps``: its ``sigmas`` and resolution shift ``mu``), ``encode_prompts`` (the
+per-sample context ``get_condition`` returns, without pixels), ``transformer_inputs`` (the transformer's kwargs
+for latents at given noise levels: ``process_condition``'s layout, no noise drawn), ``prediction_to_latents``
+(unpack the transformer's output), ``combine_guidance`` (how the pipeline mixes its conditional and negative
+predictions under true CFG) and ``decode_latents`` (pixels in [-1, 1] for rewards).
 """
 
 from __future__ import annotations
@@ -138,6 +146,39 @@ class ConditionModel(nn.Module):
     def loss_weight(self, sigmas: Tensor, seq_len: int = 0) -> Tensor:
         """Per-sample weights of the flow-matching MSE (the recipe's ``TimestepSampler.weighting``)."""
         return self.sampler.loss_weight(sigmas, seq_len)
+
+    # ---- sampling: the facts of the pipeline's own denoising loop ------------------------------------------------
+
+    def sampling_latent_shape(self, height: int, width: int, frames: int | None = None) -> tuple[int, ...]:
+        """One sample's (unpacked) latent shape for a ``height`` x ``width`` image (or a ``frames``-frame video)."""
+        raise NotImplementedError(f"{type(self).__name__} has no sampling support")
+
+    def sampling_schedule(self, num_inference_steps: int, latent_shape: Sequence[int]) -> dict[str, Any]:
+        """What the pipeline passes ``scheduler.set_timesteps`` besides the step count: ``{"sigmas": ...}`` when it
+        passes its own sigmas, ``{"mu": ...}`` with a resolution-dependent shift; ``{}`` for the scheduler's grid."""
+        return {}
+
+    def encode_prompts(self, prompts: Sequence[str]) -> list[dict[str, Tensor]]:
+        """Each prompt's conditioning, as ``get_condition``'s ``context`` entries."""
+        raise NotImplementedError(f"{type(self).__name__} has no sampling support")
+
+    def transformer_inputs(self, latents: Tensor, context: Sequence[dict[str, Tensor]], sigmas: Tensor) -> dict:
+        """The transformer's forward kwargs for (unpacked) ``latents`` at noise levels ``sigmas`` (one per sample),
+        laid out as ``process_condition`` lays them out."""
+        raise NotImplementedError(f"{type(self).__name__} has no sampling support")
+
+    def prediction_to_latents(self, prediction: Tensor, latent_shape: Sequence[int]) -> Tensor:
+        """The transformer's output in the (unpacked) latent layout."""
+        return prediction
+
+    @staticmethod
+    def combine_guidance(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:
+        """True classifier-free guidance as the pipeline combines its two predictions."""
+        return uncond + scale * (cond - uncond)
+
+    def decode_latents(self, latents: Tensor) -> Tensor:
+        """Pixels in [-1, 1] of (unpacked, normalized) ``latents``: ``(B, 3, H, W)`` images or ``(B, 3, F, H, W)``."""
+        raise NotImplementedError(f"{type(self).__name__} has no sampling support")
 
     def noise_like(self, x: Tensor, generator: torch.Generator | Sequence[torch.Generator] | None) -> Tensor:
         """Standard normal noise of ``x``'s shape; with one generator per sample, sample ``i`` from the ``i``-th."""

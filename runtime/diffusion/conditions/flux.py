@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from diffusers import FluxPipeline
+from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 from torch import Tensor
 
 from runtime.diffusion.conditions.base import ConditionInputs, ConditionModel, stack_context
@@ -123,13 +125,7 @@ class FluxConditionModel(ConditionModel):
     def get_condition(self, inputs: Sequence[str], videos: Sequence[Tensor]) -> dict[str, list]:
         if len(inputs) != len(videos):
             raise ValueError(f"get_condition: {len(inputs)} prompts for {len(videos)} images")
-        prompt_embeds, pooled, _ = self.pipeline.encode_prompt(
-            list(inputs), prompt_2=None, device=self.device, max_sequence_length=TEXT_LENGTH
-        )
-        context = [
-            {"encoder_hidden_states": e.float(), "pooled_projections": p.float()}
-            for e, p in zip(prompt_embeds, pooled, strict=True)
-        ]
+        context = self.encode_prompts(inputs)
         return {"latents": [self.encode_image(image) for image in videos], "context": context}
 
     def process_condition(
@@ -139,15 +135,64 @@ class FluxConditionModel(ConditionModel):
         b, c, h, w = x0.shape
         sigmas = self.sampler.sample(b, (h // 2) * (w // 2), generator)
         noisy, target = self.noisy(x0, self.noise_like(x0, generator), sigmas)
-        text = stack_context(context, "encoder_hidden_states").to(self.device)
+        inputs = self.transformer_inputs(noisy, context, sigmas)
+        return ConditionInputs(inputs, FluxPipeline._pack_latents(target, b, c, h, w), sigmas)
+
+    # ---- sampling (FluxPipeline.__call__) --------------------------------------------------------------------------
+
+    def sampling_latent_shape(self, height: int, width: int, frames: int | None = None) -> tuple[int, ...]:
+        scale = self.pipeline.vae_scale_factor
+        return (self.pipeline.vae.config.latent_channels, height // scale, width // scale)
+
+    def sampling_schedule(self, num_inference_steps: int, latent_shape: Sequence[int]) -> dict[str, Any]:
+        """``linspace(1, 1 / N, N)`` shifted by ``mu`` of the packed token count, as the pipeline does."""
+        config = self.pipeline.scheduler.config
+        sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps)
+        if config.get("use_flow_sigmas"):
+            sigmas = None
+        tokens = (latent_shape[-2] // 2) * (latent_shape[-1] // 2)
+        mu = calculate_shift(
+            tokens,
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
+        return {"sigmas": None if sigmas is None else sigmas.tolist(), "mu": mu}
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: Sequence[str]) -> list[dict[str, Tensor]]:
+        prompt_embeds, pooled, _ = self.pipeline.encode_prompt(
+            list(prompts), prompt_2=None, device=self.device, max_sequence_length=TEXT_LENGTH
+        )
+        return [
+            {"encoder_hidden_states": e.float(), "pooled_projections": p.float()}
+            for e, p in zip(prompt_embeds, pooled, strict=True)
+        ]
+
+    def transformer_inputs(self, latents: Tensor, context: Sequence[dict[str, Tensor]], sigmas: Tensor) -> dict:
+        b, c, h, w = latents.shape
+        device = latents.device
+        text = stack_context(context, "encoder_hidden_states").to(device)
         inputs: dict[str, Any] = {
-            "hidden_states": FluxPipeline._pack_latents(noisy, b, c, h, w),
+            "hidden_states": FluxPipeline._pack_latents(latents, b, c, h, w),
             "encoder_hidden_states": text,
-            "pooled_projections": stack_context(context, "pooled_projections").to(self.device),
-            "timestep": sigmas.to(self.device),
-            "img_ids": FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, self.device, text.dtype),
-            "txt_ids": torch.zeros(text.shape[1], 3, device=self.device, dtype=text.dtype),
+            "pooled_projections": stack_context(context, "pooled_projections").to(device),
+            "timestep": sigmas.to(device),
+            "img_ids": FluxPipeline._prepare_latent_image_ids(b, h // 2, w // 2, device, text.dtype),
+            "txt_ids": torch.zeros(text.shape[1], 3, device=device, dtype=text.dtype),
         }
         if self.guidance_scale is not None:
-            inputs["guidance"] = torch.full((b,), self.guidance_scale, device=self.device)
-        return ConditionInputs(inputs, FluxPipeline._pack_latents(target, b, c, h, w), sigmas)
+            inputs["guidance"] = torch.full((b,), self.guidance_scale, device=device)
+        return inputs
+
+    def prediction_to_latents(self, prediction: Tensor, latent_shape: Sequence[int]) -> Tensor:
+        scale = self.pipeline.vae_scale_factor
+        h, w = latent_shape[-2:]
+        return FluxPipeline._unpack_latents(prediction, h * scale, w * scale, scale)
+
+    @torch.no_grad()
+    def decode_latents(self, latents: Tensor) -> Tensor:
+        vae = self.pipeline.vae
+        x = latents.to(self.device, torch.float32) / self.scaling_factor + self.shift_factor
+        return vae.decode(x.to(vae.dtype), return_dict=False)[0].float().clamp(-1, 1)

@@ -15,8 +15,10 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from diffusers import QwenImagePipeline
+from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
 from torch import Tensor
 
 from runtime.diffusion.conditions.base import ConditionInputs, ConditionModel
@@ -112,9 +114,7 @@ class QwenImageConditionModel(ConditionModel):
     def get_condition(self, inputs: Sequence[str], videos: Sequence[Tensor]) -> dict[str, list]:
         if len(inputs) != len(videos):
             raise ValueError(f"get_condition: {len(inputs)} prompts for {len(videos)} images")
-        embeds, mask = self.pipeline.encode_prompt(list(inputs), device=self.device)
-        lengths = [embeds.shape[1]] * len(inputs) if mask is None else mask.sum(dim=1).tolist()
-        context = [{"encoder_hidden_states": e[:n].float()} for e, n in zip(embeds, lengths, strict=True)]
+        context = self.encode_prompts(inputs)
         return {"latents": [self.encode_image(image) for image in videos], "context": context}
 
     def process_condition(
@@ -124,15 +124,62 @@ class QwenImageConditionModel(ConditionModel):
         b, c, h, w = x0.shape
         sigmas = self.sampler.sample(b, (h // 2) * (w // 2), generator)
         noisy, target = self.noisy(x0, self.noise_like(x0, generator), sigmas)
+        inputs = self.transformer_inputs(noisy, context, sigmas)
+        return ConditionInputs(inputs, QwenImagePipeline._pack_latents(target, b, c, h, w), sigmas)
+
+    # ---- sampling (QwenImagePipeline.__call__) ---------------------------------------------------------------------
+
+    def sampling_latent_shape(self, height: int, width: int, frames: int | None = None) -> tuple[int, ...]:
+        scale = self.pipeline.vae_scale_factor
+        return (self.pipeline.vae.config.z_dim, height // scale, width // scale)
+
+    def sampling_schedule(self, num_inference_steps: int, latent_shape: Sequence[int]) -> dict[str, Any]:
+        """``linspace(1, 1 / N, N)`` shifted by ``mu`` of the packed token count, as the pipeline does."""
+        config = self.pipeline.scheduler.config
+        tokens = (latent_shape[-2] // 2) * (latent_shape[-1] // 2)
+        mu = calculate_shift(
+            tokens,
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
+        return {"sigmas": np.linspace(1.0, 1 / num_inference_steps, num_inference_steps).tolist(), "mu": mu}
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: Sequence[str]) -> list[dict[str, Tensor]]:
+        embeds, mask = self.pipeline.encode_prompt(list(prompts), device=self.device)
+        lengths = [embeds.shape[1]] * len(prompts) if mask is None else mask.sum(dim=1).tolist()
+        return [{"encoder_hidden_states": e[:n].float()} for e, n in zip(embeds, lengths, strict=True)]
+
+    def transformer_inputs(self, latents: Tensor, context: Sequence[dict[str, Tensor]], sigmas: Tensor) -> dict:
+        b, c, h, w = latents.shape
+        device = latents.device
         texts = [sample["encoder_hidden_states"] for sample in context]
         longest = max(t.shape[0] for t in texts)
         padded = torch.stack([torch.cat([t, t.new_zeros(longest - t.shape[0], t.shape[1])]) for t in texts])
         mask = torch.stack([torch.arange(longest) < t.shape[0] for t in texts]).long()
-        inputs = {
-            "hidden_states": QwenImagePipeline._pack_latents(noisy, b, c, h, w),
-            "encoder_hidden_states": padded.to(self.device),
-            "encoder_hidden_states_mask": None if bool(mask.all()) else mask.to(self.device),
-            "timestep": sigmas.to(self.device),
+        return {
+            "hidden_states": QwenImagePipeline._pack_latents(latents, b, c, h, w),
+            "encoder_hidden_states": padded.to(device),
+            "encoder_hidden_states_mask": None if bool(mask.all()) else mask.to(device),
+            "timestep": sigmas.to(device),
             "img_shapes": [[(1, h // 2, w // 2)]] * b,
         }
-        return ConditionInputs(inputs, QwenImagePipeline._pack_latents(target, b, c, h, w), sigmas)
+
+    def prediction_to_latents(self, prediction: Tensor, latent_shape: Sequence[int]) -> Tensor:
+        scale = self.pipeline.vae_scale_factor
+        h, w = latent_shape[-2:]
+        return QwenImagePipeline._unpack_latents(prediction, h * scale, w * scale, scale)[:, :, 0]
+
+    @staticmethod
+    def combine_guidance(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:
+        """The pipeline's true CFG: the combination rescaled to the conditional prediction's norm per token."""
+        combined = uncond + scale * (cond - uncond)
+        return combined * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(combined, dim=-1, keepdim=True))
+
+    @torch.no_grad()
+    def decode_latents(self, latents: Tensor) -> Tensor:
+        vae = self.pipeline.vae
+        x = latents[:, :, None].to(self.device, torch.float32) * self.latents_std + self.latents_mean
+        return vae.decode(x.to(vae.dtype), return_dict=False)[0][:, :, 0].float().clamp(-1, 1)

@@ -140,18 +140,9 @@ class WanConditionModel(ConditionModel):
     def get_condition(self, inputs: Sequence[str], videos: Sequence[Tensor]) -> dict[str, list]:
         if len(inputs) != len(videos):
             raise ValueError(f"get_condition: {len(inputs)} prompts for {len(videos)} videos")
-        pipe = self.pipeline
-        text, _ = pipe.encode_prompt(
-            list(inputs),
-            do_classifier_free_guidance=False,
-            max_sequence_length=TEXT_LENGTH,
-            device=self.device,
-            dtype=torch.float32,
-        )
         latents, context = [], []
-        for prompt_embeds, video in zip(text, videos, strict=True):
+        for sample, video in zip(self.encode_prompts(inputs), videos, strict=True):
             x0 = self.encode_video(video)
-            sample = {"encoder_hidden_states": prompt_embeds}
             if self.i2v:
                 sample.update(self._first_frame(video, x0))
             latents.append(x0)
@@ -178,14 +169,44 @@ class WanConditionModel(ConditionModel):
         tokens = int(np.prod([s // p for s, p in zip(x0.shape[2:], patch, strict=True)]))
         sigmas = self.sampler.sample(x0.shape[0], tokens, generator)
         noisy, target = self.noisy(x0, self.noise_like(x0, generator), sigmas)
+        return ConditionInputs(self.transformer_inputs(noisy, context, sigmas), target, sigmas)
+
+    # ---- sampling (WanPipeline.__call__) ---------------------------------------------------------------------------
+
+    def sampling_latent_shape(self, height: int, width: int, frames: int | None = None) -> tuple[int, ...]:
+        pipe = self.pipeline
+        frames = 1 if frames is None else frames
+        latent_frames = (frames - 1) // pipe.vae_scale_factor_temporal + 1
+        spatial = pipe.vae_scale_factor_spatial
+        return (pipe.vae.config.z_dim, latent_frames, height // spatial, width // spatial)
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: Sequence[str]) -> list[dict[str, Tensor]]:
+        text, _ = self.pipeline.encode_prompt(
+            list(prompts),
+            do_classifier_free_guidance=False,
+            max_sequence_length=TEXT_LENGTH,
+            device=self.device,
+            dtype=torch.float32,
+        )
+        return [{"encoder_hidden_states": prompt_embeds} for prompt_embeds in text]
+
+    def transformer_inputs(self, latents: Tensor, context: Sequence[dict[str, Tensor]], sigmas: Tensor) -> dict:
         inputs: dict[str, Any] = {
-            "hidden_states": noisy,
-            "timestep": (sigmas * self.num_train_timesteps).to(self.device),
-            "encoder_hidden_states": stack_context(context, "encoder_hidden_states").to(self.device),
+            "hidden_states": latents,
+            "timestep": (sigmas * self.num_train_timesteps).to(latents.device),
+            "encoder_hidden_states": stack_context(context, "encoder_hidden_states").to(latents.device),
         }
         if self.i2v:
-            inputs["hidden_states"] = torch.cat([noisy, stack_context(context, "condition").to(noisy)], dim=1)
+            condition = stack_context(context, "condition").to(latents)
+            inputs["hidden_states"] = torch.cat([latents, condition], dim=1)
             inputs["encoder_hidden_states_image"] = stack_context(context, "encoder_hidden_states_image").to(
-                self.device
+                latents.device
             )
-        return ConditionInputs(inputs, target, sigmas)
+        return inputs
+
+    @torch.no_grad()
+    def decode_latents(self, latents: Tensor) -> Tensor:
+        vae = self.pipeline.vae
+        x = latents.to(self.device, torch.float32) * self.latents_std + self.latents_mean
+        return vae.decode(x.to(vae.dtype), return_dict=False)[0].float().clamp(-1, 1)
