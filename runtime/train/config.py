@@ -237,6 +237,28 @@ EXPERTS_IMPLEMENTATIONS = ("eager", "patchgen_grouped", "patchgen_triton")  # ru
 _CHOICES = {"train.nonfinite": ("stop", "skip"), "model.experts_implementation": EXPERTS_IMPLEMENTATIONS}
 
 
+@dataclass(frozen=True)
+class KeyRules:
+    """Range and choice rules of dotted keys, checked while a section is built (``build_section``): the trainer's
+    (``TRAIN_RULES``) and, merged with them, another command's over its own keys (``runtime/rl/config.py``)."""
+
+    positive: frozenset = frozenset()
+    non_negative: frozenset = frozenset()
+    unit_interval: frozenset = frozenset()  # ratios: [0, 1]
+    choices: dict = field(default_factory=dict)
+
+    def merged(self, other: KeyRules) -> KeyRules:
+        return KeyRules(
+            self.positive | other.positive,
+            self.non_negative | other.non_negative,
+            self.unit_interval | other.unit_interval,
+            {**self.choices, **other.choices},
+        )
+
+
+TRAIN_RULES = KeyRules(frozenset(_POSITIVE), frozenset(_NON_NEGATIVE), frozenset(_UNIT_INTERVAL), dict(_CHOICES))
+
+
 def _shown(value: Any) -> str:
     return f"{value!r:.60}"
 
@@ -294,7 +316,9 @@ def _check_type(value: Any, annotation: Any, key: str) -> Any:
     raise ConfigError(f"{key}: expected {names}, found {type(value).__name__} {value!r}")
 
 
-def _build(cls: type, raw: Any, prefix: str) -> Any:
+def build_section(cls: type, raw: Any, prefix: str, rules: KeyRules = TRAIN_RULES) -> Any:
+    """The frozen dataclass ``cls`` from the mapping ``raw`` (the section at dotted ``prefix``): unknown and missing
+    keys, types, numbers and ``rules`` checked, each a one-line ``ConfigError`` naming the key."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, found {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
@@ -313,25 +337,25 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
             continue
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
-            values[name] = _build(hint, raw[name], key)
+            values[name] = build_section(hint, raw[name], key, rules)
             continue
         value = _check_type(raw[name], hint, key)
         if isinstance(value, dict | list):
             _check_numbers_within(value, key)
-        if value is not None and key in _POSITIVE and value <= 0:
+        if value is not None and key in rules.positive and value <= 0:
             raise ConfigError(f"{key}: must be positive, found {value}")
-        if value is not None and key in _NON_NEGATIVE and value < 0:
+        if value is not None and key in rules.non_negative and value < 0:
             raise ConfigError(f"{key}: must not be negative, found {value}")
-        if value is not None and key in _UNIT_INTERVAL and not 0 <= value <= 1:
+        if value is not None and key in rules.unit_interval and not 0 <= value <= 1:
             raise ConfigError(f"{key}: expected a ratio in [0, 1], found {value}")
-        if key in _CHOICES:
-            _check_choice(value, key, _CHOICES[key])
+        if key in rules.choices:
+            _check_choice(value, key, rules.choices[key])
         values[name] = value
     return cls(**values)
 
 
 def parse_config(raw: Any) -> RunConfig:
-    config = _build(RunConfig, raw, "")
+    config = build_section(RunConfig, raw, "")
     betas = config.optim.betas
     if len(betas) != 2 or not all(
         isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1 for b in betas
@@ -492,7 +516,9 @@ def _shape_problem(value: Any) -> str | None:
     return None
 
 
-def load_config(path: str | Path) -> RunConfig:
+def read_config_file(path: str | Path) -> Any:
+    """The YAML data of a run config file, refused in one line (``ConfigError`` naming the file) when it is not a
+    readable UTF-8 file of at most ``MAX_CONFIG_BYTES``, not YAML, or too deep or too large once expanded."""
     path = Path(path)
     text = _read_text(path)
     try:
@@ -510,6 +536,12 @@ def load_config(path: str | Path) -> RunConfig:
     problem = _shape_problem(raw)
     if problem:
         raise ConfigError(f"{path}: {problem}")
+    return raw
+
+
+def load_config(path: str | Path) -> RunConfig:
+    path = Path(path)
+    raw = read_config_file(path)
     try:
         return parse_config(raw)
     except ConfigError as exc:
