@@ -13,8 +13,14 @@ expert ``e`` owns rows ``[starts[e], starts[e] + counts[e])``. Three kernel laun
   ``(expert, BLOCK_N, BLOCK_K)`` tile, reducing over that expert's rows; experts without rows write zeros.
 
 fp32 inputs use ``input_precision="ieee"`` (no TF32), so results match the eager reference to fp32 rounding;
-bf16/fp16 accumulate in fp32. The kernels also run under ``TRITON_INTERPRET=1`` (the Triton interpreter, CPU
-tensors), which is how they were checked on machines without a GPU.
+bf16/fp16 accumulate in fp32. Other dtypes (fp64, fp8) are refused: ``tl.dot`` has no fp32-accumulated path for
+them here, and the interpreter silently returned garbage for fp64.
+
+The kernels also run under ``TRITON_INTERPRET=1`` (the Triton interpreter, CPU tensors): that is how the test suite
+checks them (``tests/gpu_readiness/test_triton_moe.py``). The interpreter's ``tl.dot`` multiplies bf16 tiles as
+their raw uint16 storage (triton 3.9), so when interpreting, bf16 tiles are widened to fp32 before the dot
+(``UPCAST``; exact, since a bf16 x bf16 product fits in fp32): every load, mask, tile and store still runs in bf16,
+only the bf16 ``tl.dot`` instruction itself is left to a GPU (docs/performance.md lists what stays untested).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ __all__ = ["triton_available", "triton_grouped_linear", "triton_unavailable_reas
 BLOCK_M = 64
 BLOCK_N = 64
 BLOCK_K = 32
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # what tl.dot accumulates in fp32 here
 
 
 def _interpreting() -> bool:
@@ -80,6 +87,7 @@ def _kernels() -> tuple[Any, Any]:
         stride_cm,
         stride_cn,
         IEEE: tl.constexpr,
+        UPCAST: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
@@ -103,6 +111,9 @@ def _kernels() -> tuple[Any, Any]:
                 k_ok = (k0 + ks) < K
                 a = tl.load(a_rows + (k0 + ks)[None, :] * stride_ak, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
                 b = tl.load(b_base + (k0 + ks)[:, None] * stride_bk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+                if UPCAST:
+                    a = a.to(tl.float32)
+                    b = b.to(tl.float32)
                 if IEEE:
                     acc = tl.dot(a, b, acc, input_precision="ieee")
                 else:
@@ -127,6 +138,7 @@ def _kernels() -> tuple[Any, Any]:
         stride_wn,
         stride_wk,
         IEEE: tl.constexpr,
+        UPCAST: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr,
@@ -157,6 +169,9 @@ def _kernels() -> tuple[Any, Any]:
                 mask=row_ok[:, None] & k_ok[None, :],
                 other=0.0,
             )
+            if UPCAST:
+                g_t = g_t.to(tl.float32)
+                x = x.to(tl.float32)
             if IEEE:
                 acc = tl.dot(g_t, x, acc, input_precision="ieee")
             else:
@@ -165,6 +180,12 @@ def _kernels() -> tuple[Any, Any]:
         tl.store(w, acc.to(w_ptr.dtype.element_ty), mask=n_ok[:, None] & k_ok[None, :])
 
     return _grouped_mm_kernel, _grouped_wgrad_kernel
+
+
+def _dot_flags(dtype: torch.dtype) -> dict[str, bool]:
+    """IEEE: fp32 products without TF32. UPCAST: interpreter only, bf16 tiles widened for its tl.dot (see above)."""
+    upcast = dtype == torch.bfloat16 and _interpreting()
+    return {"IEEE": dtype == torch.float32 or upcast, "UPCAST": upcast}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -219,7 +240,7 @@ def _launch_mm(
         stride_bn,
         out.stride(0),
         out.stride(1),
-        IEEE=a.dtype == torch.float32,
+        **_dot_flags(a.dtype),
         BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
@@ -250,7 +271,7 @@ def _launch_wgrad(
         out.stride(0),
         out.stride(1),
         out.stride(2),
-        IEEE=x.dtype == torch.float32,
+        **_dot_flags(x.dtype),
         BLOCK_M=BLOCK_M,
         BLOCK_N=BLOCK_N,
         BLOCK_K=BLOCK_K,
@@ -282,6 +303,11 @@ def triton_grouped_linear(x: Tensor, weight: Tensor, counts: Tensor) -> Tensor:
         raise RuntimeError(f"triton_grouped_linear: {reason}")
     if x.dtype != weight.dtype:
         raise ValueError(f"triton_grouped_linear: x is {x.dtype} but weight is {weight.dtype}")
+    if x.dtype not in DTYPES:
+        raise ValueError(
+            f"triton_grouped_linear: {x.dtype} is not supported (the kernels take {', '.join(map(str, DTYPES))}); "
+            f"use impl='grouped' for other dtypes"
+        )
     if x.size(0) == 0:  # nothing to launch for; the reference path still gives the weight a zero gradient
         from runtime.moe.experts import grouped_linear
 

@@ -38,7 +38,7 @@ Implementations (``impl=``):
   fused autograd function (``_SiluGate``: one saved tensor, no ``cat`` in backward; ~15% faster than autograd
   for that part, and its gradients were bit-identical to autograd's in our checks).
 * ``"triton"`` — the same sorted layout with a Triton grouped-GEMM kernel (``runtime.kernels.moe_triton``); CUDA
-  only, imported lazily.
+  only, imported lazily (the tests run it on CPU tensors under Triton's interpreter, ``TRITON_INTERPRET=1``).
 
 ``expert_offset``: the weights may hold only experts ``[expert_offset, expert_offset + E_local)`` (expert
 parallelism); ``top_k_index`` holds global ids and slots routed to other experts contribute nothing.

@@ -58,6 +58,8 @@ EP2_CASES = {
     "rank 0 receives nothing": ("grouped", [(5, [4, 5, 6, 7]), (4, [5, 6, 7])]),
     # rank 1 has no tokens at all (sends nothing, receives some)
     "rank 1 has no tokens": ("grouped", [(9, ALL), (0, ALL)]),
+    # the Triton kernels (Triton's interpreter: tests/conftest.py sets TRITON_INTERPRET=1, which ranks inherit)
+    "triton, expert 5 empty": ("triton", [(8, [0, 1, 2, 3, 4, 6, 7]), (6, [1, 2, 4, 6, 7])]),
 }
 
 
