@@ -1,0 +1,169 @@
+"""Flow-GRPO as an algorithm of ``runtime.rl``: its config section (``flowgrpo:``), its rollout-window choice and its
+per-step objective. The shared loop (``runtime/rl/loop.py``) does the rest.
+
+Config (every key with its default; the verl-omni and flow_grpo names are in docs/flowgrpo.md)::
+
+    flowgrpo:
+      group_size: 4              # samples per prompt (>= 2: a group of one has no advantage)
+      window_size: 2             # SDE steps per sample (the others are Euler ODE steps), trained on
+      window_range: null         # [first, last] window start (inclusive); null: [0, N - window_size]
+      noise_level: 0.7           # the SDE's noise level a
+      sde_type: sde              # sde (Flow-GRPO) | cps (coefficient-preserving: noise_level in [0, 1])
+      cps_log_prob: squared_error  # CPS log-prob: squared_error (verl-omni) | gaussian
+      advantage: global          # global (batch std: verl-omni's and flow_grpo's default) | group | none
+      advantage_std_ddof: 1      # 1: torch.std (verl-omni) | 0: np.std (flow_grpo)
+      clip_range: 1.0e-4         # PPO ratio clip
+      adv_clip_max: 5.0          # advantages clamped to [-adv_clip_max, adv_clip_max]
+      kl_coef: 0.0               # > 0: KL to the reference (the top-level `reference` key)
+      kl_form: scaled            # scaled: exact KL x -dt (verl-omni, flow_grpo) | exact
+      micro_batch_size: null     # samples per forward/backward; null: all of the replica's samples at once (the
+                                 # rollout's layout: recomputed log-probs equal the rollout's bitwise)
+      inner_epochs: 1            # optimizer steps per iteration on the same rollout (later ones shuffle)
+      logprob_gap_alarm: 1.0e-3  # max |logp_train - logp_rollout| on the first inner step above this: an alarm
+      on_logprob_gap: warn       # warn (print the alarm, count it) | stop (exit 2)
+
+Window choice: each sample's window start is drawn from its own seeded generator, uniform over ``window_range``
+(the first draw of the sample's generator, before its initial noise: ``runtime/flowgrpo/rollout.py``), so a
+sample's trajectory does not depend on its batch, rank or micro-batch.
+
+Objective of one window step ``j`` of a micro-batch of ``n`` of the replica's ``B`` samples (``W`` window steps,
+``D`` data-parallel replicas): ``(policy_loss + kl_coef * kl) * n / (B * W * D)``, so the summed gradients over
+micro-batches, steps and replicas are the gradient of the mean over the global batch (SP ranks compute the same
+share: the DiT's SP gradients add up to the single-process ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from runtime.flowgrpo.algorithm import group_advantages, kl_to_reference, policy_loss
+from runtime.train.config import ConfigError, KeyRules
+
+__all__ = ["RULES", "Settings", "check", "conventions", "step_objective", "window"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    group_size: int = 4
+    window_size: int = 2
+    window_range: list | None = None
+    noise_level: float = 0.7
+    sde_type: str = "sde"
+    cps_log_prob: str = "squared_error"
+    advantage: str = "global"
+    advantage_std_ddof: int = 1
+    clip_range: float = 1e-4
+    adv_clip_max: float = 5.0
+    kl_coef: float = 0.0
+    kl_form: str = "scaled"
+    micro_batch_size: int | None = None
+    inner_epochs: int = 1
+    logprob_gap_alarm: float = 1e-3
+    on_logprob_gap: str = "warn"
+
+
+RULES = KeyRules(
+    positive=frozenset(
+        f"flowgrpo.{k}"
+        for k in (
+            "group_size",
+            "window_size",
+            "clip_range",
+            "adv_clip_max",
+            "micro_batch_size",
+            "inner_epochs",
+            "logprob_gap_alarm",
+        )
+    ),
+    non_negative=frozenset({"flowgrpo.noise_level", "flowgrpo.kl_coef"}),
+    choices={
+        "flowgrpo.sde_type": ("sde", "cps"),
+        "flowgrpo.cps_log_prob": ("squared_error", "gaussian"),
+        "flowgrpo.advantage": ("global", "group", "none"),
+        "flowgrpo.kl_form": ("scaled", "exact"),
+        "flowgrpo.on_logprob_gap": ("warn", "stop"),
+    },
+)
+
+
+def window(settings: Settings, num_steps: int) -> tuple[int, tuple[int, int]]:
+    """(window size, inclusive range of window starts) over a schedule of ``num_steps`` steps."""
+    if settings.window_range is None:
+        return settings.window_size, (0, num_steps - settings.window_size)
+    lo, hi = settings.window_range
+    return settings.window_size, (int(lo), int(hi))
+
+
+def check(config: Any) -> None:
+    """What the section's types and ranges do not say (called by ``parse_rl_config``)."""
+    s: Settings = config.algo
+    steps = config.sampling.num_inference_steps
+    if s.group_size < 2:
+        raise ConfigError(f"flowgrpo.group_size: at least 2 (a group of one has advantage 0), found {s.group_size}")
+    if s.window_size > steps:
+        raise ConfigError(
+            f"flowgrpo.window_size: {s.window_size} SDE steps do not fit sampling.num_inference_steps={steps}"
+        )
+    if s.window_range is not None:
+        last = steps - s.window_size
+        ok = (
+            len(s.window_range) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in s.window_range)
+            and 0 <= s.window_range[0] <= s.window_range[1] <= last
+        )
+        if not ok:
+            raise ConfigError(
+                f"flowgrpo.window_range: expected [first, last] window starts with 0 <= first <= last <= {last} "
+                f"(num_inference_steps - window_size), found {s.window_range!r}"
+            )
+    if s.advantage_std_ddof not in (0, 1):
+        raise ConfigError(
+            f"flowgrpo.advantage_std_ddof: 1 (verl-omni's torch.std) or 0 (flow_grpo's np.std), found "
+            f"{s.advantage_std_ddof!r}"
+        )
+    if s.sde_type == "cps" and s.noise_level > 1:
+        raise ConfigError(f"flowgrpo.noise_level: CPS takes a noise level in [0, 1], found {s.noise_level}")
+    if s.kl_coef > 0 and config.reference == "lora_disabled" and config.dit.lora.rank is None:
+        raise ConfigError(
+            "reference: lora_disabled needs a LoRA run (dit.lora.rank); full fine-tuning takes reference: frozen_copy"
+        )
+
+
+def conventions(settings: Settings) -> str:
+    """The conventions in use, named for the log (docs/flowgrpo.md, "Conventions")."""
+    ddof = {1: "ddof=1 (verl-omni)", 0: "ddof=0 (flow_grpo)"}[settings.advantage_std_ddof]
+    kl = {"scaled": "scaled = exact x -dt (verl-omni, flow_grpo)", "exact": "exact Gaussian KL"}[settings.kl_form]
+    parts = [f"advantage {settings.advantage} std {ddof}", f"KL {kl}"]
+    if settings.sde_type == "cps":
+        form = {"squared_error": "-mean((x-mu)^2) (verl-omni)", "gaussian": "full Gaussian"}[settings.cps_log_prob]
+        parts.append(f"CPS log-prob {form}")
+    return ", ".join(parts)
+
+
+def advantages(settings: Settings, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Advantages of the GLOBAL batch's rewards (every replica's samples: the global std needs them all)."""
+    return group_advantages(rewards, group_ids, settings.advantage, ddof=settings.advantage_std_ddof)
+
+
+def step_objective(
+    settings: Settings,
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantage: torch.Tensor,
+    kl_terms: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss of one window step of a micro-batch (before the share scaling) and its statistics (detached).
+
+    ``kl_terms``: ``(mean, ref_mean, std_dev_t, sqrt_dt)`` when ``kl_coef > 0``."""
+    loss, clip_fraction, approx_kl = policy_loss(
+        log_prob, old_log_prob, advantage, settings.clip_range, settings.adv_clip_max
+    )
+    stats = {"policy_loss": loss.detach(), "clip_fraction": clip_fraction, "approx_kl": approx_kl}
+    if kl_terms is not None:
+        kl = kl_to_reference(*kl_terms, settings.kl_form)
+        loss = loss + settings.kl_coef * kl
+        stats["kl"] = kl.detach()
+    return loss, stats

@@ -1,0 +1,206 @@
+"""RL run configuration: YAML -> frozen dataclasses, validated by the trainer's machinery (``build_section``,
+``locate_error``: one line naming the file, line and key; exit code 2).
+
+A config names its algorithm at the top (``algorithm: flowgrpo``); the algorithm's own keys live in the section named
+after it, whose dataclass and rules the algorithm module owns (``runtime/rl/algorithms/<name>.py``). The other
+sections are shared by every algorithm; ``dit``, ``parallel``, ``optim``, ``checkpoint``, ``log`` and ``export`` are
+the trainer's own sections (``runtime/train/config.py``), with the same keys and meaning.
+
+Example (every key with its default unless marked required)::
+
+    algorithm: flowgrpo          # required: flowgrpo
+    model:
+      type: wan                  # required: a generated DiT (wan, flux, qwenimage, ...)
+      path: pipelines/wan        # required: a diffusers pipeline directory (the policy starts from transformer/)
+      seed: 0                    # LoRA init and every sampling seed derive from it
+      attn_implementation: sdpa  # or a diffusers attention backend
+    dit:                         # the trainer's DiT section
+      lora: {rank: null, alpha: null, target_modules: [to_q, to_k, to_v, to_out.0]}  # rank null: full fine-tuning
+      ema_decay: null            # e.g. 0.999: an EMA of the trained weights (checkpointed; the export uses it)
+      condition: {}              # condition-model options, e.g. Flux's guidance embedding {guidance_scale: 3.5}
+    reference: lora_disabled     # KL reference (read when flowgrpo.kl_coef > 0): lora_disabled (the policy with its
+                                 # LoRA turned off: no memory) | frozen_copy (a frozen copy of the starting weights)
+    data:
+      prompts: prompts.txt       # required: .txt (one prompt a line) or .jsonl ({"prompt": "..."} a line)
+      prompts_per_step: 2        # prompts per data-parallel replica per iteration (each sampled group_size times)
+      negative_prompt: ""        # the negative branch of true CFG
+      seed: 0                    # the prompt order (a seeded permutation per epoch)
+    sampling:
+      height: 512                # required: pixels (multiples of the model's pixel multiple)
+      width: 512                 # required
+      frames: null               # video models: required (e.g. 81); image models: null
+      num_inference_steps: 10
+      true_cfg_scale: 1.0        # > 1: true classifier-free guidance with data.negative_prompt (Wan, Qwen-Image)
+    rewards:                     # required: one or more, combined as sum(weight * reward)
+      - {name: aesthetic, callable: "my_pkg.rewards:score", weight: 1.0}
+    parallel: {sp: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false}
+    optim: {lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, grad_clip: 1.0, warmup_steps: 0,
+            min_lr_ratio: 0.1}
+    train: {steps: 100, nonfinite: stop}   # steps: RL iterations (rollout, reward, update)
+    checkpoint: {dir: null, interval: 0, resume: auto, keep: 2}
+    log: {dir: runs/latest, interval: 1, tensorboard: false, progress: true}
+    export: {dir: null, overwrite: false, fuse_lora: false}  # a pipeline directory, or the LoRA file
+                                                             # load_lora_weights reads
+    flowgrpo: {...}              # the algorithm's section: runtime/rl/algorithms/flowgrpo.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runtime.train.config import (
+    TRAIN_RULES,
+    CheckpointConfig,
+    ConfigError,
+    DiTConfig,
+    ExportConfig,
+    KeyRules,
+    LogConfig,
+    OptimConfig,
+    ParallelConfig,
+    build_section,
+    locate_error,
+    read_config_file,
+)
+
+__all__ = ["ALGORITHMS", "RLConfig", "algorithm_module", "load_rl_config", "parse_rl_config"]
+
+# algorithm name -> the module that owns its config section, rollout-window choice and per-step objective
+ALGORITHMS = {"flowgrpo": "runtime.rl.algorithms.flowgrpo"}
+REFERENCES = ("lora_disabled", "frozen_copy")
+MAX_REWARDS = 16  # a rewards list longer than this is not a reward mix
+
+
+@dataclass(frozen=True)
+class RLModelConfig:
+    type: str
+    path: str
+    seed: int = 0
+    attn_implementation: str = "sdpa"
+
+
+@dataclass(frozen=True)
+class PromptDataConfig:
+    prompts: str
+    prompts_per_step: int = 2
+    negative_prompt: str = ""
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    height: int
+    width: int
+    frames: int | None = None
+    num_inference_steps: int = 10
+    true_cfg_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class RLTrainConfig:
+    steps: int = 100
+    nonfinite: str = "stop"
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    algorithm: str
+    model: RLModelConfig
+    data: PromptDataConfig
+    sampling: SamplingConfig
+    rewards: list
+    reference: str = "lora_disabled"
+    dit: DiTConfig = field(default_factory=DiTConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: RLTrainConfig = field(default_factory=RLTrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    algo: Any = None  # the algorithm's section (its own dataclass), filled from the section named after it
+
+
+RL_RULES = TRAIN_RULES.merged(
+    KeyRules(
+        positive=frozenset(
+            {
+                "data.prompts_per_step",
+                "sampling.height",
+                "sampling.width",
+                "sampling.frames",
+                "sampling.num_inference_steps",
+                "sampling.true_cfg_scale",
+            }
+        ),
+        non_negative=frozenset({"data.seed"}),
+        choices={"reference": REFERENCES},
+    )
+)
+_SHARED_KEYS = tuple(f.name for f in dataclasses.fields(RLConfig) if f.name != "algo")
+
+
+def algorithm_module(name: str) -> Any:
+    """The module of algorithm ``name``: ``Settings`` (its config section), ``RULES``, ``check(config)``."""
+    return importlib.import_module(ALGORITHMS[name])
+
+
+def parse_rl_config(raw: Any) -> RLConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: expected a mapping, found {type(raw).__name__}")
+    raw = dict(raw)
+    name = raw.get("algorithm")
+    if name is None:
+        raise ConfigError(f"algorithm: required key missing; expected one of {', '.join(ALGORITHMS)}")
+    if not isinstance(name, str) or name not in ALGORITHMS:
+        raise ConfigError(f"algorithm: unknown algorithm {name!r}; expected one of {', '.join(ALGORITHMS)}")
+    module = algorithm_module(name)
+    section = raw.pop(name, {})
+    unknown = sorted(set(raw) - set(_SHARED_KEYS))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown key; expected one of {', '.join((*_SHARED_KEYS, name))}")
+    config = build_section(RLConfig, raw, "", RL_RULES)
+    config = dataclasses.replace(config, algo=build_section(module.Settings, section, name, module.RULES))
+    _check_shared(config)
+    module.check(config)
+    return config
+
+
+def _check_shared(config: RLConfig) -> None:
+    """What no type check says: the reward list's shape, LoRA-only settings, the layout's expert axis."""
+    rewards = config.rewards
+    if not rewards:
+        raise ConfigError("rewards: name at least one reward (a list of {callable: ...}, {http: ...}, ...)")
+    if len(rewards) > MAX_REWARDS:
+        raise ConfigError(f"rewards: {len(rewards)} rewards; at most {MAX_REWARDS}")
+    for index, item in enumerate(rewards):
+        if not isinstance(item, dict):
+            raise ConfigError(f"rewards[{index}]: expected a mapping such as {{callable: module:function}}")
+    betas = config.optim.betas
+    if len(betas) != 2 or not all(
+        isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1 for b in betas
+    ):
+        raise ConfigError(f"optim.betas: expected two numbers in [0, 1), found {betas!r}")
+    if config.parallel.ep != 1:
+        raise ConfigError(f"parallel.ep: the DiT {config.model.type!r} has no experts; remove parallel.ep")
+    ema = config.dit.ema_decay
+    if ema is not None and not 0.0 < ema < 1.0:
+        raise ConfigError(f"dit.ema_decay: expected a number in (0, 1) (e.g. 0.999), found {ema}")
+    if config.export.fuse_lora and config.dit.lora.rank is None:
+        raise ConfigError("export.fuse_lora: only for LoRA runs (set dit.lora.rank)")
+    if config.checkpoint.interval and not config.checkpoint.dir:
+        raise ConfigError("checkpoint.interval: set checkpoint.dir to say where checkpoints go")
+    if config.sampling.true_cfg_scale < 1:
+        raise ConfigError(f"sampling.true_cfg_scale: expected >= 1 (1: off), found {config.sampling.true_cfg_scale}")
+
+
+def load_rl_config(path: str | Path) -> RLConfig:
+    path = Path(path)
+    raw = read_config_file(path)
+    try:
+        return parse_rl_config(raw)
+    except ConfigError as exc:
+        raise ConfigError(locate_error(str(exc), path)) from None

@@ -1,0 +1,386 @@
+"""The RL loop shared by the algorithms: per iteration, this replica's prompts, a rollout of ``group_size`` samples
+each under the current policy (no grad), their rewards, the algorithm's advantages over the global batch, and its
+objective recomputed with grad over the rollout's window steps; then the guards, AdamW, metrics, checkpoints.
+
+Seeds. Sample ``i`` of replica ``r`` at iteration ``k`` is global sample ``q = r * B + i`` and gets its own
+``torch.Generator`` seeded from ``(model.seed, k, q)`` alone: it draws the sample's window start, its initial noise
+and its SDE noise (``runtime/flowgrpo/rollout.py``). So the SP ranks of a replica roll out identical samples (same
+prompts: ``PromptSampler`` reads only the replica), ``D`` replicas roll out, sample for sample, what one process with
+``D`` times the prompts rolls out, and a run resumed at iteration ``k`` draws exactly what the uninterrupted run drew
+(the per-sample seeds are a function of the step and the data position, both checkpointed).
+
+Gradients. Each replica's loss is its share of the global mean (``runtime/rl/algorithms/flowgrpo.py``); FSDP2 sums
+gradients over every rank (``apply_fsdp``), SP ranks' partial gradients add up to the single-process ones.
+
+Guards (each one line, exit 2 through ``python -m runtime.rl``):
+
+* non-finite loss, gradient norm or learning rate: ``runtime/train/finite.py`` (``train.nonfinite``: stop | skip);
+* the rollout-vs-training log-prob gap: on the first inner step the policy has not moved, so recomputed log-probs
+  must equal the rollout's (bitwise in the rollout's batch layout). ``max |dlogp|`` above ``logprob_gap_alarm``
+  prints an alarm (``on_logprob_gap: warn``) or stops the run (``stop``): a gap means rollout and training disagree
+  on the schedule, the guidance, the weights (a LoRA bound to modules the forward does not run) or the inputs;
+* the policy did not change: an applied update with a non-zero advantage that leaves every trainable parameter
+  unchanged stops the run (``PolicyUnchangedError``): the trained parameters do not reach the loss. An iteration
+  whose advantages are all 0 (equal rewards in every group) has nothing to learn and is only counted.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from runtime.flowgrpo.rollout import RolloutResult, rollout
+from runtime.flowgrpo.trainer import repeat_batch, select_rows
+from runtime.parallel.fsdp import clip_grad_norm_
+from runtime.parallel.state import ParallelState
+from runtime.rl.config import RLConfig, algorithm_module
+from runtime.rl.metrics import RLMetricsLogger
+from runtime.rl.policy import Policy, build_dit_policy, lora_disabled
+from runtime.rl.prompts import Prompt, PromptSampler
+from runtime.rl.rewards import RewardMix, build_rewards
+from runtime.rl.validate import CheckedRLInputs, check_rl_inputs
+from runtime.train.config import ConfigError
+from runtime.train.finite import check_mode, guard_update, micro_batches
+
+__all__ = [
+    "LogProbGapError",
+    "PolicyUnchangedError",
+    "RLResult",
+    "RLRun",
+    "iteration",
+    "run_rl",
+    "sample_generators",
+    "save",
+    "start_run",
+]
+
+
+class LogProbGapError(ConfigError):
+    """The rollout's and the training side's log-probs disagree on the first inner step (``on_logprob_gap: stop``)."""
+
+
+class PolicyUnchangedError(ConfigError):
+    """An applied update changed no trainable parameter although the advantages were not all 0."""
+
+
+@dataclass(frozen=True)
+class RLResult:
+    metrics: list[dict[str, Any]]
+    start_step: int  # 0 for a fresh run, k when resumed from the step-k checkpoint
+    skipped_checkpoints: list[str] = field(default_factory=list)
+    policy: Any = field(default=None, repr=False, compare=False)
+    last_rollout: Any = field(default=None, repr=False, compare=False)
+
+
+def sample_generators(seed: int, step: int, first: int, count: int) -> list[torch.Generator]:
+    """The generators of global samples ``first .. first + count - 1`` of iteration ``step``."""
+    gens = []
+    for index in range(first, first + count):
+        digest = hashlib.sha256(f"patchgen.rl.sample:{seed}:{step}:{index}".encode()).digest()
+        gens.append(torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)))
+    return gens
+
+
+def _gather(values: torch.Tensor, state: ParallelState) -> torch.Tensor:
+    """``values`` ``[K, B]`` of every data-parallel replica, replica-major ``[K, D * B]`` (collective)."""
+    if state.dp_size == 1:
+        return values
+    parts = torch.empty((state.dp_size, *values.shape), dtype=values.dtype, device=values.device)
+    dist.all_gather_into_tensor(parts, values.contiguous(), group=state.dp_group)
+    return parts.permute(1, 0, 2).reshape(values.shape[0], -1)
+
+
+def _replica_mean(value: float, state: ParallelState, op: str = "mean") -> float:
+    """A per-replica statistic over the data-parallel replicas (every rank gets it)."""
+    if state.dp_size == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=state.dp_group)
+    return t.item() if op == "max" else t.item() / state.dp_size
+
+
+def _fingerprint(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Sum and sum of squares of this rank's share of ``params`` (float64): an update that moves any of them moves
+    one of the two (a parameter at 0, LoRA's B, moves the squares)."""
+    out = torch.zeros(2, dtype=torch.float64)
+    for p in params:
+        local = p.detach().to_local() if hasattr(p, "to_local") else p.detach()
+        x = local.double()
+        out += torch.stack([x.sum(), x.square().sum()]).cpu()
+    return out
+
+
+def _changed_anywhere(before: torch.Tensor, after: torch.Tensor) -> bool:
+    flag = torch.tensor([float(not torch.equal(before, after))])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+@dataclass
+class RLRun:
+    """Everything an iteration reads and advances."""
+
+    config: RLConfig
+    state: ParallelState
+    policy: Policy
+    rewards: RewardMix
+    prompts: list[Prompt]
+    sampler: PromptSampler
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    algo: Any  # the algorithm module
+    logger: RLMetricsLogger
+    skipped_nonfinite: int = 0
+
+
+def _reference_mean(run: RLRun, batch, x, step_index, prev, levels) -> torch.Tensor:
+    policy = run.policy
+    with torch.no_grad():
+        if policy.reference is not None:
+            ref = policy.reference
+            out = policy.adapter.forward_and_sample_previous_step(
+                ref, batch, x, step_index, prev_sample=prev, noise_level=levels
+            )
+        else:
+            with lora_disabled(policy.module) as ref:
+                out = policy.adapter.forward_and_sample_previous_step(
+                    ref, batch, x, step_index, prev_sample=prev, noise_level=levels
+                )
+    return out[1]
+
+
+def _train(
+    run: RLRun, step: int, res: RolloutResult, batch: dict, advantages: torch.Tensor, names: list[str]
+) -> dict[str, Any]:
+    """Every inner epoch's optimizer step on the rollout ``res``; the statistics of the iteration."""
+    c, s, state, policy = run.config, run.config.algo, run.state, run.policy
+    module, adapter = policy.module, policy.adapter
+    b, w = res.latents.shape[0], res.step_indices.shape[1]
+    mb = s.micro_batch_size or b
+    device = res.final_latents.device
+    train_batch = {**batch, "schedule": res.schedule.to(device)}
+    params = policy.trainable
+    share = 1.0 / (b * w * state.dp_size)
+    stats: dict[str, list[float]] = {}
+    gaps: list[torch.Tensor] = []
+    grad_norms, changed_checked = [], False
+    module.train()
+    for epoch in range(s.inner_epochs):
+        order = torch.arange(b)
+        if epoch > 0:  # later epochs shuffle the samples (seeded: a resumed run shuffles alike)
+            order = torch.randperm(b, generator=torch.Generator().manual_seed(c.model.seed * 7919 + step * 31 + epoch))
+        run.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), dtype=torch.float64)
+        micro_losses, micro_names = [], []
+        for j in range(w):
+            for start in range(0, b, mb):
+                rows = order[start : start + mb]
+                sub = select_rows(train_batch, rows)
+                x, prev = res.latents[rows, j].to(device), res.latents[rows, j + 1].to(device)
+                step_index = res.step_indices[rows, j].to(device)
+                levels = torch.full((len(rows),), float(s.noise_level), device=device)
+                log_prob, mean, std_dev_t, sqrt_dt = adapter.forward_and_sample_previous_step(
+                    module, sub, x, step_index, prev_sample=prev, noise_level=levels
+                )
+                old = res.log_probs[rows, j].to(log_prob.device)
+                if epoch == 0:
+                    gaps.append((log_prob.detach() - old).abs().cpu())
+                kl_terms = None
+                if s.kl_coef > 0:
+                    ref_mean = _reference_mean(run, sub, x, step_index, prev, levels)
+                    kl_terms = (mean, ref_mean, std_dev_t, sqrt_dt)
+                loss, step_stats = run.algo.step_objective(s, log_prob, old, advantages[rows].to(device), kl_terms)
+                scaled = loss * (len(rows) * share)
+                scaled.backward()
+                total += scaled.detach().double().cpu()
+                micro_losses.append(scaled.detach())
+                micro_names.append([names[r] for r in rows.tolist()])
+                step_stats["ratio_mean"] = torch.exp(log_prob.detach() - old).mean()
+                for key, value in step_stats.items():
+                    stats.setdefault(key, []).append(float(value))
+        norm = clip_grad_norm_(params, c.optim.grad_clip or math.inf)
+        grad_norms.append(float(norm))
+        applied = guard_update(
+            f"step {step} (inner epoch {epoch})",
+            total.float(),
+            norm,
+            run.optimizer,
+            mode=c.train.nonfinite,
+            sources=functools.partial(micro_batches, micro_losses, micro_names),
+        )
+        if not applied:
+            run.skipped_nonfinite += 1
+            continue
+        before = _fingerprint(params) if not changed_checked else None
+        run.optimizer.step()
+        if policy.ema is not None:
+            policy.ema.update()
+        if before is not None:
+            changed_checked = True
+            signal = bool(_gather(advantages[None].abs().max().reshape(1, 1), state).max() > 0)
+            lr = run.optimizer.param_groups[0]["lr"]
+            if signal and lr > 0 and not _changed_anywhere(before, _fingerprint(params)):
+                raise PolicyUnchangedError(
+                    f"step {step}: the update changed no trainable parameter although the advantages were not all 0 "
+                    f"(gradient norm {float(norm):.3g}): the trained parameters do not reach the loss (a LoRA on "
+                    f"modules the forward does not run?); check dit.lora.target_modules"
+                )
+    module.eval()
+    out = {k: _replica_mean(sum(v) / len(v), state) for k, v in stats.items()}
+    gap = torch.cat(gaps)
+    out["logprob_gap_mean"] = _replica_mean(gap.mean().item(), state)
+    out["logprob_gap_max"] = _replica_mean(gap.max().item(), state, "max")
+    out["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    return out
+
+
+def iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
+    """Iteration ``step`` (1-based): rollout, rewards, advantages, update; (its metrics, its rollout)."""
+    c, s, state, policy = run.config, run.config.algo, run.state, run.policy
+    adapter = policy.adapter
+    started = time.perf_counter()
+    chosen = [run.prompts[i] for i in next(run.sampler)]
+    texts = [p.text for p in chosen]
+    g = s.group_size
+    batch = repeat_batch(adapter.encode(texts, c.data.negative_prompt), g)
+    sample_prompts = [t for t in texts for _ in range(g)]
+    names = [f"{p.where} (sample {k})" for p in chosen for k in range(g)]
+    b = len(sample_prompts)
+    window_size, window_range = run.algo.window(s, c.sampling.num_inference_steps)
+    policy.module.eval()
+    res = rollout(
+        adapter,
+        policy.module,
+        batch,
+        latent_shape=adapter.latent_shape,
+        num_inference_steps=c.sampling.num_inference_steps,
+        window_size=window_size,
+        generators=sample_generators(c.model.seed, step, state.dp_rank * b, b),
+        window_start_range=window_range,
+        noise_level=s.noise_level,
+    )
+    rolled = time.perf_counter()
+    combined, each = run.rewards(adapter.decode(res.final_latents), sample_prompts)
+    scored = time.perf_counter()
+    every = _gather(torch.stack([combined, *each.values()]).double(), state)  # [1 + K, D * B]
+    group_ids = torch.arange(every.shape[1]) // g
+    advantages_all = run.algo.advantages(s, every[0], group_ids)
+    advantages = advantages_all[state.dp_rank * b : (state.dp_rank + 1) * b]
+    lr = run.optimizer.param_groups[0]["lr"]
+    trained = _train(run, step, res, batch, advantages, names)
+    run.scheduler.step()
+    metrics: dict[str, Any] = {"step": step, "reward": every[0].mean().item(), "reward_std": every[0].std().item()}
+    for k, name in enumerate(each, 1):
+        metrics[f"reward/{name}"] = every[k].mean().item()
+        metrics[f"reward_std/{name}"] = every[k].std().item()
+    metrics.update(
+        advantage_mean=advantages_all.mean().item(),
+        advantage_std=advantages_all.std().item(),
+        advantage_abs_max=advantages_all.abs().max().item(),
+        **trained,
+        lr=lr,
+        logprob_gap_alarm=int(trained["logprob_gap_max"] > s.logprob_gap_alarm),
+        skipped_nonfinite=run.skipped_nonfinite,
+        time_rollout=rolled - started,
+        time_reward=scored - rolled,
+        time_train=time.perf_counter() - scored,
+    )
+    return metrics, res
+
+
+def _alarm(run: RLRun, metrics: dict[str, Any]) -> None:
+    s = run.config.algo
+    if not metrics["logprob_gap_alarm"]:
+        return
+    message = (
+        f"step {metrics['step']}: rollout vs training log-prob gap max |dlogp| = {metrics['logprob_gap_max']:.3g} "
+        f"(mean {metrics['logprob_gap_mean']:.3g}) on the first inner step, above flowgrpo.logprob_gap_alarm="
+        f"{s.logprob_gap_alarm:g}: rollout and training disagree (schedule, guidance, weights or inputs)"
+    )
+    if s.on_logprob_gap == "stop":
+        raise LogProbGapError(message + "; stopped (flowgrpo.on_logprob_gap: stop)")
+    run.logger.say(f"ALARM {message}")
+
+
+def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
+    """Checks, policy, rewards, optimizer, and the resumed state when there is a checkpoint to resume from:
+    (the run, the step it resumes after, the checked inputs)."""
+    from runtime.train.loop import resume, setup_parallel, train_device
+    from runtime.train.schedule import build_scheduler
+
+    state = setup_parallel(config)
+    inputs = check_rl_inputs(config, state)  # before the model is built: a user error costs seconds
+    check_mode(config.train.nonfinite, "train.nonfinite")
+    rewards = build_rewards(config.rewards)
+    torch.manual_seed(config.model.seed)
+    policy = build_dit_policy(config, state, train_device(state))
+    o = config.optim
+    optimizer = torch.optim.AdamW(
+        policy.trainable, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+    )
+    scheduler = build_scheduler(optimizer, o.warmup_steps, config.train.steps, o.min_lr_ratio)
+    sampler = PromptSampler(
+        len(inputs.prompts), config.data.prompts_per_step, config.data.seed, state.dp_rank, state.dp_size
+    )
+    start, skipped = 0, 0
+    if inputs.resume_from is not None:
+        saved = policy.checkpoint_module
+        start, skipped = resume(inputs.resume_from, saved, optimizer, scheduler, sampler, policy.identity)
+    logger = RLMetricsLogger(Path(config.log.dir), config.train.steps, state.rank == 0, config.log.tensorboard)
+    algo = algorithm_module(config.algorithm)
+    run = RLRun(config, state, policy, rewards, inputs.prompts, sampler, optimizer, scheduler, algo, logger, skipped)
+    if inputs.resume_from is not None:
+        logger.say(f"resumed from {inputs.resume_from} at step {start}")
+    logger.say(f"{config.algorithm}: {algo.conventions(config.algo)}")
+    return run, start, inputs
+
+
+def save(run: RLRun, step: int) -> Path:
+    """A checkpoint of ``run`` after ``step`` (collective): the trained weights (the LoRA adapter alone for LoRA
+    runs, + EMA), AdamW, the LR schedule, the RNG states and the prompt position."""
+    from runtime.checkpoint.dcp import save_checkpoint
+
+    ckpt = run.config.checkpoint
+    return save_checkpoint(
+        Path(ckpt.dir),
+        step,
+        run.policy.checkpoint_module,
+        run.optimizer,
+        run.scheduler,
+        {"step": step, "data": run.sampler.state_dict(), "skipped_nonfinite": run.skipped_nonfinite},
+        identity=run.policy.identity,
+        keep=ckpt.keep,
+    )
+
+
+def run_rl(config: RLConfig) -> RLResult:
+    """Run ``config``: checks, policy, rewards, resume, the iterations, checkpoints, export."""
+    from runtime.train.dit import export
+
+    run, start, inputs = start_run(config)
+    history: list[dict[str, Any]] = []
+    res = None
+    ckpt = config.checkpoint
+    try:
+        for step in range(start + 1, config.train.steps + 1):
+            metrics, res = iteration(run, step)
+            history.append(metrics)
+            run.logger.log(metrics, echo=step % config.log.interval == 0 or step == config.train.steps)
+            _alarm(run, metrics)
+            if ckpt.interval and step % ckpt.interval == 0:
+                save(run, step)
+    finally:
+        run.logger.close()
+    if config.export.dir:
+        export(config, run.state, run.policy.module, run.policy.ema, run.policy.peft_config)
+    return RLResult(history, start, list(inputs.skipped_checkpoints), policy=run.policy, last_rollout=res)

@@ -1,0 +1,154 @@
+"""Rewards of an RL run: each a function of the decoded samples and their prompts, combined by weight.
+
+Contract of one reward (every kind): ``reward(samples, prompts) -> [B]`` float values, one per sample, computed from
+that sample alone (never from its batch); ``samples`` are pixels in [-1, 1], ``(B, 3, H, W)`` images or
+``(B, 3, F, H, W)`` videos, ``prompts`` the samples' prompt strings. A reward that raises, returns the wrong count or
+a non-finite value fails the iteration with one line naming the reward (``RewardError``, exit 2): nothing is
+trained on it.
+
+Config (``rewards:``, a list; each item names exactly one kind, plus ``weight`` (default 1.0) and ``name``)::
+
+    - {callable: "my_pkg.rewards:score", kwargs: {...}}   # a function, or a class built once with kwargs
+    - {http: "http://127.0.0.1:8000/score", timeout: 30}  # runtime/rl/rewards/http.py (the JSON contract)
+    - {clip: checkpoints/clip}                            # runtime/rl/rewards/models.py: CLIP image-text score
+    - {pickscore: checkpoints/pickscore, processor: ...}  # a preference score (CLIP with a learned head)
+
+The combined reward is ``sum_k weight_k * reward_k``; the metrics keep each reward's mean and std too.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from runtime.train.config import ConfigError
+
+__all__ = ["KINDS", "Reward", "RewardError", "RewardMix", "build_rewards"]
+
+KINDS = ("callable", "http", "clip", "pickscore")
+_COMMON = ("weight", "name")
+_OPTIONS = {
+    "callable": ("kwargs",),
+    "http": ("timeout",),
+    "clip": ("processor", "batch_size"),
+    "pickscore": ("processor", "batch_size"),
+}
+
+
+class RewardError(ConfigError):
+    """A reward failed (raised, timed out, answered malformed data or non-finite values); names the reward."""
+
+
+@dataclass(frozen=True)
+class Reward:
+    name: str
+    weight: float
+    fn: Callable[[torch.Tensor, Sequence[str]], Any] = field(repr=False)
+
+    def __call__(self, samples: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        try:
+            values = self.fn(samples, list(prompts))
+        except RewardError:
+            raise
+        except Exception as exc:  # a user's reward: any failure is reported as this reward's, in one line
+            message = " ".join(str(exc).split())[:300]
+            raise RewardError(f"reward {self.name!r} failed: {type(exc).__name__}: {message}") from None
+        try:
+            out = torch.as_tensor(values, dtype=torch.float32).detach().cpu().reshape(-1)
+        except (TypeError, ValueError, RuntimeError) as exc:
+            raise RewardError(f"reward {self.name!r} returned {type(values).__name__}, not numbers: {exc}") from None
+        if out.numel() != len(prompts):
+            raise RewardError(f"reward {self.name!r} returned {out.numel()} values for {len(prompts)} samples")
+        if not torch.isfinite(out).all():
+            raise RewardError(f"reward {self.name!r} returned non-finite values: {out.tolist()[:8]}")
+        return out
+
+
+@dataclass(frozen=True)
+class RewardMix:
+    rewards: tuple[Reward, ...]
+
+    def __call__(self, samples: torch.Tensor, prompts: Sequence[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(combined ``sum weight * reward`` [B], each reward's values by name)."""
+        each = {r.name: r(samples, prompts) for r in self.rewards}
+        combined = sum(r.weight * each[r.name] for r in self.rewards)
+        return combined.float(), each
+
+    @property
+    def names(self) -> list[str]:
+        return [r.name for r in self.rewards]
+
+
+def import_target(target: str, key: str) -> Any:
+    """``module:attr`` (or ``module.attr``) imported; a ``ConfigError`` naming ``key`` otherwise."""
+    module_name, sep, attr = target.partition(":")
+    if not sep:
+        module_name, _, attr = target.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError(f"{key}: {target!r} is not an import path (expected module:function)")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{key}: cannot import {module_name!r}: {exc}") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"{key}: {module_name!r} has no {attr!r}") from None
+
+
+def _build_one(index: int, spec: dict[str, Any]) -> Reward:
+    key = f"rewards[{index}]"
+    kinds = [k for k in KINDS if k in spec]
+    if len(kinds) != 1:
+        raise ConfigError(f"{key}: name exactly one reward kind ({', '.join(KINDS)}), found {kinds or 'none'}")
+    kind = kinds[0]
+    allowed = (kind, *_COMMON, *_OPTIONS[kind])
+    unknown = sorted(set(spec) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}: unknown key for a {kind} reward; expected one of {', '.join(allowed)}")
+    weight = spec.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float):
+        raise ConfigError(f"{key}.weight: expected a number, found {weight!r}")
+    target = spec[kind]
+    if not isinstance(target, str) or not target:
+        raise ConfigError(f"{key}.{kind}: expected a string, found {target!r}")
+    name = spec.get("name", f"{kind}{index}")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{key}.name: expected a non-empty string, found {name!r}")
+    if kind == "callable":
+        fn = import_target(target, f"{key}.callable")
+        kwargs = spec.get("kwargs", {})
+        if not isinstance(kwargs, dict):
+            raise ConfigError(f"{key}.kwargs: expected a mapping, found {kwargs!r}")
+        if isinstance(fn, type):
+            try:
+                fn = fn(**kwargs)
+            except Exception as exc:
+                raise ConfigError(f"{key}.kwargs: {target}({kwargs!r}) failed: {exc}") from None
+        elif kwargs:
+            raise ConfigError(f"{key}.kwargs: {target} is a function; kwargs build a class")
+        if not callable(fn):
+            raise ConfigError(f"{key}.callable: {target} is not callable")
+    elif kind == "http":
+        from runtime.rl.rewards.http import HttpReward
+
+        fn = HttpReward.from_spec(target, spec, key)
+    else:
+        from runtime.rl.rewards.models import build_model_reward
+
+        fn = build_model_reward(kind, target, spec, key)
+    return Reward(name, float(weight), fn)
+
+
+def build_rewards(specs: Sequence[dict[str, Any]]) -> RewardMix:
+    """The reward mix of the config's ``rewards`` list (``ConfigError`` naming ``rewards[i]...`` on a bad entry)."""
+    rewards = tuple(_build_one(i, dict(spec)) for i, spec in enumerate(specs))
+    names = [r.name for r in rewards]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate:
+        raise ConfigError(f"rewards: two rewards are named {duplicate!r}; give each a name")
+    return RewardMix(rewards)

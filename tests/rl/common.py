@@ -1,0 +1,131 @@
+"""Tiny RL runs for the tests: real pipeline directories (``save_tiny_pipeline``), a prompts file, a config builder
+and the helpers that run a configuration in this process or on a gloo rank (module-level: spawn pickles them)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MODELS = ("wan", "flux", "qwenimage")
+PROMPTS = ["a red kite", "a blue boat on a lake", "a green hill", "a small dog", "an old tree", "a yellow car"]
+# true CFG where the model's pipeline uses it (Wan, Qwen-Image: negative prompt), Flux's guidance embedding
+SAMPLING = {
+    "wan": {"height": 32, "width": 32, "frames": 5, "num_inference_steps": 4, "true_cfg_scale": 2.0},
+    "flux": {"height": 32, "width": 48, "num_inference_steps": 4},
+    "qwenimage": {"height": 32, "width": 48, "num_inference_steps": 4, "true_cfg_scale": 2.0},
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_pipelines(tmp_path_factory: pytest.TempPathFactory):
+    """tiny case name -> directory of a tiny random diffusers pipeline, built once per session on first use."""
+    from runtime.diffusion.tiny import save_tiny_pipeline
+
+    root = tmp_path_factory.mktemp("rl_pipelines")
+    built: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in built:
+            built[name] = save_tiny_pipeline(name, root / name)
+        return built[name]
+
+    return get
+
+
+def write_prompts(directory: Path, suffix: str = ".txt") -> Path:
+    path = directory / f"prompts{suffix}"
+    if suffix == ".txt":
+        path.write_text("\n".join(PROMPTS) + "\n")
+    else:
+        import json
+
+        path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return path
+
+
+def rl_config(model: str, pipeline: Path, work: Path, **sections: Any) -> dict:
+    """A complete config of a 2-prompt x 2-sample, 4-step run with a 2-step SDE window; ``sections`` update it."""
+    raw = {
+        "algorithm": "flowgrpo",
+        "model": {"type": model, "path": str(pipeline), "seed": 0},
+        "dit": {"lora": {"rank": 4, "alpha": 4}},
+        "data": {"prompts": str(write_prompts(work)), "prompts_per_step": 2, "negative_prompt": "blurry"},
+        "sampling": copy.deepcopy(SAMPLING[model]),
+        "rewards": [{"callable": "tests.rl.rewards:brightness"}],
+        "flowgrpo": {"group_size": 2, "window_size": 2, "adv_clip_max": 0.5},
+        "optim": {"lr": 1e-3},
+        "train": {"steps": 2},
+        "log": {"dir": str(work / "log"), "progress": False},
+    }
+    for name, values in sections.items():
+        raw[name] = {**raw[name], **values} if isinstance(raw.get(name), dict) else values
+    return raw
+
+
+def start(raw: dict) -> tuple[Any, int]:
+    """``start_run`` of ``raw`` in this process: (the run, the step it resumes after)."""
+    from runtime.rl.config import parse_rl_config
+    from runtime.rl.loop import start_run
+
+    run, step, _ = start_run(parse_rl_config(raw))
+    return run, step
+
+
+def record_gradients(run: Any) -> list[dict[str, Any]]:
+    """Each optimizer step of ``run`` first records every trainable parameter's full gradient (collective under
+    FSDP: every rank steps). Returns the list the records go to."""
+    records: list[dict[str, Any]] = []
+    step = run.optimizer.step
+    named = [(n, p) for n, p in run.policy.module.named_parameters() if p.requires_grad]
+
+    def recording_step(*args: Any, **kwargs: Any) -> Any:
+        grads = {}
+        for name, p in named:
+            g = p.grad
+            g = g.full_tensor() if hasattr(g, "full_tensor") else g
+            grads[name.replace("_fsdp_wrapped_module.", "")] = None if g is None else g.detach().clone()
+        records.append(grads)
+        return step(*args, **kwargs)
+
+    run.optimizer.step = recording_step
+    return records
+
+
+def trainable_state(policy: Any) -> dict[str, Any]:
+    """Every trainable parameter, full (unsharded), on CPU."""
+    out = {}
+    for name, p in policy.module.named_parameters():
+        if p.requires_grad:
+            value = p.full_tensor() if hasattr(p, "full_tensor") else p
+            out[name] = value.detach().clone().cpu()
+    return out
+
+
+def one_iteration(rank: int, world_size: int, raw: dict) -> dict[str, Any]:
+    """Iteration 1 of ``raw`` on this rank: its metrics, the rollout's final latents and rewards' inputs, and the
+    gradients of the update (gathered: full tensors on every rank)."""
+    import torch
+
+    from runtime.parallel.state import set_parallel_state
+    from runtime.rl.loop import iteration
+
+    with torch.random.fork_rng(devices=[]):
+        try:
+            run, _ = start(raw)
+            grads = record_gradients(run)
+            metrics, res = iteration(run, 1)
+            return {
+                "metrics": metrics,
+                "grads": grads[0],
+                "final_latents": res.final_latents.detach().clone(),
+                "log_probs": res.log_probs.clone(),
+            }
+        finally:
+            set_parallel_state(None)
+
+
+def relative_error(a: Any, b: Any) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()

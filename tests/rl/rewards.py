@@ -1,0 +1,26 @@
+"""Rewards the RL tests name by import path (``callable: tests.rl.rewards:<name>``)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def brightness(samples: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    """Mean pixel value per sample: a reward the tiny models can move."""
+    return samples.float().flatten(1).mean(dim=1)
+
+
+def redness(samples: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    """Red minus the other channels, per sample."""
+    x = samples.float()
+    return (x[:, 0] - x[:, 1:].mean(dim=1)).flatten(1).mean(dim=1)
+
+
+class PromptLength:
+    """A class reward: built once with its kwargs."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
+
+    def __call__(self, samples: torch.Tensor, prompts: list[str]) -> list[float]:
+        return [self.scale * len(p) for p in prompts]
