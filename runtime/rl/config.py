@@ -31,6 +31,7 @@ Example (every key with its default unless marked required)::
       frames: null               # video models: required (e.g. 81); image models: null
       num_inference_steps: 10
       true_cfg_scale: 1.0        # > 1: true classifier-free guidance with data.negative_prompt (Wan, Qwen-Image)
+      batch_size: null           # samples per rollout forward; null: all of the replica's samples at once
     rewards:                     # required: one or more, combined as sum(weight * reward)
       - {name: aesthetic, callable: "my_pkg.rewards:score", weight: 1.0}
     parallel: {sp: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false}
@@ -98,6 +99,7 @@ class SamplingConfig:
     frames: int | None = None
     num_inference_steps: int = 10
     true_cfg_scale: float = 1.0
+    batch_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,7 @@ RL_RULES = TRAIN_RULES.merged(
                 "sampling.frames",
                 "sampling.num_inference_steps",
                 "sampling.true_cfg_scale",
+                "sampling.batch_size",
             }
         ),
         non_negative=frozenset({"data.seed"}),

@@ -90,13 +90,25 @@ def sample_generators(seed: int, step: int, first: int, count: int) -> list[torc
     return gens
 
 
+def concat_rollouts(parts: Sequence[RolloutResult]) -> RolloutResult:
+    """The rollouts of consecutive chunks of samples as one (they share the schedule)."""
+    if len(parts) == 1:
+        return parts[0]
+    return RolloutResult(
+        *(torch.cat([getattr(p, f) for p in parts]) for f in ("latents", "step_indices", "timesteps", "log_probs")),
+        final_latents=torch.cat([p.final_latents for p in parts]),
+        schedule=parts[0].schedule,
+    )
+
+
 def _gather(values: torch.Tensor, state: ParallelState) -> torch.Tensor:
     """``values`` ``[K, B]`` of every data-parallel replica, replica-major ``[K, D * B]`` (collective)."""
     if state.dp_size == 1:
         return values
-    parts = torch.empty((state.dp_size, *values.shape), dtype=values.dtype, device=values.device)
+    k, b = values.shape
+    parts = torch.empty((state.dp_size * k, b), dtype=values.dtype, device=values.device)
     dist.all_gather_into_tensor(parts, values.contiguous(), group=state.dp_group)
-    return parts.permute(1, 0, 2).reshape(values.shape[0], -1)
+    return parts.view(state.dp_size, k, b).permute(1, 0, 2).reshape(k, -1)
 
 
 def _replica_mean(value: float, state: ParallelState, op: str = "mean") -> float:
@@ -258,17 +270,23 @@ def iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
     b = len(sample_prompts)
     window_size, window_range = run.algo.window(s, c.sampling.num_inference_steps)
     policy.module.eval()
-    res = rollout(
-        adapter,
-        policy.module,
-        batch,
-        latent_shape=adapter.latent_shape,
-        num_inference_steps=c.sampling.num_inference_steps,
-        window_size=window_size,
-        generators=sample_generators(c.model.seed, step, state.dp_rank * b, b),
-        window_start_range=window_range,
-        noise_level=s.noise_level,
-    )
+    generators = sample_generators(c.model.seed, step, state.dp_rank * b, b)
+    chunk = c.sampling.batch_size or b
+    parts = [
+        rollout(
+            adapter,
+            policy.module,
+            select_rows(batch, range(first, min(first + chunk, b))),
+            latent_shape=adapter.latent_shape,
+            num_inference_steps=c.sampling.num_inference_steps,
+            window_size=window_size,
+            generators=generators[first : first + chunk],
+            window_start_range=window_range,
+            noise_level=s.noise_level,
+        )
+        for first in range(0, b, chunk)
+    ]
+    res = concat_rollouts(parts)
     rolled = time.perf_counter()
     combined, each = run.rewards(adapter.decode(res.final_latents), sample_prompts)
     scored = time.perf_counter()

@@ -35,14 +35,14 @@ def tiny_pipelines(tmp_path_factory: pytest.TempPathFactory):
     return get
 
 
-def write_prompts(directory: Path, suffix: str = ".txt") -> Path:
-    path = directory / f"prompts{suffix}"
+def write_prompts(directory: Path, suffix: str = ".txt", prompts: list[str] = PROMPTS) -> Path:
+    path = directory / f"prompts{len(prompts)}{suffix}"
     if suffix == ".txt":
-        path.write_text("\n".join(PROMPTS) + "\n")
+        path.write_text("\n".join(prompts) + "\n")
     else:
         import json
 
-        path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+        path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     return path
 
 
