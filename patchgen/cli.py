@@ -122,17 +122,19 @@ def list_models(root: RootOption = None) -> None:
     """Specs in this project: model, upstream module, output, patch count."""
     config = open_project(root)
     for spec in load_specs(config, None):
-        typer.echo(f"{spec.name:<16} {spec.module:<56} {spec.output}  ({len(spec.patches)} patches)")
+        companions = f" (+ {', '.join(Path(c.output).name for c in spec.companions)})" if spec.companions else ""
+        typer.echo(f"{spec.name:<16} {spec.module:<56} {spec.output}{companions}  ({len(spec.patches)} patches)")
 
 
 @app.command()
 def diff(model: str, root: RootOption = None) -> None:
-    """Print the unified diff from upstream to the generated file, as regenerated now."""
+    """Print the unified diff from upstream to each generated file (its companions' too), as regenerated now."""
     config = open_project(root)
     [spec] = load_specs(config, [model])
     from patchgen.generate import generate
 
-    typer.echo(generate(spec, PinnedSource(config.pins), config).diff, nl=False)
+    for one in generate(spec, PinnedSource(config.pins), config).files:
+        typer.echo(one.diff, nl=False)
 
 
 @app.command()
@@ -144,8 +146,11 @@ def explain(model: str, root: RootOption = None) -> None:
 
     upstream, patches = explain_spec(spec, PinnedSource(config.pins))
     typer.echo(f"{spec.name}: {spec.path.name} -> {spec.output} from {upstream.pin} {upstream.relpath}")
+    for companion in spec.companions:
+        typer.echo(f"  companion {companion.module} -> {companion.output} (redefines {', '.join(companion.keep)})")
     for p in patches:
-        typer.echo(f"\n#{p.index} {p.template} (op {p.op}) @ {p.scope}, upstream line {p.upstream_line}")
+        where = f" of {p.upstream_path}" if p.upstream_path else ""
+        typer.echo(f"\n#{p.index} {p.template} (op {p.op}) @ {p.scope}, upstream line {p.upstream_line}{where}")
         typer.echo(f"  why: {p.why}")
         if p.anchor:
             typer.echo(f"  anchor: {p.anchor}")

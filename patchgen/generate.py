@@ -1,27 +1,38 @@
-"""The pipeline: spec + templates + pinned upstream source -> generated module text and its review diff."""
+"""The pipeline: spec + templates + pinned upstream source -> generated module text and its review diff.
+
+A spec with companions (`patchgen.units`) generates one file per unit: every upstream module is read and parsed, each
+patch assigned to the unit whose module defines its scope, every unit resolved before any is built; the companions'
+redefinitions decide which imports each file re-points, and the set is checked for upstream code that would still
+run an upstream definition a companion redefines.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import symtable
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import libcst as cst
+from libcst.helpers import get_absolute_module_for_import, get_full_name_for_node
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from patchgen import __version__
 from patchgen.config import ProjectConfig
 from patchgen.cst.locate import ANCHOR_MOVED, SCOPE_MISSING, code_of, scopes_matching
+from patchgen.cst.names import check_identifier_vars
 from patchgen.cst.plan import RENDER_ERROR, Plan, PlanError, resolve
-from patchgen.cst.prune import DanglingReference, check_dangling, prune
+from patchgen.cst.prune import DanglingReference, check_dangling, companion_layout, prune
 from patchgen.cst.transform import PatchTransformer, insert_imports
 from patchgen.errors import PatchgenError
 from patchgen.header import Header, body_hash
 from patchgen.ops.exclude import check_roots, kept_definitions
 from patchgen.ops.rename import Rename
 from patchgen.provenance import engine_sha256, templates_sha256, unified_diff
-from patchgen.spec import Spec
+from patchgen.spec import Patch, Spec
+from patchgen.units import Redefined, Unit, assign, check_links, redefined, units
 from patchgen.upstream import UpstreamFile, UpstreamSource
 
 T = TypeVar("T")
@@ -29,16 +40,34 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Generated:
+    """One generated file; the spec's main file also holds its companions' files."""
+
     spec: Spec
     upstream: UpstreamFile
     relpath: str  # output path relative to the project root
     text: str
     diff: str
     header: Header
+    companions: tuple[Generated, ...] = ()
 
     @property
     def diff_relpath(self) -> str:
         return self.relpath + ".diff"
+
+    @property
+    def files(self) -> tuple[Generated, ...]:
+        """The main file, then each companion's."""
+        return (self, *self.companions)
+
+
+@dataclass(frozen=True)
+class UnitSource:
+    """One unit of a spec with its upstream file, parsed, and the patches that edit it."""
+
+    unit: Unit
+    upstream: UpstreamFile
+    module: cst.Module
+    patches: tuple[Patch, ...]
 
 
 def upstream_lines(module: cst.Module, nodes: list[cst.CSTNode]) -> list[int]:
@@ -74,15 +103,36 @@ def other_scopes(module: cst.Module, exc: PlanError) -> list[tuple[str, int]]:
     return [(scope, line) for (scope, _), line in zip(found, lines, strict=True)]
 
 
+def imported_from(module: cst.Module, module_name: str, name: str) -> str | None:
+    """The module a top-level `from x import name` of `module` names, absolute; None when it imports no such name."""
+    for stmt in module.body:
+        if not isinstance(stmt, cst.SimpleStatementLine):
+            continue
+        for small in stmt.body:
+            if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
+                if any(
+                    (a.asname.name.value if a.asname else get_full_name_for_node(a.name)) == name for a in small.names
+                ):
+                    return get_absolute_module_for_import(module_name, small)
+    return None
+
+
 def plan_error(spec: Spec, upstream: UpstreamFile, module: cst.Module, exc: PlanError) -> PatchgenError:
-    lines = [f"{spec.path}: {exc.patch.label} in scope {exc.patch.scope!r}: {exc.message}"]
+    lines = [f"{spec.path}: {exc.patch.label} in scope {exc.patch.where!r}: {exc.message}"]
     if exc.candidates:
         lines.append(f"  nearest candidates in {upstream.pin} {upstream.relpath}:")
         lines += [f"    line {no}: {text}" for no, text in candidate_lines(module, exc)]
     for scope, line in other_scopes(module, exc):
         lines.append(f"  the anchor matches in another scope: {scope} (line {line}); is 'scope' right?")
+    top = exc.patch.scope.split(".")[0]
+    elsewhere = imported_from(module, upstream.module, top) if exc.kind == SCOPE_MISSING else None
     if exc.kind == RENDER_ERROR:
         hint = "fix the template or the patch's vars, then run `patchgen regen` again"
+    elif elsewhere is not None and elsewhere.split(".")[0] == spec.package:
+        hint = (
+            f"{top} is defined in {elsewhere}, which {upstream.module} imports it from: to patch it, declare "
+            f'[[companion]] module = "{elsewhere}", keep = ["{top}"] in the spec (see docs/spec-reference.md)'
+        )
     else:
         hint = "fix the spec's anchor/scope (copy the statement from upstream), then run `patchgen regen` again"
     if len(lines) == 1 and "\n" not in lines[0]:  # nothing to list: one line
@@ -97,11 +147,32 @@ def parse_upstream(upstream: UpstreamFile) -> cst.Module:
         raise PatchgenError(f"{upstream.relpath} ({upstream.pin}): libcst cannot parse it: {exc}") from exc
 
 
-def plan_spec(spec: Spec, upstream: UpstreamFile, module: cst.Module) -> Plan:
+def plan_unit(spec: Spec, source: UnitSource) -> Plan:
     try:
-        return resolve(module, spec.patches)
+        return resolve(source.module, source.patches)
     except PlanError as exc:
-        raise plan_error(spec, upstream, module, exc) from exc
+        raise plan_error(spec, source.upstream, source.module, exc) from exc
+
+
+def read_unit(unit: Unit, source: UpstreamSource) -> UnitSource:
+    """A unit's upstream module, read and parsed (its patches are assigned by `with_patches`)."""
+    upstream = source.read(unit.module)
+    return UnitSource(unit, upstream, parse_upstream(upstream), ())
+
+
+def with_patches(spec: Spec, read: list[UnitSource]) -> tuple[UnitSource, ...]:
+    """The units with the patches that edit each (`patchgen.units.assign`)."""
+    defined = {
+        s.unit.name: {d.name.value for d in s.module.body if isinstance(d, cst.ClassDef | cst.FunctionDef)}
+        for s in read
+    }
+    patches = assign(spec, tuple(s.unit for s in read), defined)
+    return tuple(dataclasses.replace(s, patches=patches[s.unit.name]) for s in read)
+
+
+def read_units(spec: Spec, source: UpstreamSource) -> tuple[UnitSource, ...]:
+    """Every upstream module of the spec, read and parsed, with the patches that edit it."""
+    return with_patches(spec, [read_unit(unit, source) for unit in units(spec)])
 
 
 def _within_limits(run: Callable[..., T]) -> Callable[..., T]:
@@ -128,28 +199,50 @@ def _within_limits(run: Callable[..., T]) -> Callable[..., T]:
 
 @_within_limits
 def generate(spec: Spec, source: UpstreamSource, config: ProjectConfig) -> Generated:
-    upstream = source.read(spec.module)
-    module = parse_upstream(upstream)
-    return build(spec, upstream, module, plan_spec(spec, upstream, module), config)
+    sources = read_units(spec, source)
+    return build(spec, sources, [plan_unit(spec, s) for s in sources], config, source)
 
 
 @_within_limits
-def build(spec: Spec, upstream: UpstreamFile, module: cst.Module, plan: Plan, config: ProjectConfig) -> Generated:
-    """Rewrite, prune, add the header and check the result; `plan` must hold exactly the patches of `spec`."""
-    check_roots(spec, upstream, module)
+def build(
+    spec: Spec, sources: tuple[UnitSource, ...], plans: list[Plan], config: ProjectConfig, source: UpstreamSource
+) -> Generated:
+    """Every file of the spec (`plans` holds exactly each unit's patches), then the checks across them."""
+    companions = redefined(
+        (s.unit, plan.added_names) for s, plan in zip(sources, plans, strict=True) if s.unit.companion
+    )
+    files = [build_file(spec, s, plan, config, companions) for s, plan in zip(sources, plans, strict=True)]
+    check_links(spec, [(f.relpath, f.text) for f in files], companions, source)
+    return dataclasses.replace(files[0], companions=tuple(files[1:]))
 
-    transformer = PatchTransformer(plan, spec.module)
+
+def build_file(spec: Spec, source: UnitSource, plan: Plan, config: ProjectConfig, companions: Redefined) -> Generated:
+    """Rewrite, prune, add the header and check one unit's file."""
+    unit, upstream, module, patches = source.unit, source.upstream, source.module, source.patches
+    check_roots(spec, unit, upstream, module)
+    layout = None
+    if unit.companion:
+        anchored = {id(e.target) for e in plan.edits}
+        layout = companion_layout(module, set(unit.keep), plan.rendered, anchored)
+    transformer = PatchTransformer(plan, unit.module, companions, layout.dropped if layout else frozenset())
     try:
         patched = module.visit(transformer)
     except PlanError as exc:
         raise plan_error(spec, upstream, module, exc) from exc
-    for patch in spec.patches:
+    for patch in patches:
         count = transformer.applied.get(patch.index, 0)
         if count != 1:
             raise PatchgenError(f"{spec.path}: {patch.label}: applied {count} times, expected exactly once")
+    if layout is not None and layout.imported:
+        line = f"from {unit.module} import {', '.join(layout.imported)}"
+        patched = insert_imports(patched, [line], "companion", "upstream definitions this module does not redefine")
     patched = insert_imports(patched, plan.imports)
-    pruned, removed = prune(patched, kept_definitions(spec, upstream, plan))
-    for patch in spec.patches:  # an edit inside a pruned definition would be "applied" yet absent from the output
+    if unit.companion:
+        keep = {plan.renames.get(name, name) for name in unit.keep} | plan.added_names
+    else:
+        keep = kept_definitions(unit, upstream, plan)
+    pruned, removed = prune(patched, keep)
+    for patch in patches:  # an edit inside a pruned definition would be "applied" yet absent from the output
         top = plan.renames.get(patch.scope.split(".")[0], patch.scope.split(".")[0])
         if top in removed:
             raise PatchgenError(
@@ -158,9 +251,9 @@ def build(spec: Spec, upstream: UpstreamFile, module: cst.Module, plan: Plan, co
                 f"AutoModel). Add it to 'keep', or patch the code that builds it"
             )
     body = pruned.code
-    if spec.model is not None:
+    if spec.model is not None and not unit.companion:
         check_model_class(spec, pruned, plan)
-    relpath = spec.output
+    relpath = unit.output
     header = Header(
         model=spec.name,
         upstream_pin=upstream.pin,
@@ -172,12 +265,13 @@ def build(spec: Spec, upstream: UpstreamFile, module: cst.Module, plan: Plan, co
         engine_version=__version__,
         engine_sha256=engine_sha256(),
         body_sha256=body_hash(body),
-        patches=tuple(f"#{p.index} {p.template.name} @ {p.scope}: {p.why}" for p in spec.patches),
+        patches=tuple(f"#{p.index} {p.template.name} @ {p.scope}: {p.why}" for p in patches),
     )
     text = header.render() + body
     try:
         compile(text, relpath, "exec", dont_inherit=True)
-        check_dangling(text, removed, relpath)
+        table = symtable.symtable(text, relpath, "exec")
+        check_dangling(table, removed)
     except SyntaxError as exc:
         raise PatchgenError(f"{spec.path}: generated code does not compile: {exc}") from exc
     except DanglingReference as exc:
@@ -185,7 +279,7 @@ def build(spec: Spec, upstream: UpstreamFile, module: cst.Module, plan: Plan, co
             f"{spec.path}: generated code refers to pruned or excluded names: {exc}; keep them "
             f"(add to 'keep'), stop excluding them, or patch the reference away"
         ) from exc
-
+    check_identifier_vars(patches, plan, module, table, str(spec.path), relpath)
     return Generated(spec, upstream, relpath, text, unified_diff(upstream, text, relpath), header)
 
 
@@ -212,31 +306,34 @@ class ExplainedPatch:
     upstream_line: int
     why: str
     rendered: str
+    upstream_path: str = ""  # the companion's upstream file, when the patch edits a companion
 
 
 @_within_limits
 def explain(spec: Spec, source: UpstreamSource) -> tuple[UpstreamFile, list[ExplainedPatch]]:
-    upstream = source.read(spec.module)
-    module = parse_upstream(upstream)
-    plan = plan_spec(spec, upstream, module)
-    lines = upstream_lines(module, [e.target for e in plan.edits])
+    """Every patch of every unit, in spec order; the spec's main upstream file."""
+    sources = read_units(spec, source)
     out = []
-    for edit, line in zip(plan.edits, lines, strict=True):
-        patch = edit.patch
-        builtins = {"scope": patch.scope}
-        if "expr" in edit.op.builtins:
-            builtins["expr"] = code_of(edit.target)
-        rendered = edit.code if isinstance(edit.op, Rename) else patch.template.render(patch.vars, builtins)
-        out.append(
-            ExplainedPatch(
-                patch.index,
-                patch.template.name,
-                patch.template.op,
-                patch.scope,
-                patch.anchor_text,
-                line,
-                patch.why,
-                rendered.rstrip("\n"),
+    for unit_source in sources:
+        plan = plan_unit(spec, unit_source)
+        lines = upstream_lines(unit_source.module, [e.target for e in plan.edits])
+        for edit, line in zip(plan.edits, lines, strict=True):
+            patch = edit.patch
+            builtins = {"scope": patch.scope, "spec": patch.source, "patch": str(patch.index)}
+            if "expr" in edit.op.builtins:
+                builtins["expr"] = code_of(edit.target)
+            rendered = edit.code if isinstance(edit.op, Rename) else patch.template.render(patch.vars, builtins)
+            out.append(
+                ExplainedPatch(
+                    patch.index,
+                    patch.template.name,
+                    patch.template.op,
+                    f"{unit_source.unit.name}:{patch.scope}" if unit_source.unit.companion else patch.scope,
+                    patch.anchor_text,
+                    line,
+                    patch.why,
+                    rendered.rstrip("\n"),
+                    "" if not unit_source.unit.companion else unit_source.upstream.relpath,
+                )
             )
-        )
-    return upstream, out
+    return sources[0].upstream, sorted(out, key=lambda p: p.index)

@@ -72,8 +72,9 @@ class ModelTable:
         loads every checkpoint layout its upstream class accepts (legacy key names, per-expert MoE files)."""
         return self.conversions and self.upstream.startswith("transformers.")
 
-    def to_json(self, spec_name: str, output: str) -> str:
-        """The sidecar's text: deterministic (sorted keys), importable module path included."""
+    def to_json(self, spec_name: str, output: str, companions: list[str] | tuple[str, ...] = ()) -> str:
+        """The sidecar's text: deterministic (sorted keys), importable module path included, and the importable
+        paths of the spec's companion modules when it has any."""
         record = {
             "spec": spec_name,
             "module": module_of(output),
@@ -85,6 +86,8 @@ class ModelTable:
             "tiny": self.tiny,
             "data": self.data,
         }
+        if companions:
+            record["companions"] = list(companions)
         return json.dumps(record, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
 
 

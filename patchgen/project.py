@@ -1,8 +1,8 @@
 """Project-level jobs: regenerate and drift-check every spec, all in memory before anything is written.
 
-Before any generation, the specs are checked as a set: each `output` lies inside the generated directory, no two
-specs share one, and every `module` belongs to a pinned upstream package. `owned_paths` is the one definition of
-the files a spec owns under the generated directory; anything else there is an orphan.
+Before any generation, the specs are checked as a set: each `output` (and each companion's) lies inside the
+generated directory, no two share one, and every `module` belongs to a pinned upstream package. `owned_paths` is the
+one definition of the files a spec owns under the generated directory; anything else there is an orphan.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from patchgen.errors import PatchgenError
 from patchgen.files import PACKAGE_INIT, package_inits, recover, write_atomic
 from patchgen.header import body_hash, parse_inputs, split
 from patchgen.journal import Confinement
-from patchgen.model import sidecar_path
+from patchgen.model import module_of, sidecar_path
 from patchgen.provenance import engine_sha256, templates_sha256, unified_diff
-from patchgen.spec import Spec, load_spec, read_toml
+from patchgen.spec import MAX_EXTENDS_DEPTH, Spec, companion_output, load_spec, read_toml
 from patchgen.upstream import PinnedSource, UpstreamSource, normalize_name
 
 if TYPE_CHECKING:
@@ -120,15 +120,17 @@ def _rel(config: ProjectConfig, path: Path) -> str:
 
 
 def check_output(config: ProjectConfig, spec: Spec) -> None:
-    """`output` is a plain relative path that resolves, symlinks included, to a module inside the generated dir."""
-    check_output_path(config, spec.path, spec.output)
-    target, inside = config.root / spec.output, config.generated_dir.resolve()
-    resolved = target.resolve()
-    if not resolved.is_relative_to(inside):
-        raise PatchgenError(
-            f"{spec.path}: key 'output' = {spec.output!r}: resolves to {resolved} (through a symlink), outside the "
-            f"generated directory {inside}"
-        )
+    """`output` (and every companion's) is a plain relative path that resolves, symlinks included, to a module
+    inside the generated dir."""
+    for output in spec.outputs:
+        check_output_path(config, spec.path, output)
+        target, inside = config.root / output, config.generated_dir.resolve()
+        resolved = target.resolve()
+        if not resolved.is_relative_to(inside):
+            raise PatchgenError(
+                f"{spec.path}: key 'output' = {output!r}: resolves to {resolved} (through a symlink), outside the "
+                f"generated directory {inside}"
+            )
 
 
 def check_output_path(config: ProjectConfig, path: Path, output: str) -> None:
@@ -200,11 +202,11 @@ def check_model_upstream(config: ProjectConfig, spec: Spec) -> None:
 
 
 def check_unique_outputs(config: ProjectConfig, specs: list[Spec]) -> None:
-    """No two specs may write the same file; specs not loaded are compared by their raw `output` value."""
+    """No two specs may write the same file; specs not loaded are compared by their raw `output` values."""
     claimed: dict[Path, Path] = {}
     loaded = {spec.name for spec in specs}
     others = _declared_outputs(config, [name for name in config.models() if name not in loaded])
-    for path, output in [*((s.path, s.output) for s in specs), *others]:
+    for path, output, _ in [*((s.path, o, False) for s in specs for o in s.outputs), *others]:
         key = (config.root / output).resolve()
         if key in claimed and claimed[key] != path:
             first, second = sorted([claimed[key], path])
@@ -214,30 +216,50 @@ def check_unique_outputs(config: ProjectConfig, specs: list[Spec]) -> None:
         claimed.setdefault(key, path)
 
 
-def _declared_outputs(config: ProjectConfig, names: list[str]) -> list[tuple[Path, str]]:
-    """(path, output) of each named spec whose TOML names a string output (the others fail on their own)."""
+def _declared_outputs(config: ProjectConfig, names: list[str]) -> list[tuple[Path, str, bool]]:
+    """(path, output, is a companion's) of each output the named specs' TOML declares: `output`, and one per
+    `[[companion]]` module (its own, or the nearest inherited table's); values that are not strings fail when the
+    spec loads."""
     found = []
     for name in names:
         path = config.spec_path(name)
         try:
-            output = read_toml(path)[0].get("output")
+            data = read_toml(path)[0]
         except PatchgenError:
             continue
+        output = data.get("output")
         if isinstance(output, str):
-            found.append((path, output))
+            found.append((path, output, False))
+            found += [(path, companion_output(output, m), True) for m in _raw_companion_modules(config, data)]
     return found
+
+
+def _raw_companion_modules(config: ProjectConfig, data: dict) -> list[str]:
+    """The `[[companion]]` modules a spec's TOML declares or inherits through `extends`, as written."""
+    for _ in range(MAX_EXTENDS_DEPTH + 1):
+        tables = data.get("companion")
+        if tables is not None or not isinstance(data.get("extends"), str):
+            break
+        try:
+            data = read_toml(config.spec_path(data["extends"]))[0]
+        except PatchgenError:
+            return []
+    tables = data.get("companion")
+    if not isinstance(tables, list):
+        return []
+    return [t["module"] for t in tables if isinstance(t, dict) and isinstance(t.get("module"), str) and t["module"]]
 
 
 def confinement(config: ProjectConfig) -> Confinement:
     """What a journaled write may touch: every file the current specs own (what `regen --all` writes), found from
     each spec's raw `output` as written (no spec is loaded, no file resolved), and pyproject.toml (its pins)."""
     owned: set[Path] = set()
-    for path, output in _declared_outputs(config, config.models()):
+    for path, output, companion in _declared_outputs(config, config.models()):
         try:
             check_output_path(config, path, output)
         except PatchgenError:
             continue  # not a valid output: loading that spec says why
-        owned |= owned_paths(config, output)
+        owned |= owned_paths(config, output, record=not companion)
     return Confinement(config.root, config.generated_dir, frozenset(owned), config.root / "pyproject.toml")
 
 
@@ -246,20 +268,23 @@ def finish_interrupted_write(config: ProjectConfig) -> str | None:
     return recover(config.root, lambda: confinement(config))
 
 
-def owned_paths(config: ProjectConfig, output: str) -> set[Path]:
-    """Every file under the generated directory that the spec with this `output` owns."""
+def owned_paths(config: ProjectConfig, output: str, record: bool = True) -> set[Path]:
+    """Every file under the generated directory that a spec owns for one of its outputs: the module, its review
+    diff, its package files, and (`record`: the spec's main output) the `.model.json` record."""
     target = config.root / output
     return {
         target,
         target.with_name(target.name + ".diff"),
-        config.root / sidecar_path(output),
+        *([config.root / sidecar_path(output)] if record else []),
         *package_inits(config.generated_dir, target),
     }
 
 
 def orphans(config: ProjectConfig, specs: list[Spec]) -> list[Path]:
     """Files under the generated directory that no spec owns (bytecode caches aside)."""
-    owned = set().union(*(owned_paths(config, spec.output) for spec in specs))
+    owned = set().union(
+        *(owned_paths(config, output, record=output == spec.output) for spec in specs for output in spec.outputs)
+    )
     found = []
     for folder, dirs, files in os.walk(config.generated_dir):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
@@ -272,16 +297,20 @@ def is_whole_project(config: ProjectConfig, specs: list[Spec]) -> bool:
 
 
 def outputs(config: ProjectConfig, gen: Generated) -> dict[Path, str]:
-    """What regen writes for one generated model (a subset of `owned_paths`)."""
-    target = config.root / gen.relpath
-    files = {
-        target: gen.text,
-        config.root / gen.diff_relpath: gen.diff,
-        **package_inits(config.generated_dir, target),
-    }
+    """What regen writes for one generated model, its companions included (a subset of `owned_paths`)."""
+    files: dict[Path, str] = {}
+    for one in gen.files:
+        target = config.root / one.relpath
+        files.update({target: one.text, config.root / one.diff_relpath: one.diff})
+        files.update(package_inits(config.generated_dir, target))
     if gen.spec.model is not None:
-        files[config.root / sidecar_path(gen.relpath)] = gen.spec.model.to_json(gen.spec.name, gen.relpath)
+        files[config.root / sidecar_path(gen.relpath)] = model_record(gen.spec)
     return files
+
+
+def model_record(spec: Spec) -> str:
+    """The `.model.json` text of a spec with a `[model]` table, naming its companion modules too."""
+    return spec.model.to_json(spec.name, spec.output, [module_of(c.output) for c in spec.companions])
 
 
 @contextlib.contextmanager
@@ -337,11 +366,58 @@ class Drift:
 
 
 def check_spec(config: ProjectConfig, spec: Spec, source: UpstreamSource, full: bool = False) -> list[Drift]:
-    """Prove a spec's outputs current from hashes alone; regenerate only when an input changed."""
-    target = config.root / spec.output
-    upstream = source.read(spec.module)
-    if not target.is_file():
-        return [Drift(target, f"missing; run `patchgen regen {spec.name}`")]
+    """Prove a spec's outputs (its companions' included) current from hashes alone; regenerate only when an input
+    changed."""
+    files = [(spec.output, spec.module), *((c.output, c.module) for c in spec.companions)]
+    found = []
+    for output, module in files:
+        target = config.root / output
+        upstream = source.read(module)
+        if not target.is_file():
+            return [Drift(target, f"missing; run `patchgen regen {spec.name}`")]
+        found.append((output, upstream, *_read_generated(target, spec)))
+    drifts = []
+    expected_inputs = [
+        (u.pin, u.sha256, spec.sha256, templates_sha256(spec), __version__, engine_sha256()) for _, u, *_ in found
+    ]
+    fresh = not full and all(
+        undecodable is None
+        and fields is not None
+        and parse_inputs(fields) == inputs
+        and fields.get("body") == f"sha256={body_hash(body)}"
+        for (_, _, _, text, undecodable, fields, body), inputs in zip(found, expected_inputs, strict=True)
+    )
+    if fresh:
+        expected = {output: (text, unified_diff(upstream, text, output)) for output, upstream, _, text, *_ in found}
+    else:
+        from patchgen.generate import generate  # libcst and the rewriter: only when hashes cannot prove freshness
+
+        gen = generate(spec, source, config)
+        expected = {one.relpath: (one.text, one.diff) for one in gen.files}
+        for (output, _, raw, text, undecodable, fields, body), inputs in zip(found, expected_inputs, strict=True):
+            if raw != expected[output][0].encode():
+                reason = undecodable or _reason(spec, fields, body, inputs)
+                target = config.root / output
+                drifts.append(Drift(target, reason, _show(text, expected[output][0], target)))
+    for output, _, *_ in found:
+        target = config.root / output
+        diff_path = target.with_name(target.name + ".diff")
+        if not diff_path.is_file() or diff_path.read_bytes() != expected[output][1].encode():
+            drifts.append(Drift(diff_path, f"review diff missing or stale; run `patchgen regen {spec.name}`"))
+        for init in package_inits(config.generated_dir, target):
+            if not init.is_file() or init.read_bytes() != PACKAGE_INIT.encode():
+                drifts.append(Drift(init, f"package file missing or changed; run `patchgen regen {spec.name}`"))
+    sidecar = config.root / sidecar_path(spec.output)
+    if spec.model is not None:
+        if not sidecar.is_file() or sidecar.read_bytes() != model_record(spec).encode():
+            drifts.append(Drift(sidecar, f"model record missing or stale; run `patchgen regen {spec.name}`"))
+    elif sidecar.is_file():
+        drifts.append(Drift(sidecar, f"{spec.path.name} has no [model] table any more; delete this stale record"))
+    return list(dict.fromkeys(drifts))
+
+
+def _read_generated(target: Path, spec: Spec) -> tuple[bytes, str, str | None, dict[str, str] | None, str]:
+    """(bytes, text, why the bytes are not text or None, header fields, body) of a generated file."""
     raw = target.read_bytes()  # bytes, not read_text: a changed line ending is drift too
     try:
         text, undecodable = raw.decode("utf-8"), None
@@ -352,46 +428,7 @@ def check_spec(config: ProjectConfig, spec: Spec, source: UpstreamSource, full: 
             f"run `patchgen regen {spec.name}`"
         )
     fields, body = split(text)
-    expected_inputs = (
-        upstream.pin,
-        upstream.sha256,
-        spec.sha256,
-        templates_sha256(spec),
-        __version__,
-        engine_sha256(),
-    )
-    fresh = (
-        not full
-        and undecodable is None
-        and fields is not None
-        and parse_inputs(fields) == expected_inputs
-        and fields.get("body") == f"sha256={body_hash(body)}"
-    )
-    drifts = []
-    if fresh:
-        expected_text, expected_diff = text, unified_diff(upstream, text, spec.output)
-    else:
-        from patchgen.generate import generate  # libcst and the rewriter: only when hashes cannot prove freshness
-
-        gen = generate(spec, source, config)
-        expected_text, expected_diff = gen.text, gen.diff
-        if raw != expected_text.encode():
-            reason = undecodable or _reason(spec, fields, body, expected_inputs)
-            drifts.append(Drift(target, reason, _show(text, expected_text, target)))
-    diff_path = target.with_name(target.name + ".diff")
-    if not diff_path.is_file() or diff_path.read_bytes() != expected_diff.encode():
-        drifts.append(Drift(diff_path, f"review diff missing or stale; run `patchgen regen {spec.name}`"))
-    for init in package_inits(config.generated_dir, target):
-        if not init.is_file() or init.read_bytes() != PACKAGE_INIT.encode():
-            drifts.append(Drift(init, f"package file missing or changed; run `patchgen regen {spec.name}`"))
-    sidecar = config.root / sidecar_path(spec.output)
-    if spec.model is not None:
-        expected = spec.model.to_json(spec.name, spec.output)
-        if not sidecar.is_file() or sidecar.read_bytes() != expected.encode():
-            drifts.append(Drift(sidecar, f"model record missing or stale; run `patchgen regen {spec.name}`"))
-    elif sidecar.is_file():
-        drifts.append(Drift(sidecar, f"{spec.path.name} has no [model] table any more; delete this stale record"))
-    return drifts
+    return raw, text, undecodable, fields, body
 
 
 def _reason(spec: Spec, fields: dict[str, str] | None, body: str, expected_inputs: tuple[str, ...]) -> str:

@@ -12,7 +12,7 @@ def rows(upgrade: Upgrade) -> list[tuple[str, str, str, str, str]]:
     out = []
     for model in upgrade.models:
         for status in model.patches:
-            out.append((model.spec.name, _label(status), status.patch.scope, status.status, status.detail))
+            out.append((model.spec.name, _label(status), status.patch.where, status.status, status.detail))
         if model.problem:
             out.append((model.spec.name, "-", "-", model.problem.split(":", 1)[0], _first_line(model.problem)))
     return out
@@ -96,7 +96,7 @@ def generated_diffs(upgrade: Upgrade) -> dict[str, str]:
     return {
         model.spec.name: diff
         for model in upgrade.models
-        if model.generated is not None and model.current != model.generated.text and (diff := model.output_diff())
+        if model.generated is not None and not model.unchanged and (diff := model.output_diff())
     }
 
 
@@ -105,6 +105,11 @@ def _model_section(model: ModelResult, diffs: str | None = None) -> list[str]:
     old = model.old.pin if model.old else "the pinned release (unreadable)"
     new = model.new.pin if model.new else "the new release"
     out = [f"## {spec.name}", "", f"`{spec.module}`: {old} -> {new}; output `{spec.output}`.", ""]
+    if spec.companions:
+        out += [
+            f"- companion `{c.module}`: output `{c.output}` (redefines {', '.join(c.keep)})" for c in spec.companions
+        ]
+        out.append("")
     if model.problem:
         out += ["Problem:", "", _fence(model.problem, "text")]
     for status in model.patches:
@@ -142,8 +147,8 @@ def _model_section(model: ModelResult, diffs: str | None = None) -> list[str]:
     if skipped:
         out += [f"Partial: built without patch(es) {skipped}, which do not apply; never written to generated/.", ""]
     diff = model.output_diff()
-    if model.current == model.generated.text:
-        out += [f"`{spec.output}`: unchanged.", ""]
+    if model.unchanged:
+        out += [f"`{spec.output}`{' and its companions' if spec.companions else ''}: unchanged.", ""]
     elif not diff:
         out += [f"`{spec.output}`: body unchanged; only the provenance header differs.", ""]
     else:

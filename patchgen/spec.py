@@ -4,18 +4,25 @@ Loading a spec parses TOML and reads template front matter; it never executes co
 can reach generated code is validated against a declared kind first (`patchgen.varkinds`); `why` is one line and
 only ever lands in comments.
 
-A spec may `extends = "<other spec>"`: it inherits that spec's keep/exclude roots, patches and `[model]` table,
-with `class_prefix = { from = "Qwen3VL", to = "Qwen3VLMoe" }` renaming every class name that starts with `from`
-(in scopes, anchors, roots and code-valued vars), then appends its own patches and overrides what it names.
+A spec may `extends = "<other spec>"`: it inherits that spec's keep/exclude roots, companions, patches and `[model]`
+table, with `class_prefix = { from = "Qwen3VL", to = "Qwen3VLMoe" }` renaming every class name that starts with
+`from` (in scopes, anchors, roots and code-valued vars), then appends its own patches, overrides what it names and
+drops the inherited `[model]` keys its `remove` list names.
+
+A spec may also patch definitions its module imports from other modules of the same distribution: each
+`[[companion]]` names such a module and the definitions to redefine (`keep`); it is generated beside the main output
+(`patchgen.units`). A patch's scope names a definition of any of them, qualified as `<module>:<scope>` (the module's
+last dotted component) when the name alone is not unique.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 import tomllib
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from patchgen.errors import PatchgenError
@@ -33,7 +40,10 @@ SPEC_KEYS = {
     "extends": str,
     "class_prefix": dict,
     "model": dict,
+    "companion": list,
+    "remove": list,
 }
+COMPANION_KEYS = {"module": str, "keep": list}
 REQUIRED_SPEC_KEYS = ("module", "output", "keep")
 PATCH_KEYS = {
     "template": str,
@@ -54,6 +64,7 @@ MAX_SPEC_BYTES = 1 << 20  # a spec file, and each one it extends
 MAX_PATCHES = 256
 MAX_NAMES = 256  # entries of `keep` and of `exclude`
 MAX_WHY_CHARS = 300  # a `why` is one line of a comment
+MAX_COMPANIONS = 16  # [[companion]] modules of one spec
 _SPEC_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]*")  # a model name, on the command line and in headers
 
 
@@ -69,14 +80,39 @@ class Patch:
     anchor: str | None = None
     through: str | None = None  # op replace: last statement of the replaced run
     source: str = field(default="", compare=False)  # "specs/<name>.toml" that states it: generated code names it
+    module: str = ""  # `attention_processor` of `scope = "attention_processor:Cls.fn"`; "" when not qualified
 
     @property
     def label(self) -> str:
         return f"patch {self.index} ({self.template.name})"
 
     @property
+    def where(self) -> str:
+        """The scope as the spec writes it (qualified by its module when the spec says which)."""
+        return f"{self.module}:{self.scope}" if self.module else self.scope
+
+    @property
     def anchor_text(self) -> str | None:
         return self.before or self.after or self.anchor
+
+
+@dataclass(frozen=True)
+class Companion:
+    """A module of the spec's upstream distribution whose `keep` definitions the spec redefines: generated as
+    `<output folder>/<last module component>.py`, and every generated file of the spec imports them from there."""
+
+    module: str
+    keep: tuple[str, ...]
+    output: str
+
+    @property
+    def name(self) -> str:
+        return self.module.rsplit(".", 1)[-1]
+
+
+def companion_output(output: str, module: str) -> str:
+    """Where the companion `module` of a spec with this `output` is generated: the main output's folder."""
+    return str(PurePosixPath(output).parent / f"{module.rsplit('.', 1)[-1]}.py")
 
 
 @dataclass(frozen=True)
@@ -91,11 +127,17 @@ class Spec:
     sha256: str  # of this file and, for an `extends` spec, of every spec it inherits from
     model: ModelTable | None = None
     extends: tuple[Path, ...] = ()  # the inherited spec files, nearest first
+    companions: tuple[Companion, ...] = ()
 
     @property
     def package(self) -> str:
         """The upstream distribution the module comes from (its top-level package)."""
         return self.module.split(".")[0]
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Every module the spec generates: the main output first, then its companions'."""
+        return (self.output, *(c.output for c in self.companions))
 
 
 def _a(noun: str) -> str:
@@ -134,6 +176,12 @@ def _short(value: Any) -> str:
 
 def _is_scope(scope: str) -> bool:
     return scope == "<module>" or is_dotted(scope)
+
+
+def split_scope(scope: str) -> tuple[str, str]:
+    """`attention_processor:Cls.fn` -> ("attention_processor", "Cls.fn"); an unqualified scope -> ("", scope)."""
+    module, sep, rest = scope.partition(":")
+    return (module, rest) if sep else ("", scope)
 
 
 def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patch:
@@ -179,13 +227,16 @@ def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patc
             f"{path}: {where}: 'why' must say in one line of at most {MAX_WHY_CHARS} characters (no line breaks or "
             f"control characters) why the patch exists; found {len(why)} characters"
         )
-    if not _is_scope(table["scope"]):
+    module, scope = split_scope(table["scope"])
+    if not _is_scope(scope) or module and not is_identifier(module):
         raise PatchgenError(
-            f"{path}: {where}: 'scope' must be '<module>', a top-level name or a dotted path such as Class.method; "
+            f"{path}: {where}: 'scope' must be '<module>', a top-level name or a dotted path such as Class.method, "
+            f"optionally qualified by the module that defines it (attention_processor:Class.method); "
             f"found {table['scope']!r}"
         )
     anchors = (table.get(k) for k in ANCHOR_KEYS)
-    return Patch(index, template, table["scope"], why, values, *anchors, source=f"{path.parent.name}/{path.name}")
+    source = f"{path.parent.name}/{path.name}"
+    return Patch(index, template, scope, why, values, *anchors, source=source, module=module)
 
 
 IMPLIED_CONVERSIONS = "core/upstream_weight_conversions"
@@ -275,8 +326,9 @@ def _renamed_patch(patch: dict, rename, templates_dir: Path, path: Path) -> dict
 def _resolve_extends(data: dict, path: Path, templates_dir: Path, depth: int = 0) -> tuple[dict, list[bytes], list]:
     """The spec table with everything it inherits merged in; the raw bytes and paths of the inherited files."""
     if "extends" not in data:
-        if "class_prefix" in data:
-            raise PatchgenError(f"{path}: class_prefix renames what a spec inherits; it needs 'extends'")
+        for key, does in (("class_prefix", "renames"), ("remove", "drops keys of")):
+            if key in data:
+                raise PatchgenError(f"{path}: {key} {does} what a spec inherits; it needs 'extends'")
         return data, [], []
     name = data["extends"]
     if not isinstance(name, str) or not is_identifier(name):
@@ -293,10 +345,12 @@ def _resolve_extends(data: dict, path: Path, templates_dir: Path, depth: int = 0
     base, raw = read_toml(base_path)
     base, raws, paths = _resolve_extends(base, base_path, templates_dir, depth + 1)
     rename = _prefix_renamer(data["class_prefix"], path) if "class_prefix" in data else (lambda text: text)
-    merged = {k: v for k, v in data.items() if k not in ("extends", "class_prefix", "patch", "model")}
+    merged = {k: v for k, v in data.items() if k not in ("extends", "class_prefix", "patch", "model", "remove")}
     for key in ("keep", "exclude"):
         if key not in merged and isinstance(base.get(key), list):
             merged[key] = [rename(v) if isinstance(v, str) else v for v in base[key]]
+    if "companion" not in merged and isinstance(base.get("companion"), list):
+        merged["companion"] = [_renamed_companion(c, rename) for c in base["companion"]]
     inherited = base.get("patch", [])
     if not isinstance(inherited, list):
         raise PatchgenError(f"{base_path}: key 'patch' must be an array of tables")
@@ -311,10 +365,55 @@ def _resolve_extends(data: dict, path: Path, templates_dir: Path, depth: int = 0
         renamed = dict(base_model) if isinstance(base_model, dict) else {}
         if isinstance(renamed.get("class"), str):
             renamed["class"] = rename(renamed["class"])
+        renamed = _removed(renamed, data, path, base_path)
         merged["model"] = (
             merge_tables(renamed, data.get("model", {})) if isinstance(data.get("model", {}), dict) else data["model"]
         )
+    elif "remove" in data:
+        _removed({}, data, path, base_path)
     return merged, [raw, *raws], [base_path, *paths]
+
+
+def _renamed_companion(table: Any, rename) -> Any:
+    if not isinstance(table, dict) or not isinstance(table.get("keep"), list):
+        return table  # not a companion table: loading the spec says why
+    return {**table, "keep": [rename(v) if isinstance(v, str) else v for v in table["keep"]]}
+
+
+def _removed(model: dict, data: dict, path: Path, base_path: Path) -> dict:
+    """The inherited `[model]` table without the keys the spec's `remove` list names (dotted: `model.tiny.x`).
+    Each must exist in what is inherited, and the spec must not set it again: a removal that removes nothing, or
+    that the spec's own table undoes, is a mistake the reader of the spec would not see."""
+    entries = data.get("remove", [])
+    if not isinstance(entries, list) or len(entries) > MAX_NAMES:
+        raise PatchgenError(
+            f"{path}: 'remove' must be an array of at most {MAX_NAMES} dotted keys of the inherited [model] table, "
+            f'e.g. remove = ["model.tiny.num_experts"]'
+        )
+    out = copy.deepcopy(model)
+    own = data.get("model", {}) if isinstance(data.get("model"), dict) else {}
+    for entry in entries:
+        parts = entry.split(".") if isinstance(entry, str) else []
+        if len(parts) < 2 or parts[0] != "model" or not all(parts):
+            raise PatchgenError(
+                f"{path}: 'remove' entry {entry!r}: expected a dotted key of the inherited [model] table, e.g. "
+                f'"model.tiny.num_experts"'
+            )
+        table, mine = out, own
+        for part in parts[1:-1]:
+            table = table.get(part) if isinstance(table, dict) else None
+            mine = mine.get(part, {}) if isinstance(mine, dict) else {}
+        if not isinstance(table, dict) or parts[-1] not in table:
+            raise PatchgenError(
+                f"{path}: 'remove' entry {entry!r}: {base_path.name} (and what it extends) has no such key; remove "
+                f"only what is inherited"
+            )
+        if isinstance(mine, dict) and parts[-1] in mine:
+            raise PatchgenError(
+                f"{path}: 'remove' entry {entry!r}: this spec sets that key again; either remove it or set it"
+            )
+        del table[parts[-1]]
+    return out
 
 
 def load_spec(path: Path, templates_dir: Path) -> Spec:
@@ -340,6 +439,14 @@ def load_spec(path: Path, templates_dir: Path) -> Spec:
             f"fewer, larger templates"
         )
     patches = tuple(_load_patch(i, t, path, templates_dir) for i, t in enumerate(data.get("patch", []), start=1))
+    companions = _companions(data, path)
+    names = [data["module"].rsplit(".", 1)[-1], *(c.name for c in companions)]
+    for patch in patches:
+        if patch.module and patch.module not in names:
+            raise PatchgenError(
+                f"{path}: {patch.label}: scope {patch.where!r}: {patch.module!r} is neither the spec's module nor a "
+                f"companion; qualify a scope by the last component of one of {names}"
+            )
     model = parse_model_table(data["model"], str(path)) if "model" in data else None
     if model is not None and model.implies_conversions:
         patches = (*patches, _implied_conversions(len(patches) + 1, model, patches, path, templates_dir))
@@ -357,4 +464,38 @@ def load_spec(path: Path, templates_dir: Path) -> Spec:
         digest.hexdigest(),
         model,
         tuple(inherited_paths),
+        companions,
     )
+
+
+def _companions(data: dict, path: Path) -> tuple[Companion, ...]:
+    """The `[[companion]]` tables: modules of the spec's own distribution, each generated beside the output under
+    its last module component, which must differ from the main module's and every other companion's."""
+    tables = data.get("companion", [])
+    if len(tables) > MAX_COMPANIONS:
+        raise PatchgenError(f"{path}: {len(tables)} [[companion]] tables; at most {MAX_COMPANIONS} per spec")
+    out: list[Companion] = []
+    main = data["module"]
+    for number, table in enumerate(tables, start=1):
+        where = f"companion {number}"
+        if not isinstance(table, dict):
+            raise PatchgenError(f"{path}: {where}: must be a table ([[companion]]), found {type_name(table)}")
+        _check_keys(table, COMPANION_KEYS, tuple(COMPANION_KEYS), path, where)
+        module = table["module"]
+        if not is_dotted(module) or module.split(".")[0] != main.split(".")[0] or module == main:
+            raise PatchgenError(
+                f"{path}: {where}: module {module!r} must be another module of {main.split('.')[0]!r}, the "
+                f"distribution of the spec's module {main!r} (e.g. {main.split('.')[0]}.models.attention_processor)"
+            )
+        keep = _names(table["keep"], path, f"companion {number} keep")
+        if not keep:
+            raise PatchgenError(f"{path}: {where}: 'keep' must name the definitions of {module} the spec redefines")
+        companion = Companion(module, keep, companion_output(data["output"], module))
+        taken = [main.rsplit(".", 1)[-1], PurePosixPath(data["output"]).stem, *(c.name for c in out)]
+        if companion.name in taken:
+            raise PatchgenError(
+                f"{path}: {where}: module {module!r} would be generated as {companion.output}, which another module "
+                f"of this spec already uses (its last component {companion.name!r} must be unique)"
+            )
+        out.append(companion)
+    return tuple(out)

@@ -49,6 +49,7 @@ class TemplateVar:
     doc: str
     default: Any = _MISSING
     choices: tuple[str, ...] = ()
+    binds: bool = False  # an identifier the template assigns (a new local name): never checked as a reference
 
     @property
     def required(self) -> bool:
@@ -119,14 +120,14 @@ def _parse_var(path: Path, var_name: str, decl: Any) -> TemplateVar:
         raise PatchgenError(f"{where}: a variable name must be a Python identifier")
     if not isinstance(decl, dict):
         raise PatchgenError(f"{where} must be a table with kind, doc and optional default/choices; found {decl!r}")
-    unknown = set(decl) - {"kind", "doc", "default", "choices"}
+    unknown = set(decl) - {"kind", "doc", "default", "choices", "binds"}
     if "type" in decl:
         raise PatchgenError(
             f"{where}: 'type' is now 'kind' (one of int, float, bool, identifier, dotted, expr, str, "
             f"word, or list[...] of them)"
         )
     if unknown:
-        raise PatchgenError(f"{where}: unknown key(s) {sorted(unknown)}; expected kind, doc, default, choices")
+        raise PatchgenError(f"{where}: unknown key(s) {sorted(unknown)}; expected kind, doc, default, choices, binds")
     kind = parse_kind(decl.get("kind"))
     if kind is None:
         raise PatchgenError(
@@ -141,7 +142,13 @@ def _parse_var(path: Path, var_name: str, decl: Any) -> TemplateVar:
             f"{where}: kind word (or list[word]) needs choices = [...] of identifiers, and only it "
             f"takes choices; found kind {kind.name!r}, choices {choices!r}"
         )
-    var = TemplateVar(var_name, kind, decl.get("doc", ""), decl.get("default", _MISSING), tuple(choices))
+    binds = decl.get("binds", False)
+    if not isinstance(binds, bool) or binds and kind.scalar != "identifier":
+        raise PatchgenError(
+            f"{where}: binds = true marks an identifier (or list[identifier]) the template assigns, so it is not "
+            f"checked as a name the generated module must define; found binds = {binds!r} on kind {kind.name!r}"
+        )
+    var = TemplateVar(var_name, kind, decl.get("doc", ""), decl.get("default", _MISSING), tuple(choices), binds)
     if not var.required:
         try:
             var.prepare(var.default)

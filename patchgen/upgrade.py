@@ -26,10 +26,11 @@ from patchgen.cst.locate import LocateError, code_of, normalize, scope_chain
 from patchgen.cst.plan import Edit, Plan, PlanError, resolve_each
 from patchgen.errors import PatchgenError
 from patchgen.files import write_atomic
-from patchgen.generate import Generated, build, candidate_lines, parse_upstream
+from patchgen.generate import Generated, build, candidate_lines, read_unit, read_units, with_patches
 from patchgen.header import split
 from patchgen.project import confinement, outputs
 from patchgen.spec import Patch, Spec
+from patchgen.units import units as spec_units
 from patchgen.upstream import (
     InstalledSource,
     PinnedSource,
@@ -77,8 +78,8 @@ class ModelResult:
     new: UpstreamFile | None
     patches: tuple[PatchStatus, ...]
     regions: tuple[Region, ...]
-    generated: Generated | None  # the new file, built from the patches that apply
-    current: str | None  # the checked-in generated file
+    generated: Generated | None  # the new file (with its companions'), built from the patches that apply
+    current: dict[str, str | None]  # each checked-in generated file (None: absent), by output path
     problem: str = ""  # a failure of the model as a whole, e.g. "generation error: <message>"
 
     @property
@@ -89,20 +90,29 @@ class ModelResult:
     def skipped(self) -> list[Patch]:
         return [p.patch for p in self.patches if not p.applies]
 
+    @property
+    def unchanged(self) -> bool:
+        """Whether every new file is byte-identical to the checked-in one."""
+        return self.generated is not None and all(self.current.get(f.relpath) == f.text for f in self.generated.files)
+
     def output_diff(self) -> str:
-        """Checked-in body -> new body (headers left out: they change with every input hash)."""
+        """Checked-in bodies -> new bodies, file after file (headers left out: they change with every input hash)."""
         if self.generated is None:
             return ""
-        old = split(self.current)[1] if self.current is not None else ""
-        new = split(self.generated.text)[1]
-        what = "checked in" if self.current is not None else "absent"
-        lines = difflib.unified_diff(
-            old.splitlines(keepends=True),
-            new.splitlines(keepends=True),
-            fromfile=f"a/{self.spec.output} ({what})",
-            tofile=f"b/{self.spec.output} ({self.generated.upstream.pin})",
-        )
-        return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+        out = []
+        for one in self.generated.files:
+            current = self.current.get(one.relpath)
+            old = split(current)[1] if current is not None else ""
+            new = split(one.text)[1]
+            what = "checked in" if current is not None else "absent"
+            lines = difflib.unified_diff(
+                old.splitlines(keepends=True),
+                new.splitlines(keepends=True),
+                fromfile=f"a/{one.relpath} ({what})",
+                tofile=f"b/{one.relpath} ({one.upstream.pin})",
+            )
+            out += [line if line.endswith("\n") else line + "\n" for line in lines]
+        return "".join(out)
 
 
 @dataclass(frozen=True)
@@ -181,40 +191,64 @@ def analyze(
     return Upgrade(tuple(sorted(wheels, key=lambda w: w.package)), pins, models, others)
 
 
-def _read(source: UpstreamSource, spec: Spec) -> tuple[UpstreamFile, cst.Module]:
-    upstream = source.read(spec.module)
-    return upstream, parse_upstream(upstream)
-
-
 def analyze_spec(
     config: ProjectConfig, spec: Spec, old_source: UpstreamSource, new_source: UpstreamSource
 ) -> ModelResult:
-    target = config.root / spec.output
-    current = target.read_text(encoding="utf-8") if target.is_file() else None
-    old = old_module = None
+    current = {}
+    for output in spec.outputs:
+        target = config.root / output
+        current[output] = target.read_text(encoding="utf-8") if target.is_file() else None
     try:
-        old, old_module = _read(old_source, spec)
-        old_plan, _ = resolve_each(old_module, spec.patches)
+        olds = {s.unit.name: s for s in read_units(spec, old_source)}
     except PatchgenError:
-        old_plan = Plan()  # a spec broken against its own pin: report the new side only
+        olds = {}  # a spec broken against its own pin: report the new side only
+    old = olds[spec_units(spec)[0].name].upstream if olds else None
     try:
-        new, new_module = _read(new_source, spec)
+        read = [read_unit(unit, new_source) for unit in spec_units(spec)]
     except PatchgenError as exc:
         return ModelResult(
             spec, old, None, (), (), None, current, problem=f"module missing: {_clean(config, str(exc))}"
         )
-    plan, errors = resolve_each(new_module, spec.patches)
-    old_lines, new_lines = (_Lines(old_module) if old_module else None), _Lines(new_module)
-    statuses = tuple(_status(p, plan, old_plan, errors, new_lines, old_lines, config) for p in spec.patches)
-    regions = tuple(_regions(spec, old, old_module, old_lines, old_plan, new, new_module, new_lines, plan))
-    applied = tuple(p for p in spec.patches if p.index not in {e.patch.index for e in errors})
     try:
-        generated = build(dataclasses.replace(spec, patches=applied), new, new_module, plan, config)
+        news = with_patches(spec, read)
     except PatchgenError as exc:
         return ModelResult(
-            spec, old, new, statuses, regions, None, current, problem=f"generation error: {_clean(config, str(exc))}"
+            spec, old, read[0].upstream, (), (), None, current, problem=f"generation error: {_clean(config, str(exc))}"
         )
-    return ModelResult(spec, old, new, statuses, regions, generated, current)
+    statuses: dict[int, PatchStatus] = {}
+    regions: list[Region] = []
+    plans, failed = [], set()
+    for new in news:
+        before = olds.get(new.unit.name)
+        old_plan = resolve_each(before.module, before.patches)[0] if before is not None else Plan()
+        plan, errors = resolve_each(new.module, new.patches)
+        old_lines, new_lines = (_Lines(before.module) if before else None), _Lines(new.module)
+        for patch in new.patches:
+            statuses[patch.index] = _status(patch, plan, old_plan, errors, new_lines, old_lines, config)
+        prefix = f"{new.unit.name}:" if new.unit.companion else ""
+        old_file, old_module = (before.upstream, before.module) if before else (None, None)
+        regions += _regions(
+            new.patches, prefix, old_file, old_module, old_lines, old_plan, new.upstream, new.module, new_lines, plan
+        )
+        plans.append(plan)
+        failed |= {e.patch.index for e in errors}
+    ordered = tuple(statuses[p.index] for p in spec.patches)
+    applied = dataclasses.replace(spec, patches=tuple(p for p in spec.patches if p.index not in failed))
+    sources = tuple(dataclasses.replace(s, patches=tuple(p for p in s.patches if p.index not in failed)) for s in news)
+    try:
+        generated = build(applied, sources, plans, config, new_source)
+    except PatchgenError as exc:
+        return ModelResult(
+            spec,
+            old,
+            news[0].upstream,
+            ordered,
+            tuple(regions),
+            None,
+            current,
+            problem=f"generation error: {_clean(config, str(exc))}",
+        )
+    return ModelResult(spec, old, news[0].upstream, ordered, tuple(regions), generated, current)
 
 
 def _clean(config: ProjectConfig, message: str) -> str:
@@ -266,7 +300,8 @@ def _status(
 
 
 def _regions(
-    spec: Spec,
+    patches: tuple[Patch, ...],
+    prefix: str,
     old: UpstreamFile | None,
     old_module: cst.Module | None,
     old_lines: _Lines | None,
@@ -276,9 +311,10 @@ def _regions(
     new_lines: _Lines,
     plan: Plan,
 ):
-    """One region per patched scope (per anchored statement for `<module>` patches)."""
+    """One region per patched scope (per anchored statement for `<module>` patches) of one unit's patches; a
+    companion's scopes are named `<companion>:<scope>` (`prefix`)."""
     seen: set[str] = set()
-    for patch in spec.patches:
+    for patch in patches:
         if patch.scope == "<module>":
             if patch.anchor_text is None:
                 continue
@@ -293,7 +329,7 @@ def _regions(
         if key in seen:
             continue
         seen.add(key)
-        yield _region(key, old, old_node, old_lines, new, new_node, new_lines, near)
+        yield _region(prefix + key, old, old_node, old_lines, new, new_node, new_lines, near)
 
 
 def _scope_node(module: cst.Module, scope: str) -> tuple[cst.CSTNode | None, str]:
@@ -355,9 +391,9 @@ def review_files(upgrade: Upgrade, report: str) -> dict[str, str]:
     """What the review directory holds: REPORT.md and each new generated file with its upstream diff."""
     files = {"REPORT.md": report}
     for model in upgrade.models:
-        if model.generated is not None:
-            files[model.generated.relpath] = model.generated.text
-            files[model.generated.diff_relpath] = model.generated.diff
+        for one in model.generated.files if model.generated is not None else ():
+            files[one.relpath] = one.text
+            files[one.diff_relpath] = one.diff
     return files
 
 

@@ -43,6 +43,8 @@ class Plan(Resolution):
         self.renames.update(part.renames)
         self.added_names |= part.added_names
         self.rendered += part.rendered
+        for index, codes in part.rendered_by.items():
+            self.rendered_by.setdefault(index, []).extend(codes)
         self.chain_ids |= part.chain_ids
         self.path_ids |= part.path_ids
 

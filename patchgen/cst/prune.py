@@ -2,15 +2,24 @@
 
 Only top-level classes and functions are pruned. Every other top-level statement (imports, assignments,
 module-level `if`/`try` blocks) is kept and its references count as roots, so module behaviour never changes.
+
+A companion module (`patchgen.units`) is pruned differently (`companion_layout`): it redefines only its `keep` roots
+(and what its patches add); every other definition they use is imported from the upstream module, so it stays the
+very object upstream code uses, and only the module-level statements that bind a name the kept code uses are kept
+(a shared module's trailing tables name every definition in it).
 """
 
 from __future__ import annotations
 
 import ast
 import symtable
+import textwrap
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import libcst as cst
+
+from patchgen.cst.locate import code_of
 
 
 class DanglingReference(Exception):
@@ -54,6 +63,67 @@ def reachable_definitions(tree: ast.Module, roots: Iterable[str], exclude: Itera
     return seen - set(exclude)
 
 
+def bound_names(node: ast.AST) -> set[str]:
+    """Every name a statement binds anywhere inside it (assignments, imports, definitions, loop and with targets)."""
+    names: set[str] = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+            names.add(sub.id)
+        elif isinstance(sub, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(sub.name)
+        elif isinstance(sub, ast.alias):
+            names.add(sub.asname or sub.name.split(".")[0])
+        elif isinstance(sub, ast.arg):
+            names.add(sub.arg)
+    return names
+
+
+@dataclass(frozen=True)
+class CompanionLayout:
+    """What a companion module keeps of its upstream module."""
+
+    dropped: frozenset[int]  # ids of the top-level statements (pristine nodes) that go
+    imported: tuple[str, ...]  # upstream definitions the kept code uses: imported from the upstream module
+
+
+def is_import(stmt: cst.CSTNode) -> bool:
+    """A statement line of imports only."""
+    return isinstance(stmt, cst.SimpleStatementLine) and all(
+        isinstance(s, cst.Import | cst.ImportFrom) for s in stmt.body
+    )
+
+
+def companion_layout(
+    module: cst.Module, roots: set[str], rendered: Iterable[str], anchored: set[int]
+) -> CompanionLayout:
+    """Imports, the docstring and statements a patch anchors on (`anchored`: node ids) stay; another module-level
+    statement stays when it binds a name the kept code (roots, patches, kept statements) uses."""
+    definitions = {s.name.value: s for s in module.body if isinstance(s, cst.ClassDef | cst.FunctionDef)}
+    needed: set[str] = set()
+    for name in sorted(roots & set(definitions)):
+        needed |= references(ast.parse(code_of(definitions[name])))
+    for code in rendered:
+        needed |= references(ast.parse(textwrap.dedent(code)))
+    pending: dict[int, tuple[set[str], set[str]]] = {}
+    for position, stmt in enumerate(module.body):
+        if isinstance(stmt, cst.ClassDef | cst.FunctionDef) or is_import(stmt) or id(stmt) in anchored:
+            continue
+        tree = ast.parse(code_of(stmt))
+        if position == 0 and isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant):
+            continue  # the module docstring
+        pending[id(stmt)] = (bound_names(tree), references(tree))
+    changed = True
+    while changed:  # a kept statement's own references may need further statements
+        changed = False
+        for key, (bound, refs) in list(pending.items()):
+            if bound & needed:
+                needed |= refs
+                del pending[key]
+                changed = True
+    imported = tuple(sorted(n for n in needed if n in definitions and n not in roots))
+    return CompanionLayout(frozenset(pending), imported)
+
+
 def prune(module: cst.Module, keep: set[str]) -> tuple[cst.Module, list[str]]:
     """Drop top-level definitions not in `keep`; returns the new module and the removed names."""
     all_defs = {s.name.value for s in module.body if isinstance(s, cst.ClassDef | cst.FunctionDef)}
@@ -93,12 +163,12 @@ def _trim_all(stmt: cst.BaseStatement, removed_names: set[str]) -> cst.BaseState
     return stmt.with_changes(body=[assign.with_changes(value=new_value)])
 
 
-def check_dangling(code: str, removed: Iterable[str], filename: str) -> None:
-    """Every global name used anywhere must still be bound at module level if it was ever removed."""
+def check_dangling(top: symtable.SymbolTable, removed: Iterable[str]) -> None:
+    """Every global name used anywhere must still be bound at module level if it was ever removed (`top`: the
+    generated module's symbol table)."""
     removed = set(removed)
     if not removed:
         return
-    top = symtable.symtable(code, filename, "exec")
     bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
     missing = removed - bound
     problems: list[str] = []

@@ -4,9 +4,11 @@ The pass is generic: for each node an edit targets, it calls the edit's operatio
 moment: expressions when they are left; statements in two phases (edits that change the statement itself, then,
 after the markers of wraps and renames inside it are attached, edits that add or replace statements around it); the
 module body last. Besides the patches, the pass makes relative imports absolute (generated files live in another
-package; libcst's import helpers compute the name) and the templates' imports are inserted as one block. Every
-patched region gets a one-line marker comment: `# patchgen #<index> <template> (<n> stmt): <why>`; the region is the
-<n> statements that follow it.
+package; libcst's import helpers compute the name), re-points imports of names the spec's companions redefine to
+the generated companion (`patchgen.units`), drops the statements a companion does not keep, and the templates'
+imports are inserted as one block. Every patched region gets a one-line marker comment: `# patchgen #<index>
+<template> (<n> stmt): <why>`; the region is the <n> statements that follow it. A re-pointed import is marked
+`# patchgen companion (1 stmt): ...`.
 """
 
 from __future__ import annotations
@@ -14,12 +16,16 @@ from __future__ import annotations
 import textwrap
 
 import libcst as cst
-from libcst.helpers import get_absolute_module_for_import_or_raise
+from libcst.helpers import get_absolute_module_for_import_or_raise, get_full_name_for_node
 
 from patchgen.cst.locate import code_of
 from patchgen.cst.plan import Plan
+from patchgen.cst.prune import is_import
 from patchgen.ops.base import Edit, Splice, marker_text, patch_label
 from patchgen.ops.rename import Rename, Renamer
+from patchgen.units import Redefined
+
+NO_COMPANIONS = Redefined()
 
 
 def with_marker(stmt: cst.BaseStatement, text: str) -> cst.BaseStatement:
@@ -35,14 +41,18 @@ def dotted_name(path: str) -> cst.Name | cst.Attribute:
     return node
 
 
-def has_relative_import(node: cst.CSTNode) -> bool:
-    """Whether a statement in `node`'s nested blocks is a relative import (walks blocks, never expressions)."""
+def has_import_to_rewrite(node: cst.CSTNode, companions: Redefined = NO_COMPANIONS) -> bool:
+    """Whether a statement in `node`'s nested blocks is a relative import, or an import from a module a companion
+    redefines names of (walks blocks, never expressions)."""
     stack = [node]
     while stack:
         current = stack.pop()
         if isinstance(current, cst.SimpleStatementLine | cst.SimpleStatementSuite):
-            if any(isinstance(small, cst.ImportFrom) and small.relative for small in current.body):
-                return True
+            for small in current.body:
+                if isinstance(small, cst.ImportFrom) and (
+                    small.relative or companions.by_module and _module_name(small) in companions.by_module
+                ):
+                    return True
             continue
         for name in ("body", "orelse", "handlers", "finalbody", "cases"):
             value = getattr(current, name, None)
@@ -53,11 +63,22 @@ def has_relative_import(node: cst.CSTNode) -> bool:
     return False
 
 
+def _module_name(node: cst.ImportFrom) -> str:
+    return get_full_name_for_node(node.module) if node.module is not None else ""
+
+
 class PatchTransformer(cst.CSTTransformer):
-    def __init__(self, plan: Plan, module_name: str) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        module_name: str,
+        companions: Redefined = NO_COMPANIONS,
+        dropped: frozenset[int] = frozenset(),
+    ) -> None:
         super().__init__()
         self.edits = plan.by_target()
-        self._removed = {id(node) for edit in plan.edits for node in edit.span}
+        self.companions = companions
+        self._removed = {id(node) for edit in plan.edits for node in edit.span} | dropped
         renames = [e for e in plan.edits if isinstance(e.op, Rename)]
         self.renamer = Renamer(renames) if renames else None
         self.module_name = module_name
@@ -80,7 +101,7 @@ class PatchTransformer(cst.CSTTransformer):
         if self.renamer is not None or id(node) in self._visit_ids:
             return False
         if isinstance(node, cst.BaseStatement):
-            return not has_relative_import(node)
+            return not has_import_to_rewrite(node, self.companions)
         return isinstance(node, cst.BaseExpression)  # an expression off every edit path holds no edit
 
     def on_visit(self, node: cst.CSTNode) -> bool:
@@ -123,19 +144,59 @@ class PatchTransformer(cst.CSTTransformer):
         for text in dict.fromkeys(markers):  # a statement touched twice by one patch gets one marker
             updated = with_marker(updated, text)
         splice = Splice(middle=[updated])
+        if self.companions.by_module and isinstance(updated, cst.SimpleStatementLine):
+            splice.middle = self._repoint(updated)
         for edit in edits:
             edit.op.apply_around(edit, splice, self)
         if not splice.before and not splice.after and len(splice.middle) == 1 and splice.middle[0] is updated:
             return updated
         return cst.FlattenSentinel([*splice.before, *splice.middle, *splice.after])
 
+    def _repoint(self, line: cst.SimpleStatementLine) -> list[cst.SimpleStatementLine]:
+        """`from m import A, B` where a companion redefines B -> `from m import A` and, marked, `from <generated
+        companion> import B`: the spec's generated files use the redefinition, upstream the rest."""
+        kept, moved = [], []
+        for small in line.body:
+            target = None
+            if (
+                isinstance(small, cst.ImportFrom)
+                and not small.relative
+                and not isinstance(small.names, cst.ImportStar)
+            ):
+                module = _module_name(small)
+                target = self.companions.by_module.get(module)
+            if target is None:
+                kept.append(small)
+                continue
+            names = target[1]
+            mine = [a for a in small.names if get_full_name_for_node(a.name) in names]
+            rest = [a for a in small.names if get_full_name_for_node(a.name) not in names]
+            if mine:
+                aliases = [cst.ImportAlias(name=a.name, asname=a.asname) for a in mine]
+                moved.append((cst.ImportFrom(module=dotted_name(target[0]), names=aliases), target[0]))
+            if rest:
+                rest[-1] = rest[-1].with_changes(comma=small.names[-1].comma)
+                kept.append(small.with_changes(names=rest))
+        if not moved:
+            return [line]
+        out = [line.with_changes(body=kept)] if kept else []
+        for index, (node, module) in enumerate(moved):
+            names = ", ".join(get_full_name_for_node(a.name) for a in node.names)
+            marker = cst.EmptyLine(comment=cst.Comment(marker_text("companion", 1, f"{names} redefined in {module}")))
+            leading = [*line.leading_lines, marker] if not kept and index == 0 else [marker]
+            out.append(cst.SimpleStatementLine(body=[node], leading_lines=leading))
+        return out
 
-def insert_imports(module: cst.Module, imports: list[str]) -> cst.Module:
-    """Add the templates' imports as one marked block after the module's leading imports.
+
+def insert_imports(
+    module: cst.Module, imports: list[str], label: str = "imports", why: str = "names the patches below use"
+) -> cst.Module:
+    """Add import lines as one marked block after the module's leading imports (the templates' imports; a
+    companion's imports of the upstream definitions it does not redefine).
 
     (libcst's AddImportsVisitor merges names into existing `from x import` lines; a marked block of its own keeps
     the review diff one reviewable hunk, so it is not used here.)"""
-    existing = {code_of(s).strip() for s in module.body if _is_import(s)}
+    existing = {code_of(s).strip() for s in module.body if is_import(s)}
     wanted = [line for line in imports if line.strip() not in existing]
     if not wanted:
         return module
@@ -144,15 +205,9 @@ def insert_imports(module: cst.Module, imports: list[str]) -> cst.Module:
     for index, stmt in enumerate(body):
         if isinstance(stmt, cst.ClassDef | cst.FunctionDef):
             break
-        if _is_import(stmt):
+        if is_import(stmt):
             position = index + 1
     block = list(cst.parse_module(textwrap.dedent("\n".join(wanted)) + "\n").body)
-    marker = marker_text("imports", len(block), "names the patches below use")
+    marker = marker_text(label, len(block), why)
     block[0] = block[0].with_changes(leading_lines=[cst.EmptyLine(comment=cst.Comment(marker))])
     return module.with_changes(body=[*body[:position], *block, *body[position:]])
-
-
-def _is_import(stmt: cst.CSTNode) -> bool:
-    return isinstance(stmt, cst.SimpleStatementLine) and all(
-        isinstance(s, cst.Import | cst.ImportFrom) for s in stmt.body
-    )

@@ -6,7 +6,7 @@ Each module owns its spec keys, its resolution to upstream nodes and how its edi
 
 from __future__ import annotations
 
-from patchgen.ops import add_definition, add_method, insert, rename, replace, replace_definition, wrap
+from patchgen.ops import add_definition, add_method, add_parameter, insert, rename, replace, replace_definition, wrap
 from patchgen.ops.base import Op
 
 OPS: dict[str, Op] = {
@@ -20,5 +20,6 @@ OPS: dict[str, Op] = {
         add_definition.OP,
         replace_definition.DEFINITION,
         rename.OP,
+        add_parameter.OP,
     )
 }

@@ -156,6 +156,7 @@ class Resolution:
     renames: dict[str, str] = field(default_factory=dict)
     added_names: set[str] = field(default_factory=set)  # top-level definitions a patch writes: pruning roots
     rendered: list[str] = field(default_factory=list)  # every rendered body: its references keep definitions alive
+    rendered_by: dict[int, list[str]] = field(default_factory=dict)  # the same, per patch index (name checks)
     chain_ids: set[int] = field(default_factory=set)  # definitions on the way down to a scope: the rewrite visits them
     path_ids: set[int] = field(default_factory=set)  # edited nodes and their ancestors: the rewrite visits these
 
@@ -179,6 +180,7 @@ class ResolveContext:
         except PatchgenError as exc:
             raise PlanError(self.patch, str(exc), kind=RENDER_ERROR) from exc
         self.out.rendered.append(code)
+        self.out.rendered_by.setdefault(self.patch.index, []).append(code)
         return code
 
     def scope_node(self) -> Any:

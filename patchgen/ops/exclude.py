@@ -16,13 +16,16 @@ prune: Any = LazyModule("patchgen.cst.prune")  # imports libcst
 if TYPE_CHECKING:
     from patchgen.cst.plan import Plan
     from patchgen.spec import Spec
+    from patchgen.units import Unit
     from patchgen.upstream import UpstreamFile
 
 
-def check_roots(spec: Spec, upstream: UpstreamFile, module) -> None:
-    """Every `keep` and `exclude` name is a top-level definition of the upstream module."""
+def check_roots(spec: Spec, unit: Unit, upstream: UpstreamFile, module) -> None:
+    """Every `keep` and `exclude` name of a unit (the spec's module or a companion) is a top-level definition of
+    its upstream module."""
     top_level = {s.name.value for s in module.body if isinstance(s, cst.ClassDef | cst.FunctionDef)}
-    for key, names in (("keep", spec.keep), ("exclude", spec.exclude)):
+    roots = f"companion {unit.module!r} keep" if unit.companion else "keep"
+    for key, names in ((roots, unit.keep), ("exclude", unit.exclude)):
         unknown = [n for n in names if n not in top_level]
         if unknown:
             raise PatchgenError(
@@ -31,9 +34,9 @@ def check_roots(spec: Spec, upstream: UpstreamFile, module) -> None:
             )
 
 
-def kept_definitions(spec: Spec, upstream: UpstreamFile, plan: Plan) -> set[str]:
+def kept_definitions(unit: Unit, upstream: UpstreamFile, plan: Plan) -> set[str]:
     """Definitions reachable from the roots, computed on upstream's ast plus the references patches add."""
     added_refs = set().union(*(prune.references(ast.parse(textwrap.dedent(code))) for code in plan.rendered))
     tree = ast.parse(upstream.text, filename=f"{upstream.relpath} ({upstream.pin})")
-    reached = prune.reachable_definitions(tree, [*spec.keep, *sorted(added_refs)], spec.exclude)
-    return {plan.renames.get(n, n) for n in reached - set(spec.exclude)} | plan.added_names
+    reached = prune.reachable_definitions(tree, [*unit.keep, *sorted(added_refs)], unit.exclude)
+    return {plan.renames.get(n, n) for n in reached - set(unit.exclude)} | plan.added_names

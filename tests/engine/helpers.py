@@ -36,6 +36,11 @@ PACKAGE = "fixturepkg"
 VERSION = "1.2.3"
 TOY = "fixturepkg.models.modeling_toy"
 PLAIN = "fixturepkg.plain"
+# A model module whose block and attention processor live in shared modules (companion specs)
+JOINT = "fixturepkg.models.modeling_joint"
+BLOCKS = "fixturepkg.models.blocks"
+PROCESSORS = "fixturepkg.models.processors"
+JOINT_OUTPUT = "generated/joint/modeling_joint.py"
 
 # One patch per operation (rename aside: it changes names the other patches anchor on).
 ALL_OPS = [
@@ -180,6 +185,18 @@ def spec_toml(
     for patch in patches:
         lines += ["", "[[patch]]"] + [f"{key} = {toml_value(value)}" for key, value in patch.items()]
     return "\n".join(lines) + "\n"
+
+
+def joint_spec(
+    patches: list[dict[str, Any]] = (),
+    companions: list[tuple[str, list[str]]] = ((PROCESSORS, ["ToyProcessor"]), (BLOCKS, ["ToyBlock"])),
+    **extra: Any,
+) -> str:
+    """A spec of the joint fixture model with `[[companion]]` tables (by default: the processor and the block)."""
+    text = spec_toml(JOINT, JOINT_OUTPUT, ["JointModel"], patches, **extra)
+    for module, keep in companions:
+        text += f"\n[[companion]]\nmodule = {toml_value(module)}\nkeep = {toml_value(keep)}\n"
+    return text
 
 
 @dataclass

@@ -41,8 +41,8 @@ def candidates(message: str) -> list[tuple[int, str]]:
 def test_unknown_key(project) -> None:
     message, path = load_error(project, spec_toml(modul="x"))
     assert (
-        message == f"{path}: top level: unknown key 'modul'; expected one of ['class_prefix', "
-        f"'exclude', 'extends', 'keep', 'model', 'module', 'output', 'patch']"
+        message == f"{path}: top level: unknown key 'modul'; expected one of ['class_prefix', 'companion', "
+        f"'exclude', 'extends', 'keep', 'model', 'module', 'output', 'patch', 'remove']"
     )
     message, path = load_error(project, spec_toml(patches=[INSERT, {**INSERT, "anchr": "y"}]))
     assert message.startswith(f"{path}: patch 2 (fx/insert_code): unknown key 'anchr'; expected one of [")

@@ -13,6 +13,7 @@ def test_every_template_op_is_one_module_with_its_own_keys() -> None:
     assert sorted(OPS) == [
         "add_definition",
         "add_method",
+        "add_parameter",
         "insert",
         "rename",
         "replace",

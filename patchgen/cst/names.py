@@ -1,0 +1,109 @@
+"""Identifier variables must name something the generated code can see.
+
+A template variable of kind `identifier` (or `list[identifier]`) is code: when the rendered patch reads it as a name
+(not only inside a string, as an attribute or as a keyword), it must resolve in the generated module, or the module
+imports and compiles and fails with NameError only when that line runs. It resolves when it is a definition or an
+import of the generated module, a builtin, a name the patched scope binds (upstream's parameters and locals, or what
+another patch of that scope assigns), or a name the patch's own code assigned in an earlier statement. A variable a
+template declares `binds = true` names what the template itself assigns and is never checked.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import symtable
+import textwrap
+from collections.abc import Iterable
+
+import libcst as cst
+
+from patchgen.cst.locate import code_of, scope_chain
+from patchgen.cst.plan import Plan
+from patchgen.cst.prune import bound_names
+from patchgen.errors import PatchgenError
+from patchgen.spec import Patch
+
+BUILTINS = frozenset(dir(builtins))
+
+
+def module_names(table: symtable.SymbolTable) -> set[str]:
+    """The names bound at the top level of a module (definitions, imports, assignments)."""
+    return {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
+
+
+def read_before_bound(code: str) -> set[str]:
+    """Names the code reads before it binds them itself (statement by statement: `x = f(x)` reads x first)."""
+    bound: set[str] = set()
+    read: set[str] = set()
+    for stmt in ast.parse(textwrap.dedent(code)).body:
+        loads = {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        read |= loads - bound
+        bound |= bound_names(stmt)
+    return read
+
+
+def _identifier_values(patch: Patch) -> list[tuple[str, str]]:
+    """(var name, value) of every identifier value the template does not declare as a name it binds."""
+    out = []
+    for var in patch.template.vars:
+        if var.kind.scalar != "identifier" or var.binds:
+            continue
+        value = patch.vars.get(var.name, None if var.required else var.default)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str):
+                out.append((var.name, item))
+    return out
+
+
+def _scope_names(module: cst.Module, patch: Patch, others: Iterable[str]) -> set[str]:
+    """Names bound in the patched scope: by upstream code anywhere in the (outermost) function the scope lies in, in
+    the body of a class scope, and by the rendered code of the other patches of the same scope."""
+    names: set[str] = set()
+    chain = scope_chain(module, patch.scope)
+    function = next((node for node in chain if isinstance(node, cst.FunctionDef)), None)
+    if function is not None:
+        names |= bound_names(ast.parse(textwrap.dedent(code_of(function))))
+    elif isinstance(chain[-1], cst.ClassDef):
+        for stmt in ast.parse(textwrap.dedent(code_of(chain[-1]))).body[0].body:
+            is_definition = isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+            names |= {stmt.name} if is_definition else bound_names(stmt)
+    for code in others:
+        names |= bound_names(ast.parse(textwrap.dedent(code)))
+    return names
+
+
+def check_identifier_vars(
+    patches: Iterable[Patch], plan: Plan, module: cst.Module, table: symtable.SymbolTable, where: str, output: str
+) -> None:
+    """Raise PatchgenError for the first identifier value a patch reads that resolves to nothing (see above)."""
+    top: set[str] | None = None
+    patches = list(patches)
+    for patch in patches:
+        values = _identifier_values(patch)
+        codes = plan.rendered_by.get(patch.index, [])
+        if not values or not codes:
+            continue
+        read = set().union(*(read_before_bound(code) for code in codes))
+        unresolved = [(var, value) for var, value in values if value in read and value not in BUILTINS]
+        if not unresolved:
+            continue
+        top = module_names(table) if top is None else top
+        unresolved = [(var, value) for var, value in unresolved if value not in top]
+        if not unresolved:
+            continue
+        others = [
+            code
+            for other in patches
+            if other.index != patch.index and other.scope == patch.scope
+            for code in plan.rendered_by.get(other.index, [])
+        ]
+        scope = _scope_names(module, patch, others) if patch.scope != "<module>" else set()
+        for var, value in unresolved:
+            if value not in scope:
+                raise PatchgenError(
+                    f"{where}: {patch.label}: vars.{var} = {value!r} names nothing {output} defines or imports, nor "
+                    f"a parameter or local of {patch.where}: the generated code would raise NameError when it runs. "
+                    f"Name a definition or import of the generated module (a pruned definition: add it to 'keep'), "
+                    f"or correct the name"
+                )
