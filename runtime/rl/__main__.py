@@ -38,10 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1 or argv[0].startswith("-"):
         print(USAGE, file=sys.stderr)
         return 2
-    from runtime.train.config import ConfigError, locate_error
+    from runtime.train.config import ConfigError
 
     try:
-        from runtime.rl.config import load_rl_config
+        from runtime.rl.config import load_rl_config, locate_rl_error
 
         config = load_rl_config(argv[0])  # its errors name the file and line already
     except ConfigError as exc:
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_rl(config)
     except ConfigError as exc:  # found while setting up or stopped by a guard: named by its key
-        print(f"error: {locate_error(str(exc), Path(argv[0]))}", file=sys.stderr)
+        print(f"error: {locate_rl_error(str(exc), Path(argv[0]))}", file=sys.stderr)
         return 2
     finally:
         if dist.is_initialized():

@@ -49,9 +49,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from runtime.train.config import (
     TRAIN_RULES,
@@ -68,7 +71,7 @@ from runtime.train.config import (
     read_config_file,
 )
 
-__all__ = ["ALGORITHMS", "RLConfig", "algorithm_module", "load_rl_config", "parse_rl_config"]
+__all__ = ["ALGORITHMS", "RLConfig", "algorithm_module", "load_rl_config", "locate_rl_error", "parse_rl_config"]
 
 # algorithm name -> the module that owns its config section, rollout-window choice and per-step objective
 ALGORITHMS = {"flowgrpo": "runtime.rl.algorithms.flowgrpo"}
@@ -200,10 +203,30 @@ def _check_shared(config: RLConfig) -> None:
         raise ConfigError(f"sampling.true_cfg_scale: expected >= 1 (1: off), found {config.sampling.true_cfg_scale}")
 
 
+_LIST_ENTRY = re.compile(r"^([A-Za-z_]\w*)\[(\d+)\]")
+
+
+def locate_rl_error(message: str, path: Path) -> str:
+    """``locate_error`` (file and line of the key a message starts with), and for an entry of a top-level list
+    (``rewards[1].http: ...``) the line of that entry."""
+    match = _LIST_ENTRY.match(message)
+    if match:
+        try:
+            node = yaml.compose(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            node = None
+        if isinstance(node, yaml.MappingNode):
+            value = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == match[1]), None)
+            index = int(match[2])
+            if isinstance(value, yaml.SequenceNode) and index < len(value.value):
+                return f"{path}:{value.value[index].start_mark.line + 1}: {message}"
+    return locate_error(message, path)
+
+
 def load_rl_config(path: str | Path) -> RLConfig:
     path = Path(path)
     raw = read_config_file(path)
     try:
         return parse_rl_config(raw)
     except ConfigError as exc:
-        raise ConfigError(locate_error(str(exc), path)) from None
+        raise ConfigError(locate_rl_error(str(exc), path)) from None

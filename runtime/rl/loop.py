@@ -19,9 +19,11 @@ Guards (each one line, exit 2 through ``python -m runtime.rl``):
   must equal the rollout's (bitwise in the rollout's batch layout). ``max |dlogp|`` above ``logprob_gap_alarm``
   prints an alarm (``on_logprob_gap: warn``) or stops the run (``stop``): a gap means rollout and training disagree
   on the schedule, the guidance, the weights (a LoRA bound to modules the forward does not run) or the inputs;
-* the policy did not change: an applied update with a non-zero advantage that leaves every trainable parameter
-  unchanged stops the run (``PolicyUnchangedError``): the trained parameters do not reach the loss. An iteration
-  whose advantages are all 0 (equal rewards in every group) has nothing to learn and is only counted.
+* the policy cannot or did not change: a loss that depends on no trainable parameter (the trained modules are not
+  on the forward's path), or an applied update with a non-zero advantage that leaves every trainable parameter
+  unchanged (a learning rate too small for float32 weights, gradients that do not reach them), stops the run
+  (``PolicyUnchangedError``). An iteration whose advantages are all 0 (equal rewards in every group) has nothing
+  to learn and is not an error.
 """
 
 from __future__ import annotations
@@ -213,6 +215,11 @@ def _train(
                     kl_terms = (mean, ref_mean, std_dev_t, sqrt_dt)
                 loss, step_stats = run.algo.step_objective(s, log_prob, old, advantages[rows].to(device), kl_terms)
                 scaled = loss * (len(rows) * share)
+                if not scaled.requires_grad:
+                    raise PolicyUnchangedError(
+                        f"step {step}: the loss depends on no trainable parameter, so no update can change the "
+                        f"policy: the trained modules are not on the forward's path (check dit.lora.target_modules)"
+                    )
                 scaled.backward()
                 total += scaled.detach().double().cpu()
                 micro_losses.append(scaled.detach())
@@ -244,8 +251,8 @@ def _train(
             if signal and lr > 0 and not _changed_anywhere(before, _fingerprint(params)):
                 raise PolicyUnchangedError(
                     f"step {step}: the update changed no trainable parameter although the advantages were not all 0 "
-                    f"(gradient norm {float(norm):.3g}): the trained parameters do not reach the loss (a LoRA on "
-                    f"modules the forward does not run?); check dit.lora.target_modules"
+                    f"(gradient norm {float(norm):.3g}, lr {lr:.3g}): a learning rate too small to move float32 "
+                    f"weights, or gradients that do not reach them (check optim.lr and dit.lora.target_modules)"
                 )
     module.eval()
     out = {k: _replica_mean(sum(v) / len(v), state) for k, v in stats.items()}

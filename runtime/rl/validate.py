@@ -91,8 +91,11 @@ def check_rl_inputs(config: Any, state: ParallelState) -> CheckedRLInputs:
     check_outputs(config)
     try:
         prompts = read_prompts(config.data.prompts)
-        PromptSampler(len(prompts), config.data.prompts_per_step, config.data.seed, 0, state.dp_size)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"data.prompts: {exc}") from None
+    try:
+        PromptSampler(len(prompts), config.data.prompts_per_step, config.data.seed, 0, state.dp_size)
+    except ValueError as exc:
+        raise ConfigError(f"data.prompts_per_step: {exc}") from None
     resume_from, skipped = select_checkpoint(config, state)
     return CheckedRLInputs(prompts, resume_from, skipped)

@@ -24,3 +24,13 @@ class PromptLength:
 
     def __call__(self, samples: torch.Tensor, prompts: list[str]) -> list[float]:
         return [self.scale * len(p) for p in prompts]
+
+
+def wrong_count(samples: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    """One value too few: a broken reward the job must refuse."""
+    return torch.zeros(len(prompts) - 1)
+
+
+def constant(samples: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    """The same reward for every sample: advantages all 0, nothing to learn."""
+    return torch.ones(len(prompts))
