@@ -32,8 +32,10 @@ Example (every key with its default unless marked required)::
       num_inference_steps: 10
       true_cfg_scale: 1.0        # > 1: true classifier-free guidance with data.negative_prompt (Wan, Qwen-Image)
       batch_size: null           # samples per rollout forward; null: all of the replica's samples at once
-    rewards:                     # required: one or more, combined as sum(weight * reward)
+    rewards:                     # required: one or more, combined as sum(weight * reward) (runtime/rl/rewards)
       - {name: aesthetic, callable: "my_pkg.rewards:score", weight: 1.0}
+    reward_ranks: null           # null: every rank scores its own samples; [0, 1]: only these global ranks load the
+                                 # reward models and score the whole batch in chunks (samples sent there)
     parallel: {sp: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false}
     optim: {lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, grad_clip: 1.0, warmup_steps: 0,
             min_lr_ratio: 0.1}
@@ -119,6 +121,7 @@ class RLConfig:
     sampling: SamplingConfig
     rewards: list
     reference: str = "lora_disabled"
+    reward_ranks: list | None = None
     dit: DiTConfig = field(default_factory=DiTConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -185,6 +188,15 @@ def _check_shared(config: RLConfig) -> None:
     for index, item in enumerate(rewards):
         if not isinstance(item, dict):
             raise ConfigError(f"rewards[{index}]: expected a mapping such as {{callable: module:function}}")
+    ranks = config.reward_ranks
+    if ranks is not None and (
+        not ranks
+        or len(set(ranks)) != len(ranks)
+        or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks)
+    ):
+        raise ConfigError(
+            f"reward_ranks: expected null or a list of distinct global ranks (e.g. [0]), found {ranks!r}"
+        )
     betas = config.optim.betas
     if len(betas) != 2 or not all(
         isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1 for b in betas

@@ -48,7 +48,7 @@ from runtime.rl.config import RLConfig, algorithm_module
 from runtime.rl.metrics import RLMetricsLogger
 from runtime.rl.policy import Policy, build_dit_policy, lora_disabled
 from runtime.rl.prompts import Prompt, PromptSampler
-from runtime.rl.rewards import RewardMix, build_rewards
+from runtime.rl.rewards import RewardError, RewardMix, build_rewards, reward_names
 from runtime.rl.validate import CheckedRLInputs, check_rl_inputs
 from runtime.train.config import ConfigError
 from runtime.train.finite import check_mode, guard_update, micro_batches
@@ -122,6 +122,66 @@ def _replica_mean(value: float, state: ParallelState, op: str = "mean") -> float
     return t.item() if op == "max" else t.item() / state.dp_size
 
 
+def _attempt(fn: Any, *args: Any) -> tuple[Any, str | None]:
+    """``(fn(*args), None)``, or ``(None, message)`` for a user error (a config or reward error)."""
+    try:
+        return fn(*args), None
+    except ConfigError as exc:
+        return None, str(exc)
+
+
+def agree(error: str | None, state: ParallelState) -> None:
+    """Every rank raises the first rank's error when any rank has one (collective): a rank that failed alone must
+    not leave the others waiting in the next collective."""
+    errors = [error]
+    if state.world_size > 1:
+        errors = [None] * state.world_size
+        dist.all_gather_object(errors, error)
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise RewardError(first)
+
+
+def _local_scores(run: RLRun, samples: torch.Tensor, prompts: Sequence[str]) -> tuple[torch.Tensor | None, str | None]:
+    """This rank's ``[1 + K, n]`` (combined, then each reward) for ``samples``, or the reward's error."""
+    try:
+        combined, each = run.rewards(samples, prompts)
+    except RewardError as exc:
+        return None, str(exc)
+    return torch.stack([combined, *(each[n] for n in run.reward_names)]).double(), None
+
+
+def score(run: RLRun, samples: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+    """The rewards of the global batch, ``[1 + K, D * B]`` replica-major, on every rank (collective).
+
+    ``reward_ranks: null``: every rank scores its replica's samples. A list of ranks: the first SP rank of each
+    replica sends its samples there, the listed ranks score contiguous chunks of the global batch in turn, and every
+    rank receives all the values (reward models are built and run on those ranks only)."""
+    state, ranks = run.state, run.config.reward_ranks
+    if ranks is None:
+        local, error = _local_scores(run, samples, prompts)
+        agree(error, state)
+        return _gather(local, state)
+    parts: list[Any] = [None] * state.world_size
+    mine = (state.dp_rank, samples.detach().cpu(), list(prompts)) if state.sp_rank == 0 else None
+    dist.all_gather_object(parts, mine)
+    ordered = sorted((p for p in parts if p is not None), key=lambda p: p[0])
+    all_samples = torch.cat([p[1] for p in ordered])
+    all_prompts = [t for p in ordered for t in p[2]]
+    n = len(all_prompts)
+    bounds = [n * j // len(ranks) for j in range(len(ranks) + 1)]
+    result: tuple[int, torch.Tensor | None, str | None] | None = None
+    if state.rank in ranks:
+        j = ranks.index(state.rank)
+        lo, hi = bounds[j], bounds[j + 1]
+        result = (j, *_local_scores(run, all_samples[lo:hi], all_prompts[lo:hi])) if hi > lo else (j, None, None)
+    answers: list[Any] = [None] * state.world_size
+    dist.all_gather_object(answers, result)
+    answers = sorted((a for a in answers if a is not None), key=lambda a: a[0])
+    agree(next((a[2] for a in answers if a[2] is not None), None), state)
+    return torch.cat([a[1] for a in answers if a[1] is not None], dim=1)
+
+
 def _fingerprint(params: Sequence[torch.Tensor]) -> torch.Tensor:
     """Sum and sum of squares of this rank's share of ``params`` (float64): an update that moves any of them moves
     one of the two (a parameter at 0, LoRA's B, moves the squares)."""
@@ -147,7 +207,8 @@ class RLRun:
     config: RLConfig
     state: ParallelState
     policy: Policy
-    rewards: RewardMix
+    rewards: RewardMix | None  # None on ranks that do not score (reward_ranks)
+    reward_names: list[str]
     prompts: list[Prompt]
     sampler: PromptSampler
     optimizer: torch.optim.Optimizer
@@ -295,9 +356,8 @@ def iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
     ]
     res = concat_rollouts(parts)
     rolled = time.perf_counter()
-    combined, each = run.rewards(adapter.decode(res.final_latents), sample_prompts)
+    every = score(run, adapter.decode(res.final_latents), sample_prompts)  # [1 + K, D * B]
     scored = time.perf_counter()
-    every = _gather(torch.stack([combined, *each.values()]).double(), state)  # [1 + K, D * B]
     group_ids = torch.arange(every.shape[1]) // g
     advantages_all = run.algo.advantages(s, every[0], group_ids)
     advantages = advantages_all[state.dp_rank * b : (state.dp_rank + 1) * b]
@@ -305,7 +365,7 @@ def iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
     trained = _train(run, step, res, batch, advantages, names)
     run.scheduler.step()
     metrics: dict[str, Any] = {"step": step, "reward": every[0].mean().item(), "reward_std": every[0].std().item()}
-    for k, name in enumerate(each, 1):
+    for k, name in enumerate(run.reward_names, 1):
         metrics[f"reward/{name}"] = every[k].mean().item()
         metrics[f"reward_std/{name}"] = every[k].std().item()
     metrics.update(
@@ -346,7 +406,10 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
     state = setup_parallel(config)
     inputs = check_rl_inputs(config, state)  # before the model is built: a user error costs seconds
     check_mode(config.train.nonfinite, "train.nonfinite")
-    rewards = build_rewards(config.rewards)
+    rewards, error = None, None
+    if config.reward_ranks is None or state.rank in config.reward_ranks:  # reward models only where they run
+        rewards, error = _attempt(build_rewards, config.rewards)
+    agree(error, state)
     torch.manual_seed(config.model.seed)
     policy = build_dit_policy(config, state, train_device(state))
     o = config.optim
@@ -363,7 +426,9 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
         start, skipped = resume(inputs.resume_from, saved, optimizer, scheduler, sampler, policy.identity)
     logger = RLMetricsLogger(Path(config.log.dir), config.train.steps, state.rank == 0, config.log.tensorboard)
     algo = algorithm_module(config.algorithm)
-    run = RLRun(config, state, policy, rewards, inputs.prompts, sampler, optimizer, scheduler, algo, logger, skipped)
+    names = reward_names(config.rewards)
+    run = RLRun(config, state, policy, rewards, names, inputs.prompts, sampler, optimizer, scheduler, algo, logger)
+    run.skipped_nonfinite = skipped
     if inputs.resume_from is not None:
         logger.say(f"resumed from {inputs.resume_from} at step {start}")
     logger.say(f"{config.algorithm}: {algo.conventions(config.algo)}")

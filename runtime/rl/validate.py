@@ -97,5 +97,8 @@ def check_rl_inputs(config: Any, state: ParallelState) -> CheckedRLInputs:
         PromptSampler(len(prompts), config.data.prompts_per_step, config.data.seed, 0, state.dp_size)
     except ValueError as exc:
         raise ConfigError(f"data.prompts_per_step: {exc}") from None
+    ranks = config.reward_ranks
+    if ranks is not None and max(ranks) >= state.world_size:
+        raise ConfigError(f"reward_ranks: {ranks} names a rank the run does not have (world size {state.world_size})")
     resume_from, skipped = select_checkpoint(config, state)
     return CheckedRLInputs(prompts, resume_from, skipped)

@@ -34,3 +34,13 @@ def wrong_count(samples: torch.Tensor, prompts: list[str]) -> torch.Tensor:
 def constant(samples: torch.Tensor, prompts: list[str]) -> torch.Tensor:
     """The same reward for every sample: advantages all 0, nothing to learn."""
     return torch.ones(len(prompts))
+
+
+def not_finite(samples: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    out = torch.zeros(len(prompts))
+    out[0] = float("nan")
+    return out
+
+
+def raises(samples: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+    raise RuntimeError("the reward model ran out of memory")

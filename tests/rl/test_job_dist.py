@@ -86,3 +86,16 @@ def test_sp2_with_lora(tiny_pipelines, tmp_path: Path) -> None:
                 assert relative_error(got["grads"][name], g) <= LORA_REL, name
             else:
                 assert got["grads"][name].norm() == 0, name
+
+
+@pytest.mark.dist
+def test_rewards_on_one_rank_for_both_replicas(tiny_pipelines, tmp_path: Path) -> None:
+    """``reward_ranks: [1]``: rank 1 alone builds the reward and scores both replicas' samples; the rewards and the
+    update are those of every rank scoring its own."""
+    layout = {**GROUPS_OF_3, "micro_batch_size": 3}
+    raw = rl_config("flux", tiny_pipelines("flux"), tmp_path, dit=FULL, flowgrpo=layout, sampling={"batch_size": 3})
+    ref = one_iteration(0, 1, raw)
+    two = {**raw, "data": {**raw["data"], "prompts_per_step": 1}, "reward_ranks": [1]}
+    for got in run_distributed(one_iteration, 2, two, timeout=300):
+        assert got["metrics"]["reward"] == pytest.approx(ref["metrics"]["reward"], rel=1e-6)
+        _compare(got, ref)

@@ -27,7 +27,7 @@ import torch
 
 from runtime.train.config import ConfigError
 
-__all__ = ["KINDS", "Reward", "RewardError", "RewardMix", "build_rewards"]
+__all__ = ["KINDS", "Reward", "RewardError", "RewardMix", "build_rewards", "reward_names"]
 
 KINDS = ("callable", "http", "clip", "pickscore")
 _COMMON = ("weight", "name")
@@ -52,8 +52,8 @@ class Reward:
     def __call__(self, samples: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
         try:
             values = self.fn(samples, list(prompts))
-        except RewardError:
-            raise
+        except RewardError as exc:
+            raise RewardError(f"reward {self.name!r}: {exc}") from None
         except Exception as exc:  # a user's reward: any failure is reported as this reward's, in one line
             message = " ".join(str(exc).split())[:300]
             raise RewardError(f"reward {self.name!r} failed: {type(exc).__name__}: {message}") from None
@@ -116,7 +116,7 @@ def _build_one(index: int, spec: dict[str, Any]) -> Reward:
     target = spec[kind]
     if not isinstance(target, str) or not target:
         raise ConfigError(f"{key}.{kind}: expected a string, found {target!r}")
-    name = spec.get("name", f"{kind}{index}")
+    name = spec.get("name", _default_name(index, kind))
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{key}.name: expected a non-empty string, found {name!r}")
     if kind == "callable":
@@ -142,6 +142,15 @@ def _build_one(index: int, spec: dict[str, Any]) -> Reward:
 
         fn = build_model_reward(kind, target, spec, key)
     return Reward(name, float(weight), fn)
+
+
+def _default_name(index: int, kind: str) -> str:
+    return f"{kind}{index}"
+
+
+def reward_names(specs: Sequence[dict[str, Any]]) -> list[str]:
+    """The names of a (validated) rewards list, in order: ``name``, or the kind and the index."""
+    return [spec.get("name") or _default_name(i, next(k for k in KINDS if k in spec)) for i, spec in enumerate(specs)]
 
 
 def build_rewards(specs: Sequence[dict[str, Any]]) -> RewardMix:
