@@ -1,0 +1,159 @@
+"""Stable Diffusion 3 / 3.5 condition model: two CLIP text encoders (pooled + hidden states) and T5, concatenated
+along the sequence as the pipeline does (CLIP states padded to the T5 width, then the T5 tokens), and AutoencoderKL,
+loaded from a ``StableDiffusion3Pipeline`` directory.
+
+Latents are the VAE posterior's mode, ``(z - shift_factor) * scaling_factor``, unpacked ``(C, h, w)``: the
+transformer patchifies itself. Noise levels: logit-normal, shifted by the scheduler's ``shift`` (3.0 in the released
+pipelines), as diffusers' SD3 training scripts draw them (``weighting_scheme = "logit_normal"``, no loss weighting);
+the transformer's timestep is ``sigma * num_train_timesteps``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from diffusers import StableDiffusion3Pipeline
+from torch import Tensor
+
+from runtime.diffusion.conditions.base import ConditionInputs, ConditionModel, stack_context
+from runtime.diffusion.timesteps import TimestepSampler
+
+__all__ = ["SD3ConditionModel"]
+
+TEXT_LENGTH = 256  # the pipeline's max_sequence_length (T5 tokens), after 77 CLIP tokens
+
+
+class SD3ConditionModel(ConditionModel):
+    pipeline_class = StableDiffusion3Pipeline
+    components = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "tokenizer_3", "text_encoder_3", "vae")
+    # 32x48 px -> 4x6 latents -> 2x3 tokens (patch 2)
+    example_pixels = (3, 32, 48)
+    pipeline_call = {"guidance_scale": 1.0}
+
+    def __init__(self, pipeline: Any, sampler: TimestepSampler) -> None:
+        super().__init__(pipeline, sampler)
+        if self.has_encoders:
+            self.shift_factor = pipeline.vae.config.shift_factor or 0.0
+            self.scaling_factor = pipeline.vae.config.scaling_factor
+        self.num_train_timesteps = pipeline.scheduler.config.num_train_timesteps
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | os.PathLike, encoders: bool = True, **sampler_overrides: Any
+    ) -> SD3ConditionModel:
+        pipeline = cls.load_pipeline(path, encoders=encoders)
+        sampler = TimestepSampler.from_scheduler_config(
+            pipeline.scheduler.config, **{"distribution": "logit_normal", **sampler_overrides}
+        )
+        return cls(pipeline, sampler)
+
+    @torch.no_grad()
+    def encode_image(self, image: Tensor) -> Tensor:
+        """Normalized VAE latents (C, h, w) of one (C, H, W) image in [-1, 1]."""
+        vae = self.pipeline.vae
+        latents = vae.encode(image[None].to(self.device, vae.dtype)).latent_dist.mode().float()
+        return ((latents - self.shift_factor) * self.scaling_factor)[0]
+
+    @torch.no_grad()
+    def get_condition(self, inputs: Sequence[str], videos: Sequence[Tensor]) -> dict[str, list]:
+        if len(inputs) != len(videos):
+            raise ValueError(f"get_condition: {len(inputs)} prompts for {len(videos)} images")
+        prompts = list(inputs)
+        embeds, _, pooled, _ = self.pipeline.encode_prompt(
+            prompts,
+            prompts,
+            prompts,
+            device=self.device,
+            do_classifier_free_guidance=False,
+            max_sequence_length=TEXT_LENGTH,
+        )
+        context = [
+            {"encoder_hidden_states": e.float(), "pooled_projections": p.float()}
+            for e, p in zip(embeds, pooled, strict=True)
+        ]
+        return {"latents": [self.encode_image(image) for image in videos], "context": context}
+
+    def process_condition(
+        self, latents: Sequence[Tensor], context: Sequence[dict[str, Tensor]], generator: torch.Generator | None = None
+    ) -> ConditionInputs:
+        x0 = torch.stack(list(latents)).to(self.device)
+        b, _, h, w = x0.shape
+        sigmas = self.sampler.sample(b, (h // 2) * (w // 2), generator)
+        noisy, target = self.noisy(x0, self.noise_like(x0, generator), sigmas)
+        inputs = {
+            "hidden_states": noisy,
+            "timestep": (sigmas * self.num_train_timesteps).to(self.device),
+            "encoder_hidden_states": stack_context(context, "encoder_hidden_states").to(self.device),
+            "pooled_projections": stack_context(context, "pooled_projections").to(self.device),
+        }
+        return ConditionInputs(inputs, target, sigmas)
+
+    @classmethod
+    def tiny_components(cls, config: dict[str, Any], variant: str | None) -> dict[str, Any]:
+        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
+        from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+        from runtime.diffusion.tiny import tiny_tokenizer
+
+        clip_width = config["pooled_projection_dim"] // 2  # the two CLIP projections are concatenated
+
+        def clip(tokenizer: Any) -> Any:
+            return CLIPTextModelWithProjection(
+                CLIPTextConfig(
+                    vocab_size=len(tokenizer),
+                    hidden_size=clip_width,
+                    projection_dim=clip_width,
+                    intermediate_size=32,
+                    num_hidden_layers=2,  # the pipeline reads the penultimate hidden state
+                    num_attention_heads=4,
+                    max_position_embeddings=77,
+                    bos_token_id=tokenizer.bos_token_id,
+                    eos_token_id=tokenizer.eos_token_id,
+                )
+            )
+
+        tokenizer, tokenizer_2 = tiny_tokenizer(model_max_length=77), tiny_tokenizer(model_max_length=77)
+        tokenizer_3 = tiny_tokenizer()
+        t5 = T5Config(
+            vocab_size=len(tokenizer_3),
+            d_model=config["joint_attention_dim"],
+            d_kv=8,
+            d_ff=32,
+            num_layers=1,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+        )
+        return dict(
+            tokenizer=tokenizer,
+            text_encoder=clip(tokenizer),
+            tokenizer_2=tokenizer_2,
+            text_encoder_2=clip(tokenizer_2),
+            tokenizer_3=tokenizer_3,
+            text_encoder_3=T5EncoderModel(t5),
+            vae=AutoencoderKL(  # 4 blocks: the x8 scale factor the pipeline derives from block_out_channels
+                block_out_channels=[8, 8, 8, 8],
+                down_block_types=["DownEncoderBlock2D"] * 4,
+                up_block_types=["UpDecoderBlock2D"] * 4,
+                latent_channels=config["in_channels"],
+                layers_per_block=1,
+                norm_num_groups=4,
+                shift_factor=0.0609,
+                scaling_factor=1.5305,
+            ),
+            scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        )
+
+    @classmethod
+    def example_inputs(cls, config: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
+        """6x10 latents, patch 2 -> 3 x 5 = 15 tokens; 7 text tokens; a batch of 2."""
+        batch, text = 2, 7
+        return {
+            "hidden_states": torch.randn(batch, config["in_channels"], 6, 10, generator=generator),
+            "encoder_hidden_states": torch.randn(batch, text, config["joint_attention_dim"], generator=generator),
+            "pooled_projections": torch.randn(batch, config["pooled_projection_dim"], generator=generator),
+            "timestep": torch.rand(batch, generator=generator) * 1000,
+            "return_dict": False,
+        }
