@@ -70,7 +70,11 @@ def main() -> None:
     from runtime.demos.train_dit import main as dit_demo
 
     ok = dit_demo() and ok
-    print("== 7. FlowGRPO: tiny SD3 transformer, GRPO with a learnable reward ==", flush=True)
+    print(
+        "== 7. FlowGRPO: torchrun -m runtime.rl on tiny Flux.1 at sp=2, CLIP (tiny checkpoint) + brightness rewards, "
+        "resume, LoRA export loaded by FluxPipeline ==",
+        flush=True,
+    )
     from runtime.demos.flowgrpo import main as flowgrpo_demo
 
     ok = flowgrpo_demo() and ok

@@ -112,25 +112,31 @@ class DiTFlowGRPO(VelocityAdapter):
         return self.condition_model.prediction_to_latents(out, latents.shape[1:])
 
 
+_ADAPTERS: dict[str, type[DiTFlowGRPO]] = {}  # model type -> its adapter class
+
+
 def register_generated_dits() -> None:
-    """One ``DiTFlowGRPO`` subclass per generated DiT, under its upstream class name (a name an adapter of its own
-    already holds keeps that adapter)."""
+    """One ``DiTFlowGRPO`` subclass per generated DiT, registered under its upstream class name unless an adapter of
+    its own holds that name (the library's SD3 adapter: ``adapter_for`` still finds the generated one). Called by the
+    registry when it loads the built-in adapters."""
     from runtime.diffusion.registry import dit_model_types, lookup_dit
 
     for model_type in dit_model_types():
-        architecture = lookup_dit(model_type).upstream_auto
-        if is_registered(architecture, "flowgrpo"):
+        if model_type in _ADAPTERS:
             continue
+        architecture = lookup_dit(model_type).upstream_auto
         cls = type(f"{architecture}FlowGRPO", (DiTFlowGRPO,), {"model_type": model_type, "__module__": __name__})
-        register_diffusion_model(architecture, "flowgrpo")(cls)
+        _ADAPTERS[model_type] = cls
+        if not is_registered(architecture, "flowgrpo"):
+            register_diffusion_model(architecture, "flowgrpo")(cls)
 
 
-def adapter_for(model_type: str, algorithm: str = "flowgrpo") -> type[DiTFlowGRPO]:
+def adapter_for(model_type: str) -> type[DiTFlowGRPO]:
     """The adapter class of the generated DiT ``model_type``."""
-    from runtime.diffusion.registry import lookup_dit
-    from runtime.flowgrpo.registry import get_diffusion_model_cls
+    from runtime.diffusion.registry import dit_model_types
+    from runtime.flowgrpo.registry import registered_diffusion_models
 
-    return get_diffusion_model_cls(lookup_dit(model_type).upstream_auto, algorithm)
-
-
-register_generated_dits()
+    registered_diffusion_models()  # loads the built-in adapters, then registers the generated DiTs
+    if model_type not in _ADAPTERS:
+        raise KeyError(f"{model_type!r} is not a generated DiT; known: {', '.join(dit_model_types())}")
+    return _ADAPTERS[model_type]

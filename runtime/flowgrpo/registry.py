@@ -154,8 +154,7 @@ def registered_diffusion_models() -> list[tuple[str, str]]:
 
 
 # Modules whose import registers the built-in adapters; imported on the first lookup (keeps diffusers lazy).
-# The generated DiTs last: an architecture with an adapter of its own (SD3's) keeps it.
-_BUILTIN_ADAPTER_MODULES = ("runtime.flowgrpo.sd3", "runtime.flowgrpo.mot", "runtime.flowgrpo.dit")
+_BUILTIN_ADAPTER_MODULES = ("runtime.flowgrpo.sd3", "runtime.flowgrpo.mot")
 _builtins_loaded = False
 
 
@@ -165,6 +164,8 @@ def _load_builtin_adapters() -> None:
         _builtins_loaded = True
         for name in _BUILTIN_ADAPTER_MODULES:
             importlib.import_module(name)
+        # the generated DiTs last: an architecture with an adapter of its own (SD3's) keeps it
+        importlib.import_module("runtime.flowgrpo.dit").register_generated_dits()
 
 
 def get_diffusion_model_cls(architecture: str, algorithm: str) -> type[DiffusionModelBase]:

@@ -32,6 +32,7 @@ import functools
 import hashlib
 import math
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -326,6 +327,12 @@ def _train(
 
 def iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
     """Iteration ``step`` (1-based): rollout, rewards, advantages, update; (its metrics, its rollout)."""
+    with warnings.catch_warnings():  # FSDP2 warns that unpatchify's view is returned: no in-place op follows
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+        return _iteration(run, step)
+
+
+def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
     c, s, state, policy = run.config, run.config.algo, run.state, run.policy
     adapter = policy.adapter
     started = time.perf_counter()

@@ -93,7 +93,7 @@ def build_dit_policy(config: Any, state: ParallelState, device: torch.device) ->
     s = config.sampling
     latent_shape = condition_model.sampling_latent_shape(s.height, s.width, s.frames)
     algo = config.algo
-    adapter = adapter_for(config.model.type, config.algorithm)(
+    adapter = adapter_for(config.model.type)(
         condition_model,
         latent_shape,
         true_cfg_scale=s.true_cfg_scale,

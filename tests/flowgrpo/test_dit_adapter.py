@@ -93,3 +93,14 @@ def test_every_generated_dit_has_an_adapter(name):
     architecture = lookup_dit(name).upstream_auto
     cls = get_diffusion_model_cls(architecture, "flowgrpo")
     assert issubclass(cls, DiTFlowGRPO) and cls.model_type == name and cls is adapter_for(name)
+
+
+def test_an_architecture_with_its_own_adapter_keeps_it():
+    """The library's SD3 adapter keeps ("SD3Transformer2DModel", "flowgrpo") whether or not an SD3 spec is
+    generated; the job finds a generated SD3 by its model type."""
+    from runtime.diffusion.registry import dit_model_types
+    from runtime.flowgrpo.sd3 import SD3FlowGRPO
+
+    assert get_diffusion_model_cls("SD3Transformer2DModel", "flowgrpo") is SD3FlowGRPO
+    if "sd3" in dit_model_types():
+        assert adapter_for("sd3").model_type == "sd3"

@@ -224,44 +224,12 @@ def test_job_stops_on_a_reward_timeout_and_keeps_its_checkpoint(server, tiny_pip
 # ---------------------------------------------------------------------------------------------------- CLIP
 
 
-def _tiny_clip(directory: Path, seed: int) -> Path:
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
-
-    from runtime.diffusion.tiny import tiny_tokenizer
-
-    tokenizer = tiny_tokenizer()
-    torch.manual_seed(seed)
-    config = CLIPConfig(
-        text_config={
-            "vocab_size": len(tokenizer),
-            "hidden_size": 16,
-            "intermediate_size": 32,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "max_position_embeddings": 77,
-            "bos_token_id": tokenizer.bos_token_id,
-            "eos_token_id": tokenizer.eos_token_id,
-        },
-        vision_config={
-            "hidden_size": 16,
-            "intermediate_size": 32,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 2,
-            "image_size": 32,
-            "patch_size": 8,
-        },
-        projection_dim=8,
-    )
-    CLIPModel(config).save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(directory)
-    return directory
-
-
 @pytest.fixture(scope="module")
 def clips(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("clip")
-    return {"clip": _tiny_clip(root / "clip", 0), "pick": _tiny_clip(root / "pick", 1)}
+    from runtime.rl.rewards.models import save_tiny_clip
+
+    return {"clip": save_tiny_clip(root / "clip", 0), "pick": save_tiny_clip(root / "pick", 1)}
 
 
 def _expected(path: Path, x: torch.Tensor, pickscore: bool) -> torch.Tensor:

@@ -27,7 +27,7 @@ import torch
 
 from runtime.train.config import ConfigError
 
-__all__ = ["ClipReward", "build_model_reward"]
+__all__ = ["ClipReward", "build_model_reward", "save_tiny_clip"]
 
 
 def _embedding(output: Any) -> torch.Tensor:
@@ -91,3 +91,31 @@ def build_model_reward(kind: str, path: str, spec: dict[str, Any], key: str) -> 
     except (OSError, ValueError, KeyError, TypeError) as exc:
         message = " ".join(str(exc).split())[:300]
         raise ConfigError(f"{key}.{kind}: cannot load a CLIP checkpoint from {path}: {message}") from None
+
+
+def save_tiny_clip(directory: str | Path, seed: int = 0) -> Path:
+    """A tiny random CLIP checkpoint (model, tokenizer, image processor for 32 px) saved with transformers, for tests,
+    demos and benchmarks: the reward loads it through the same code as a real one. No download."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
+
+    from runtime.diffusion.tiny import tiny_tokenizer
+
+    directory = Path(directory)
+    tokenizer = tiny_tokenizer()
+    torch.manual_seed(seed)
+    layers = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2}
+    config = CLIPConfig(
+        text_config={
+            **layers,
+            "vocab_size": len(tokenizer),
+            "max_position_embeddings": 77,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+        },
+        vision_config={**layers, "image_size": 32, "patch_size": 8},
+        projection_dim=8,
+    )
+    CLIPModel(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(directory)
+    return directory
