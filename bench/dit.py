@@ -1,22 +1,32 @@
 """DiT training overhead, measured as ratios in one run.
 
-1. forward+backward CPU time (one thread), generated shell vs the diffusers class with the same weights,
-   parallelism off, for Wan, Flux, Qwen-Image and HunyuanVideo (target <= 1.02);
+1. forward+backward, generated shell vs the diffusers class with the same weights, parallelism off, for Wan, Flux,
+   Qwen-Image and HunyuanVideo (target <= 1.02): interleaved rounds on the shared clock (``bench/harness.py``: process
+   CPU time with one thread on CPU, synchronised wall time on CUDA), the ratio the median of the per-round ratios;
+   tokens/s and MFU of the generated model beside it;
 2. activation memory per rank (bytes of tensors saved for backward) at sp=2 vs sp=1 for long video token
    sequences of Wan (self-attention) and HunyuanVideo (joint [video, text] attention) (target <= 0.6): exact and
-   repeatable on CPU, unlike RSS.
+   repeatable on CPU, unlike RSS (gloo ranks on CPU, in ``--dtype``).
 
-Run: `.venv/bin/python bench/dit.py`.
+Run: `.venv/bin/python bench/dit.py [--device cpu|cuda] [--dtype fp32|bf16] [--repeats 9]`.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Any
 
 import torch
-from harness import saved_activation_bytes, worst_rank
+from harness import (
+    bench_args,
+    flops_of,
+    interleaved,
+    median_ratio,
+    saved_activation_bytes,
+    setup,
+    throughput,
+    worst_rank,
+)
 
 from runtime.diffusion.registry import lookup_dit, training_class
 
@@ -123,57 +133,71 @@ def _pair(model_type: str, config: dict[str, Any]) -> tuple[torch.nn.Module, tor
     return upstream, generated
 
 
-def _fwd_bwd(model: torch.nn.Module, inputs: dict[str, Any]) -> float:
-    """CPU seconds of one forward+backward (one intra-op thread): steadier than wall time on a shared machine."""
-    start = time.process_time()
-    model(**inputs)[0].square().mean().backward()
-    elapsed = time.process_time() - start
-    model.zero_grad(set_to_none=True)
-    return elapsed
+def _on(inputs: dict[str, Any], device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    """Inputs on the bench's device; floating tensors in its dtype (ids, masks and timesteps' dtypes kept)."""
+    moved = {}
+    for key, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            value = value.to(device, dtype if value.is_floating_point() and key != "timestep" else None)
+        moved[key] = value
+    return moved
 
 
-def overhead(model_type: str, config: dict[str, Any], inputs: dict[str, Any], repeats: int = 9) -> tuple[float, float]:
-    upstream, generated = _pair(model_type, config)
-    for m in (upstream, generated):  # warm-up
-        _fwd_bwd(m, inputs)
-    up, gen = [], []
-    for i in range(repeats):  # interleaved, alternating who goes first, so drift affects both alike
-        for model, times in ((upstream, up), (generated, gen))[:: 1 if i % 2 else -1]:
-            times.append(_fwd_bwd(model, inputs))
-    return statistics.median(up), statistics.median(gen)
+def _cast(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """``model.to(dtype)`` only when that changes anything (diffusers warns on every dtype cast)."""
+    return model if dtype == torch.float32 else model.to(dtype)
 
 
-def _memory_worker(rank: int, world: int, model_type: str, frames: int) -> int:
+def overhead(bench, model_type: str, config: dict[str, Any], inputs: dict[str, Any]) -> tuple[float, ...]:
+    """(diffusers s, generated s, median per-round ratio, FLOPs of one generated forward+backward)."""
+    upstream, generated = (_cast(m.to(bench.device), bench.dtype) for m in _pair(model_type, config))
+    inputs = _on(inputs, bench.device, bench.dtype)
+
+    def step(model: torch.nn.Module):
+        def run() -> None:
+            model(**inputs)[0].float().square().mean().backward()
+            model.zero_grad(set_to_none=True)
+
+        return run
+
+    samples = interleaved({"diffusers": step(upstream), "generated": step(generated)}, bench.repeats, bench.clock)
+    up, gen = (statistics.median(samples[k]) for k in ("diffusers", "generated"))
+    return up, gen, median_ratio(samples["generated"], samples["diffusers"]), flops_of(step(generated))
+
+
+def _memory_worker(rank: int, world: int, model_type: str, frames: int, dtype: torch.dtype) -> int:
     from runtime.parallel.state import init_parallel_state
 
     init_parallel_state(sp_size=world)
     _, model = _pair(model_type, CONFIGS[model_type])
-    inputs = _inputs(model_type, (16, 16), frames=frames)
-    return saved_activation_bytes(lambda: model(**inputs)[0].square().mean())
+    _cast(model, dtype)
+    inputs = _on(_inputs(model_type, (16, 16), frames=frames), torch.device("cpu"), dtype)
+    return saved_activation_bytes(lambda: model(**inputs)[0].float().square().mean())
 
 
-def activation_bytes_per_rank(model_type: str, world: int, frames: int) -> int:
-    return worst_rank(_memory_worker, world, model_type, frames)
+def activation_bytes_per_rank(model_type: str, world: int, frames: int, dtype: torch.dtype = torch.float32) -> int:
+    return worst_rank(_memory_worker, world, model_type, frames, dtype)
 
 
 def main() -> None:
-    torch.set_num_threads(1)
-    print("forward+backward CPU time, parallelism off, generated shell vs diffusers class (fp32, 1 thread)")
+    bench = setup(bench_args(__doc__, repeats=9).parse_args())
+    print(f"forward+backward, parallelism off, generated shell vs diffusers class ({bench.label})")
     cases = [
-        ("wan", WAN, _inputs("wan", (16, 16), frames=2), "2 frames x 16x16 = 512 tokens"),
-        ("flux", FLUX, _inputs("flux", (16, 32)), "512 image + 64 text tokens"),
-        ("qwenimage", QWEN, _inputs("qwenimage", (16, 32)), "512 image + 64 text tokens"),
-        ("hunyuanvideo", HUNYUAN, _inputs("hunyuanvideo", (16, 16), frames=2), "512 video + 64 text tokens"),
+        ("wan", WAN, _inputs("wan", (16, 16), frames=2), 512, "2 frames x 16x16 = 512 tokens"),
+        ("flux", FLUX, _inputs("flux", (16, 32)), 576, "512 image + 64 text tokens"),
+        ("qwenimage", QWEN, _inputs("qwenimage", (16, 32)), 576, "512 image + 64 text tokens"),
+        ("hunyuanvideo", HUNYUAN, _inputs("hunyuanvideo", (16, 16), frames=2), 576, "512 video + 64 text tokens"),
     ]
-    for model_type, config, inputs, what in cases:
-        up, gen = overhead(model_type, config, inputs)
+    for model_type, config, inputs, tokens, what in cases:
+        up, gen, ratio, flops = overhead(bench, model_type, config, inputs)
         print(
             f"  {model_type:12s} {what:30s} diffusers {up * 1e3:7.1f} ms  generated {gen * 1e3:7.1f} ms  "
-            f"ratio {gen / up:5.3f}  (target <= 1.02)"
+            f"ratio {ratio:5.3f}  (target <= 1.02)\n  {'':12s} {throughput(tokens, gen, flops, bench.device)}"
         )
     frames = 16  # 16 x 16 x 16 = 4096 video tokens
     for model_type in CONFIGS:
-        one, two = activation_bytes_per_rank(model_type, 1, frames), activation_bytes_per_rank(model_type, 2, frames)
+        one = activation_bytes_per_rank(model_type, 1, frames, bench.dtype)
+        two = activation_bytes_per_rank(model_type, 2, frames, bench.dtype)
         print(f"activation memory per rank, {model_type}, {frames * 256} video tokens (bytes saved for backward)")
         print(f"  sp=1 {one / 2**20:8.1f} MiB  sp=2 {two / 2**20:8.1f} MiB  ratio {two / one:7.3f}  (target <= 0.6)")
 

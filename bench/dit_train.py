@@ -1,28 +1,36 @@
 """DiT trainer costs, measured as ratios in one run (Wan2.1 T2V: tiny VAE/UMT5 pipeline, bench-size transformer).
 
 1. training step time with cached conditions vs conditions computed on the fly (decode the MP4, VAE-encode the
-   clip, UMT5-encode the caption at every step): the median wall time per step of the real trainer (``run_job``),
-   one process, one intra-op thread;
+   clip, UMT5-encode the caption at every step): both trainer jobs (``build_dit_job``, the real ``train_step``:
+   forward, backward, clipping, AdamW) are built in this process and their steps alternate in interleaved rounds on
+   the shared clock (``bench/harness.py``: process CPU time with one thread on CPU, synchronised wall time on CUDA);
+   the ratio is the median of the per-round ratios; tokens/s of the cached step beside it;
 2. peak memory per rank of one training step (forward + backward through the real trainer's job: FSDP2, Ulysses
    SP) on a long clip, sp=2 vs sp=1 (target <= 0.6). Measured as the bytes glibc's malloc holds for the process
    (``mallinfo2``: in-use heap + mmapped chunks, with a fixed mmap threshold), sampled after every tensor operation;
    the peak minus the value before the step. This counts everything a rank allocates (activations, gathered
    parameters, gradients, communication buffers), unlike autograd's saved tensors alone.
 
-Run: `.venv/bin/python bench/dit_train.py`.
+``--dtype bf16`` runs the steps under bf16 autocast (the trainer keeps fp32 parameters); ``--device cuda`` trains on
+this process's GPU.
+
+Run: `.venv/bin/python bench/dit_train.py [--device cpu|cuda] [--dtype fp32|bf16] [--repeats 5]`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import itertools
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from harness import worst_rank
+from harness import bench_args, interleaved, median_ratio, setup, throughput, worst_rank
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # A bench-size Wan transformer on the tiny pipeline's VAE (4 latent channels) and UMT5 (d_model 16).
@@ -75,9 +83,33 @@ def run(raw: dict) -> Any:
         set_parallel_state(None)
 
 
-def step_seconds(raw: dict) -> float:
-    """Median wall time of steps 2.. of a run (the first warms up)."""
-    return statistics.median(m.tokens / m.tokens_per_s for m in run(raw).metrics[1:])
+def trainer_step(raw: dict, bench) -> tuple[Callable[[], None], int, float]:
+    """One job of the real trainer, built here: (its next training step, tokens per step, FLOPs per token)."""
+    from runtime.parallel.state import set_parallel_state
+    from runtime.train.config import parse_config
+    from runtime.train.dit import build_dit_job
+    from runtime.train.loop import setup_parallel, train_step
+    from runtime.train.schedule import build_scheduler
+    from runtime.train.validate import check_inputs
+
+    config = parse_config(raw)
+    state = setup_parallel(config)
+    if bench.device.type == "cuda":  # one process: the trainer's own default is the CPU
+        state = dataclasses.replace(state, device_type="cuda")
+        set_parallel_state(state)
+    job = build_dit_job(config, state, check_inputs(config, state))
+    job.model.train()
+    optimizer = torch.optim.AdamW([p for p in job.model.parameters() if p.requires_grad], lr=config.optim.lr)
+    scheduler = build_scheduler(optimizer, 0, 10**6, config.optim.min_lr_ratio)
+    steps = itertools.count(1)
+    last: list = []
+
+    def step() -> None:
+        with bench.autocast():
+            last[:] = [train_step(next(steps), job, optimizer, scheduler, state, config, None)]
+
+    step()  # also tells the tokens per step
+    return step, last[0].tokens, job.flops_per_token
 
 
 # ------------------------------------------------------------------------------------------------------- memory
@@ -114,7 +146,7 @@ class MallocPeak(TorchDispatchMode):
         return out
 
 
-def _memory_worker(rank: int, world: int, raw: dict) -> int:
+def _memory_worker(rank: int, world: int, raw: dict, dtype: torch.dtype) -> int:
     from runtime.train.config import parse_config
     from runtime.train.dit import build_dit_job
     from runtime.train.loop import setup_parallel
@@ -125,13 +157,13 @@ def _memory_worker(rank: int, world: int, raw: dict) -> int:
     job = build_dit_job(config, state, check_inputs(config, state))
     job.model.train()
     tracker = MallocPeak()
-    with tracker:
+    with tracker, torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
         job.forward_backward(1)
     return tracker.peak - tracker.base
 
 
-def peak_bytes_per_rank(world: int, raw: dict) -> int:
-    return worst_rank(_memory_worker, world, raw)
+def peak_bytes_per_rank(world: int, raw: dict, dtype: torch.dtype = torch.float32) -> int:
+    return worst_rank(_memory_worker, world, raw, dtype)
 
 
 def main() -> None:
@@ -142,24 +174,28 @@ def main() -> None:
 
     diffusers.utils.logging.disable_progress_bar()
     transformers.utils.logging.disable_progress_bar()
-    torch.set_num_threads(1)
+    bench = setup(bench_args(__doc__, repeats=5).parse_args())
     root = Path(tempfile.mkdtemp(prefix="patchgen-bench-dit-train-"))
     pipe = make_pipeline(root)
     clips = write_synthetic_clips(root / "clips", 4, *STEP_CLIP, seed=0)
     cached = config(root, pipe, clips, STEP_CLIP, cache=True)
     run({**cached, "train": {"steps": 1}})  # fills the cache (not timed)
-    warm, cold = step_seconds(cached), step_seconds(config(root, pipe, clips, STEP_CLIP, cache=False))
+    warm, tokens, flops_per_token = trainer_step(cached, bench)
+    cold, _, _ = trainer_step(config(root, pipe, clips, STEP_CLIP, cache=False), bench)
+    samples = interleaved({"cached": warm, "on the fly": cold}, bench.repeats, bench.clock)
+    cached_s, fly_s = (statistics.median(samples[k]) for k in ("cached", "on the fly"))
     frames, height, width = STEP_CLIP
-    tokens = ((frames - 1) // 4 + 1) * (height // 16) * (width // 16)
-    print(f"training step, Wan, {frames} frames {height}x{width} ({tokens} tokens), 1 process, 1 thread")
-    print(f"  cached conditions {warm * 1e3:8.1f} ms/step\n  on the fly        {cold * 1e3:8.1f} ms/step")
-    print(f"  ratio on the fly / cached {cold / warm:6.2f}")
+    print(f"training step, Wan, {frames} frames {height}x{width} ({tokens} tokens), 1 process; {bench.label}")
+    rate = throughput(tokens, cached_s, flops_per_token * tokens, bench.device)
+    print(f"  cached conditions {cached_s * 1e3:8.1f} ms/step  {rate}")
+    print(f"  on the fly        {fly_s * 1e3:8.1f} ms/step")
+    print(f"  ratio on the fly / cached {median_ratio(samples['on the fly'], samples['cached']):6.2f}")
 
     long = write_synthetic_clips(root / "long", 1, *LONG_CLIP, seed=1)
     raw = config(root, pipe, long, LONG_CLIP, cache=True, parallel={"activation_checkpointing": False})
     run({**raw, "train": {"steps": 1}})  # fills the cache for the long clip
-    one = peak_bytes_per_rank(1, raw)
-    two = peak_bytes_per_rank(2, {**raw, "parallel": {"sp": 2}})
+    one = peak_bytes_per_rank(1, raw, bench.dtype)
+    two = peak_bytes_per_rank(2, {**raw, "parallel": {"sp": 2}}, bench.dtype)
     print(f"peak memory per rank of one training step, Wan, {LONG_CLIP[0]} frames {LONG_CLIP[1]}x{LONG_CLIP[2]} "
           f"(17 x 16 x 16 = 4352 tokens)")  # fmt: skip
     print(f"  sp=1 {one / 2**20:8.1f} MiB\n  sp=2 {two / 2**20:8.1f} MiB\n  ratio {two / one:7.3f}  (target <= 0.6)")

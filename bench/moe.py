@@ -5,38 +5,31 @@ the Qwen3-MoE router's (softmax, top-k, renormalised) on random logits, so exper
 Upstream implementations are transformers' ``Qwen3MoeExperts`` with ``config._experts_implementation`` set to
 ``eager``, ``batched_mm`` and ``grouped_mm`` (``transformers.integrations.moe``); ``batched_mm`` gathers one full
 weight matrix per (token, slot) and is skipped when that would not fit in memory. One timed step is forward +
-backward from a fixed random output gradient; the figure is the median over ``--repeats`` steps after one warm-up,
-the implementations taking turns (round-robin) so that a shared machine's load spreads over all of them.
+backward from a fixed random output gradient, timed on the shared clock (``bench/harness.py``: process CPU time with
+one thread on CPU, synchronised wall time on CUDA); the implementations run in interleaved rounds (the order
+alternating) after one warm-up, and each figure is the median over ``--repeats`` rounds.
 
-    python bench/moe.py [--tokens 4096] [--repeats 3] [--device cpu|cuda] [--dtype fp32|bf16]
+``ours grouped (auto=...)`` is ``backend=None``: the backend ``runtime.moe.autotune`` measured fastest for this shape
+during the warm-up; the bench checks it is within 5% of the fastest named backend of the same run.
+
+    python bench/moe.py [--tokens 4096] [--repeats 5] [--device cpu|cuda] [--dtype fp32|bf16]
 """
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
-import sys
-import time
 from collections.abc import Callable
-from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from harness import bench_args, interleaved, median_ratio, setup, throughput
+from transformers import Qwen3MoeConfig
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
 
-import torch  # noqa: E402
-from transformers import Qwen3MoeConfig  # noqa: E402
-from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts  # noqa: E402
+from runtime.kernels.moe_triton import triton_unavailable_reason
+from runtime.moe.autotune import measured
+from runtime.moe.experts import experts_forward
 
-from runtime.kernels.moe_triton import triton_unavailable_reason  # noqa: E402
-from runtime.moe.experts import experts_forward, pick_backend  # noqa: E402
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+AUTO_TOLERANCE = 0.05  # `auto` must be within 5% of the fastest named backend of the same run
 
 
 def _available_bytes(device: torch.device) -> int:
@@ -53,17 +46,15 @@ def _available_bytes(device: torch.device) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_args(__doc__, repeats=5)
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--experts", type=int, default=64)
     parser.add_argument("--top-k", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--intermediate", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     args = parser.parse_args()
-    device, dtype = torch.device(args.device), DTYPES[args.dtype]
+    bench = setup(args)
+    device, dtype = bench.device, bench.dtype
 
     torch.manual_seed(0)
     config = Qwen3MoeConfig(
@@ -102,7 +93,6 @@ def main() -> None:
 
     rows = tokens * args.top_k
     batched_bytes = rows * 3 * args.hidden * args.intermediate * dtype.itemsize * 2  # gathered weights + their grads
-    auto = pick_backend(hidden.detach(), module.gate_up_proj.detach())
     candidates: list[tuple[str, Callable[[], torch.Tensor] | None, str]] = [
         ("upstream eager", upstream("eager"), ""),
         (
@@ -114,7 +104,7 @@ def main() -> None:
         ),
         ("upstream grouped_mm", upstream("grouped_mm"), ""),
         ("ours eager", ours("eager"), ""),
-        (f"ours grouped (auto={auto})", ours("grouped"), ""),
+        ("ours grouped (auto)", ours("grouped"), ""),
         ("ours grouped backend=torch", ours("grouped", "torch"), ""),
         ("ours grouped backend=segment", ours("grouped", "segment"), ""),
         ("ours grouped backend=bmm", ours("grouped", "bmm"), ""),
@@ -124,38 +114,33 @@ def main() -> None:
 
     params = (hidden, top_w, module.gate_up_proj, module.down_proj)
 
-    def step(fn: Callable[[], torch.Tensor]) -> float:
-        for p in params:
-            p.grad = None
-        _sync(device)
-        start = time.perf_counter()
-        fn().backward(grad_out)
-        _sync(device)
-        return time.perf_counter() - start
+    def step(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            for p in params:
+                p.grad = None
+            fn().backward(grad_out)
+
+        return run
 
     print(
         f"MoE experts fwd+bwd: tokens={tokens} experts={args.experts} top_k={args.top_k} hidden={args.hidden} "
-        f"moe_intermediate={args.intermediate} dtype={args.dtype} device={device} "
-        f"threads={torch.get_num_threads()} rows/expert min/mean/max="
-        f"{int(counts.min())}/{rows / args.experts:.0f}/{int(counts.max())}, median of {args.repeats}"
+        f"moe_intermediate={args.intermediate} rows/expert min/mean/max="
+        f"{int(counts.min())}/{rows / args.experts:.0f}/{int(counts.max())}; {bench.label}"
     )
     notes: dict[str, str] = {}
-    runnable: dict[str, Callable[[], torch.Tensor]] = {}
+    runnable: dict[str, Callable[[], None]] = {}
     for name, fn, note in candidates:
         if fn is None or note:
             notes[name] = note
             continue
         try:
-            step(fn)  # warm-up; also finds the upstream paths that cannot run here
-            runnable[name] = fn
+            step(fn)()  # finds the upstream paths that cannot run here; `auto` measures its backends here
+            runnable[name] = step(fn)
         except Exception as exc:  # a path that cannot run here is a result, not a crash
             notes[name] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
-    # Round-robin, so that load from other processes on a shared machine hits every implementation alike.
-    samples: dict[str, list[float]] = {name: [] for name in runnable}
-    for _ in range(args.repeats):
-        for name, fn in runnable.items():
-            samples[name].append(step(fn))
+    samples = interleaved(runnable, args.repeats, bench.clock, warmup=0)  # warmed up just above
     times = {name: statistics.median(ts) for name, ts in samples.items()}
+    auto = sorted(set(measured().values())) or ["fixed rule: problem below runtime.moe.autotune.MIN_MACS"]
 
     base_eager = times.get("upstream eager")
     base_fast_name = next((n for n in ("upstream grouped_mm", "upstream batched_mm") if n in times), None)
@@ -171,6 +156,16 @@ def main() -> None:
         else:
             print(f"{name:34} {'-':>9}   {notes[name]}")
     print("ratios are speed-ups (upstream time / this time; > 1 is faster)")
+    named = {n: t for n, t in times.items() if n.startswith("ours grouped backend=")}
+    if "ours grouped (auto)" in times and named:
+        best = min(named, key=named.get)
+        gap = median_ratio(samples["ours grouped (auto)"], samples[best]) - 1
+        verdict = "ok" if gap <= AUTO_TOLERANCE else f"NOT within {AUTO_TOLERANCE:.0%}"
+        fastest = best.split("=")[1]
+        print(f"auto measured {', '.join(auto)}; vs the fastest named backend ({fastest}): {gap:+.1%} {verdict}")
+    flops = 18 * rows * args.hidden * args.intermediate  # 3 GEMMs of 2*rows*H*I (gate, up, down) x 3 for fwd+bwd
+    if "ours grouped (auto)" in times:
+        print(f"ours grouped (auto): {throughput(tokens, times['ours grouped (auto)'], flops, device)}")
 
 
 if __name__ == "__main__":

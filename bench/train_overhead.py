@@ -1,20 +1,31 @@
 """Training overhead of generated models, measured as ratios in one run.
 
-1. forward+backward time, generated vs upstream model, parallelism off (target <= 1.02);
+1. forward+backward, generated vs upstream model, parallelism off (target <= 1.02): both run in interleaved rounds
+   on the shared clock (``bench/harness.py``: process CPU time with one thread on CPU, synchronised wall time on
+   CUDA), and the ratio is the median of the per-round ratios; tokens/s and MFU of the generated model beside it;
 2. activation memory per rank (bytes of tensors saved for backward) at sp=2 vs sp=1 for a long sequence
-   (target <= 0.6): exact and repeatable on CPU, unlike RSS.
+   (target <= 0.6): exact and repeatable on CPU, unlike RSS (gloo ranks on CPU, in ``--dtype``).
 
-Run: `.venv/bin/python bench/train_overhead.py` (part of `make bench`).
+Run: `.venv/bin/python bench/train_overhead.py [--device cpu|cuda] [--dtype fp32|bf16] [--repeats 9]`
+(part of `make bench`).
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 import transformers
-from harness import saved_activation_bytes, worst_rank
+from harness import (
+    bench_args,
+    flops_of,
+    interleaved,
+    median_ratio,
+    saved_activation_bytes,
+    setup,
+    throughput,
+    worst_rank,
+)
 
 from runtime.data.sp_batch import shard_for_sp
 from runtime.models.registry import causal_lm_class
@@ -33,55 +44,58 @@ BENCH = dict(
 )
 
 
-def fwd_bwd_seconds(model: torch.nn.Module, batch: dict, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        model(**batch).loss.backward()
-        times.append(time.perf_counter() - start)
-        model.zero_grad(set_to_none=True)
-    return statistics.median(times)
-
-
-def overhead(model_type: str = "qwen3", seq: int = 1024, repeats: int = 7) -> tuple[float, float]:
+def overhead(bench, model_type: str = "qwen3", seq: int = 1024) -> tuple[float, float, float, float]:
+    """(upstream s, generated s, median per-round ratio, FLOPs of one generated forward+backward)."""
     config = tiny_config(model_type, **BENCH)
     torch.manual_seed(0)
     upstream = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     generated = causal_lm_class(model_type)(config)
     generated.load_state_dict(upstream.state_dict())
+    upstream.to(bench.device, bench.dtype)
+    generated.to(bench.device, bench.dtype)
     batch = random_packed_batch((seq // 2, seq // 4, seq // 4), config.vocab_size)
-    for m in (upstream, generated):  # warm-up
-        fwd_bwd_seconds(m, batch, 1)
-    up, gen = [], []
-    for _ in range(repeats):  # interleave so drift affects both alike
-        up.append(fwd_bwd_seconds(upstream, batch, 1))
-        gen.append(fwd_bwd_seconds(generated, batch, 1))
-    return statistics.median(up), statistics.median(gen)
+    batch = {k: v.to(bench.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def step(model: torch.nn.Module):
+        def run() -> None:
+            model(**batch).loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        return run
+
+    samples = interleaved({"upstream": step(upstream), "generated": step(generated)}, bench.repeats, bench.clock)
+    up, gen = (statistics.median(samples[k]) for k in ("upstream", "generated"))
+    return up, gen, median_ratio(samples["generated"], samples["upstream"]), flops_of(step(generated))
 
 
-def _memory_worker(rank: int, world: int, seq: int) -> int:
+def _memory_worker(rank: int, world: int, seq: int, dtype: torch.dtype) -> int:
     from runtime.parallel.state import init_parallel_state
 
     state = init_parallel_state(sp_size=world)
     config = tiny_config("qwen3", **BENCH)
     torch.manual_seed(0)
-    model = causal_lm_class("qwen3")(config)
+    model = causal_lm_class("qwen3")(config).to(dtype)
     batch = shard_for_sp(random_packed_batch((seq,), config.vocab_size), state)
     return saved_activation_bytes(lambda: model(**batch, loss_chunk_size=512).loss)
 
 
-def activation_bytes_per_rank(world: int, seq: int) -> int:
-    return worst_rank(_memory_worker, world, seq)
+def activation_bytes_per_rank(world: int, seq: int, dtype: torch.dtype = torch.float32) -> int:
+    return worst_rank(_memory_worker, world, seq, dtype)
 
 
 def main() -> None:
-    up, gen = overhead()
-    print("forward+backward, parallelism off (qwen3, 4 layers, hidden 256, 1024 tokens, fp32, CPU)")
-    print(f"  upstream  {up * 1e3:8.1f} ms\n  generated {gen * 1e3:8.1f} ms")
-    print(f"  ratio     {gen / up:8.3f}  (target <= 1.02)")
+    parser = bench_args(__doc__, repeats=9)
+    parser.add_argument("--seq", type=int, default=1024)
+    args = parser.parse_args()
+    bench = setup(args)
+    up, gen, ratio, flops = overhead(bench, seq=args.seq)
+    print(f"forward+backward, parallelism off (qwen3, 4 layers, hidden 256, {args.seq} tokens; {bench.label})")
+    print(f"  upstream  {up * 1e3:8.1f} ms")
+    print(f"  generated {gen * 1e3:8.1f} ms  {throughput(args.seq, gen, flops, bench.device)}")
+    print(f"  ratio     {ratio:8.3f}  (median of per-round ratios; target <= 1.02)")
     seq = 4096
-    one, two = activation_bytes_per_rank(1, seq), activation_bytes_per_rank(2, seq)
-    print(f"activation memory per rank, {seq}-token sequence, chunked loss (bytes saved for backward)")
+    one, two = activation_bytes_per_rank(1, seq, bench.dtype), activation_bytes_per_rank(2, seq, bench.dtype)
+    print(f"activation memory per rank, {seq}-token sequence, chunked loss (bytes saved for backward, CPU ranks)")
     print(f"  sp=1 {one / 2**20:8.1f} MiB\n  sp=2 {two / 2**20:8.1f} MiB\n  ratio {two / one:7.3f}  (target <= 0.6)")
 
 

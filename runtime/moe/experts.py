@@ -12,7 +12,8 @@ Implementations (``impl=``):
 * ``"grouped"`` — every (token, slot) pair is sorted by expert with a stable argsort, so each expert's rows are one
   contiguous block; both projections are grouped matmuls over those blocks (``grouped_linear``), then the rows are
   scaled by their routing weights and scatter-added (``index_add``) back to their tokens. Which grouped matmul runs
-  is chosen per call (``backend=None``, see ``pick_backend``):
+  is chosen per call (``backend=None``): the fastest measured on this machine for problems large enough to time
+  (``runtime.moe.autotune``), else the fixed rule of ``pick_backend``:
 
   - ``"torch"``: ``torch._grouped_mm`` — on CUDA for bf16 at SM80+ (the dtype/capability torch documents); on CPU
     (torch >= 2.9 ships a CPU kernel) for fp32/bf16/fp16 when every stride and pointer is 16-byte aligned. The CPU
@@ -155,7 +156,8 @@ def _aligned(*tensors: Tensor) -> bool:
 
 
 def pick_backend(x: Tensor, weight: Tensor) -> str:
-    """The grouped-matmul backend ``grouped_linear`` uses when none is named (see the module docstring)."""
+    """The fixed rule: ``torch`` where ``torch._grouped_mm`` can run the problem, else ``segment``. ``grouped_linear``
+    uses it for problems too small to time (``runtime.moe.autotune``), which also asks it whether ``torch`` may run."""
     if not hasattr(torch, "_grouped_mm") or x.dtype != weight.dtype:
         return "segment"
     if x.device.type == "cuda":
@@ -259,10 +261,13 @@ def grouped_linear(x: Tensor, weight: Tensor, counts: Tensor, backend: str | Non
     """``y[block e] = x[block e] @ weight[e].T``: ``x`` (S, K) sorted by expert, ``weight`` (E, N, K), ``counts`` (E,).
 
     ``counts`` are the rows of each expert, in order, summing to S. ``backend`` is one of ``GROUPED_BACKENDS`` or
-    None for ``pick_backend``. Differentiable in ``x`` and ``weight``; experts without rows get a zero gradient.
+    None for the fastest measured here (``runtime.moe.autotune.choose_backend``; ``pick_backend`` for small problems).
+    Differentiable in ``x`` and ``weight``; experts without rows get a zero gradient.
     """
     if backend is None:
-        backend = pick_backend(x, weight)
+        from runtime.moe.autotune import choose_backend
+
+        backend = choose_backend(x, weight, counts)
     if backend not in GROUPED_BACKENDS:
         raise ValueError(f"grouped_linear: unknown backend {backend!r}; expected one of {GROUPED_BACKENDS}")
     if backend == "torch" and not hasattr(torch, "_grouped_mm"):

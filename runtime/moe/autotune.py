@@ -1,0 +1,91 @@
+"""The grouped-matmul backend that is fastest on this machine, measured once per problem shape (as Triton autotunes).
+
+A fixed rule was wrong on a loaded 2-core box: it chose ``torch._grouped_mm`` (0.95x of transformers' grouped_mm)
+while the padded ``bmm`` measured 1.39x in the same run. So ``grouped_linear(backend=None)`` asks ``choose_backend``:
+for a problem of at least ``MIN_MACS`` multiply-adds it times forward + backward of every backend that can run it
+(``pick_backend``'s eligibility) on detached copies of this call's own rows, weights and expert counts, in
+interleaved rounds on ``runtime.kernels.timing``'s clock (process CPU time on CPU, synchronised wall time on CUDA),
+and keeps the fastest median for (device, dtype, experts, N, K, rows rounded up to a power of two) for the life of the
+process. Smaller problems take the fixed rule (``pick_backend``): a timing of microseconds says nothing, and the tiny
+models of the test suite stay deterministic across processes. While ``torch.compile`` traces, the cached choice or
+the fixed rule is used (nothing is timed inside a graph).
+
+Backends round differently (fp32 rounding, well within 1e-6), so two processes that measured different winners are
+not bitwise identical; ``PATCHGEN_MOE_BACKEND=torch|segment|bmm`` pins the backend wherever it can run (e.g. for a
+bitwise resume in another process).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+
+import torch
+from torch import Tensor
+
+from runtime.kernels.timing import Clock, interleaved
+
+__all__ = ["MIN_MACS", "ROUNDS", "choose_backend", "eligible_backends", "measured"]
+
+MIN_MACS = 1 << 24  # ~17M multiply-adds per projection (a few ms of fp32 GEMM on one CPU core): below, the fixed rule
+ROUNDS = 3  # timed rounds per backend, after one warm-up round
+ENV = "PATCHGEN_MOE_BACKEND"
+
+_measured: dict[tuple, str] = {}
+
+
+def measured() -> dict[tuple, str]:
+    """The choices this process measured so far: key -> backend (read-only use: reports, benches)."""
+    return dict(_measured)
+
+
+def eligible_backends(x: Tensor, weight: Tensor) -> tuple[str, ...]:
+    """Backends that can run this problem: ``torch`` only where ``pick_backend``'s alignment/dtype rule allows."""
+    from runtime.moe.experts import pick_backend
+
+    return ("torch", "segment", "bmm") if pick_backend(x, weight) == "torch" else ("segment", "bmm")
+
+
+def _key(x: Tensor, weight: Tensor) -> tuple:
+    rows = max(1, x.size(0))
+    return (str(x.device), x.dtype, *weight.shape, 1 << (rows - 1).bit_length())
+
+
+def _time_backends(x: Tensor, weight: Tensor, counts: Tensor, backends: tuple[str, ...]) -> str:
+    from runtime.moe.experts import grouped_linear
+
+    xs = x.detach().requires_grad_(True)
+    ws = weight.detach().requires_grad_(True)
+    grad = torch.randn(x.size(0), weight.size(1), device=x.device, dtype=x.dtype)
+
+    def job(backend: str):
+        def run() -> None:
+            with torch.enable_grad():
+                torch.autograd.grad(grouped_linear(xs, ws, counts, backend), (xs, ws), grad)
+
+        return run
+
+    samples = interleaved({b: job(b) for b in backends}, ROUNDS, Clock(x.device))
+    return min(backends, key=lambda b: statistics.median(samples[b]))
+
+
+def choose_backend(x: Tensor, weight: Tensor, counts: Tensor) -> str:
+    """The backend ``grouped_linear`` runs when none is named (see the module docstring)."""
+    from runtime.moe.experts import GROUPED_BACKENDS, pick_backend
+
+    backends = eligible_backends(x, weight)
+    pinned = os.environ.get(ENV)
+    if pinned:
+        if pinned not in GROUPED_BACKENDS:
+            raise ValueError(f"{ENV}={pinned!r}: expected one of {', '.join(GROUPED_BACKENDS)}")
+        if pinned in backends:  # torch._grouped_mm pinned for a problem it cannot run: the fixed rule
+            return pinned
+        return pick_backend(x, weight)
+    if x.size(0) * weight.size(1) * weight.size(2) < MIN_MACS or len(backends) == 1:
+        return pick_backend(x, weight)
+    key = _key(x, weight)
+    if key not in _measured:
+        if torch.compiler.is_compiling():
+            return pick_backend(x, weight)
+        _measured[key] = _time_backends(x, weight, counts, backends)
+    return _measured[key]
