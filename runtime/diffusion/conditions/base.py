@@ -80,6 +80,10 @@ class ConditionModel(nn.Module):
     pixel_multiple: ClassVar[int] = 16
     #: video frame counts must be ``temporal_multiple * k + 1`` (the VAE's temporal compression)
     temporal_multiple: ClassVar[int] = 1
+    #: what the transformer predicts: "flow" (flow matching: ``x_s = (1 - s) x0 + s noise``, target ``noise - x0``)
+    #: or "v" (DDPM v-prediction: ``x_t = sqrt(1 - s^2) x0 + s noise``, target ``sqrt(1 - s^2) noise - s x0``, with
+    #: ``s`` the noise's standard deviation); FlowGRPO and the flow schedulers need "flow"
+    prediction: ClassVar[str] = "flow"
     #: one sample's pixels for a short pipeline call in tests: ``(C, F, H, W)`` video or ``(C, H, W)`` image
     example_pixels: ClassVar[tuple[int, ...]] = (3, 32, 48)
     #: keyword arguments of that call besides prompt, size and steps (guidance, frames)
