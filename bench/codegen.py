@@ -49,7 +49,8 @@ def main(repeats: int = 5) -> None:
     config = load_config(ROOT)
     specs = load_specs(config, None)
     source = PinnedSource(config.pins)
-    texts = [source.read(spec.module).text for spec in specs]
+    modules = [m for spec in specs for m in (spec.module, *(c.module for c in spec.companions))]  # companions too
+    texts = [source.read(module).text for module in modules]
     lines = sum(t.count("\n") for t in texts)
 
     def floor() -> list[str]:

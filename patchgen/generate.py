@@ -24,7 +24,7 @@ from patchgen.config import ProjectConfig
 from patchgen.cst.locate import ANCHOR_MOVED, SCOPE_MISSING, code_of, scopes_matching
 from patchgen.cst.names import check_identifier_vars
 from patchgen.cst.plan import RENDER_ERROR, Plan, PlanError, resolve
-from patchgen.cst.prune import DanglingReference, check_dangling, companion_layout, prune
+from patchgen.cst.prune import DanglingReference, check_dangling, companion_layout, parsed, prune
 from patchgen.cst.transform import PatchTransformer, insert_imports
 from patchgen.errors import PatchgenError
 from patchgen.header import Header, body_hash
@@ -279,7 +279,8 @@ def build_file(spec: Spec, source: UnitSource, plan: Plan, config: ProjectConfig
             f"{spec.path}: generated code refers to pruned or excluded names: {exc}; keep them "
             f"(add to 'keep'), stop excluding them, or patch the reference away"
         ) from exc
-    check_identifier_vars(patches, plan, module, table, str(spec.path), relpath)
+    tree = functools.partial(parsed, upstream.text, f"{upstream.relpath} ({upstream.pin})")  # parsed when needed
+    check_identifier_vars(patches, plan, tree, table, str(spec.path), relpath)
     return Generated(spec, upstream, relpath, text, unified_diff(upstream, text, relpath), header)
 
 

@@ -12,11 +12,11 @@ patched one, and nothing would say so.
 from __future__ import annotations
 
 import ast
-import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from patchgen.cst.prune import parsed
 from patchgen.errors import PatchgenError
 from patchgen.model import module_of
 
@@ -121,11 +121,6 @@ def definitions(tree: ast.Module) -> dict[str, ast.AST]:
     return {s.name: s for s in tree.body if isinstance(s, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)}
 
 
-@functools.lru_cache(maxsize=16)
-def _parsed(text: str, where: str) -> ast.Module:
-    return ast.parse(text, filename=where)
-
-
 def uses(node: ast.AST) -> set[str]:
     """Names a definition reads in a way that runs what they name: every loaded name except those in annotations
     and in the class argument of `isinstance` / `issubclass` (an identity test runs nothing)."""
@@ -163,7 +158,7 @@ def check_links(spec: Spec, files: list[tuple[str, str]], companions: Redefined,
         return
     package = spec.package
     for output, text in files:
-        for local, (module, name) in sorted(imported_names(_parsed(text, output), module_of(output)).items()):
+        for local, (module, name) in sorted(imported_names(parsed(text, output), module_of(output)).items()):
             if module.split(".")[0] != package or companions.target(module, name):
                 continue
             found = _definition(source, module, name, wanted)
@@ -203,7 +198,7 @@ def _definition(
         text = upstream.text
         if not any(w in text for w in wanted) and (f"class {name}" in text or f"def {name}" in text):
             return None  # defined here, and nothing here names what the companions redefine
-        tree = _parsed(text, upstream.relpath)
+        tree = parsed(text, upstream.relpath)
         node = definitions(tree).get(name)
         if node is not None:
             return module, node, tree

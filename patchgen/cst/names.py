@@ -14,17 +14,15 @@ import ast
 import builtins
 import symtable
 import textwrap
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-import libcst as cst
-
-from patchgen.cst.locate import code_of, scope_chain
 from patchgen.cst.plan import Plan
 from patchgen.cst.prune import bound_names
 from patchgen.errors import PatchgenError
 from patchgen.spec import Patch
 
 BUILTINS = frozenset(dir(builtins))
+DEFINITIONS = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def module_names(table: symtable.SymbolTable) -> set[str]:
@@ -56,27 +54,36 @@ def _identifier_values(patch: Patch) -> list[tuple[str, str]]:
     return out
 
 
-def _scope_names(module: cst.Module, patch: Patch, others: Iterable[str]) -> set[str]:
+def _scope_names(tree: ast.Module, patch: Patch, others: Iterable[str]) -> set[str]:
     """Names bound in the patched scope: by upstream code anywhere in the (outermost) function the scope lies in, in
     the body of a class scope, and by the rendered code of the other patches of the same scope."""
     names: set[str] = set()
-    chain = scope_chain(module, patch.scope)
-    function = next((node for node in chain if isinstance(node, cst.FunctionDef)), None)
-    if function is not None:
-        names |= bound_names(ast.parse(textwrap.dedent(code_of(function))))
-    elif isinstance(chain[-1], cst.ClassDef):
-        for stmt in ast.parse(textwrap.dedent(code_of(chain[-1]))).body[0].body:
-            is_definition = isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-            names |= {stmt.name} if is_definition else bound_names(stmt)
+    body, node = tree.body, None
+    for part in patch.scope.split("."):
+        node = next((s for s in body if isinstance(s, DEFINITIONS) and s.name == part), None)
+        if node is None or not isinstance(node, ast.ClassDef):
+            break
+        body = node.body
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        names |= bound_names(node)
+    elif isinstance(node, ast.ClassDef):
+        for stmt in node.body:
+            names |= {stmt.name} if isinstance(stmt, DEFINITIONS) else bound_names(stmt)
     for code in others:
         names |= bound_names(ast.parse(textwrap.dedent(code)))
     return names
 
 
 def check_identifier_vars(
-    patches: Iterable[Patch], plan: Plan, module: cst.Module, table: symtable.SymbolTable, where: str, output: str
+    patches: Iterable[Patch],
+    plan: Plan,
+    tree: Callable[[], ast.Module],
+    table: symtable.SymbolTable,
+    where: str,
+    output: str,
 ) -> None:
-    """Raise PatchgenError for the first identifier value a patch reads that resolves to nothing (see above)."""
+    """Raise PatchgenError for the first identifier value a patch reads that resolves to nothing (see above); `tree`
+    gives the upstream module's ast (the scopes as upstream wrote them), `table` holds the generated module's."""
     top: set[str] | None = None
     patches = list(patches)
     for patch in patches:
@@ -98,7 +105,7 @@ def check_identifier_vars(
             if other.index != patch.index and other.scope == patch.scope
             for code in plan.rendered_by.get(other.index, [])
         ]
-        scope = _scope_names(module, patch, others) if patch.scope != "<module>" else set()
+        scope = _scope_names(tree(), patch, others) if patch.scope != "<module>" else set()
         for var, value in unresolved:
             if value not in scope:
                 raise PatchgenError(

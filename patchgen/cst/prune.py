@@ -12,6 +12,7 @@ very object upstream code uses, and only the module-level statements that bind a
 from __future__ import annotations
 
 import ast
+import functools
 import symtable
 import textwrap
 from collections.abc import Iterable
@@ -24,6 +25,12 @@ from patchgen.cst.locate import code_of
 
 class DanglingReference(Exception):
     pass
+
+
+@functools.lru_cache(maxsize=16)
+def parsed(text: str, filename: str) -> ast.Module:
+    """`ast.parse`, once per text: pruning, the name checks and the companion link check share an upstream tree."""
+    return ast.parse(text, filename=filename)
 
 
 def references(node: ast.AST) -> set[str]:

@@ -37,6 +37,6 @@ def check_roots(spec: Spec, unit: Unit, upstream: UpstreamFile, module) -> None:
 def kept_definitions(unit: Unit, upstream: UpstreamFile, plan: Plan) -> set[str]:
     """Definitions reachable from the roots, computed on upstream's ast plus the references patches add."""
     added_refs = set().union(*(prune.references(ast.parse(textwrap.dedent(code))) for code in plan.rendered))
-    tree = ast.parse(upstream.text, filename=f"{upstream.relpath} ({upstream.pin})")
+    tree = prune.parsed(upstream.text, f"{upstream.relpath} ({upstream.pin})")
     reached = prune.reachable_definitions(tree, [*unit.keep, *sorted(added_refs)], unit.exclude)
     return {plan.renames.get(n, n) for n in reached - set(unit.exclude)} | plan.added_names
