@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/moe.py
 	$(BIN)/python bench/dit.py
 	$(BIN)/python bench/dit_train.py
+	$(BIN)/python bench/flowgrpo.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
