@@ -1,11 +1,13 @@
 """DiT training overhead, measured as ratios in one run.
 
 1. forward+backward, generated shell vs the diffusers class with the same weights, parallelism off, for Wan, Flux,
-   Qwen-Image and HunyuanVideo (target <= 1.02): interleaved rounds on the shared clock (``bench/harness.py``: process
+   Qwen-Image, HunyuanVideo, SD3 and CogVideoX (target <= 1.02): interleaved rounds on the shared clock
+   (``bench/harness.py``: process
    CPU time with one thread on CPU, synchronised wall time on CUDA), the ratio the median of the per-round ratios;
    tokens/s and MFU of the generated model beside it;
 2. activation memory per rank (bytes of tensors saved for backward) at sp=2 vs sp=1 for long video token
-   sequences of Wan (self-attention) and HunyuanVideo (joint [video, text] attention) (target <= 0.6): exact and
+   sequences of Wan (self-attention), HunyuanVideo ([video, text]), SD3 ([image, text], no RoPE) and CogVideoX
+   ([text, video], (b, h, s, d)) (target <= 0.6): exact and
    repeatable on CPU, unlike RSS (gloo ranks on CPU, in ``--dtype``).
 
 Run: `.venv/bin/python bench/dit.py [--device cpu|cuda] [--dtype fp32|bf16] [--repeats 9]`.
@@ -80,7 +82,32 @@ HUNYUAN = dict(
     rope_axes_dim=(12, 12, 12),
     guidance_embeds=True,
 )
-CONFIGS = {"wan": WAN, "hunyuanvideo": HUNYUAN}
+SD3 = dict(
+    sample_size=128,
+    patch_size=2,
+    in_channels=16,
+    out_channels=16,
+    num_layers=4,
+    attention_head_dim=32,
+    num_attention_heads=8,
+    joint_attention_dim=64,
+    caption_projection_dim=256,
+    pooled_projection_dim=32,
+    pos_embed_max_size=256,  # the memory ratio's 256 x 16 patches
+)
+COGVIDEOX = dict(
+    num_attention_heads=8,
+    attention_head_dim=32,
+    in_channels=16,
+    out_channels=16,
+    time_embed_dim=64,
+    text_embed_dim=64,
+    num_layers=4,
+    max_text_seq_length=64,
+)
+# the memory ratio's models: self-attention (Wan), joint attention with text last (HunyuanVideo: video; SD3: image,
+# no RoPE, split carried by kwargs) and text first (CogVideoX, (b, h, s, d))
+CONFIGS = {"wan": WAN, "hunyuanvideo": HUNYUAN, "sd3": SD3, "cogvideox": COGVIDEOX}
 
 
 def _inputs(model_type: str, tokens_hw: tuple[int, int], frames: int = 1, text: int = 64) -> dict[str, Any]:
@@ -101,6 +128,21 @@ def _inputs(model_type: str, tokens_hw: tuple[int, int], frames: int = 1, text: 
             "encoder_attention_mask": torch.ones(1, text, dtype=torch.long),
             "pooled_projections": torch.randn(1, 32, generator=g),
             "guidance": torch.tensor([6000.0]),
+            "return_dict": False,
+        }
+    if model_type == "sd3":  # an image of h x w tokens (frames: more rows)
+        return {
+            "hidden_states": torch.randn(1, 16, 2 * h * frames, 2 * w, generator=g),
+            "encoder_hidden_states": torch.randn(1, text, 64, generator=g),
+            "pooled_projections": torch.randn(1, 32, generator=g),
+            "timestep": torch.tensor([500.0]),
+            "return_dict": False,
+        }
+    if model_type == "cogvideox":  # frames before channels; the text length the position embeddings cover
+        return {
+            "hidden_states": torch.randn(1, frames, 16, 2 * h, 2 * w, generator=g),
+            "encoder_hidden_states": torch.randn(1, 64, 64, generator=g),
+            "timestep": torch.tensor([500]),
             "return_dict": False,
         }
     if model_type == "flux":
@@ -187,6 +229,8 @@ def main() -> None:
         ("flux", FLUX, _inputs("flux", (16, 32)), 576, "512 image + 64 text tokens"),
         ("qwenimage", QWEN, _inputs("qwenimage", (16, 32)), 576, "512 image + 64 text tokens"),
         ("hunyuanvideo", HUNYUAN, _inputs("hunyuanvideo", (16, 16), frames=2), 576, "512 video + 64 text tokens"),
+        ("sd3", SD3, _inputs("sd3", (16, 32)), 576, "512 image + 64 text tokens"),
+        ("cogvideox", COGVIDEOX, _inputs("cogvideox", (16, 16), frames=2), 576, "512 video + 64 text tokens"),
     ]
     for model_type, config, inputs, tokens, what in cases:
         up, gen, ratio, flops = overhead(bench, model_type, config, inputs)
@@ -198,7 +242,7 @@ def main() -> None:
     for model_type in CONFIGS:
         one = activation_bytes_per_rank(model_type, 1, frames, bench.dtype)
         two = activation_bytes_per_rank(model_type, 2, frames, bench.dtype)
-        print(f"activation memory per rank, {model_type}, {frames * 256} video tokens (bytes saved for backward)")
+        print(f"activation memory per rank, {model_type}, {frames * 256} tokens (bytes saved for backward)")
         print(f"  sp=1 {one / 2**20:8.1f} MiB  sp=2 {two / 2**20:8.1f} MiB  ratio {two / one:7.3f}  (target <= 0.6)")
 
 
