@@ -12,7 +12,9 @@ def rows(upgrade: Upgrade) -> list[tuple[str, str, str, str, str]]:
     out = []
     for model in upgrade.models:
         for status in model.patches:
-            out.append((model.spec.name, _label(status), status.patch.where, status.status, status.detail))
+            out.append(
+                (model.spec.name, _label(status), status.scope or status.patch.where, status.status, status.detail)
+            )
         if model.problem:
             out.append((model.spec.name, "-", "-", model.problem.split(":", 1)[0], _first_line(model.problem)))
     return out
@@ -149,6 +151,8 @@ def _model_section(model: ModelResult, diffs: str | None = None) -> list[str]:
     diff = model.output_diff()
     if model.unchanged:
         out += [f"`{spec.output}`{' and its companions' if spec.companions else ''}: unchanged.", ""]
+    elif not diff and spec.companions:
+        out += [f"`{spec.output}` and its companions: bodies unchanged; only the provenance headers differ.", ""]
     elif not diff:
         out += [f"`{spec.output}`: body unchanged; only the provenance header differs.", ""]
     else:

@@ -54,6 +54,7 @@ class PatchStatus:
     status: str  # APPLIED, REPLACED_CHANGED or a PlanError kind
     detail: str  # one line: where it applies now, or why it does not
     candidates: tuple[tuple[int, str], ...] = ()  # nearest upstream matches (line, text) when it does not apply
+    scope: str = ""  # the scope named by its module (`attention_processor:Cls.fn`) when it edits a companion
 
     @property
     def applies(self) -> bool:
@@ -223,9 +224,10 @@ def analyze_spec(
         old_plan = resolve_each(before.module, before.patches)[0] if before is not None else Plan()
         plan, errors = resolve_each(new.module, new.patches)
         old_lines, new_lines = (_Lines(before.module) if before else None), _Lines(new.module)
-        for patch in new.patches:
-            statuses[patch.index] = _status(patch, plan, old_plan, errors, new_lines, old_lines, config)
         prefix = f"{new.unit.name}:" if new.unit.companion else ""
+        for patch in new.patches:
+            status = _status(patch, plan, old_plan, errors, new_lines, old_lines, config)
+            statuses[patch.index] = dataclasses.replace(status, scope=prefix + patch.scope) if prefix else status
         old_file, old_module = (before.upstream, before.module) if before else (None, None)
         regions += _regions(
             new.patches, prefix, old_file, old_module, old_lines, old_plan, new.upstream, new.module, new_lines, plan

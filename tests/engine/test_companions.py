@@ -298,6 +298,7 @@ def test_upgrade_reports_each_companion_patch_and_applies_every_file(project, tm
             continue
         assert result.ok
         assert [r.scope for r in model.regions] == ["processors:ToyProcessor.__call__"]
+        assert [s.scope for s in model.patches] == ["processors:ToyProcessor.__call__"] * 2
         line = next(no for no, t in enumerate(shifted.splitlines(), 1) if "def __call__(self, attn: ToyAttention" in t)
         assert model.patches[0].detail == f"line {line} (was {line - 1})"
         report = markdown(result)
