@@ -76,11 +76,16 @@ class DiTFlowGRPO(VelocityAdapter):
         return make_schedule(self.build_scheduler(), num_inference_steps, **facts, **kwargs)
 
     def encode(self, prompts: Sequence[str], negative_prompt: str | None = None) -> dict[str, Any]:
-        """The batch of ``prompts``: each one's context, and the negative prompt's under true CFG."""
-        batch: dict[str, Any] = {"context": self.condition_model.encode_prompts(list(prompts))}
+        """The batch of ``prompts``: each one's context, and the negative prompt's under true CFG. Each prompt is
+        encoded alone, so its context does not depend on the prompts it is batched with (a replica holding one
+        prompt encodes it exactly as one process holding two); the negative prompt's is kept between calls."""
+        encode = self.condition_model.encode_prompts
+        batch: dict[str, Any] = {"context": [encode([p])[0] for p in prompts]}
         if self.do_true_cfg:
-            negative = self.condition_model.encode_prompts([negative_prompt or ""])[0]
-            batch["negative_context"] = [negative] * len(prompts)
+            key = negative_prompt or ""
+            if getattr(self, "_negative", (None, None))[0] != key:
+                self._negative = (key, encode([key])[0])
+            batch["negative_context"] = [self._negative[1]] * len(prompts)
         return batch
 
     def decode(self, latents: torch.Tensor) -> torch.Tensor:

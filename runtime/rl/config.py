@@ -31,7 +31,7 @@ Example (every key with its default unless marked required)::
       frames: null               # video models: required (e.g. 81); image models: null
       num_inference_steps: 10
       true_cfg_scale: 1.0        # > 1: true classifier-free guidance with data.negative_prompt (Wan, Qwen-Image)
-      batch_size: null           # samples per rollout forward; null: all of the replica's samples at once
+      batch_size: null           # samples per rollout forward and per VAE decode; null: all of the replica's at once
     rewards:                     # required: one or more, combined as sum(weight * reward) (runtime/rl/rewards)
       - {name: aesthetic, callable: "my_pkg.rewards:score", weight: 1.0}
     reward_ranks: null           # null: every rank scores its own samples; [0, 1]: only these global ranks load the

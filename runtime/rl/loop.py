@@ -363,7 +363,8 @@ def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
     ]
     res = concat_rollouts(parts)
     rolled = time.perf_counter()
-    every = score(run, adapter.decode(res.final_latents), sample_prompts)  # [1 + K, D * B]
+    pixels = torch.cat([adapter.decode(res.final_latents[i : i + chunk]) for i in range(0, b, chunk)])
+    every = score(run, pixels, sample_prompts)  # [1 + K, D * B]
     scored = time.perf_counter()
     group_ids = torch.arange(every.shape[1]) // g
     advantages_all = run.algo.advantages(s, every[0], group_ids)

@@ -25,7 +25,9 @@ CASES = {
     "wan": ({"guidance_scale": 3.0, "num_frames": 5}, 3.0, "", (5, 32, 32)),
     "flux": ({"guidance_scale": 3.5}, 1.0, None, (None, 32, 48)),
     "qwenimage": ({"true_cfg_scale": 2.5, "negative_prompt": "blurry"}, 2.5, "blurry", (None, 32, 48)),
+    "sd3": ({"guidance_scale": 3.0}, 3.0, "", (None, 32, 48)),
 }
+PACKED = ("flux", "qwenimage")  # pipelines that take and return packed latents
 STEPS = 3
 
 
@@ -45,7 +47,7 @@ def _pipeline_call(name, path, module, latents):
     call, _, _, (frames, height, width) = CASES[name]
     pipe = pipeline_class(path).from_pretrained(path, transformer=module)
     pipe.set_progress_bar_config(disable=True)
-    if name != "wan":  # Flux / Qwen-Image take packed latents
+    if name in PACKED:
         b, c, h, w = latents.shape
         latents = pipe._pack_latents(latents, b, c, h, w)
     out = pipe(
@@ -81,7 +83,7 @@ def test_rollout_schedule_and_ode_path_are_the_pipelines(name, tiny_pipelines):
     assert torch.equal(schedule.sigmas, pipe.scheduler.sigmas.float()), (schedule.sigmas, pipe.scheduler.sigmas)
     assert torch.equal(schedule.timesteps, pipe.scheduler.timesteps.float())
     ours = res.final_latents
-    if name != "wan":
+    if name in PACKED:
         b, c, h, w = ours.shape
         ours = pipe._pack_latents(ours, b, c, h, w)
     err = ((ours.double() - final.double()).norm() / final.double().norm()).item()

@@ -22,19 +22,31 @@ from tests.rl.common import MODELS, one_iteration, relative_error, rl_config
 
 REL = 1e-5
 LORA_REL = 1e-4  # see test_sp2_with_lora
+FLOOR = 1e-3  # see _compare
 FULL = {"lora": {"rank": None}}
 GROUPS_OF_3 = {"group_size": 3, "window_size": 2, "adv_clip_max": 0.5}  # clipped advantages of 3 do not sum to 0
 
 
 def _compare(got: dict, ref: dict) -> None:
+    """The loss, and every gradient within ``REL`` of its norm; a gradient below ``FLOOR`` of the largest one is held
+    to ``REL`` of that floor instead. Why: key-projection biases get (nearly) no gradient, a shift of every key's
+    score cancels in the softmax, so theirs is float32 summation noise: one process changing only its micro-batch
+    layout (3 -> 2 samples) moves SD3's add_k_proj.bias gradient, 9e-5 of the largest, by 1e-5 of itself (measured);
+    every gradient above the floor stays within 1.1e-6 there."""
     assert got["grads"].keys() == ref["grads"].keys()
+    largest = max(g.norm().item() for g in ref["grads"].values() if g is not None)
     for name, g in ref["grads"].items():
         if g is None:  # a parameter upstream leaves out of the loss (Qwen-Image's last text output projection)
             assert got["grads"][name] is None or got["grads"][name].norm() == 0, name
             continue
-        assert relative_error(got["grads"][name], g) <= REL, (name, relative_error(got["grads"][name], g))
+        error = (got["grads"][name].double() - g.double()).norm().item()
+        assert error <= REL * max(g.norm().item(), FLOOR * largest), (name, relative_error(got["grads"][name], g))
+    # At ratio 1 the loss is -mean(clamp(A)): terms of the advantages' size (up to adv_clip_max) that cancel to ~1e-2;
+    # its error is held to REL of the terms' scale (measured: an FSDP2 replica's SD3 rollout differs from one process's
+    # by 1.2e-7 in float32 rounding, which the cancelling mean turns into 5e-5 of the loss itself).
     loss, ref_loss = got["metrics"]["policy_loss"], ref["metrics"]["policy_loss"]
-    assert ref_loss != 0 and abs(loss - ref_loss) <= REL * abs(ref_loss), (loss, ref_loss)
+    scale = max(abs(ref_loss), GROUPS_OF_3["adv_clip_max"])
+    assert ref_loss != 0 and abs(loss - ref_loss) <= REL * scale, (loss, ref_loss)
 
 
 @pytest.mark.dist

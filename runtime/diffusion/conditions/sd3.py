@@ -61,19 +61,7 @@ class SD3ConditionModel(ConditionModel):
     def get_condition(self, inputs: Sequence[str], videos: Sequence[Tensor]) -> dict[str, list]:
         if len(inputs) != len(videos):
             raise ValueError(f"get_condition: {len(inputs)} prompts for {len(videos)} images")
-        prompts = list(inputs)
-        embeds, _, pooled, _ = self.pipeline.encode_prompt(
-            prompts,
-            prompts,
-            prompts,
-            device=self.device,
-            do_classifier_free_guidance=False,
-            max_sequence_length=TEXT_LENGTH,
-        )
-        context = [
-            {"encoder_hidden_states": e.float(), "pooled_projections": p.float()}
-            for e, p in zip(embeds, pooled, strict=True)
-        ]
+        context = self.encode_prompts(inputs)
         return {"latents": [self.encode_image(image) for image in videos], "context": context}
 
     def process_condition(
@@ -83,13 +71,61 @@ class SD3ConditionModel(ConditionModel):
         b, _, h, w = x0.shape
         sigmas = self.sampler.sample(b, (h // 2) * (w // 2), generator)
         noisy, target = self.noisy(x0, self.noise_like(x0, generator), sigmas)
-        inputs = {
-            "hidden_states": noisy,
-            "timestep": (sigmas * self.num_train_timesteps).to(self.device),
-            "encoder_hidden_states": stack_context(context, "encoder_hidden_states").to(self.device),
-            "pooled_projections": stack_context(context, "pooled_projections").to(self.device),
+        return ConditionInputs(self.transformer_inputs(noisy, context, sigmas), target, sigmas)
+
+    # ---- sampling (StableDiffusion3Pipeline.__call__) ---------------------------------------------------------------
+
+    def sampling_latent_shape(self, height: int, width: int, frames: int | None = None) -> tuple[int, ...]:
+        scale = self.pipeline.vae_scale_factor
+        return (self.pipeline.vae.config.latent_channels, height // scale, width // scale)
+
+    def sampling_schedule(self, num_inference_steps: int, latent_shape: Sequence[int]) -> dict[str, Any]:
+        """The scheduler's grid (its ``shift``); with dynamic shifting, ``mu`` of the 2x2-patch token count as the
+        pipeline computes it (every released SD3 transformer has patch size 2)."""
+        config = self.pipeline.scheduler.config
+        if not config.get("use_dynamic_shifting"):
+            return {}
+        from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
+
+        tokens = (latent_shape[-2] // 2) * (latent_shape[-1] // 2)
+        mu = calculate_shift(
+            tokens,
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.16),
+        )
+        return {"mu": mu}
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: Sequence[str]) -> list[dict[str, Tensor]]:
+        prompts = list(prompts)
+        embeds, _, pooled, _ = self.pipeline.encode_prompt(
+            prompts,
+            prompts,
+            prompts,
+            device=self.device,
+            do_classifier_free_guidance=False,
+            max_sequence_length=TEXT_LENGTH,
+        )
+        return [
+            {"encoder_hidden_states": e.float(), "pooled_projections": p.float()}
+            for e, p in zip(embeds, pooled, strict=True)
+        ]
+
+    def transformer_inputs(self, latents: Tensor, context: Sequence[dict[str, Tensor]], sigmas: Tensor) -> dict:
+        return {
+            "hidden_states": latents,
+            "timestep": (sigmas * self.num_train_timesteps).to(latents.device),
+            "encoder_hidden_states": stack_context(context, "encoder_hidden_states").to(latents.device),
+            "pooled_projections": stack_context(context, "pooled_projections").to(latents.device),
         }
-        return ConditionInputs(inputs, target, sigmas)
+
+    @torch.no_grad()
+    def decode_latents(self, latents: Tensor) -> Tensor:
+        vae = self.pipeline.vae
+        x = latents.to(self.device, torch.float32) / self.scaling_factor + self.shift_factor
+        return vae.decode(x.to(vae.dtype), return_dict=False)[0].float().clamp(-1, 1)
 
     @classmethod
     def tiny_components(cls, config: dict[str, Any], variant: str | None) -> dict[str, Any]:
