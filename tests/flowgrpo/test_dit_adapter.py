@@ -26,7 +26,14 @@ CASES = {
     "flux": ({"guidance_scale": 3.5}, 1.0, None, (None, 32, 48)),
     "qwenimage": ({"true_cfg_scale": 2.5, "negative_prompt": "blurry"}, 2.5, "blurry", (None, 32, 48)),
     "sd3": ({"guidance_scale": 3.0}, 3.0, "", (None, 32, 48)),
+    "hunyuanvideo": (
+        {"num_frames": 5, "guidance_scale": 1.0, "true_cfg_scale": 2.0, "negative_prompt": "blurry"},
+        2.0,
+        "blurry",
+        (5, 32, 32),
+    ),
 }
+VIDEO = ("wan", "hunyuanvideo")
 PACKED = ("flux", "qwenimage")  # pipelines that take and return packed latents
 STEPS = 3
 
@@ -59,7 +66,7 @@ def _pipeline_call(name, path, module, latents):
         output_type="latent",
         **call,
     )
-    return pipe, out.frames if name == "wan" else out.images
+    return pipe, out.frames if name in VIDEO else out.images
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-MODELS = ("wan", "flux", "qwenimage", "sd3")
+MODELS = ("wan", "flux", "qwenimage", "sd3", "hunyuanvideo")
+ACCEPTANCE = ("wan", "flux", "qwenimage", "sd3")  # the acceptance models (every test); HunyuanVideo: most
 PROMPTS = ["a red kite", "a blue boat on a lake", "a green hill", "a small dog", "an old tree", "a yellow car"]
 # true CFG where the model's pipeline uses it (Wan, Qwen-Image: negative prompt), Flux's guidance embedding
 SAMPLING = {
@@ -18,6 +19,7 @@ SAMPLING = {
     "flux": {"height": 32, "width": 48, "num_inference_steps": 4},
     "qwenimage": {"height": 32, "width": 48, "num_inference_steps": 4, "true_cfg_scale": 2.0},
     "sd3": {"height": 32, "width": 48, "num_inference_steps": 4, "true_cfg_scale": 2.0},
+    "hunyuanvideo": {"height": 32, "width": 32, "frames": 5, "num_inference_steps": 4, "true_cfg_scale": 2.0},
 }
 
 

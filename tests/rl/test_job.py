@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.rl.common import MODELS, rl_config, start, trainable_state
+from tests.rl.common import ACCEPTANCE, MODELS, rl_config, start, trainable_state
 
 TIMES = ("time_rollout", "time_reward", "time_train")
 
@@ -50,7 +50,7 @@ def test_recomputed_log_probs_are_the_rollouts_bitwise(model, tiny_pipelines, tm
             assert torch.equal(torch.exp(log_prob - res.log_probs[:, j]), torch.ones(4))
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", ACCEPTANCE)
 def test_resume_is_bitwise(model, tiny_pipelines, tmp_path: Path) -> None:
     from runtime.rl.config import parse_rl_config
     from runtime.rl.loop import run_rl

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.dist_utils import run_distributed
-from tests.rl.common import MODELS, one_iteration, relative_error, rl_config
+from tests.rl.common import ACCEPTANCE, MODELS, one_iteration, relative_error, rl_config
 
 REL = 1e-5
 LORA_REL = 1e-4  # see test_sp2_with_lora
@@ -63,7 +63,7 @@ def test_sp2_equals_one_process(model, tiny_pipelines, tmp_path: Path) -> None:
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", ACCEPTANCE)
 def test_fsdp_two_replicas_equal_one_process(model, tiny_pipelines, tmp_path: Path) -> None:
     # the single process rolls out and trains in the replicas' layout: chunks of one prompt's 3 samples
     layout = {**GROUPS_OF_3, "micro_batch_size": 3}

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from diffusers import HunyuanVideoPipeline
 from torch import Tensor
@@ -65,13 +66,7 @@ class HunyuanVideoConditionModel(ConditionModel):
     def get_condition(self, inputs: Sequence[str], videos: Sequence[Tensor]) -> dict[str, list]:
         if len(inputs) != len(videos):
             raise ValueError(f"get_condition: {len(inputs)} prompts for {len(videos)} videos")
-        embeds, pooled, mask = self.pipeline.encode_prompt(
-            list(inputs), device=self.device, dtype=torch.float32, max_sequence_length=TEXT_LENGTH
-        )
-        context = [
-            {"encoder_hidden_states": e.float(), "encoder_attention_mask": m, "pooled_projections": p.float()}
-            for e, m, p in zip(embeds, mask, pooled, strict=True)
-        ]
+        context = self.encode_prompts(inputs)
         return {"latents": [self.encode_video(video) for video in videos], "context": context}
 
     def process_condition(
@@ -81,16 +76,48 @@ class HunyuanVideoConditionModel(ConditionModel):
         b, _, f, h, w = x0.shape
         sigmas = self.sampler.sample(b, f * (h // 2) * (w // 2), generator)
         noisy, target = self.noisy(x0, self.noise_like(x0, generator), sigmas)
+        return ConditionInputs(self.transformer_inputs(noisy, context, sigmas), target, sigmas)
+
+    # ---- sampling (HunyuanVideoPipeline.__call__) ------------------------------------------------------------------
+
+    def sampling_latent_shape(self, height: int, width: int, frames: int | None = None) -> tuple[int, ...]:
+        pipe = self.pipeline
+        latent_frames = ((frames or 1) - 1) // pipe.vae_scale_factor_temporal + 1
+        spatial = pipe.vae_scale_factor_spatial
+        return (pipe.vae.config.latent_channels, latent_frames, height // spatial, width // spatial)
+
+    def sampling_schedule(self, num_inference_steps: int, latent_shape: Sequence[int]) -> dict[str, Any]:
+        """The pipeline's ``sigmas = linspace(1, 0, N + 1)[:-1]``, shifted by the scheduler's ``shift``."""
+        return {"sigmas": np.linspace(1.0, 0.0, num_inference_steps + 1)[:-1].tolist()}
+
+    @torch.no_grad()
+    def encode_prompts(self, prompts: Sequence[str]) -> list[dict[str, Tensor]]:
+        embeds, pooled, mask = self.pipeline.encode_prompt(
+            list(prompts), device=self.device, dtype=torch.float32, max_sequence_length=TEXT_LENGTH
+        )
+        return [
+            {"encoder_hidden_states": e.float(), "encoder_attention_mask": m, "pooled_projections": p.float()}
+            for e, m, p in zip(embeds, mask, pooled, strict=True)
+        ]
+
+    def transformer_inputs(self, latents: Tensor, context: Sequence[dict[str, Tensor]], sigmas: Tensor) -> dict:
+        device = latents.device
         inputs: dict[str, Any] = {
-            "hidden_states": noisy,
-            "timestep": (sigmas * self.num_train_timesteps).to(self.device),
-            "encoder_hidden_states": stack_context(context, "encoder_hidden_states").to(self.device),
-            "encoder_attention_mask": stack_context(context, "encoder_attention_mask").to(self.device),
-            "pooled_projections": stack_context(context, "pooled_projections").to(self.device),
+            "hidden_states": latents,
+            "timestep": (sigmas * self.num_train_timesteps).to(device),
+            "encoder_hidden_states": stack_context(context, "encoder_hidden_states").to(device),
+            "encoder_attention_mask": stack_context(context, "encoder_attention_mask").to(device),
+            "pooled_projections": stack_context(context, "pooled_projections").to(device),
         }
         if self.guidance_scale is not None:
-            inputs["guidance"] = torch.full((b,), self.guidance_scale * 1000.0, device=self.device)
-        return ConditionInputs(inputs, target, sigmas)
+            inputs["guidance"] = torch.full((latents.shape[0],), self.guidance_scale * 1000.0, device=device)
+        return inputs
+
+    @torch.no_grad()
+    def decode_latents(self, latents: Tensor) -> Tensor:
+        vae = self.pipeline.vae
+        x = latents.to(self.device, vae.dtype) / vae.config.scaling_factor
+        return vae.decode(x, return_dict=False)[0].float().clamp(-1, 1)
 
     @classmethod
     def tiny_components(cls, config: dict[str, Any], variant: str | None) -> dict[str, Any]:
