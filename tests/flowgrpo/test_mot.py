@@ -8,8 +8,8 @@ from runtime.flowgrpo.mot import (
     BAGEL_KEY_MAP,
     BagelMoT,
     BagelMoTFlowGRPO,
+    bagel_guidance,
     from_bagel_keys,
-    guide_velocity,
     load_bagel_checkpoint,
     save_bagel_checkpoint,
     to_bagel_keys,
@@ -17,6 +17,7 @@ from runtime.flowgrpo.mot import (
 from runtime.flowgrpo.registry import get_diffusion_model_cls
 from runtime.flowgrpo.rewards import LatentMeanReward
 from runtime.flowgrpo.rollout import rollout
+from runtime.flowgrpo.scheduler import make_schedule
 from runtime.flowgrpo.trainer import FlowGRPOTrainer, GRPOConfig
 
 B, STEPS, WINDOW, SHAPE = 3, 4, 2, (4, 8, 8)
@@ -43,43 +44,76 @@ def _vel(seed, b=2):
     return torch.randn(b, 4, 2, 2, generator=torch.Generator().manual_seed(seed))
 
 
-# ------------------------------------------------------------------ guidance: gating and renorm on hand-made inputs
-def test_guidance_formula_and_gating():
-    vu, vt, vf = _vel(0), _vel(1), _vel(2)
-    sigma = torch.tensor([0.5, 0.9])
-    out = guide_velocity(vu, vt, vf, sigma, text_scale=4.0, image_scale=1.5, interval=(0.2, 0.8), renorm=False)
-    expected0 = vu[0] + 4.0 * (vt[0] - vu[0]) + 1.5 * (vf[0] - vt[0])
-    torch.testing.assert_close(out[0], expected0)
-    assert torch.equal(out[1], vf[1])  # sigma 0.9 outside the interval: the conditional branch alone
-    # bounds are inclusive; two-branch form without the full branch
-    out2 = guide_velocity(vu, vt, None, torch.tensor([0.2, 0.8]), text_scale=3.0, interval=(0.2, 0.8), renorm=False)
-    torch.testing.assert_close(out2, vu + 3.0 * (vt - vu))
-    out3 = guide_velocity(vu, vt, None, 0.1, text_scale=3.0, interval=(0.2, 0.8))
-    assert torch.equal(out3, vt)
+# ------------------------------------------------------------------ BAGEL's conventions, float64 formulas
+# Written from BAGEL's sampler (Bagel.generate_image / _forward_flow and its inferencer's defaults): the timesteps
+# t = linspace(1, 0, N + 1) shifted by s t / (1 + (s - 1) t); CFG where interval[0] < t <= interval[1] and the text
+# scale > 1; v_text = v_no_text + st (v - v_no_text); v' = v_no_img + si (v_text - v_no_img) when si > 1; "global":
+# v' * clamp(|v| / (|v'| + 1e-8), renorm_min, 1) with norms over the whole sample; "channel" the same per token;
+# "text_channel": the per-token renorm on v_text before the image step, none after.
 
 
-def test_renorm_per_sample_and_clamp():
-    vu, vt = _vel(3), _vel(4)
-    vt[1] *= 10  # very different norms per sample
-    out = guide_velocity(vu, vt, None, 0.5, text_scale=5.0, renorm=True)
-    raw = vu + 5.0 * (vt - vu)
-    for i in range(2):
-        torch.testing.assert_close(out[i].norm(), vt[i].norm())  # rescaled to the conditional norm
-        torch.testing.assert_close(out[i] / out[i].norm(), raw[i] / raw[i].norm())  # direction kept
-    # a clamp caps the scale: (0, 1) only ever shrinks (BAGEL's "global" renorm with cfg_renorm_min=0)
-    small = 0.01 * vu
-    vt_small = 0.01 * vt
-    g = guide_velocity(small, vt_small, None, 0.5, text_scale=1.0, renorm=True, renorm_clamp=(0.0, 1.0))
-    torch.testing.assert_close(g, vt_small)  # scale 1 exactly when guided == cond
-    hand_u = torch.zeros(1, 2)
-    hand_t = torch.tensor([[3.0, 4.0]])  # norm 5
-    g = guide_velocity(hand_u + 1.0, hand_t, None, 0.5, text_scale=2.0, renorm=True, renorm_clamp=(0.0, 1.0))
-    raw = torch.tensor([[5.0, 7.0]])  # 1 + 2 (t - 1)
-    torch.testing.assert_close(g, raw * (5.0 / raw.norm()))
-    g = guide_velocity(hand_u, 0.1 * hand_t, None, 0.5, text_scale=0.5, renorm=True, renorm_clamp=(0.0, 1.0))
-    torch.testing.assert_close(g, 0.05 * hand_t)  # scale would be 2, clamped to 1
-    g = guide_velocity(hand_u, 0.1 * hand_t, None, 0.5, text_scale=0.5, renorm=True, renorm_clamp=(0.0, 1.5))
-    torch.testing.assert_close(g, 0.075 * hand_t)
+def _bagel64(v, v_no_text, v_no_img, t, st, si, interval, renorm_min, kind, p=2):
+    v, vnt = v.double(), v_no_text.double()
+    vni = v if v_no_img is None else v_no_img.double()
+    out = []
+    for i in range(v.shape[0]):
+        # BAGEL compares its float32 t with the Python bounds as torch does: in float32 (0.4 is not above 0.4f)
+        if not (bool(t[i] > interval[0]) and bool(t[i] <= interval[1])) or st <= 1:
+            out.append(v[i])
+            continue
+
+        def tok(x):  # [C, H, W] -> [tokens, C p p], BAGEL's packed latent tokens
+            c, h, w = x.shape
+            return x.reshape(c, h // p, p, w // p, p).permute(1, 3, 0, 2, 4).reshape(-1, c * p * p)
+
+        a, b_, c_ = tok(v[i]), tok(vnt[i]), tok(vni[i])
+        text = b_ + st * (a - b_)
+        if kind == "text_channel":
+            scale = a.norm(dim=-1, keepdim=True) / (text.norm(dim=-1, keepdim=True) + 1e-8)
+            text = text * scale.clamp(renorm_min, 1)
+            g = c_ + si * (text - c_) if si > 1 else text
+        else:
+            g = c_ + si * (text - c_) if si > 1 else text
+            if kind == "global":
+                g = g * (a.norm() / (g.norm() + 1e-8)).clamp(renorm_min, 1)
+            else:
+                g = g * (a.norm(dim=-1, keepdim=True) / (g.norm(dim=-1, keepdim=True) + 1e-8)).clamp(renorm_min, 1)
+        c, h, w = v[i].shape
+        out.append(g.reshape(h // p, w // p, c, p, p).permute(2, 0, 3, 1, 4).reshape(c, h, w))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("steps", [4, 24])
+def test_schedule_is_bagels(steps):
+    adapter = _adapter()
+    sched = adapter.set_timesteps(steps)
+    t = torch.linspace(0, 1, steps + 1, dtype=torch.float64).flip(0)
+    shifted = 3.0 * t / (1 + 2.0 * t)
+    torch.testing.assert_close(sched.sigmas.double(), shifted, rtol=0, atol=1e-7)
+    assert sched.sigmas[-1] == 0 and sched.num_steps == steps
+    grid = make_schedule({"shift": 3.0}, steps)  # diffusers' own grid: not BAGEL's
+    assert (grid.sigmas - sched.sigmas).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["global", "channel", "text_channel"])
+@pytest.mark.parametrize("image", [True, False])
+@pytest.mark.parametrize("renorm_min", [0.0, 0.9])
+def test_guidance_is_bagels(kind, image, renorm_min):
+    g = torch.Generator().manual_seed(7)
+    v, vnt, vni = (torch.randn(4, 4, 4, 6, generator=g) for _ in range(3))
+    vnt[1] *= 4  # a branch far off: the renorm clamps
+    t = torch.tensor([0.4, 0.41, 1.0, 0.2])  # the low edge is excluded, the high one included
+    kw = dict(text_scale=4.0, image_scale=1.5, interval=(0.4, 1.0), renorm_min=renorm_min, renorm_type=kind)
+    got = bagel_guidance(v, vnt, vni if image else None, t, patch_size=2, **kw)
+    ref = _bagel64(v, vnt, vni if image else None, t, 4.0, 1.5, (0.4, 1.0), renorm_min, kind)
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-6)
+    assert torch.equal(got[0], v[0]) and torch.equal(got[3], v[3]) and not torch.equal(got[1], v[1])
+
+
+def test_no_guidance_at_text_scale_one_even_with_an_image_scale():
+    v, vnt, vni = _vel(0), _vel(1), _vel(2)
+    out = bagel_guidance(v, vnt, vni, 0.7, text_scale=1.0, image_scale=2.0, interval=(0.0, 1.0))
+    assert torch.equal(out, v)
 
 
 # ------------------------------------------------------------------ the model
@@ -163,27 +197,31 @@ def test_bagel_checkpoint_round_trip(tmp_path):
 def _adapter(**kw):
     cls = get_diffusion_model_cls("BagelMoT", "flowgrpo")
     assert cls is BagelMoTFlowGRPO
-    return cls({"shift": 3.0}, text_guidance_scale=3.0, image_guidance_scale=1.5, cfg_interval=(0.3, 0.95), **kw)
+    return cls(text_guidance_scale=3.0, image_guidance_scale=1.5, cfg_interval=(0.3, 0.95), **kw)
 
 
-def test_adapter_branches_match_manual_cfg():
-    adapter, m = _adapter(cfg_renorm=False), _model().eval()
-    batch = {**_batch(), "schedule": adapter.set_timesteps(STEPS)}
+@pytest.mark.parametrize("cond", [True, False])
+def test_adapter_branches_are_bagels(cond):
+    """The text-free branch keeps the condition image, the image-free one keeps the text (BAGEL's contexts), each run
+    here on its own, combined by the float64 formula."""
+    adapter, m = _adapter(), _model().eval()
+    batch = {**_batch(cond=cond), "schedule": adapter.set_timesteps(STEPS)}
     x = torch.randn(B, *SHAPE, generator=torch.Generator().manual_seed(3))
+    off_t, off_i, on_i = torch.zeros(B, 5, dtype=torch.bool), torch.zeros(B, dtype=torch.bool), torch.ones(B).bool()
+    kw = {"cond_latents": batch["cond_latents"]} if cond else {}
+    guided = 0
     with torch.no_grad():
         for i in range(STEPS):
             v = adapter.velocity(m, batch, x, i)
             sigma = batch["schedule"].sigmas[i].expand(B)
-            off_t, off_i, on_i = torch.zeros(B, 5, dtype=torch.bool), torch.zeros(B, dtype=torch.bool), torch.ones(B)
-            kw = {"cond_latents": batch["cond_latents"]}
-            vu = m(batch["input_ids"], x, sigma, text_mask=off_t, cond_mask=off_i, **kw)
-            vt = m(batch["input_ids"], x, sigma, text_mask=batch["attention_mask"], cond_mask=off_i, **kw)
-            vf = m(batch["input_ids"], x, sigma, text_mask=batch["attention_mask"], cond_mask=on_i.bool(), **kw)
-            if 0.3 <= sigma[0] <= 0.95:
-                ref = vu + 3.0 * (vt - vu) + 1.5 * (vf - vt)
-            else:
-                ref = vf
-            torch.testing.assert_close(v, ref, rtol=1e-5, atol=1e-5)
+            text = batch["attention_mask"]
+            full = m(batch["input_ids"], x, sigma, text_mask=text, **({**kw, "cond_mask": on_i} if cond else {}))
+            no_text = m(batch["input_ids"], x, sigma, text_mask=off_t, **({**kw, "cond_mask": on_i} if cond else {}))
+            no_img = m(batch["input_ids"], x, sigma, text_mask=text, cond_mask=off_i, **kw) if cond else None
+            ref = _bagel64(full, no_text, no_img, sigma, 3.0, 1.5, (0.3, 0.95), 0.0, "global")
+            torch.testing.assert_close(v.double(), ref, rtol=1e-5, atol=1e-5)
+            guided += int(0.3 < sigma[0] <= 0.95)
+    assert 0 < guided < STEPS  # the interval gates some steps, not all
 
 
 def _rollout(adapter, m, batch, start):
