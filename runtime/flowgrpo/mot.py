@@ -33,7 +33,9 @@ The adapter follows BAGEL's own sampler (``Bagel.generate_image`` / ``_forward_f
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -51,12 +53,17 @@ __all__ = [
     "BagelMoTFlowGRPO",
     "BAGEL_KEY_MAP",
     "BAGEL_IGNORED_PREFIXES",
+    "BAGEL_SPECIAL_TOKENS",
+    "BAGEL_WEIGHTS_NAME",
+    "bagel_new_token_ids",
+    "bagel_prompt_ids",
     "bagel_guidance",
     "bagel_sigmas",
     "from_bagel_keys",
     "to_bagel_keys",
     "load_bagel_checkpoint",
     "save_bagel_checkpoint",
+    "save_tiny_bagel",
 ]
 
 TINY_MOT_CONFIG: dict[str, Any] = {
@@ -209,6 +216,7 @@ class BagelMoT(NonDiffusersModelBase):
     """See the module docstring. ``forward(input_ids, latents, timestep, ...) -> velocity`` shaped like latents."""
 
     _no_split_modules: ClassVar[list[str]] = ["MoTDecoderLayer"]
+    weight_files: ClassVar[tuple[str, ...]] = ("ema.safetensors",)  # BAGEL's, read by read_weights
 
     def __init__(self, config: dict[str, Any]):
         super().__init__({**TINY_MOT_CONFIG, **config})
@@ -228,6 +236,27 @@ class BagelMoT(NonDiffusersModelBase):
     @property
     def dtype(self) -> torch.dtype:
         return self.vae2llm.weight.dtype
+
+    @classmethod
+    def read_weights(cls, load_directory: str | os.PathLike) -> dict[str, torch.Tensor]:
+        """BAGEL's ``ema.safetensors`` (its names mapped to ours, the ViT tower left out) when the directory holds
+        one, else our own ``model.safetensors``; a BAGEL key no map covers is refused by name."""
+        ema = Path(load_directory) / BAGEL_WEIGHTS_NAME
+        if not ema.is_file():
+            return super().read_weights(load_directory)
+        mapped, unmapped = from_bagel_keys(load_file(ema))
+        if unmapped:
+            raise KeyError(f"{ema}: {len(unmapped)} weight(s) this model does not have: {', '.join(unmapped[:4])}")
+        return mapped
+
+    def token_layout(self, input_ids: Sequence[int], latent_hw: tuple[int, int]) -> list[int]:
+        """The token ids of the sequence ``forward`` builds for one sample without a condition image: the text ids,
+        then ``<soi>``, one ``-1`` per latent token, ``<eoi>`` (what BAGEL's ``prepare_prompts`` +
+        ``prepare_vae_latent`` lay out)."""
+        p = self.config["latent_patch_size"]
+        n = (latent_hw[0] // p) * (latent_hw[1] // p)
+        soi, eoi = self.config["start_of_image_token_id"], self.config["end_of_image_token_id"]
+        return [int(i) for i in input_ids] + [soi] + [-1] * n + [eoi]
 
     def _patchify(self, x: torch.Tensor) -> torch.Tensor:
         p = self.config["latent_patch_size"]
@@ -305,6 +334,33 @@ class BagelMoT(NonDiffusersModelBase):
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
+BAGEL_WEIGHTS_NAME = "ema.safetensors"
+# BAGEL's tokenizer gains these four special tokens (its ``add_special_tokens``); ``new_token_ids`` names them.
+BAGEL_SPECIAL_TOKENS = {
+    "bos_token_id": "<|im_start|>",
+    "eos_token_id": "<|im_end|>",
+    "start_of_image": "<|vision_start|>",
+    "end_of_image": "<|vision_end|>",
+}
+
+
+def bagel_new_token_ids(tokenizer: Any) -> dict[str, int]:
+    """BAGEL's ``new_token_ids`` of ``tokenizer``: the ids of its four special tokens (``KeyError`` naming a missing
+    one)."""
+    ids = {}
+    for key, token in BAGEL_SPECIAL_TOKENS.items():
+        value = tokenizer.convert_tokens_to_ids(token)
+        if value is None or value == tokenizer.unk_token_id:
+            raise KeyError(f"the tokenizer has no {token} token (BAGEL's {key})")
+        ids[key] = int(value)
+    return ids
+
+
+def bagel_prompt_ids(tokenizer: Any, prompt: str, new_token_ids: Mapping[str, int]) -> list[int]:
+    """A prompt's token ids as BAGEL's ``prepare_prompts`` makes them: ``[bos] + tokenizer.encode(prompt) + [eos]``."""
+    return [new_token_ids["bos_token_id"], *tokenizer.encode(prompt), new_token_ids["eos_token_id"]]
+
+
 # (checkpoint prefix, our prefix); the first matching checkpoint prefix wins, so longer prefixes come first.
 BAGEL_KEY_MAP: tuple[tuple[str, str], ...] = (
     ("language_model.model.embed_tokens.", "embed_tokens."),
@@ -448,6 +504,8 @@ class BagelMoTFlowGRPO(VelocityAdapter):
     optional ``attention_mask`` ``[B, L]``, optional ``cond_latents`` ``[B, C, H, W]`` (a clean condition-image
     latent: the image branch). Defaults are BAGEL's inferencer's."""
 
+    module_class: ClassVar[type] = BagelMoT
+
     def __init__(
         self,
         *,
@@ -474,6 +532,36 @@ class BagelMoTFlowGRPO(VelocityAdapter):
     @property
     def do_cfg(self) -> bool:
         return self.text_guidance_scale > 1.0
+
+    # ---- sampling from prompts (the RL job): BAGEL's tokenization, the VAE -----------------------------------------
+
+    def bind(self, tokenizer: Any, vae: Any, latent_shape: Sequence[int]) -> BagelMoTFlowGRPO:
+        """Attach what sampling from prompts needs: the checkpoint's tokenizer (with BAGEL's special tokens), its VAE
+        (a diffusers ``AutoencoderKL``: latents are ``(z - shift_factor) * scaling_factor``) and one sample's latent
+        shape ``(C, H, W)``."""
+        self.tokenizer, self.vae, self.latent_shape = tokenizer, vae, tuple(latent_shape)
+        self.new_token_ids = bagel_new_token_ids(tokenizer)
+        return self
+
+    def encode(self, prompts: Sequence[str], negative_prompt: str | None = None) -> dict[str, Any]:
+        """``input_ids`` (``bagel_prompt_ids`` of each prompt, right-padded) and ``attention_mask``. BAGEL's
+        text-free branch hides the text (no negative prompt)."""
+        rows = [bagel_prompt_ids(self.tokenizer, p, self.new_token_ids) for p in prompts]
+        longest = max(len(r) for r in rows)
+        ids = torch.full((len(rows), longest), self.new_token_ids["eos_token_id"], dtype=torch.long)
+        mask = torch.zeros(len(rows), longest, dtype=torch.bool)
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = torch.tensor(row)
+            mask[i, : len(row)] = True
+        return {"input_ids": ids, "attention_mask": mask}
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Pixels in [-1, 1] of final latents."""
+        config = self.vae.config
+        x = latents.float() / config.scaling_factor + (config.shift_factor or 0.0)
+        device = next(self.vae.parameters()).device
+        return self.vae.decode(x.to(device, self.vae.dtype), return_dict=False)[0].float().clamp(-1, 1)
 
     def build_module(self, config: Mapping[str, Any]) -> BagelMoT:
         return BagelMoT(dict(config))
@@ -542,3 +630,41 @@ class BagelMoTFlowGRPO(VelocityAdapter):
             renorm_type=self.cfg_renorm_type,
             patch_size=int(getattr(module, "config", {}).get("latent_patch_size", 1)),
         )
+
+
+def save_tiny_bagel(directory: str | os.PathLike, seed: int = 0) -> Path:
+    """A tiny random BAGEL-style checkpoint directory, for tests and demos (no download): ``config.json``,
+    ``ema.safetensors`` under BAGEL's names, a tokenizer with BAGEL's four special tokens, and ``vae/`` (a tiny
+    ``AutoencoderKL`` with 4 latent channels and BAGEL's FLUX-VAE normalisation, x8 downsampling)."""
+    from diffusers import AutoencoderKL
+
+    from runtime.diffusion.tiny import tiny_tokenizer
+
+    directory = Path(directory)
+    tokenizer = tiny_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": list(BAGEL_SPECIAL_TOKENS.values())})
+    ids = bagel_new_token_ids(tokenizer)
+    torch.manual_seed(seed)
+    model = BagelMoT(
+        {
+            "vocab_size": len(tokenizer),
+            "start_of_image_token_id": ids["start_of_image"],
+            "end_of_image_token_id": ids["end_of_image"],
+        }
+    )
+    directory.mkdir(parents=True)
+    model.save_pretrained(directory)  # config.json (and our model.safetensors, replaced by BAGEL's file below)
+    (directory / "model.safetensors").unlink()
+    save_bagel_checkpoint(model, str(directory / BAGEL_WEIGHTS_NAME))
+    tokenizer.save_pretrained(directory)
+    AutoencoderKL(
+        block_out_channels=[8, 8, 8, 8],
+        down_block_types=["DownEncoderBlock2D"] * 4,
+        up_block_types=["UpDecoderBlock2D"] * 4,
+        latent_channels=model.config["latent_channels"],
+        layers_per_block=1,
+        norm_num_groups=4,
+        shift_factor=0.1159,
+        scaling_factor=0.3611,
+    ).save_pretrained(directory / "vae")
+    return directory

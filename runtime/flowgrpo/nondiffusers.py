@@ -11,7 +11,8 @@ lists its repeated blocks in ``_no_split_modules`` (the FSDP wrap units) and rou
   records (under ``torch.no_grad`` -- rollout, reference model -- blocks run plainly).
 * ``save_pretrained(dir)`` / ``from_pretrained(dir)``: ``config.json`` (the config plus ``_class_name``) and
   ``model.safetensors`` with the BASE weights under their original names (LoRA layers are saved by
-  ``save_adapter``; ``merge_adapters=True`` folds the active adapters into the saved base weights instead).
+  ``save_adapter``; ``merge_adapters=True`` folds the active adapters into the saved base weights instead); a
+  subclass whose checkpoints come in another format overrides ``read_weights`` (BAGEL's ``ema.safetensors``).
 """
 
 from __future__ import annotations
@@ -158,7 +159,12 @@ class NonDiffusersModelBase(nn.Module):
         if name != cls.__name__:
             raise ValueError(f"{load_directory} holds a {name}, not a {cls.__name__}")
         model = cls(config)
-        model.load_state_dict(load_file(os.path.join(load_directory, WEIGHTS_NAME)), strict=True)
+        model.load_state_dict(cls.read_weights(load_directory), strict=True)
         if torch_dtype is not None:
             model.to(torch_dtype)
         return model
+
+    @classmethod
+    def read_weights(cls, load_directory: str | os.PathLike) -> dict[str, torch.Tensor]:
+        """The base weights of a checkpoint directory under this class's names (a subclass reads its own format)."""
+        return load_file(os.path.join(load_directory, WEIGHTS_NAME))

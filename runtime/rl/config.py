@@ -10,8 +10,13 @@ Example (every key with its default unless marked required)::
 
     algorithm: flowgrpo          # required: flowgrpo
     model:
-      type: wan                  # required: a generated DiT (wan, flux, qwenimage, ...)
-      path: pipelines/wan        # required: a diffusers pipeline directory (the policy starts from transformer/)
+      type: wan                  # a generated DiT (wan, flux, qwenimage, sd3, hunyuanvideo), or instead:
+      architecture: null         # a non-diffusers model named explicitly (BagelMoT: no model_index.json tells it)
+      adapter: {}                # its adapter's options (BagelMoT: text_guidance_scale, image_guidance_scale,
+                                 # cfg_interval, cfg_renorm_min, cfg_renorm_type, timestep_shift)
+      path: pipelines/wan        # required: a diffusers pipeline directory (the policy starts from transformer/),
+                                 # or the non-diffusers checkpoint directory (BagelMoT: config.json, ema.safetensors,
+                                 # tokenizer with BAGEL's special tokens, vae/)
       seed: 0                    # LoRA init and every sampling seed derive from it
       attn_implementation: sdpa  # or a diffusers attention backend
     dit:                         # the trainer's DiT section
@@ -83,8 +88,10 @@ MAX_REWARDS = 16  # a rewards list longer than this is not a reward mix
 
 @dataclass(frozen=True)
 class RLModelConfig:
-    type: str
     path: str
+    type: str | None = None  # a generated DiT
+    architecture: str | None = None  # a non-diffusers model's registered architecture (BagelMoT)
+    adapter: dict = field(default_factory=dict)  # its adapter's options (BAGEL: guidance, timestep_shift)
     seed: int = 0
     attn_implementation: str = "sdpa"
 
@@ -202,8 +209,24 @@ def _check_shared(config: RLConfig) -> None:
         isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1 for b in betas
     ):
         raise ConfigError(f"optim.betas: expected two numbers in [0, 1), found {betas!r}")
+    model = config.model
+    if (model.type is None) == (model.architecture is None):
+        raise ConfigError(
+            "model: name either model.type (a generated DiT) or model.architecture (a non-diffusers model), not "
+            f"{'both' if model.type else 'neither'}"
+        )
+    if model.architecture is not None:
+        for key, value, default in (
+            ("parallel.sp", config.parallel.sp, 1),
+            ("dit.condition", config.dit.condition, {}),
+            ("model.attn_implementation", model.attn_implementation, "sdpa"),
+        ):
+            if value != default:
+                raise ConfigError(f"{key}: not for the non-diffusers {model.architecture!r}; remove {key}")
+    elif model.adapter:
+        raise ConfigError("model.adapter: only for model.architecture (a DiT's options go in dit.condition)")
     if config.parallel.ep != 1:
-        raise ConfigError(f"parallel.ep: the DiT {config.model.type!r} has no experts; remove parallel.ep")
+        raise ConfigError(f"parallel.ep: the model {model.type or model.architecture!r} has no experts; remove it")
     ema = config.dit.ema_decay
     if ema is not None and not 0.0 < ema < 1.0:
         raise ConfigError(f"dit.ema_decay: expected a number in (0, 1) (e.g. 0.999), found {ema}")

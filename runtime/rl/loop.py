@@ -47,7 +47,7 @@ from runtime.parallel.fsdp import clip_grad_norm_
 from runtime.parallel.state import ParallelState
 from runtime.rl.config import RLConfig, algorithm_module
 from runtime.rl.metrics import RLMetricsLogger
-from runtime.rl.policy import Policy, build_dit_policy, lora_disabled
+from runtime.rl.policy import Policy, build_policy, lora_disabled
 from runtime.rl.prompts import Prompt, PromptSampler
 from runtime.rl.rewards import RewardError, RewardMix, build_rewards, reward_names
 from runtime.rl.validate import CheckedRLInputs, check_rl_inputs
@@ -419,7 +419,7 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
         rewards, error = _attempt(build_rewards, config.rewards)
     agree(error, state)
     torch.manual_seed(config.model.seed)
-    policy = build_dit_policy(config, state, train_device(state))
+    policy = build_policy(config, state, train_device(state))
     o = config.optim
     optimizer = torch.optim.AdamW(
         policy.trainable, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
@@ -463,8 +463,6 @@ def save(run: RLRun, step: int) -> Path:
 
 def run_rl(config: RLConfig) -> RLResult:
     """Run ``config``: checks, policy, rewards, resume, the iterations, checkpoints, export."""
-    from runtime.train.dit import export
-
     run, start, inputs = start_run(config)
     history: list[dict[str, Any]] = []
     res = None
@@ -480,5 +478,5 @@ def run_rl(config: RLConfig) -> RLResult:
     finally:
         run.logger.close()
     if config.export.dir:
-        export(config, run.state, run.policy.module, run.policy.ema, run.policy.peft_config)
+        run.policy.export()
     return RLResult(history, start, list(inputs.skipped_checkpoints), policy=run.policy, last_rollout=res)

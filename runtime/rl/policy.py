@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,18 +25,19 @@ from runtime.checkpoint.identity import model_identity
 from runtime.parallel.state import ParallelState
 from runtime.train.config import ConfigError
 
-__all__ = ["Policy", "build_dit_policy", "lora_disabled"]
+__all__ = ["Policy", "build_dit_policy", "build_nondiffusers_policy", "build_policy", "lora_disabled"]
 
 
 @dataclass
 class Policy:
     module: nn.Module  # the trained transformer (FSDP2-sharded when distributed)
-    adapter: Any  # runtime.flowgrpo.dit.DiTFlowGRPO
+    adapter: Any  # runtime.flowgrpo.dit.DiTFlowGRPO, or a non-diffusers adapter bound to its tokenizer and VAE
     reference: nn.Module | None  # a frozen copy, or None (lora_disabled, or no KL)
     peft_config: Any  # None for full fine-tuning
     ema: Any
     checkpoint_module: nn.Module  # what checkpoints save (runtime.train.dit.checkpointed)
     identity: dict[str, Any]
+    export: Callable[[], None] | None = None  # writes export.dir (collective)
 
     @property
     def trainable(self) -> list[nn.Parameter]:
@@ -74,43 +76,16 @@ def _check_sampling(condition_model: Any, config: Any) -> None:
         )
 
 
-def build_dit_policy(config: Any, state: ParallelState, device: torch.device) -> Policy:
-    """The policy of ``config`` (an ``RLConfig``) on ``device``, sharded over ``state``'s ranks."""
-    from runtime.flowgrpo.dit import adapter_for
+def _shard_and_wrap(
+    config: Any, state: ParallelState, device: torch.device, module: nn.Module, peft_config: Any
+) -> tuple[nn.Module, nn.Module | None, Any, nn.Module]:
+    """The reference (a frozen copy before sharding), FSDP2 (or checkpointing alone), the EMA and what checkpoints
+    save: the same for every kind of policy."""
     from runtime.parallel.fsdp import apply_fsdp
-    from runtime.train.dit import (
-        check_transformer,
-        checkpointed,
-        load_condition_model_for,
-        load_transformer,
-        quiet_loading,
-    )
+    from runtime.train.dit import checkpointed
 
-    quiet_loading()
-    check_transformer(config, state.sp_size)  # sp divides the heads; the LoRA targets adapt something
-    condition_model = load_condition_model_for(config, encoders=True, device=device)
-    _check_sampling(condition_model, config)
-    s = config.sampling
-    latent_shape = condition_model.sampling_latent_shape(s.height, s.width, s.frames)
-    algo = config.algo
-    adapter = adapter_for(config.model.type)(
-        condition_model,
-        latent_shape,
-        true_cfg_scale=s.true_cfg_scale,
-        noise_level=algo.noise_level,
-        method=algo.sde_type,
-        cps_log_prob=algo.cps_log_prob,
-    )
-
-    module = load_transformer(config)
-    peft_config = None
-    if config.dit.lora.rank is not None:
-        from runtime.train.lora import add_lora
-
-        torch.manual_seed(config.model.seed)  # the adapter's initial A: identical on every rank
-        peft_config = add_lora(module, config.dit.lora)
     reference = None
-    if algo.kl_coef > 0 and config.reference == "frozen_copy":
+    if config.algo.kl_coef > 0 and config.reference == "frozen_copy":
         reference = copy.deepcopy(module).requires_grad_(False).eval()
     module.to(device)
     if state.world_size > 1:
@@ -129,23 +104,159 @@ def build_dit_policy(config: Any, state: ParallelState, device: torch.device) ->
         from runtime.train.ema import EMA
 
         ema = EMA(module, config.dit.ema_decay).to(device)
+    saved = checkpointed(module, ema, lora=peft_config is not None) or module
+    return module, reference, ema, saved
+
+
+def _identity(config: Any, model_type: str, model_config: Any) -> dict[str, Any]:
     lora = config.dit.lora
-    identity = model_identity(
-        config.model.type,
-        {
-            "transformer": module.config,
-            "lora": None
-            if lora.rank is None
-            else {"rank": lora.rank, "alpha": lora.alpha, "targets": lora.target_modules},
-            "algorithm": config.algorithm,
-        },
-    )
-    return Policy(
+    adapter = None if lora.rank is None else {"rank": lora.rank, "alpha": lora.alpha, "targets": lora.target_modules}
+    return model_identity(model_type, {"model": model_config, "lora": adapter, "algorithm": config.algorithm})
+
+
+def _add_lora(config: Any, module: nn.Module) -> Any:
+    if config.dit.lora.rank is None:
+        return None
+    from runtime.train.lora import add_lora
+
+    torch.manual_seed(config.model.seed)  # the adapter's initial A: identical on every rank
+    return add_lora(module, config.dit.lora)
+
+
+def build_policy(config: Any, state: ParallelState, device: torch.device) -> Policy:
+    """The policy of ``config``: a generated DiT (``model.type``) or a non-diffusers model (``model.architecture``)."""
+    if config.model.architecture is not None:
+        return build_nondiffusers_policy(config, state, device)
+    return build_dit_policy(config, state, device)
+
+
+def build_nondiffusers_policy(config: Any, state: ParallelState, device: torch.device) -> Policy:
+    """A non-diffusers model (``NonDiffusersModelBase.from_pretrained`` of ``model.path``: BAGEL's
+    ``ema.safetensors`` names mapped), its adapter with the ``model.adapter`` options, bound to the checkpoint's
+    tokenizer (BAGEL's special tokens must be the model's image boundary tokens) and its VAE."""
+    from diffusers import AutoencoderKL
+    from transformers import AutoTokenizer
+
+    from runtime.flowgrpo.registry import get_diffusion_model_cls
+
+    path, algo = config.model.path, config.algo
+    cls = get_diffusion_model_cls(config.model.architecture, config.algorithm)
+    try:
+        adapter = cls(**config.model.adapter, noise_level=algo.noise_level, method=algo.sde_type)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"model.adapter: {config.model.adapter!r}: {' '.join(str(exc).split())[:300]}") from None
+    adapter.cps_log_prob = algo.cps_log_prob
+    try:
+        module = cls.module_class.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        vae = AutoencoderKL.from_pretrained(path, subfolder="vae").eval().requires_grad_(False).to(device)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ConfigError(f"model.path: cannot load {path}: {' '.join(str(exc).split())[:300]}") from None
+    scale = 2 ** (len(vae.config.block_out_channels) - 1)
+    s = config.sampling
+    try:
+        adapter.bind(tokenizer, vae, (vae.config.latent_channels, s.height // scale, s.width // scale))
+    except KeyError as exc:
+        raise ConfigError(f"model.path: {path}: {exc.args[0]}") from None
+    boundary = (module.config.get("start_of_image_token_id"), module.config.get("end_of_image_token_id"))
+    if boundary != (adapter.new_token_ids["start_of_image"], adapter.new_token_ids["end_of_image"]):
+        raise ConfigError(
+            f"model.path: {path}: the model's image boundary tokens {boundary} are not the tokenizer's "
+            f"<|vision_start|>/<|vision_end|> ({adapter.new_token_ids['start_of_image']}, "
+            f"{adapter.new_token_ids['end_of_image']})"
+        )
+    peft_config = _add_lora(config, module)
+    module, reference, ema, saved = _shard_and_wrap(config, state, device, module, peft_config)
+    policy = Policy(
         module=module,
         adapter=adapter,
         reference=reference,
         peft_config=peft_config,
         ema=ema,
-        checkpoint_module=checkpointed(module, ema, lora=peft_config is not None) or module,
-        identity=identity,
+        checkpoint_module=saved,
+        identity=_identity(config, config.model.architecture, dict(module.config)),
     )
+    policy.export = functools.partial(export_nondiffusers, config, state, policy)
+    return policy
+
+
+def export_nondiffusers(config: Any, state: ParallelState, policy: Policy) -> None:
+    """``export.dir``: a copy of the checkpoint directory with the trained weights (EMA when kept, LoRA merged) in
+    its own format (BAGEL's ``ema.safetensors`` names), which ``from_pretrained`` (and BAGEL's loader, by name)
+    reads; written as a temporary sibling and renamed into place (the export rules of runtime/checkpoint)."""
+    import shutil
+    from pathlib import Path
+
+    import torch.distributed as dist
+    from safetensors.torch import save_file
+
+    from runtime.checkpoint.dcp import replace_dir_atomically
+    from runtime.checkpoint.diffusers_export import full_state_dict
+    from runtime.checkpoint.export import _write_marker, check_export_target
+    from runtime.flowgrpo.mot import BAGEL_WEIGHTS_NAME, to_bagel_keys
+    from runtime.flowgrpo.nondiffusers import WEIGHTS_NAME
+    from runtime.train.lora import merged_state_dict
+
+    weights = full_state_dict(policy.module)
+    if policy.ema is not None:
+        weights.update({policy.ema.parameter_name(k): v for k, v in full_state_dict(policy.ema).items()})
+    out = check_export_target(config.export.dir, overwrite=config.export.overwrite)
+    distributed = dist.is_available() and dist.is_initialized()
+    if distributed:
+        dist.barrier()
+    if state.rank == 0:
+        if policy.peft_config is not None:
+            weights = merged_state_dict(weights, policy.peft_config.lora_alpha / policy.peft_config.r)
+        source, tmp = Path(config.model.path), out.with_name(f".{out.name}.tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        _write_marker(tmp)
+        for entry in sorted(source.iterdir()):
+            if entry.name.startswith(".") or entry.name in (BAGEL_WEIGHTS_NAME, WEIGHTS_NAME):
+                continue
+            (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, tmp / entry.name)
+        tensors = {k: v.contiguous() for k, v in to_bagel_keys(weights).items()}
+        save_file(tensors, str(tmp / BAGEL_WEIGHTS_NAME), metadata={"format": "pt"})
+        _write_marker(tmp)
+        replace_dir_atomically(tmp, out)
+        print(f"exported a {config.model.architecture} checkpoint directory to {out}", flush=True)
+    if distributed:
+        dist.barrier()
+
+
+def build_dit_policy(config: Any, state: ParallelState, device: torch.device) -> Policy:
+    """The policy of ``config`` (an ``RLConfig``) on ``device``, sharded over ``state``'s ranks."""
+    from runtime.flowgrpo.dit import adapter_for
+    from runtime.train.dit import check_transformer, export, load_condition_model_for, load_transformer, quiet_loading
+
+    quiet_loading()
+    check_transformer(config, state.sp_size)  # sp divides the heads; the LoRA targets adapt something
+    condition_model = load_condition_model_for(config, encoders=True, device=device)
+    _check_sampling(condition_model, config)
+    s = config.sampling
+    latent_shape = condition_model.sampling_latent_shape(s.height, s.width, s.frames)
+    algo = config.algo
+    adapter = adapter_for(config.model.type)(
+        condition_model,
+        latent_shape,
+        true_cfg_scale=s.true_cfg_scale,
+        noise_level=algo.noise_level,
+        method=algo.sde_type,
+        cps_log_prob=algo.cps_log_prob,
+    )
+
+    module = load_transformer(config)
+    peft_config = _add_lora(config, module)
+    module, reference, ema, saved = _shard_and_wrap(config, state, device, module, peft_config)
+    policy = Policy(
+        module=module,
+        adapter=adapter,
+        reference=reference,
+        peft_config=peft_config,
+        ema=ema,
+        checkpoint_module=saved,
+        identity=_identity(config, config.model.type, module.config),
+    )
+    policy.export = functools.partial(export, config, state, module, ema, peft_config)
+    return policy

@@ -4,6 +4,7 @@ where the keys are the same (pipeline directory, transformer config sizes, check
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,52 @@ def check_model(config: Any) -> Any:
     check_pipeline_dir(config)
     check_dit_transformer_config(config)
     return condition_model_class(lookup_dit(config.model.type).data["condition_model_type"])
+
+
+def check_nondiffusers_model(config: Any) -> Any:
+    """``model.architecture`` has an adapter with a module class, and ``model.path`` is its checkpoint directory
+    (config.json naming it, the weights, vae/); returns the adapter class."""
+    from runtime.flowgrpo.nondiffusers import CONFIG_NAME, WEIGHTS_NAME
+    from runtime.flowgrpo.registry import get_diffusion_model_cls, registered_diffusion_models
+
+    name, path = config.model.architecture, Path(config.model.path)
+    try:
+        adapter = get_diffusion_model_cls(name, config.algorithm)
+    except KeyError:
+        models = registered_diffusion_models()
+        known = [a for a, alg in models if getattr(get_diffusion_model_cls(a, alg), "module_class", None)]
+        raise ConfigError(f"model.architecture: no {config.algorithm} adapter for {name!r}; known: {known}") from None
+    if getattr(adapter, "module_class", None) is None:
+        raise ConfigError(f"model.architecture: {name!r} is a diffusers model; name it by model.type")
+    try:
+        saved = json.loads((path / CONFIG_NAME).read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"model.path: {path}: no readable {CONFIG_NAME} ({exc})") from None
+    if not isinstance(saved, dict) or saved.get("_class_name") != name:
+        found = saved.get("_class_name") if isinstance(saved, dict) else None
+        raise ConfigError(f"model.path: {path} holds a {found!r} checkpoint, not a {name!r} one")
+    weights = [f for f in (*getattr(adapter.module_class, "weight_files", ()), WEIGHTS_NAME) if (path / f).is_file()]
+    if not weights:
+        raise ConfigError(f"model.path: {path}: no weights ({WEIGHTS_NAME} or the model's own format)")
+    if not (path / "vae" / "config.json").is_file():
+        raise ConfigError(f"model.path: {path}: no vae/ (the VAE that decodes samples for the rewards)")
+    return adapter
+
+
+def check_nondiffusers_sampling(config: Any, adapter: Any) -> None:
+    """Pixel sizes the VAE (x8) and the model's latent patches divide, within its latent position table."""
+    saved = json.loads((Path(config.model.path) / "config.json").read_text())
+    s, patch = config.sampling, int(saved.get("latent_patch_size", 1))
+    limit = int(saved.get("max_latent_size", 0)) * patch * 8
+    for key in ("height", "width"):
+        value = getattr(s, key)
+        if value % (8 * patch) or (limit and value > limit):
+            raise ConfigError(
+                f"sampling.{key}: {value}: expected a multiple of {8 * patch} (VAE x8, latent patch {patch}) up to "
+                f"{limit} (max_latent_size)"
+            )
+    if s.frames is not None:
+        raise ConfigError(f"sampling.frames: {config.model.architecture!r} generates images; remove sampling.frames")
 
 
 def check_sampling(config: Any, condition_class: Any) -> None:
@@ -86,8 +133,10 @@ def check_rl_inputs(config: Any, state: ParallelState) -> CheckedRLInputs:
     """Every check that can run before the model is built. Collective (checkpoint hashing is split over ranks)."""
     from runtime.train.validate import select_checkpoint
 
-    condition_class = check_model(config)
-    check_sampling(config, condition_class)
+    if config.model.architecture is not None:
+        check_nondiffusers_sampling(config, check_nondiffusers_model(config))
+    else:
+        check_sampling(config, check_model(config))
     check_outputs(config)
     try:
         prompts = read_prompts(config.data.prompts)
