@@ -198,7 +198,7 @@ def _definition(
         text = upstream.text
         if not any(w in text for w in wanted) and (f"class {name}" in text or f"def {name}" in text):
             return None  # defined here, and nothing here names what the companions redefine
-        tree = parsed(text, upstream.relpath)
+        tree = parsed(text, f"{upstream.relpath} ({upstream.pin})")  # the key pruning and the name checks use
         node = definitions(tree).get(name)
         if node is not None:
             return module, node, tree
