@@ -106,3 +106,29 @@ def test_full_export_is_a_pipeline_directory(tiny_pipelines, tmp_path: Path) -> 
     result = run_rl(parse_rl_config(raw))
     pipe = DiffusionPipeline.from_pretrained(tmp_path / "x")
     assert torch.equal(_probe("flux", pipe.transformer), _probe("flux", result.policy.module.eval()))
+
+
+def test_frozen_copy_reference_and_ema_export(tiny_pipelines, tmp_path: Path) -> None:
+    """Full fine-tuning measures its KL against a frozen copy of the starting weights (0 at the first step, > 0 once
+    the policy moved), keeps an EMA, and exports the EMA weights."""
+    from diffusers import DiffusionPipeline
+
+    from runtime.rl.config import parse_rl_config
+    from runtime.rl.loop import run_rl
+
+    raw = rl_config(
+        "flux",
+        tiny_pipelines("flux"),
+        tmp_path,
+        dit={"lora": {"rank": None}, "ema_decay": 0.5},
+        reference="frozen_copy",
+        flowgrpo={"group_size": 2, "window_size": 2, "kl_coef": 0.1},
+        export={"dir": str(tmp_path / "x")},
+    )
+    result = run_rl(parse_rl_config(raw))
+    assert result.metrics[0]["kl"] == 0.0 and result.metrics[1]["kl"] > 0.0
+    reference, ema = result.policy.reference, result.policy.ema
+    assert reference is not None and not any(p.requires_grad for p in reference.parameters())
+    exported = DiffusionPipeline.from_pretrained(tmp_path / "x").transformer.state_dict()
+    for key, value in ema.state_dict().items():
+        assert torch.equal(exported[ema.parameter_name(key)], value), key
