@@ -37,9 +37,23 @@ def check_model(config: Any) -> Any:
         raise ConfigError(
             f"model.type: {config.model.type!r} is not a generated DiT; expected one of {', '.join(kinds)}"
         )
+    condition = condition_model_class(lookup_dit(config.model.type).data["condition_model_type"])
+    if condition.prediction != "flow":  # the SDE step, its log-prob and the schedules are flow matching's
+        raise ConfigError(
+            f"model.type: {config.model.type!r} is a {condition.prediction}-prediction diffusion model; "
+            f"{config.algorithm} trains flow-matching models ({', '.join(_flow_models(kinds))})"
+        )
     check_pipeline_dir(config)
     check_dit_transformer_config(config)
-    return condition_model_class(lookup_dit(config.model.type).data["condition_model_type"])
+    return condition
+
+
+def _flow_models(kinds: list[str]) -> list[str]:
+    from runtime.diffusion.conditions import condition_model_class
+    from runtime.diffusion.registry import lookup_dit
+
+    types = ((k, lookup_dit(k).data["condition_model_type"]) for k in kinds)
+    return [k for k, c in types if condition_model_class(c).prediction == "flow"]
 
 
 def check_nondiffusers_model(config: Any) -> Any:

@@ -64,6 +64,7 @@ BAD = [  # (section updates, the key named, words of the message)
     ({"rewards": [{"callable": "tests.rl.nowhere:score"}]}, "callable", "rewards[0].callable: cannot import"),
     ({"rewards": [{"callable": "tests.rl.rewards:brightness", "http": "x"}]}, "callable", "exactly one reward kind"),
     ({"model": {"type": "qwen3"}}, "type", "not a generated DiT"),
+    ({"model": {"type": "cogvideox"}}, "type", "'cogvideox' is a v-prediction diffusion model"),
     ({"data": {"prompts": "missing.txt"}}, "prompts", "no such file"),
     ({"data": {"prompts_per_step": 9}}, "prompts_per_step", "data.prompts_per_step: 6 prompt(s)"),
     ({"reference": "base"}, "reference", "expected one of lora_disabled, frozen_copy"),
