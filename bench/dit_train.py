@@ -19,7 +19,6 @@ Run: `.venv/bin/python bench/dit_train.py [--device cpu|cuda] [--dtype fp32|bf16
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import itertools
 import statistics
@@ -31,7 +30,8 @@ from typing import Any
 
 import torch
 from harness import bench_args, interleaved, median_ratio, setup, throughput, worst_rank
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from runtime.plan.peak import MallocPeak  # the measured peak the memory plans are validated against
 
 # A bench-size Wan transformer on the tiny pipeline's VAE (4 latent channels) and UMT5 (d_model 16).
 TRANSFORMER = dict(
@@ -113,37 +113,6 @@ def trainer_step(raw: dict, bench) -> tuple[Callable[[], None], int, float]:
 
 
 # ------------------------------------------------------------------------------------------------------- memory
-
-
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks")
-    ] + [("keepcost", ctypes.c_size_t)]
-
-
-class MallocPeak(TorchDispatchMode):
-    """Peak of the bytes malloc holds (in-use heap + mmapped), sampled after every tensor op."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.libc = ctypes.CDLL("libc.so.6")
-        self.libc.mallinfo2.restype = _Mallinfo2
-        self.libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD fixed: large tensors always mmapped and counted
-        self.peak = self.base = 0
-
-    def in_use(self) -> int:
-        info = self.libc.mallinfo2()
-        return info.uordblks + info.hblkhd
-
-    def __enter__(self) -> MallocPeak:
-        self.base = self.peak = self.in_use()
-        return super().__enter__()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self.peak = max(self.peak, self.in_use())
-        return out
 
 
 def _memory_worker(rank: int, world: int, raw: dict, dtype: torch.dtype) -> int:

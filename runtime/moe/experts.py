@@ -329,6 +329,25 @@ def _grouped(
     with torch.no_grad():
         order, counts = sort_by_expert(top_k_index, gate_up_proj.size(0), expert_offset)
         token_idx = torch.div(order, top_k, rounding_mode="floor")
+    return experts_from_sorted(
+        hidden, order, token_idx, counts, top_k_weights, gate_up_proj, down_proj, act_fn, linear
+    )
+
+
+def experts_from_sorted(
+    hidden: Tensor,
+    order: Tensor,
+    token_idx: Tensor,
+    counts: Tensor,
+    top_k_weights: Tensor,
+    gate_up_proj: Tensor,
+    down_proj: Tensor,
+    act_fn: Callable[[Tensor], Tensor],
+    linear: Callable[..., Tensor],
+) -> Tensor:
+    """The grouped experts once the (token, slot) pairs are sorted (``sort_by_expert``): ``order`` indexes the
+    flattened slots, ``token_idx`` their tokens, ``counts`` the rows per local expert; ``linear(x, weight, counts)``
+    is the grouped matmul. Also what ``runtime.plan`` runs on fake tensors with a balanced routing."""
     current_state = hidden.index_select(0, token_idx)
     current_hidden_states = linear(_gated(linear(current_state, gate_up_proj, counts), act_fn), down_proj, counts)
     weights = top_k_weights.reshape(-1).index_select(0, order)

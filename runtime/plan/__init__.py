@@ -1,0 +1,11 @@
+"""Memory plans for real model sizes, computed rather than measured on hardware we do not have.
+
+``python -m runtime.plan cfg.yaml --gpus 64 --gpu-mem 80`` builds the model of ``cfg.yaml`` (real published sizes, see
+``configs/``) out of fake tensors (``torch._subclasses.FakeTensorMode``: shapes and dtypes, no memory), runs one
+forward of the configured workload on them while counting the bytes autograd saves for backward per block, and
+prints the per-rank bytes of parameters, gradients, optimizer state, gathered (unsharded) parameters and activations
+under the configured FSDP/HSDP/SP/EP/activation-checkpointing layout, then the smallest layout that fits.
+
+Modules: ``config`` (the plan file, no torch), ``footprint`` (the fake-tensor measurement), ``layout`` (per-rank
+bytes and the layout search, pure arithmetic), ``__main__`` (the command; ``--help`` imports no torch).
+"""

@@ -1,0 +1,105 @@
+"""``python -m runtime.plan cfg.yaml [more.yaml ...] --gpus 64 [8 ...] --gpu-mem 80``: per-rank memory of the
+configured layout and the smallest layout that fits (see ``runtime/plan/__init__.py``). ``--help`` and a bad plan
+file cost no torch import; a user error is one line and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from runtime.plan.config import ConfigError, PlanConfig, read_plan
+
+GIB = 2**30
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m runtime.plan",
+        description="Per-rank memory (parameters, gradients, optimizer, gathered parameters, activations) of a "
+        "training step of a real-size model under an FSDP2/HSDP/SP/EP/activation-checkpointing layout, computed on "
+        "fake tensors, and the smallest layout that fits. Plan files: runtime/plan/configs/*.yaml.",
+    )
+    parser.add_argument("configs", nargs="+", metavar="cfg.yaml", help="plan files (model, workload, parallel)")
+    parser.add_argument("--gpus", type=int, nargs="+", default=[8], help="device counts to plan for (default 8)")
+    parser.add_argument("--gpu-mem", type=float, default=80.0, help="memory per device in GiB (default 80)")
+    parser.add_argument("--table", action="store_true", help="one markdown row per model and device count")
+    return parser
+
+
+def _configured(plan: PlanConfig, gpus: int):
+    from runtime.plan.layout import Layout
+
+    p = plan.parallel
+    rest = p.dp_replicate * p.sp
+    dp_shard = p.dp_shard if p.dp_shard is not None else gpus // rest
+    return Layout(p.dp_replicate, dp_shard, p.sp, p.ep, p.activation_checkpointing)
+
+
+def _row(memory) -> str:
+    parts = ("params", "grads", "optimizer", "gathered", "activations")
+    return (
+        ", ".join(f"{name} {getattr(memory, name) / GIB:.1f}" for name in parts)
+        + f"; total {memory.total / GIB:.1f} GiB"
+    )
+
+
+def _report(plan: PlanConfig, gpus_list: list[int], gpu_mem: float, table: bool) -> list[str]:
+    from runtime.plan.footprint import measure
+    from runtime.plan.layout import USABLE, per_rank, smallest_fitting, valid
+
+    fp = measure(plan)
+    usable = USABLE * gpu_mem * GIB
+    lines = []
+    if not table:
+        experts = f", {fp.expert_params / 1e9:.2f} B in routed experts ({fp.experts} per layer)" if fp.experts else ""
+        lines.append(
+            f"{fp.name} ({plan.model.type}): {fp.params / 1e9:.2f} B parameters{experts}, "
+            f"{len(fp.saved_blocks)} blocks, {fp.tokens} tokens per micro-batch"
+        )
+    for gpus in gpus_list:
+        configured = _configured(plan, gpus)
+        best = smallest_fitting(fp, gpus, gpu_mem * GIB)
+        if table:
+            fit = f"{best[0].describe()} | {best[1].total / GIB:.1f}" if best else "none fits | -"
+            lines.append(f"| {fp.name} | {fp.params / 1e9:.1f} B | {fp.tokens} | {gpus} | {fit} |")
+            continue
+        lines.append(f"  {gpus} GPUs x {gpu_mem:g} GiB ({usable / GIB:.1f} GiB usable per rank):")
+        problem = "needs " + str(configured.gpus) + " GPUs" if configured.gpus != gpus else valid(fp, configured)
+        if problem:
+            lines.append(f"    configured layout {configured.describe()}: not possible here ({problem})")
+        else:
+            memory = per_rank(fp, configured)
+            verdict = "fits" if memory.total <= usable else "does not fit"
+            lines.append(f"    configured: {configured.describe()}\n      {_row(memory)}: {verdict}")
+        if best is None:
+            lines.append("    smallest that fits: none (more GPUs, or a shorter micro-batch)")
+        else:
+            lines.append(f"    smallest that fits: {best[0].describe()}\n      {_row(best[1])}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if any(g < 1 for g in args.gpus) or args.gpu_mem <= 0:
+        print("--gpus and --gpu-mem must be positive", file=sys.stderr)
+        return 2
+    try:
+        plans = [read_plan(path) for path in args.configs]
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.table:
+        print("| model | parameters | tokens per micro-batch | GPUs | smallest layout that fits | GiB per rank |")
+        print("|---|---|---|---|---|---|")
+    for path, plan in zip(args.configs, plans, strict=True):
+        try:
+            lines = _report(plan, args.gpus, args.gpu_mem, args.table)
+        except (ValueError, TypeError, KeyError) as exc:
+            print(f"{path}: model: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+            return 2
+        print("\n".join(lines), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

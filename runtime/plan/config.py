@@ -1,0 +1,77 @@
+"""A plan file: the model (type + the published config's numbers), the workload of one micro-batch, the layout.
+
+YAML, read and checked with the run config's own machinery (``runtime.train.config``: size, depth, unknown keys,
+types and ranges, each a one-line error naming the key). No torch is imported here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from runtime.train.config import ConfigError, KeyRules, ParallelConfig, build_section, read_config_file
+
+__all__ = ["ConfigError", "PlanConfig", "PlanModel", "Workload", "read_plan"]
+
+
+@dataclass(frozen=True)
+class PlanModel:
+    type: str  # a registered model_type (runtime/models/registry.py) or a DiT spec's (runtime/diffusion/registry.py)
+    name: str = ""  # what the tables call it, e.g. "Qwen3-8B"
+    config: dict = field(default_factory=dict)  # the published config.json's numbers (a DiT: its transformer's)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One micro-batch per data-parallel replica. Text models: ``tokens`` (one packed row); DiTs: one clip or image
+    of ``frames`` x ``height`` x ``width`` pixels with ``text_tokens`` of conditioning."""
+
+    tokens: int | None = None
+    loss_chunk_size: int | None = None  # text models: the chunked loss's chunk (null: full logits)
+    frames: int | None = None
+    height: int | None = None
+    width: int | None = None
+    text_tokens: int = 512
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    model: PlanModel
+    workload: Workload
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+
+RULES = KeyRules(
+    positive=frozenset(
+        {
+            "workload.tokens",
+            "workload.loss_chunk_size",
+            "workload.frames",
+            "workload.height",
+            "workload.width",
+            "workload.text_tokens",
+            "parallel.sp",
+            "parallel.ep",
+            "parallel.dp_replicate",
+            "parallel.dp_shard",
+        }
+    )
+)
+SECTIONS = {"model": PlanModel, "workload": Workload, "parallel": ParallelConfig}
+
+
+def read_plan(path: str | Path) -> PlanConfig:
+    """The checked plan file; a ``ConfigError`` (one line naming the file and key) otherwise."""
+    raw = read_config_file(path)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping with keys {', '.join(SECTIONS)}")
+    unknown = sorted(set(raw) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"{path}: {unknown[0]}: unknown section; expected one of {', '.join(SECTIONS)}")
+    if "model" not in raw or "workload" not in raw:
+        raise ConfigError(f"{path}: needs the sections model and workload")
+    try:
+        sections = {name: build_section(cls, raw[name], name, RULES) for name, cls in SECTIONS.items() if name in raw}
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return PlanConfig(**sections)

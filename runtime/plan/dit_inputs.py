@@ -1,0 +1,65 @@
+"""A DiT's forward inputs for one clip or image of the workload's pixel size (built inside the fake mode).
+
+The latent geometry is each family's VAE: Wan 4x temporal, 8x spatial (latents ``(C, (F-1)/4+1, H/8, W/8)``, patch
+``(1, 2, 2)``); Flux and Qwen-Image 8x spatial with 2x2 packing (``(H/16) * (W/16)`` tokens of 64 channels). The
+timestep stays fp32, as the pipelines pass it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from runtime.plan.config import Workload
+
+__all__ = ["dit_inputs"]
+
+
+def _pixels(model_type: str, workload: Workload, video: bool) -> tuple[int, int, int]:
+    missing = [k for k in ("height", "width") + (("frames",) if video else ()) if getattr(workload, k) is None]
+    if missing:
+        raise ValueError(f"{model_type}: workload.{missing[0]} is required for this DiT")
+    return (workload.frames or 1), workload.height, workload.width
+
+
+def dit_inputs(model_type: str, config: Any, workload: Workload) -> tuple[dict[str, Any], int]:
+    """(forward kwargs, latent tokens after patchify) for ``model_type`` (wan, flux, qwenimage)."""
+    text = workload.text_tokens
+    timestep = torch.full((1,), 500.0, dtype=torch.float32)
+    if model_type == "wan":
+        frames, height, width = _pixels(model_type, workload, video=True)
+        latent = ((frames - 1) // 4 + 1, height // 8, width // 8)
+        pt, ph, pw = config.patch_size
+        tokens = (latent[0] // pt) * (latent[1] // ph) * (latent[2] // pw)
+        return {
+            "hidden_states": torch.zeros(1, config.in_channels, *latent),
+            "timestep": timestep,
+            "encoder_hidden_states": torch.zeros(1, text, config.text_dim),
+            "return_dict": False,
+        }, tokens
+    _, height, width = _pixels(model_type, workload, video=False)
+    rows, cols = height // 16, width // 16
+    tokens = rows * cols
+    if model_type == "flux":
+        inputs = {
+            "hidden_states": torch.zeros(1, tokens, config.in_channels),
+            "encoder_hidden_states": torch.zeros(1, text, config.joint_attention_dim),
+            "pooled_projections": torch.zeros(1, config.pooled_projection_dim),
+            "timestep": timestep / 1000,
+            "img_ids": torch.zeros(tokens, 3),
+            "txt_ids": torch.zeros(text, 3),
+            "return_dict": False,
+        }
+        if config.guidance_embeds:
+            inputs["guidance"] = torch.full((1,), 3.5, dtype=torch.float32)
+        return inputs, tokens
+    if model_type == "qwenimage":
+        return {
+            "hidden_states": torch.zeros(1, tokens, config.in_channels),
+            "encoder_hidden_states": torch.zeros(1, text, config.joint_attention_dim),
+            "timestep": timestep / 1000,
+            "img_shapes": [[(1, rows, cols)]],
+            "return_dict": False,
+        }, tokens
+    raise ValueError(f"{model_type}: no plan inputs for this DiT (wan, flux and qwenimage have them)")
