@@ -43,7 +43,16 @@ def _experts_kernel(impl: str) -> Callable[..., torch.Tensor]:
                 get_parallel_state().ep_group,
                 impl=impl,
             )
-        return experts_forward(hidden_states, top_k_index, top_k_weights, gate_up, down, module.act_fn, impl=impl)
+        return experts_forward(
+            hidden_states,
+            top_k_index,
+            top_k_weights,
+            gate_up,
+            down,
+            module.act_fn,
+            impl=impl,
+            num_experts=module.num_experts,
+        )
 
     forward.__name__ = f"{impl}_experts_forward"
     return forward

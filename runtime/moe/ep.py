@@ -5,7 +5,8 @@ With ``E`` experts over an EP group of ``ep`` ranks, group rank ``r`` owns exper
 
 1. sorts this rank's (token, slot) pairs by expert (stable) and counts them per expert;
 2. exchanges the per-expert counts with one equal-split all-to-all (``E/ep`` numbers to each rank), which gives the
-   uneven send and receive splits (one host sync);
+   uneven send and receive splits (two host syncs, ``.tolist()`` of each: the only ones of the EP path; a graph break
+   each under torch.compile);
 3. all-to-alls the token copies; what arrives is ordered by source rank, then by local expert;
 4. runs the local experts on the arrivals (``experts_forward`` with one slot per row and weight 1, which is exact);
 5. all-to-alls the results back with the splits swapped, scales them by the routing weights *on the source rank*
@@ -110,19 +111,22 @@ def ep_experts_forward(
             f"{tuple(top_k_weights.shape)} must both be (tokens={hidden.size(0)}, top_k)"
         )
     if group is None:
-        return experts_forward(hidden, top_k_index, top_k_weights, local_gate_up, local_down, act_fn, impl)
+        return experts_forward(
+            hidden, top_k_index, top_k_weights, local_gate_up, local_down, act_fn, impl, num_experts=num_experts
+        )
 
     top_k = top_k_index.size(1)
     with torch.no_grad():
-        order, counts = sort_by_expert(top_k_index, num_experts)
-        if order.numel() != top_k_index.numel():
+        # Ids outside [0, E) are counted nowhere: the send splits (needed on the host anyway) fall short of the slots.
+        order, counts = sort_by_expert(top_k_index, num_experts, all_local=True)
+        send_splits = counts.view(ep_size, per_rank).sum(1).tolist()
+        if sum(send_splits) != top_k_index.numel():
             raise ValueError(f"ep_experts_forward: top_k_index holds expert ids outside [0, {num_experts})")
         token_idx = torch.div(order, top_k, rounding_mode="floor")
         # recv_counts[s, j]: rows source rank s sends for my local expert j.
         recv_counts = torch.empty_like(counts)
         dist.all_to_all_single(recv_counts, counts, group=group)
         recv_counts = recv_counts.view(ep_size, per_rank)
-        send_splits = counts.view(ep_size, per_rank).sum(1).tolist()
         recv_splits = recv_counts.sum(1).tolist()
         local_ids = torch.repeat_interleave(
             torch.arange(per_rank, device=counts.device).repeat(ep_size),
@@ -132,7 +136,9 @@ def ep_experts_forward(
 
     dispatched = all_to_all_uneven(hidden.index_select(0, token_idx), send_splits, recv_splits, group)
     ones = torch.ones(dispatched.size(0), 1, dtype=top_k_weights.dtype, device=hidden.device)
-    expert_out = experts_forward(dispatched, local_ids[:, None], ones, local_gate_up, local_down, act_fn, impl)
+    expert_out = experts_forward(
+        dispatched, local_ids[:, None], ones, local_gate_up, local_down, act_fn, impl, num_experts=per_rank
+    )
     returned = all_to_all_uneven(expert_out, recv_splits, send_splits, group)
     weighted = returned * top_k_weights.reshape(-1).index_select(0, order)[:, None]
     return torch.zeros_like(hidden).index_add(0, token_idx, weighted.to(hidden.dtype))

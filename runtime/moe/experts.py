@@ -127,11 +127,15 @@ def _eager(
 # --- grouped matmul over sorted rows --------------------------------------------------------------------------------
 
 
-def sort_by_expert(top_k_index: Tensor, num_local_experts: int, expert_offset: int = 0) -> tuple[Tensor, Tensor]:
+def sort_by_expert(
+    top_k_index: Tensor, num_local_experts: int, expert_offset: int = 0, *, all_local: bool = False
+) -> tuple[Tensor, Tensor]:
     """Sort the flattened (token, slot) pairs by local expert, dropping slots of non-local experts.
 
     Returns ``(order, counts)``: ``order`` (S_local,) indexes ``top_k_index.reshape(-1)`` (so ``order // top_k`` is
     the token), stable, so within an expert the rows keep token order; ``counts`` (E_local,) int64 rows per expert.
+    ``all_local``: the caller knows every slot is routed to a local expert (all experts local), so nothing is dropped
+    and no host sync is needed for the number of kept slots (otherwise one ``int()`` of a device value).
     """
     flat = top_k_index.reshape(-1).long()
     if expert_offset:
@@ -139,7 +143,11 @@ def sort_by_expert(top_k_index: Tensor, num_local_experts: int, expert_offset: i
     # Non-local slots become num_local_experts: they sort to the end and fall out of the counts.
     flat = torch.where((flat >= 0) & (flat < num_local_experts), flat, num_local_experts)
     order = torch.argsort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_local_experts + 1)
+    # A fixed-size count (bincount's output size depends on the data: a graph break under torch.compile).
+    counts = torch.zeros(num_local_experts + 1, dtype=torch.long, device=flat.device)
+    counts.index_add_(0, flat, torch.ones_like(flat))
+    if all_local:
+        return order, counts[:num_local_experts]
     kept = int(flat.numel() - counts[num_local_experts])
     return order[:kept], counts[:num_local_experts]
 
@@ -162,6 +170,10 @@ def pick_backend(x: Tensor, weight: Tensor) -> str:
         return "segment"
     if x.device.type == "cuda":
         ok = x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (8, 0)
+    elif torch.compiler.is_compiling():
+        # torch._grouped_mm's fake (meta) kernel takes bf16 only, though the CPU kernel runs fp32/fp16 too: under
+        # torch.compile anything else is an error at trace time, not a graph break.
+        ok = x.dtype == torch.bfloat16
     elif x.device.type == "cpu":
         ok = x.dtype in (torch.float32, torch.bfloat16, torch.float16)
     else:
@@ -247,7 +259,7 @@ class _GroupedLinear(torch.autograd.Function):
                 # Groups without rows are not written by the kernel. On CPU, find them on the host rather than
                 # rewriting the whole gradient with masked_fill (~30 ms per projection at the bench shape).
                 empty = counts_t == 0
-                if grad_w.device.type == "cpu":
+                if grad_w.device.type == "cpu" and not torch.compiler.is_compiling():  # nonzero: data-dependent
                     grad_w[empty.nonzero()[:, 0]] = 0
                 else:
                     grad_w.masked_fill_(empty[:, None, None], 0)
@@ -295,7 +307,10 @@ class _SiluGate(torch.autograd.Function):
         gate, up = gate_up.chunk(2, dim=-1)
         grad_gate_up = torch.empty_like(gate_up)
         grad_gate, grad_up = grad_gate_up.chunk(2, dim=-1)
-        torch.mul(grad, F.silu(gate), out=grad_up)
+        if torch.compiler.is_compiling():  # dynamo refuses out= into a non-contiguous view (a graph break)
+            grad_up.copy_(grad * F.silu(gate))
+        else:
+            torch.mul(grad, F.silu(gate), out=grad_up)
         torch.ops.aten.silu_backward.grad_input(grad * up, gate, grad_input=grad_gate)
         return grad_gate_up
 
@@ -324,10 +339,11 @@ def _grouped(
     act_fn: Callable[[Tensor], Tensor],
     expert_offset: int,
     linear: Callable[..., Tensor],
+    all_local: bool = False,
 ) -> Tensor:
     top_k = top_k_index.size(1)
     with torch.no_grad():
-        order, counts = sort_by_expert(top_k_index, gate_up_proj.size(0), expert_offset)
+        order, counts = sort_by_expert(top_k_index, gate_up_proj.size(0), expert_offset, all_local=all_local)
         token_idx = torch.div(order, top_k, rounding_mode="floor")
     return experts_from_sorted(
         hidden, order, token_idx, counts, top_k_weights, gate_up_proj, down_proj, act_fn, linear
@@ -367,14 +383,18 @@ def experts_forward(
     expert_offset: int = 0,
     *,
     backend: str | None = None,
+    num_experts: int | None = None,
 ) -> Tensor:
     """Routed experts: ``(T, H)`` tokens, ``(T, K)`` global expert ids and weights -> ``(T, H)``.
 
     ``gate_up_proj`` (E_local, 2I, H) and ``down_proj`` (E_local, H, I) hold experts
     ``[expert_offset, expert_offset + E_local)``; slots routed elsewhere are ignored. ``impl`` is one of ``IMPLS``
     (see the module docstring); ``backend`` forces a grouped-matmul backend for ``impl="grouped"``.
+    ``num_experts``: the router's expert count, when known; if these weights hold all of them (``expert_offset`` 0,
+    ``E_local == num_experts``), every slot is local and the grouped paths sort without a host sync.
     """
     _check_inputs(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj)
+    all_local = expert_offset == 0 and num_experts == gate_up_proj.size(0)
     if impl == "eager":
         return _eager(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, act_fn, expert_offset)
     if impl == "grouped":
@@ -382,7 +402,9 @@ def experts_forward(
         def linear(x: Tensor, w: Tensor, counts: Tensor) -> Tensor:
             return grouped_linear(x, w, counts, backend)
 
-        return _grouped(hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, act_fn, expert_offset, linear)
+        return _grouped(
+            hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, act_fn, expert_offset, linear, all_local
+        )
     if impl == "triton":
         from runtime.kernels.moe_triton import triton_grouped_linear, triton_unavailable_reason
 
@@ -390,6 +412,14 @@ def experts_forward(
         if reason is not None:
             raise RuntimeError(f"experts_forward(impl='triton'): {reason}")
         return _grouped(
-            hidden, top_k_index, top_k_weights, gate_up_proj, down_proj, act_fn, expert_offset, triton_grouped_linear
+            hidden,
+            top_k_index,
+            top_k_weights,
+            gate_up_proj,
+            down_proj,
+            act_fn,
+            expert_offset,
+            triton_grouped_linear,
+            all_local,
         )
     raise ValueError(f"experts_forward: unknown impl {impl!r}; expected one of {IMPLS}")

@@ -23,7 +23,8 @@ Example (every key shown with its default unless marked required)::
     parallel: {sp: 1, ep: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false}
     optim: {lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, grad_clip: 1.0,
             warmup_steps: 0, min_lr_ratio: 0.1}
-    train: {steps: 100, micro_batches: 1, loss_chunk_size: null, nonfinite: stop}  # nonfinite: stop | skip
+    train: {steps: 100, micro_batches: 1, loss_chunk_size: null, nonfinite: stop,  # nonfinite: stop | skip
+            compile: false}    # compile: torch.compile every transformer block (runtime/train/compile.py)
     checkpoint: {dir: null, interval: 0, resume: auto, keep: 2}
     log: {dir: runs/latest, interval: 1, tensorboard: false, peak_tflops: null, progress: true}
     export: {dir: null, overwrite: false}  # write a plain-transformers checkpoint at the end; overwrite replaces an
@@ -128,6 +129,7 @@ class TrainConfig:
     # a non-finite loss or gradient norm: "stop" the run (exit 2, naming the step and its samples) or "skip" the
     # optimizer step (counted in the metrics as `skipped_nonfinite`); never an update with a non-finite value
     nonfinite: str = "stop"
+    compile: bool = False  # torch.compile each transformer block, as torchtitan (runtime/train/compile.py)
 
 
 @dataclass(frozen=True)

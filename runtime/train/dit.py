@@ -25,6 +25,7 @@ from runtime.checkpoint.identity import model_identity
 from runtime.diffusion.cache import CacheError
 from runtime.parallel.fsdp import apply_fsdp, block_modules
 from runtime.parallel.state import ParallelState
+from runtime.train.compile import compile_blocks
 from runtime.train.config import ConfigError, RunConfig
 from runtime.train.dit_data import (
     CachedConditions,
@@ -169,6 +170,8 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
         torch.manual_seed(config.model.seed)  # the adapter's initial A: identical on every rank
         peft_config = add_lora(model, config.dit.lora)
     model.to(device)
+    if config.train.compile:  # per block, before FSDP2 and checkpointing wrap the blocks (runtime/train/compile.py)
+        compile_blocks(model)
     if state.world_size > 1:
         model = apply_fsdp(model, state, activation_checkpointing=config.parallel.activation_checkpointing)
     elif config.parallel.activation_checkpointing:

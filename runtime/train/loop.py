@@ -31,6 +31,7 @@ from runtime.models.registry import lookup
 from runtime.moe.sharding import shard_experts
 from runtime.parallel.fsdp import apply_fsdp, clip_grad_norm_
 from runtime.parallel.state import ParallelState, init_parallel_state
+from runtime.train.compile import compile_blocks
 from runtime.train.config import ConfigError, RunConfig
 from runtime.train.data import (
     build_loader,
@@ -148,6 +149,8 @@ def build_text_job(config: RunConfig, state: ParallelState, inputs: CheckedInput
             shard_experts(model, state)
         except ValueError as exc:
             raise ConfigError(f"parallel.ep: {exc}") from None
+    if config.train.compile:  # per block, before FSDP2 and checkpointing wrap the blocks (runtime/train/compile.py)
+        compile_blocks(model)
     if state.world_size > 1:
         model = apply_fsdp(model, state, activation_checkpointing=config.parallel.activation_checkpointing)
     elif config.parallel.activation_checkpointing:
