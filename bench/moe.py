@@ -142,20 +142,24 @@ def main() -> None:
     times = {name: statistics.median(ts) for name, ts in samples.items()}
     auto = sorted(set(measured().values())) or ["fixed rule: problem below runtime.moe.autotune.MIN_MACS"]
 
-    base_eager = times.get("upstream eager")
-    base_fast_name = next((n for n in ("upstream grouped_mm", "upstream batched_mm") if n in times), None)
-    base_fast = times.get(base_fast_name) if base_fast_name else None
+    base_eager = "upstream eager" if "upstream eager" in times else None
+    base_fast = next((n for n in ("upstream grouped_mm", "upstream batched_mm") if n in times), None)
+    base_fast_name = base_fast
+
+    def speedup(base: str | None, name: str) -> str:
+        """Median of the per-round speed-ups (rounds paired by index)."""
+        return f"{median_ratio(samples[base], samples[name]):.2f}x" if base else "-"
+
     fast_label = f"vs {base_fast_name.split()[1]}" if base_fast_name else "vs upstream fast"
     print(f"{'implementation':34} {'ms':>9} {'vs upstream eager':>18} {fast_label:>18}")
     for name, _, _ in candidates:
         if name in times:
             t = times[name]
-            r_eager = f"{base_eager / t:.2f}x" if base_eager else "-"
-            r_fast = f"{base_fast / t:.2f}x" if base_fast else "-"
+            r_eager, r_fast = speedup(base_eager, name), speedup(base_fast, name)
             print(f"{name:34} {t * 1e3:9.1f} {r_eager:>18} {r_fast:>18}")
         else:
             print(f"{name:34} {'-':>9}   {notes[name]}")
-    print("ratios are speed-ups (upstream time / this time; > 1 is faster)")
+    print("ratios are speed-ups (upstream time / this time, median of the per-round ratios; > 1 is faster)")
     named = {n: t for n, t in times.items() if n.startswith("ours grouped backend=")}
     if "ours grouped (auto)" in times and named:
         best = min(named, key=named.get)
