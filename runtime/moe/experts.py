@@ -24,20 +24,21 @@ Implementations (``impl=``):
     place); the fallback everywhere (fp64, unaligned shapes, fp32 on CUDA).
   - ``"bmm"``: pad every block to the largest one, one ``torch.bmm``; kept for measurements (``bench/moe.py``).
 
-  Measured (``bench/moe.py``, 2 shared CPU cores, fp32, E=64, top-k 8, H=512, I=512, 4096 tokens, forward +
-  backward, median of 3): upstream eager 8.1 s, upstream ``grouped_mm`` 2.10 s, ours ``torch`` 1.81-1.96 s,
-  ``segment`` 1.94 s, ``bmm`` 2.59 s. ``torch`` and ``segment`` are within noise of each other: each expert gets
-  ~512 rows, so the per-expert GEMMs (512 x 512 x 1024) run near MKL's peak either way and ~80% of the step is
-  GEMM time. ``torch`` is the default where it runs because it is one call per projection (no Python loop) and
-  needs no host copy of the counts; ``bmm`` loses because padding every expert to the largest one (556 rows here)
-  costs ~9% more FLOPs plus two full copies of the rows.
+  Measured (``bench/moe.py``: 2 shared CPU cores, fp32, E=64, top-k 8, H=512, I=512, 4096 tokens, forward +
+  backward, one thread's CPU time with freed memory kept, median of 5 interleaved rounds; 2026-11-24): upstream
+  eager 3.5-3.8 s, upstream ``grouped_mm`` 1.96-2.08 s, ours ``torch`` 1.82-1.90 s, ``segment`` 1.78-1.97 s,
+  ``bmm`` 2.0-2.2 s. ``torch`` and ``segment`` are within noise of each other: each expert gets ~512 rows, so the
+  per-expert GEMMs (512 x 512 x 1024) run near MKL's peak either way and most of the step is GEMM time; ``bmm``
+  loses because padding every expert to the largest one (556 rows here) costs ~9% more FLOPs plus two full copies
+  of the rows. Which one runs is measured, not assumed (``runtime.moe.autotune``).
 
   The speed-up over the eager reference comes from the backward: in eager, every ``gate_up_proj[expert_idx]`` is
   its own autograd node whose backward materialises a *full-size* (E, 2I, H) zero gradient and adds it (E times
-  the whole weight; the eager step costs ~7-8 s even at 128 tokens), and every expert re-gathers its rows with a
-  boolean ``where``; here each weight gradient is written once, per expert block, in place. The SiLU gate has a
-  fused autograd function (``_SiluGate``: one saved tensor, no ``cat`` in backward; ~15% faster than autograd
-  for that part, and its gradients were bit-identical to autograd's in our checks).
+  the whole weight; with glibc returning those buffers to the OS, their page faults made the eager step 8 s), and
+  every expert re-gathers its rows with a boolean ``where``; here each weight gradient is written once, per expert
+  block, in place. The SiLU gate has a fused autograd function (``_SiluGate``: one saved tensor, no ``cat`` in
+  backward; ~15% faster than autograd for that part, and its gradients were bit-identical to autograd's in our
+  checks).
 * ``"triton"`` — the same sorted layout with a Triton grouped-GEMM kernel (``runtime.kernels.moe_triton``); CUDA
   only, imported lazily (the tests run it on CPU tensors under Triton's interpreter, ``TRITON_INTERPRET=1``).
 
