@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import statistics
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -39,11 +40,10 @@ def measured() -> dict[tuple, str]:
     return dict(_measured)
 
 
-def eligible_backends(x: Tensor, weight: Tensor) -> tuple[str, ...]:
-    """Backends that can run this problem: ``torch`` only where ``pick_backend``'s alignment/dtype rule allows."""
-    from runtime.moe.experts import pick_backend
-
-    return ("torch", "segment", "bmm") if pick_backend(x, weight) == "torch" else ("segment", "bmm")
+def eligible_backends(x: Tensor, weight: Tensor, fixed: Callable[[Tensor, Tensor], str]) -> tuple[str, ...]:
+    """Backends that can run this problem: ``torch`` only where the fixed rule (``pick_backend``'s alignment/dtype
+    rule) allows."""
+    return ("torch", "segment", "bmm") if fixed(x, weight) == "torch" else ("segment", "bmm")
 
 
 def _key(x: Tensor, weight: Tensor) -> tuple:
@@ -51,9 +51,9 @@ def _key(x: Tensor, weight: Tensor) -> tuple:
     return (str(x.device), x.dtype, *weight.shape, 1 << (rows - 1).bit_length())
 
 
-def _time_backends(x: Tensor, weight: Tensor, counts: Tensor, backends: tuple[str, ...]) -> str:
-    from runtime.moe.experts import grouped_linear
-
+def _time_backends(
+    x: Tensor, weight: Tensor, counts: Tensor, backends: tuple[str, ...], grouped_linear: Callable[..., Tensor]
+) -> str:
     xs = x.detach().requires_grad_(True)
     ws = weight.detach().requires_grad_(True)
     grad = torch.randn(x.size(0), weight.size(1), device=x.device, dtype=x.dtype)
@@ -69,15 +69,21 @@ def _time_backends(x: Tensor, weight: Tensor, counts: Tensor, backends: tuple[st
     return min(backends, key=lambda b: statistics.median(samples[b]))
 
 
-def choose_backend(x: Tensor, weight: Tensor, counts: Tensor) -> str:
-    """The backend ``grouped_linear`` runs when none is named (see the module docstring)."""
-    from runtime.moe.experts import GROUPED_BACKENDS, pick_backend
-
-    backends = eligible_backends(x, weight)
+def choose_backend(
+    x: Tensor,
+    weight: Tensor,
+    counts: Tensor,
+    grouped_linear: Callable[..., Tensor],
+    pick_backend: Callable[[Tensor, Tensor], str],
+    known: tuple[str, ...],
+) -> str:
+    """The backend ``grouped_linear`` runs when none is named (see the module docstring). The caller hands in its
+    own ``grouped_linear``, fixed rule and backend names, so this module does not import ``runtime.moe.experts``."""
+    backends = eligible_backends(x, weight, pick_backend)
     pinned = os.environ.get(ENV)
     if pinned:
-        if pinned not in GROUPED_BACKENDS:
-            raise ValueError(f"{ENV}={pinned!r}: expected one of {', '.join(GROUPED_BACKENDS)}")
+        if pinned not in known:
+            raise ValueError(f"{ENV}={pinned!r}: expected one of {', '.join(known)}")
         if pinned in backends:  # torch._grouped_mm pinned for a problem it cannot run: the fixed rule
             return pinned
         return pick_backend(x, weight)
@@ -87,5 +93,5 @@ def choose_backend(x: Tensor, weight: Tensor, counts: Tensor) -> str:
     if key not in _measured:
         if torch.compiler.is_compiling():
             return pick_backend(x, weight)
-        _measured[key] = _time_backends(x, weight, counts, backends)
+        _measured[key] = _time_backends(x, weight, counts, backends, grouped_linear)
     return _measured[key]

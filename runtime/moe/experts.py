@@ -280,7 +280,7 @@ def grouped_linear(x: Tensor, weight: Tensor, counts: Tensor, backend: str | Non
     if backend is None:
         from runtime.moe.autotune import choose_backend
 
-        backend = choose_backend(x, weight, counts)
+        backend = choose_backend(x, weight, counts, grouped_linear, pick_backend, GROUPED_BACKENDS)
     if backend not in GROUPED_BACKENDS:
         raise ValueError(f"grouped_linear: unknown backend {backend!r}; expected one of {GROUPED_BACKENDS}")
     if backend == "torch" and not hasattr(torch, "_grouped_mm"):
