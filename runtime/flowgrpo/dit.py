@@ -32,7 +32,7 @@ from torch import nn
 from runtime.flowgrpo.registry import VelocityAdapter, is_registered, register_diffusion_model
 from runtime.flowgrpo.scheduler import CpsLogProb, FlowMatchSchedule, SdeMethod, make_schedule
 
-__all__ = ["DiTFlowGRPO", "adapter_for", "register_generated_dits"]
+__all__ = ["DiTFlowGRPO", "adapter_for", "register_adapters"]
 
 
 class DiTFlowGRPO(VelocityAdapter):
@@ -120,7 +120,7 @@ class DiTFlowGRPO(VelocityAdapter):
 _ADAPTERS: dict[str, type[DiTFlowGRPO]] = {}  # model type -> its adapter class
 
 
-def register_generated_dits() -> None:
+def register_adapters() -> None:
     """One ``DiTFlowGRPO`` subclass per generated DiT, registered under its upstream class name unless an adapter of
     its own holds that name (the library's SD3 adapter: ``adapter_for`` still finds the generated one). Called by the
     registry when it loads the built-in adapters."""

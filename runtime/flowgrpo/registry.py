@@ -153,8 +153,10 @@ def registered_diffusion_models() -> list[tuple[str, str]]:
     return sorted(_REGISTRY)
 
 
-# Modules whose import registers the built-in adapters; imported on the first lookup (keeps diffusers lazy).
-_BUILTIN_ADAPTER_MODULES = ("runtime.flowgrpo.sd3", "runtime.flowgrpo.mot")
+# Modules whose import registers the built-in adapters; imported on the first lookup (keeps diffusers lazy). A module
+# may also define register_adapters(), called after its import: the generated DiTs come last, so an architecture with
+# an adapter of its own (SD3's) keeps it.
+_BUILTIN_ADAPTER_MODULES = ("runtime.flowgrpo.sd3", "runtime.flowgrpo.mot", "runtime.flowgrpo.dit")
 _builtins_loaded = False
 
 
@@ -163,9 +165,9 @@ def _load_builtin_adapters() -> None:
     if not _builtins_loaded:
         _builtins_loaded = True
         for name in _BUILTIN_ADAPTER_MODULES:
-            importlib.import_module(name)
-        # the generated DiTs last: an architecture with an adapter of its own (SD3's) keeps it
-        importlib.import_module("runtime.flowgrpo.dit").register_generated_dits()
+            register = getattr(importlib.import_module(name), "register_adapters", None)
+            if register is not None:
+                register()
 
 
 def get_diffusion_model_cls(architecture: str, algorithm: str) -> type[DiffusionModelBase]:
