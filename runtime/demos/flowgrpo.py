@@ -39,7 +39,7 @@ def config(work: Path, pipeline: Path, clip: Path, steps: int) -> dict:
     return {
         "algorithm": "flowgrpo",
         "model": {"type": "flux", "path": str(pipeline), "seed": 0},
-        "dit": {"lora": {"rank": 8, "alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0", "proj_out"]}},
+        "lora": {"rank": 8, "alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0", "proj_out"]},
         "data": {"prompts": str(work / "prompts.txt"), "prompts_per_step": 2},
         "sampling": {"height": 32, "width": 32, "num_inference_steps": 4},
         "rewards": [

@@ -107,7 +107,7 @@ def flux(work: Path) -> bool:
     raw = {
         "model": {"type": "flux", "path": str(pipe_dir), "seed": 0},
         "data": {"path": str(data), "buckets": [[32, 48]], "batch_size": 2, "cache": str(work / "flux-cache")},
-        "dit": {"lora": {"rank": 8, "alpha": 16, "target_modules": ["to_q", "to_k", "to_v", "to_out.0", "proj_mlp"]}},
+        "lora": {"rank": 8, "alpha": 16, "target_modules": ["to_q", "to_k", "to_v", "to_out.0", "proj_mlp"]},
         "optim": {"lr": 2e-2, "warmup_steps": 2, "min_lr_ratio": 0.1},
         "train": {"steps": FLUX_STEPS},
         "log": {"dir": str(work / "flux-run"), "progress": False, "interval": 10},
@@ -151,7 +151,7 @@ def hunyuanvideo(work: Path) -> bool:
         "model": {"type": "hunyuanvideo", "path": str(pipe_dir), "seed": 0},
         "data": {"path": str(data), "buckets": [[9, 32, 32]], "batch_size": 2, "cache": str(work / "hv-cache")},
         "parallel": {"sp": 2},
-        "dit": {"lora": {"rank": 8, "alpha": 16, "target_modules": ["to_q", "to_k", "to_v", "to_out.0", "proj_out"]}},
+        "lora": {"rank": 8, "alpha": 16, "target_modules": ["to_q", "to_k", "to_v", "to_out.0", "proj_out"]},
         "optim": {"lr": 5e-2, "warmup_steps": 2, "min_lr_ratio": 0.1},
         "train": {"steps": HUNYUAN_STEPS},
         "log": {"dir": str(work / "hv-run"), "progress": False, "interval": 8},

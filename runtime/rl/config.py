@@ -3,8 +3,8 @@
 
 A config names its algorithm at the top (``algorithm: flowgrpo``); the algorithm's own keys live in the section named
 after it, whose dataclass and rules the algorithm module owns (``runtime/rl/algorithms/<name>.py``). The other
-sections are shared by every algorithm; ``dit``, ``parallel``, ``optim``, ``checkpoint``, ``log`` and ``export`` are
-the trainer's own sections (``runtime/train/config.py``), with the same keys and meaning.
+sections are shared by every algorithm; ``lora``, ``dit``, ``parallel``, ``optim``, ``checkpoint``, ``log`` and
+``export`` are the trainer's own sections (``runtime/train/config.py``), with the same keys and meaning.
 
 Example (every key with its default unless marked required)::
 
@@ -19,8 +19,9 @@ Example (every key with its default unless marked required)::
                                  # tokenizer with BAGEL's special tokens, vae/)
       seed: 0                    # LoRA init and every sampling seed derive from it
       attn_implementation: sdpa  # or a diffusers attention backend
+    lora: {rank: null, alpha: null, target_modules: null}  # rank null: full fine-tuning; target_modules null:
+                                 # [to_q, to_k, to_v, to_out.0]
     dit:                         # the trainer's DiT section
-      lora: {rank: null, alpha: null, target_modules: [to_q, to_k, to_v, to_out.0]}  # rank null: full fine-tuning
       ema_decay: null            # e.g. 0.999: an EMA of the trained weights (checkpointed; the export uses it)
       condition: {}              # condition-model options, e.g. Flux's guidance embedding {guidance_scale: 3.5}
     reference: lora_disabled     # KL reference (read when flowgrpo.kl_coef > 0): lora_disabled (the policy with its
@@ -42,11 +43,11 @@ Example (every key with its default unless marked required)::
     reward_ranks: null           # null: every rank scores its own samples; [0, 1]: only these global ranks load the
                                  # reward models and score the whole batch in chunks (samples sent there)
     parallel: {sp: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false}
-    optim: {lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, grad_clip: 1.0, warmup_steps: 0,
+    optim: {lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, max_grad_norm: 1.0, warmup_steps: 0,
             min_lr_ratio: 0.1}
     train: {steps: 100, nonfinite: stop}   # steps: RL iterations (rollout, reward, update)
-    checkpoint: {dir: null, interval: 0, resume: auto, keep: 2}
-    log: {dir: runs/latest, interval: 1, tensorboard: false, progress: true}
+    checkpoint: {dir: null, interval: 0, resume: auto, save_total_limit: 2}
+    log: {dir: runs/latest, interval: 1, report_to: [], project: patchgen, run_name: null, progress: true}
     export: {dir: null, overwrite: false, fuse_lora: false}  # a pipeline directory, or the LoRA file
                                                              # load_lora_weights reads
     flowgrpo: {...}              # the algorithm's section: runtime/rl/algorithms/flowgrpo.py
@@ -71,6 +72,7 @@ from runtime.train.config import (
     ExportConfig,
     KeyRules,
     LogConfig,
+    LoraConfig,
     OptimConfig,
     ParallelConfig,
     build_section,
@@ -129,6 +131,7 @@ class RLConfig:
     rewards: list
     reference: str = "lora_disabled"
     reward_ranks: list | None = None
+    lora: LoraConfig = field(default_factory=LoraConfig)
     dit: DiTConfig = field(default_factory=DiTConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -230,8 +233,8 @@ def _check_shared(config: RLConfig) -> None:
     ema = config.dit.ema_decay
     if ema is not None and not 0.0 < ema < 1.0:
         raise ConfigError(f"dit.ema_decay: expected a number in (0, 1) (e.g. 0.999), found {ema}")
-    if config.export.fuse_lora and config.dit.lora.rank is None:
-        raise ConfigError("export.fuse_lora: only for LoRA runs (set dit.lora.rank)")
+    if config.export.fuse_lora and config.lora.rank is None:
+        raise ConfigError("export.fuse_lora: only for LoRA runs (set lora.rank)")
     if config.checkpoint.interval and not config.checkpoint.dir:
         raise ConfigError("checkpoint.interval: set checkpoint.dir to say where checkpoints go")
     if config.sampling.true_cfg_scale < 1:

@@ -280,7 +280,7 @@ def _train(
                 if not scaled.requires_grad:
                     raise PolicyUnchangedError(
                         f"step {step}: the loss depends on no trainable parameter, so no update can change the "
-                        f"policy: the trained modules are not on the forward's path (check dit.lora.target_modules)"
+                        f"policy: the trained modules are not on the forward's path (check lora.target_modules)"
                     )
                 scaled.backward()
                 total += scaled.detach().double().cpu()
@@ -289,7 +289,7 @@ def _train(
                 step_stats["ratio_mean"] = torch.exp(log_prob.detach() - old).mean()
                 for key, value in step_stats.items():
                     stats.setdefault(key, []).append(float(value))
-        norm = clip_grad_norm_(params, c.optim.grad_clip or math.inf)
+        norm = clip_grad_norm_(params, c.optim.max_grad_norm or math.inf)
         grad_norms.append(float(norm))
         applied = guard_update(
             f"step {step} (inner epoch {epoch})",
@@ -314,7 +314,7 @@ def _train(
                 raise PolicyUnchangedError(
                     f"step {step}: the update changed no trainable parameter although the advantages were not all 0 "
                     f"(gradient norm {float(norm):.3g}, lr {lr:.3g}): a learning rate too small to move float32 "
-                    f"weights, or gradients that do not reach them (check optim.lr and dit.lora.target_modules)"
+                    f"weights, or gradients that do not reach them (check optim.lr and lora.target_modules)"
                 )
     module.eval()
     out = {k: _replica_mean(sum(v) / len(v), state) for k, v in stats.items()}
@@ -432,7 +432,9 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
     if inputs.resume_from is not None:
         saved = policy.checkpoint_module
         start, skipped = resume(inputs.resume_from, saved, optimizer, scheduler, sampler, policy.identity)
-    logger = RLMetricsLogger(Path(config.log.dir), config.train.steps, state.rank == 0, config.log.tensorboard)
+    logger = RLMetricsLogger(
+        Path(config.log.dir), config.train.steps, state.rank == 0, "tensorboard" in config.log.report_to
+    )
     algo = algorithm_module(config.algorithm)
     names = reward_names(config.rewards)
     run = RLRun(config, state, policy, rewards, names, inputs.prompts, sampler, optimizer, scheduler, algo, logger)
@@ -457,7 +459,7 @@ def save(run: RLRun, step: int) -> Path:
         run.scheduler,
         {"step": step, "data": run.sampler.state_dict(), "skipped_nonfinite": run.skipped_nonfinite},
         identity=run.policy.identity,
-        keep=ckpt.keep,
+        keep=ckpt.save_total_limit,
     )
 
 

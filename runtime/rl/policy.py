@@ -98,7 +98,7 @@ def _shard_and_wrap(
         if reference is not None:
             reference.to(device)
     if not any(p.requires_grad for p in module.parameters()):
-        raise ConfigError("dit.lora: the policy has no trainable parameter; nothing would be trained")
+        raise ConfigError("lora: the policy has no trainable parameter; nothing would be trained")
     ema = None
     if config.dit.ema_decay is not None:
         from runtime.train.ema import EMA
@@ -109,18 +109,18 @@ def _shard_and_wrap(
 
 
 def _identity(config: Any, model_type: str, model_config: Any) -> dict[str, Any]:
-    lora = config.dit.lora
+    lora = config.lora
     adapter = None if lora.rank is None else {"rank": lora.rank, "alpha": lora.alpha, "targets": lora.target_modules}
     return model_identity(model_type, {"model": model_config, "lora": adapter, "algorithm": config.algorithm})
 
 
 def _add_lora(config: Any, module: nn.Module) -> Any:
-    if config.dit.lora.rank is None:
+    if config.lora.rank is None:
         return None
     from runtime.train.lora import add_lora
 
     torch.manual_seed(config.model.seed)  # the adapter's initial A: identical on every rank
-    return add_lora(module, config.dit.lora)
+    return add_lora(module, config.lora)
 
 
 def build_policy(config: Any, state: ParallelState, device: torch.device) -> Policy:

@@ -21,14 +21,23 @@ Example (every key shown with its default unless marked required)::
       media_dir: null          # VLM/omni/DiT data: media paths resolve against (and must stay inside) the data
                                # file's directory; a directory here replaces it (absolute paths inside it allowed)
     parallel: {sp: 1, ep: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false}
-    optim: {lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, grad_clip: 1.0,
-            warmup_steps: 0, min_lr_ratio: 0.1}
+    optim: {name: adamw_torch, lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, max_grad_norm: 1.0,
+            lr_scheduler_type: cosine_with_min_lr, warmup_steps: 0, min_lr_ratio: 0.1}
+            # name: adamw_torch | adamw_torch_fused | adafactor | sgd (HF TrainingArguments' optim values);
+            # lr_scheduler_type: cosine_with_min_lr | cosine | linear | constant | constant_with_warmup
     train: {steps: 100, micro_batches: 1, loss_chunk_size: null, nonfinite: stop,  # nonfinite: stop | skip
-            compile: false}    # compile: torch.compile every transformer block (runtime/train/compile.py)
-    checkpoint: {dir: null, interval: 0, resume: auto, keep: 2}
-    log: {dir: runs/latest, interval: 1, tensorboard: false, peak_tflops: null, progress: true}
-    export: {dir: null, overwrite: false}  # write a plain-transformers checkpoint at the end; overwrite replaces an
-                                           # earlier export (a directory the exporter wrote), never anything else
+            compile: false,    # compile: torch.compile every transformer block (runtime/train/compile.py)
+            mixed_precision: auto}  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32; bf16: bf16 parameters and
+                                    # compute, fp32 gradient reduction, fp32 master weights and optimizer state
+    checkpoint: {dir: null, interval: 0, resume: auto, save_total_limit: 2}
+    log: {dir: runs/latest, interval: 1, report_to: [], project: patchgen, run_name: null, peak_tflops: null,
+          progress: true}      # report_to: tensorboard, wandb, mlflow; metrics.jsonl is always written
+    export: {dir: null, overwrite: false, fuse_lora: false}  # write a plain-transformers checkpoint at the end;
+                               # overwrite replaces an earlier export (a directory the exporter wrote), never anything
+                               # else; LoRA runs write the adapter, or with fuse_lora the merged weights
+    lora: {rank: null, alpha: null, dropout: 0.0, target_modules: null, target_parameters: null}
+                               # rank null: full fine-tuning; target_modules null: the family's default
+    eval: {path: null, every_steps: 0, max_batches: null}  # a held-out set's loss every every_steps (0: at the end)
 
 Diffusion transformers (``model.type`` of a ``family = "dit"`` spec, e.g. wan, flux, hunyuanvideo) read other keys::
 
@@ -43,8 +52,10 @@ Diffusion transformers (``model.type`` of a ``family = "dit"`` spec, e.g. wan, f
       frame_stride: 1          # take every n-th frame of a video
       cache: null              # directory of cached conditions (latents + embeddings); null: computed every step
       seed: 0
+    lora: {rank: null, alpha: null, target_modules: null}  # null: [to_q, to_k, to_v, to_out.0]; rank null: full
+    validation: {prompts: null, every_steps: 0, num_inference_steps: 8, guidance_scale: null, seed: 0}
+                               # sample images/videos of these prompts from the current weights (0: at the end)
     dit:
-      lora: {rank: null, alpha: null, target_modules: [to_q, to_k, to_v, to_out.0]}  # rank null: full fine-tuning
       ema_decay: null          # e.g. 0.999: keep an EMA of the trained weights (checkpointed; the export uses it)
       condition: {}            # condition-model options: noise-level recipe (TimestepSampler fields: distribution,
                                # shift, weighting, ...), Flux's guidance_scale
@@ -116,9 +127,11 @@ class OptimConfig:
     weight_decay: float = 0.0
     betas: list = field(default_factory=lambda: [0.9, 0.95])
     eps: float = 1e-8
-    grad_clip: float = 1.0
+    max_grad_norm: float = 1.0  # HF TrainingArguments' name (0: no clipping)
     warmup_steps: int = 0
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = 0.1  # cosine_with_min_lr: the last step's lr as a fraction of lr (transformers' min_lr_rate)
+    name: str = "adamw_torch"  # HF TrainingArguments' `optim` values (OPTIMIZERS below)
+    lr_scheduler_type: str = "cosine_with_min_lr"  # transformers.get_scheduler's names (OPTIMIZERS, SCHEDULERS below)
 
 
 @dataclass(frozen=True)
@@ -130,6 +143,9 @@ class TrainConfig:
     # optimizer step (counted in the metrics as `skipped_nonfinite`); never an update with a non-finite value
     nonfinite: str = "stop"
     compile: bool = False  # torch.compile each transformer block, as torchtitan (runtime/train/compile.py)
+    # auto: bf16 parameters/compute with fp32 gradient reduction and fp32 master weights on GPU, fp32 on CPU;
+    # bf16 / fp32: that, on any device (accelerate's --mixed_precision, torchtitan's mixed_precision_param)
+    mixed_precision: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -137,14 +153,16 @@ class CheckpointConfig:
     dir: str | None = None
     interval: int = 0
     resume: str | None = "auto"  # "auto": newest intact checkpoint in dir, null: start fresh, or a path
-    keep: int = 2
+    save_total_limit: int = 2  # checkpoints kept (HF TrainingArguments' name; torchtitan: keep_latest_k)
 
 
 @dataclass(frozen=True)
 class LogConfig:
     dir: str = "runs/latest"
     interval: int = 1
-    tensorboard: bool = False
+    report_to: list = field(default_factory=list)  # HF TrainingArguments' name: tensorboard, wandb, mlflow
+    project: str = "patchgen"  # the W&B project / MLflow experiment
+    run_name: str | None = None  # null: the name of log.dir
     peak_tflops: float | None = None  # per device, for MFU; auto-detected on known GPUs
     progress: bool = True
 
@@ -153,19 +171,41 @@ class LogConfig:
 class ExportConfig:
     dir: str | None = None
     overwrite: bool = False  # replace an earlier export in `dir` (other directories are always refused)
-    fuse_lora: bool = False  # DiT LoRA runs: export full weights with the LoRA merged instead of the LoRA file
+    fuse_lora: bool = False  # LoRA runs: export full weights with the LoRA merged instead of the adapter
 
 
 @dataclass(frozen=True)
 class LoraConfig:
     rank: int | None = None  # null: full fine-tuning
     alpha: float | None = None  # null: = rank (scale 1)
-    target_modules: list | str = field(default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"])
+    dropout: float = 0.0
+    target_modules: list | str | None = None  # null: the family's default (runtime/train/lora.py)
+    target_parameters: list | None = None  # parameters adapted directly (peft's name), e.g. MoE experts' weights
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """A held-out set whose loss is measured every ``every_steps`` steps and at the end (HF: eval_dataset,
+    eval_steps; torchtitan: validation.freq, validation.steps)."""
+
+    path: str | None = None  # same format as data.path; null: no eval
+    every_steps: int = 0  # 0: only at the end of the run
+    max_batches: int | None = None  # null: the whole eval set
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """DiTs: sample images/videos from the current weights through the plain diffusers pipeline."""
+
+    prompts: list | None = None  # null: no validation samples
+    every_steps: int = 0  # 0: only at the end of the run
+    num_inference_steps: int = 8
+    guidance_scale: float | None = None  # null: the pipeline's default
+    seed: int = 0
 
 
 @dataclass(frozen=True)
 class DiTConfig:
-    lora: LoraConfig = field(default_factory=LoraConfig)
     ema_decay: float | None = None
     condition: dict = field(default_factory=dict)  # condition-model options (noise-level recipe, guidance_scale)
 
@@ -180,6 +220,9 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     dit: DiTConfig = field(default_factory=DiTConfig)
 
 
@@ -193,24 +236,30 @@ _POSITIVE = {
     "parallel.dp_shard",
     "train.loss_chunk_size",
     "log.interval",
-    "checkpoint.keep",
+    "checkpoint.save_total_limit",
     "data.batch_size",
     "data.frame_stride",
-    "dit.lora.rank",
-    "dit.lora.alpha",
+    "lora.rank",
+    "lora.alpha",
+    "eval.max_batches",
+    "validation.num_inference_steps",
+    "validation.guidance_scale",
     "log.peak_tflops",
 }
 _NON_NEGATIVE = {
     "optim.lr",
     "optim.weight_decay",
-    "optim.grad_clip",
+    "optim.max_grad_norm",
     "optim.eps",
     "optim.warmup_steps",
     "checkpoint.interval",
     "model.seed",
     "data.seed",
+    "eval.every_steps",
+    "validation.every_steps",
+    "validation.seed",
 }
-_UNIT_INTERVAL = {"optim.min_lr_ratio"}  # ratios: [0, 1]
+_UNIT_INTERVAL = {"optim.min_lr_ratio", "lora.dropout"}  # ratios: [0, 1]
 
 # Every integer of a run config fits a signed 64-bit value (seeds, counts and ids end up in torch tensors).
 MAX_INT = 2**63 - 1
@@ -236,7 +285,25 @@ _ATTN_MODULES = {
     "flash_attention_4": "flash_attn",
 }
 EXPERTS_IMPLEMENTATIONS = ("eager", "patchgen_grouped", "patchgen_triton")  # runtime/moe/dispatch.py
-_CHOICES = {"train.nonfinite": ("stop", "skip"), "model.experts_implementation": EXPERTS_IMPLEMENTATIONS}
+OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd")  # HF TrainingArguments' `optim` names
+# transformers.get_scheduler's names (SchedulerType) that need no more than warmup, the step count and min_lr_ratio
+SCHEDULERS = ("cosine_with_min_lr", "cosine", "linear", "constant", "constant_with_warmup")
+MIXED_PRECISION = ("auto", "bf16", "fp32")
+REPORT_TO = ("tensorboard", "wandb", "mlflow")
+_CHOICES = {
+    "train.nonfinite": ("stop", "skip"),
+    "model.experts_implementation": EXPERTS_IMPLEMENTATIONS,
+    "optim.name": OPTIMIZERS,
+    "optim.lr_scheduler_type": SCHEDULERS,
+    "train.mixed_precision": MIXED_PRECISION,
+}
+# Keys renamed to the names HF TrainingArguments / torchtitan users know: an old name is refused with the new one.
+RENAMED = {
+    "optim.grad_clip": "optim.max_grad_norm",
+    "checkpoint.keep": "checkpoint.save_total_limit",
+    "log.tensorboard": "log.report_to (a list: [tensorboard])",
+    "dit.lora": "lora (a top-level section, for every model family)",
+}
 
 
 @dataclass(frozen=True)
@@ -326,6 +393,10 @@ def build_section(cls: type, raw: Any, prefix: str, rules: KeyRules = TRAIN_RULE
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
+    for name in unknown:
+        old = f"{prefix}.{name}" if prefix else name
+        if old in RENAMED:
+            raise ConfigError(f"{old}: renamed to {RENAMED[old]}")
     if unknown:
         raise ConfigError(
             f"{prefix + '.' if prefix else ''}{unknown[0]}: unknown key; expected one of {', '.join(fields)}"
@@ -367,6 +438,10 @@ def parse_config(raw: Any) -> RunConfig:
     _check_model_config(config)
     if config.checkpoint.interval and not config.checkpoint.dir:
         raise ConfigError("checkpoint.interval: set checkpoint.dir to say where checkpoints go")
+    for index, name in enumerate(config.log.report_to):
+        _check_choice(name, f"log.report_to[{index}]", REPORT_TO)
+    if config.export.fuse_lora and config.lora.rank is None:
+        raise ConfigError("export.fuse_lora: only for LoRA runs (set lora.rank)")
     return config
 
 
@@ -587,8 +662,6 @@ def _check_dit(config: RunConfig) -> None:
     ema = config.dit.ema_decay
     if ema is not None and not 0.0 < ema < 1.0:
         raise ConfigError(f"dit.ema_decay: expected a number in (0, 1) (e.g. 0.999), found {ema}")
-    if config.export.fuse_lora and config.dit.lora.rank is None:
-        raise ConfigError("export.fuse_lora: only for LoRA runs (set dit.lora.rank)")
 
 
 def _check_not_dit(config: RunConfig) -> None:
@@ -599,5 +672,7 @@ def _check_not_dit(config: RunConfig) -> None:
             raise ConfigError(f"data.{key}: only diffusion transformers read it; {kind!r} is not one")
     if config.dit != DiTConfig():
         raise ConfigError(f"dit: only diffusion transformers read this section; {kind!r} is not one")
-    if config.export.fuse_lora:
-        raise ConfigError(f"export.fuse_lora: only for DiT LoRA runs; {kind!r} is not a DiT")
+    if config.validation != ValidationConfig():
+        raise ConfigError(
+            f"validation: sample generation is for diffusion transformers; {kind!r} is not one (an eval loss: eval)"
+        )

@@ -164,11 +164,11 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
 
     model = load_transformer(config)
     peft_config = None
-    if config.dit.lora.rank is not None:
+    if config.lora.rank is not None:
         from runtime.train.lora import add_lora
 
         torch.manual_seed(config.model.seed)  # the adapter's initial A: identical on every rank
-        peft_config = add_lora(model, config.dit.lora)
+        peft_config = add_lora(model, config.lora)
     model.to(device)
     if config.train.compile:  # per block, before FSDP2 and checkpointing wrap the blocks (runtime/train/compile.py)
         compile_blocks(model)
@@ -207,7 +207,7 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
 def dit_identity(config: RunConfig, model: torch.nn.Module) -> dict[str, Any]:
     """What a DiT checkpoint must match on resume: the transformer's config and the LoRA settings (a LoRA
     checkpoint holds only the adapter, whose meaning depends on its rank, alpha and targets)."""
-    lora = config.dit.lora
+    lora = config.lora
     adapter = None if lora.rank is None else {"rank": lora.rank, "alpha": lora.alpha, "targets": lora.target_modules}
     return model_identity(config.model.type, {"transformer": model.config, "lora": adapter})
 
@@ -333,7 +333,7 @@ def quiet_loading() -> None:
 
 def check_transformer(config: RunConfig, sp: int) -> None:
     """What the transformer must allow, checked on a copy built on the meta device (no weights, no memory) before
-    any condition is computed or weight loaded: ``sp`` divides its heads, ``dit.lora.target_modules`` adapt
+    any condition is computed or weight loaded: ``sp`` divides its heads, ``lora.target_modules`` adapt
     something."""
     from runtime.diffusion.checkpoint_format import read_config
     from runtime.diffusion.registry import training_class
@@ -350,5 +350,5 @@ def check_transformer(config: RunConfig, sp: int) -> None:
     heads = model.config.num_attention_heads
     if heads % sp:
         raise ConfigError(f"parallel.sp: the transformer's {heads} attention heads are not divisible by sp={sp}")
-    if config.dit.lora.rank is not None:
-        add_lora(model, config.dit.lora)
+    if config.lora.rank is not None:
+        add_lora(model, config.lora)

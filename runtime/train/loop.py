@@ -205,7 +205,7 @@ def run_job(
         Path(config.log.dir),
         config.train.steps,
         enabled=state.rank == 0,
-        tensorboard=config.log.tensorboard,
+        tensorboard="tensorboard" in config.log.report_to,
         progress=config.log.progress,
     )
     if state.rank == 0 and resume_from is not None:
@@ -226,7 +226,7 @@ def run_job(
                     scheduler,
                     {"step": step, "data": job.loader.state_dict(), "skipped_nonfinite": skipped},
                     identity=identity,
-                    keep=ckpt.keep,
+                    keep=ckpt.save_total_limit,
                 )
     finally:
         logger.close()
@@ -275,7 +275,7 @@ def train_step(
     the schedule and the data still advance, so the run ends at the step it would have ended."""
     started = time.perf_counter()
     work = job.forward_backward(step)
-    grad_norm = clip_grad_norm_(job.model.parameters(), config.optim.grad_clip or float("inf"))
+    grad_norm = clip_grad_norm_(job.model.parameters(), config.optim.max_grad_norm or float("inf"))
     lr = scheduler.get_last_lr()[0]
     applied = guard_update(
         step,

@@ -27,17 +27,21 @@ __all__ = [
 ]
 
 ADAPTER = "default"
+# ``lora.target_modules: null`` on a DiT: the attention projections every diffusers attention block has
+DIT_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
 
 
-def peft_lora_config(settings: LoraConfig) -> Any:
+def peft_lora_config(settings: LoraConfig, default_targets: tuple[str, ...] = DIT_TARGET_MODULES) -> Any:
     from peft import LoraConfig as PeftLoraConfig
 
     rank = settings.rank
+    targets = settings.target_modules if settings.target_modules is not None else list(default_targets)
     return PeftLoraConfig(
         r=rank,
         lora_alpha=settings.alpha if settings.alpha is not None else rank,
-        target_modules=settings.target_modules,
-        lora_dropout=0.0,
+        target_modules=targets,
+        target_parameters=settings.target_parameters,
+        lora_dropout=settings.dropout,
         bias="none",
         init_lora_weights=True,  # A: Kaiming-uniform from torch's RNG (seeded alike on every rank), B: zeros
     )
@@ -53,13 +57,13 @@ def add_lora(model: torch.nn.Module, settings: LoraConfig) -> Any:
         inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     except ValueError as exc:  # peft: no module matched target_modules
         first = " ".join(str(exc).split())[:200]
-        raise ConfigError(f"dit.lora.target_modules: {settings.target_modules!r}: {first}") from None
+        raise ConfigError(f"lora.target_modules: {settings.target_modules!r}: {first}") from None
     trained = 0
     for name, param in model.named_parameters():
         param.requires_grad_(".lora_" in name)
         trained += param.numel() if param.requires_grad else 0
     if not trained:
-        raise ConfigError(f"dit.lora.target_modules: {settings.target_modules!r} adapted no module")
+        raise ConfigError(f"lora.target_modules: {settings.target_modules!r} adapted no module")
     return config
 
 

@@ -40,7 +40,9 @@ def no_weights_read(monkeypatch: pytest.MonkeyPatch) -> None:
 def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """A tiny qwen3 run of 2 steps with a checkpoint at each step, ``keep: 1`` (only step 2 is left)."""
     root = tmp_path_factory.mktemp("saved")
-    raw = run_config(root, train={"steps": 2}, checkpoint={"dir": str(root / "ckpt"), "interval": 1, "keep": 1})
+    raw = run_config(
+        root, train={"steps": 2}, checkpoint={"dir": str(root / "ckpt"), "interval": 1, "save_total_limit": 1}
+    )
     assert run_main(raw, root)[0] == 0
     return root / "ckpt" / "step_000002", raw
 

@@ -95,7 +95,7 @@ NUMBER_CASES = [
     ("optim.lr", {"optim": {"lr": math.nan}}, ("finite", "nan")),
     ("optim.eps", {"optim": {"eps": math.nan}}, ("finite",)),
     ("optim.weight_decay", {"optim": {"weight_decay": -math.inf}}, ("finite",)),
-    ("optim.grad_clip", {"optim": {"grad_clip": math.inf}}, ("finite",)),
+    ("optim.max_grad_norm", {"optim": {"max_grad_norm": math.inf}}, ("finite",)),
     ("log.peak_tflops", {"log": {"peak_tflops": math.nan}}, ("finite",)),
     ("optim.min_lr_ratio", {"optim": {"min_lr_ratio": 2}}, ("[0, 1]", "2")),
     ("optim.min_lr_ratio", {"optim": {"min_lr_ratio": -0.5}}, ("[0, 1]",)),

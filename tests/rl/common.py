@@ -55,7 +55,7 @@ def rl_config(model: str, pipeline: Path, work: Path, **sections: Any) -> dict:
     raw = {
         "algorithm": "flowgrpo",
         "model": {"type": model, "path": str(pipeline), "seed": 0},
-        "dit": {"lora": {"rank": 4, "alpha": 4}},
+        "lora": {"rank": 4, "alpha": 4},
         "data": {"prompts": str(write_prompts(work)), "prompts_per_step": 2, "negative_prompt": "blurry"},
         "sampling": copy.deepcopy(SAMPLING[model]),
         "rewards": [{"callable": "tests.rl.rewards:brightness"}],

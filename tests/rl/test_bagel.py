@@ -24,7 +24,7 @@ def _config(path: Path, work: Path, **sections) -> dict:
     raw = {
         "algorithm": "flowgrpo",
         "model": {"architecture": "BagelMoT", "path": str(path), "adapter": {"cfg_interval": [0.3, 1.0]}},
-        "dit": {"lora": LORA},
+        "lora": LORA,
         "data": {"prompts": str(write_prompts(work)), "prompts_per_step": 2},
         "sampling": {"height": 64, "width": 48, "num_inference_steps": 4},
         "rewards": [{"callable": "tests.rl.rewards:brightness"}],
@@ -105,7 +105,7 @@ def test_bagel_job_logprobs_resume_and_export(bagel: Path, tmp_path: Path) -> No
         ({"parallel": {"sp": 2}}, "parallel.sp: not for the non-diffusers"),
         ({"sampling": {"height": 40}}, "sampling.height: 40: expected a multiple of 16"),
         ({"model": {"adapter": {"cfg_renorm_type": "local"}}}, "model.adapter"),
-        ({"dit": {"lora": {"rank": 4}}}, "dit.lora.target_modules"),
+        ({"lora": {"rank": 4}}, "lora.target_modules"),
     ],
 )
 def test_bad_bagel_configs(update, words, bagel: Path, tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ BAD = [  # (section updates, the key named, words of the message)
     ({"flowgrpo": {"windowsize": 2}}, "windowsize", "flowgrpo.windowsize: unknown key"),
     ({"flowgrpo": {"advantage_std_ddof": 2}}, "advantage_std_ddof", "verl-omni"),
     ({"flowgrpo": {"group_size": 1}}, "group_size", "at least 2"),
-    ({"flowgrpo": {"kl_coef": 0.1}, "dit": {"lora": {"rank": None}}}, "reference", "frozen_copy"),
+    ({"flowgrpo": {"kl_coef": 0.1}, "lora": {"rank": None}}, "reference", "frozen_copy"),
     ({"flowgrpo": {"sde_type": "ode"}}, "sde_type", "expected one of sde, cps"),
     ({"sampling": {"height": 30}}, "height", "multiple of 16"),
     ({"sampling": {"frames": 5}}, "frames", "generates images"),
@@ -104,14 +104,14 @@ def test_a_failing_reward_stops_the_step_in_one_line(tiny_pipelines, tmp_path, c
 def test_a_loss_no_trained_parameter_reaches_stops(tiny_pipelines, tmp_path, capsys) -> None:
     """LoRA on the last block's text MLP of Qwen-Image: upstream never uses that output, so nothing trains."""
     lora = {"rank": 4, "target_modules": r"transformer_blocks\.1\.txt_mlp\.net\.2"}
-    raw = rl_config("qwenimage", tiny_pipelines("qwenimage"), tmp_path, dit={"lora": lora})
+    raw = rl_config("qwenimage", tiny_pipelines("qwenimage"), tmp_path, lora=lora)
     code, _, err = _run(tmp_path, raw, capsys)
     assert code == 2 and "depends on no trainable parameter" in err, err
 
 
 def test_an_update_that_moves_nothing_stops(tiny_pipelines, tmp_path, capsys) -> None:
     """A learning rate too small to move any float32 weight: the policy did not change after the update."""
-    raw = rl_config("flux", tiny_pipelines("flux"), tmp_path, dit={"lora": {"rank": None}}, optim={"lr": 1e-30})
+    raw = rl_config("flux", tiny_pipelines("flux"), tmp_path, lora={"rank": None}, optim={"lr": 1e-30})
     code, _, err = _run(tmp_path, raw, capsys)
     assert code == 2 and "changed no trainable parameter" in err, err
 

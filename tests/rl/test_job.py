@@ -56,7 +56,9 @@ def test_resume_is_bitwise(model, tiny_pipelines, tmp_path: Path) -> None:
     from runtime.rl.loop import run_rl
 
     ckpt = tmp_path / "ckpt"
-    raw = rl_config(model, tiny_pipelines(model), tmp_path, checkpoint={"dir": str(ckpt), "interval": 1, "keep": 3})
+    raw = rl_config(
+        model, tiny_pipelines(model), tmp_path, checkpoint={"dir": str(ckpt), "interval": 1, "save_total_limit": 3}
+    )
     whole = run_rl(parse_rl_config(raw))
     again = {**raw, "checkpoint": {**raw["checkpoint"], "resume": str(ckpt / "step_000001")}}
     resumed = run_rl(parse_rl_config(again))
@@ -100,9 +102,7 @@ def test_full_export_is_a_pipeline_directory(tiny_pipelines, tmp_path: Path) -> 
     from runtime.rl.config import parse_rl_config
     from runtime.rl.loop import run_rl
 
-    raw = rl_config(
-        "flux", tiny_pipelines("flux"), tmp_path, dit={"lora": {"rank": None}}, export={"dir": str(tmp_path / "x")}
-    )
+    raw = rl_config("flux", tiny_pipelines("flux"), tmp_path, lora={"rank": None}, export={"dir": str(tmp_path / "x")})
     result = run_rl(parse_rl_config(raw))
     pipe = DiffusionPipeline.from_pretrained(tmp_path / "x")
     assert torch.equal(_probe("flux", pipe.transformer), _probe("flux", result.policy.module.eval()))
@@ -120,7 +120,8 @@ def test_frozen_copy_reference_and_ema_export(tiny_pipelines, tmp_path: Path) ->
         "flux",
         tiny_pipelines("flux"),
         tmp_path,
-        dit={"lora": {"rank": None}, "ema_decay": 0.5},
+        lora={"rank": None},
+        dit={"ema_decay": 0.5},
         reference="frozen_copy",
         flowgrpo={"group_size": 2, "window_size": 2, "kl_coef": 0.1},
         export={"dir": str(tmp_path / "x")},

@@ -23,7 +23,7 @@ from tests.rl.common import ACCEPTANCE, MODELS, one_iteration, relative_error, r
 REL = 1e-5
 LORA_REL = 1e-4  # see test_sp2_with_lora
 FLOOR = 1e-3  # see _compare
-FULL = {"lora": {"rank": None}}
+FULL = {"rank": None}
 GROUPS_OF_3 = {"group_size": 3, "window_size": 2, "adv_clip_max": 0.5}  # clipped advantages of 3 do not sum to 0
 
 
@@ -52,7 +52,7 @@ def _compare(got: dict, ref: dict) -> None:
 @pytest.mark.dist
 @pytest.mark.parametrize("model", MODELS)
 def test_sp2_equals_one_process(model, tiny_pipelines, tmp_path: Path) -> None:
-    raw = rl_config(model, tiny_pipelines(model), tmp_path, dit=FULL, flowgrpo=GROUPS_OF_3)
+    raw = rl_config(model, tiny_pipelines(model), tmp_path, lora=FULL, flowgrpo=GROUPS_OF_3)
     ref = one_iteration(0, 1, raw)
     ranks = run_distributed(one_iteration, 2, {**raw, "parallel": {"sp": 2}}, timeout=300)
     assert (ranks[0]["final_latents"] == ranks[1]["final_latents"]).all()  # the SP ranks hold the same samples
@@ -67,7 +67,7 @@ def test_sp2_equals_one_process(model, tiny_pipelines, tmp_path: Path) -> None:
 def test_fsdp_two_replicas_equal_one_process(model, tiny_pipelines, tmp_path: Path) -> None:
     # the single process rolls out and trains in the replicas' layout: chunks of one prompt's 3 samples
     layout = {**GROUPS_OF_3, "micro_batch_size": 3}
-    raw = rl_config(model, tiny_pipelines(model), tmp_path, dit=FULL, flowgrpo=layout, sampling={"batch_size": 3})
+    raw = rl_config(model, tiny_pipelines(model), tmp_path, lora=FULL, flowgrpo=layout, sampling={"batch_size": 3})
     ref = one_iteration(0, 1, raw)
     ranks = run_distributed(one_iteration, 2, {**raw, "data": {**raw["data"], "prompts_per_step": 1}}, timeout=300)
     for got in ranks:
@@ -105,7 +105,7 @@ def test_rewards_on_one_rank_for_both_replicas(tiny_pipelines, tmp_path: Path) -
     """``reward_ranks: [1]``: rank 1 alone builds the reward and scores both replicas' samples; the rewards and the
     update are those of every rank scoring its own."""
     layout = {**GROUPS_OF_3, "micro_batch_size": 3}
-    raw = rl_config("flux", tiny_pipelines("flux"), tmp_path, dit=FULL, flowgrpo=layout, sampling={"batch_size": 3})
+    raw = rl_config("flux", tiny_pipelines("flux"), tmp_path, lora=FULL, flowgrpo=layout, sampling={"batch_size": 3})
     ref = one_iteration(0, 1, raw)
     two = {**raw, "data": {**raw["data"], "prompts_per_step": 1}, "reward_ranks": [1]}
     for got in run_distributed(one_iteration, 2, two, timeout=300):

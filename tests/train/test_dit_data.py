@@ -230,7 +230,7 @@ def test_user_errors_exit_2_with_one_line(tmp_path: Path) -> None:
         ({"data": {**base["data"], "tokenizer": "tok"}}, "data.tokenizer: the DiT 'wan' reads its text encoders"),
         ({"model": {"type": "wan", "path": str(tmp_path)}}, "model.path: " + str(tmp_path) + ": no model_index.json"),
         ({"dit": {"condition": {"shfit": 3.0}}}, "dit.condition: {'shfit': 3.0}: "),
-        ({"dit": {"lora": {"rank": 4, "target_modules": ["nope"]}}}, "dit.lora.target_modules: ['nope']"),
+        ({"lora": {"rank": 4, "target_modules": ["nope"]}}, "lora.target_modules: ['nope']"),
         ({"parallel": {"sp": 3}}, "parallel: "),
         (
             {"model": {"type": "qwen3", "config": {}}, "data": {"path": str(data), "tokenizer": "t", "cache": "c"}},

@@ -25,7 +25,7 @@ from tests.train.dit_common import per_step, train_in_process
 
 REL = 1e-5
 NAMES = sorted(CASES)
-LORA = {"lora": {"rank": 4, "alpha": 8}}
+LORA = {"rank": 4, "alpha": 8}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -61,7 +61,7 @@ def _config(files: dict[str, Path], case: Case, work: Path, **sections: Any) -> 
         },
         "optim": {"lr": 2e-3},
         "train": {"steps": 2},
-        "dit": copy.deepcopy(LORA),
+        "lora": copy.deepcopy(LORA),
         "log": {"dir": str(work / "log"), "progress": False},
     }
     for name, values in sections.items():

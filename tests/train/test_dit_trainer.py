@@ -84,13 +84,13 @@ def test_sp_fsdp_hsdp_match_one_process_and_resume(files: dict[str, Path], tmp_p
         train={"steps": 4},
         checkpoint={"dir": str(tmp_path / "wan_sp_ckpt"), "interval": 2},
     )
-    flux_lora = {"lora": {"rank": 4, "alpha": 8}}
+    flux_lora = {"rank": 4, "alpha": 8}
     flux_sp = dit_config(
         files,
         "flux",
         tmp_path / "flux_sp",
         parallel={"sp": 2},
-        dit=flux_lora,
+        lora=flux_lora,
         train={"steps": 4},
         checkpoint={"dir": str(tmp_path / "flux_sp_ckpt"), "interval": 2},
     )
@@ -103,7 +103,7 @@ def test_sp_fsdp_hsdp_match_one_process_and_resume(files: dict[str, Path], tmp_p
 
     references = [
         per_step(train_in_process(dit_config(files, "wan", tmp_path / "ref0", train={"steps": 4}))),
-        per_step(train_in_process(dit_config(files, "flux", tmp_path / "ref1", dit=flux_lora, train={"steps": 4}))),
+        per_step(train_in_process(dit_config(files, "flux", tmp_path / "ref1", lora=flux_lora, train={"steps": 4}))),
         per_step(
             train_in_process(
                 dit_config(
@@ -227,7 +227,7 @@ def test_lora_export_loads_in_plain_diffusers(files: dict[str, Path], tmp_path: 
         tmp_path / "run",
         optim={"lr": 2e-2},
         train={"steps": 2},
-        dit={"lora": {"rank": 4, "alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0", "add_k_proj"]}},
+        lora={"rank": 4, "alpha": 8, "target_modules": ["to_q", "to_k", "to_v", "to_out.0", "add_k_proj"]},
         checkpoint={"dir": str(tmp_path / "ckpt"), "interval": 2},
         export={"dir": str(tmp_path / "lora")},
     )

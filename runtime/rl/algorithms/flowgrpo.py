@@ -126,9 +126,9 @@ def check(config: Any) -> None:
         )
     if s.sde_type == "cps" and s.noise_level > 1:
         raise ConfigError(f"flowgrpo.noise_level: CPS takes a noise level in [0, 1], found {s.noise_level}")
-    if s.kl_coef > 0 and config.reference == "lora_disabled" and config.dit.lora.rank is None:
+    if s.kl_coef > 0 and config.reference == "lora_disabled" and config.lora.rank is None:
         raise ConfigError(
-            "reference: lora_disabled needs a LoRA run (dit.lora.rank); full fine-tuning takes reference: frozen_copy"
+            "reference: lora_disabled needs a LoRA run (lora.rank); full fine-tuning takes reference: frozen_copy"
         )
 
 
