@@ -52,18 +52,20 @@ def add_lora(model: torch.nn.Module, settings: LoraConfig) -> Any:
     from peft import inject_adapter_in_model
 
     config = peft_lora_config(settings)
+    targets = config.target_modules  # peft keeps a list as a set
+    targets = sorted(targets) if isinstance(targets, set) else targets
     model.requires_grad_(False)
     try:
         inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     except ValueError as exc:  # peft: no module matched target_modules
         first = " ".join(str(exc).split())[:200]
-        raise ConfigError(f"lora.target_modules: {settings.target_modules!r}: {first}") from None
+        raise ConfigError(f"lora.target_modules: {targets!r}: {first}") from None
     trained = 0
     for name, param in model.named_parameters():
         param.requires_grad_(".lora_" in name)
         trained += param.numel() if param.requires_grad else 0
     if not trained:
-        raise ConfigError(f"lora.target_modules: {settings.target_modules!r} adapted no module")
+        raise ConfigError(f"lora.target_modules: {targets!r} adapted no module")
     return config
 
 

@@ -105,7 +105,7 @@ def test_bagel_job_logprobs_resume_and_export(bagel: Path, tmp_path: Path) -> No
         ({"parallel": {"sp": 2}}, "parallel.sp: not for the non-diffusers"),
         ({"sampling": {"height": 40}}, "sampling.height: 40: expected a multiple of 16"),
         ({"model": {"adapter": {"cfg_renorm_type": "local"}}}, "model.adapter"),
-        ({"lora": {"rank": 4}}, "lora.target_modules"),
+        ({"lora": {"rank": 4, "target_modules": None}}, "lora.target_modules"),
     ],
 )
 def test_bad_bagel_configs(update, words, bagel: Path, tmp_path: Path) -> None:
