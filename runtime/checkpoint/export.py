@@ -3,7 +3,9 @@
 ``AutoModelForCausalLM.from_pretrained(out_dir)`` then builds the *upstream* class: generated classes keep the
 upstream state-dict keys and config class, so all this takes is the full state dict (gathered to rank 0), the
 config with its ``architectures`` pointing at the upstream class and without runtime-only settings, and, if given,
-the tokenizer. The directory appears atomically (written as ``.<name>.tmp`` next to it, then renamed).
+the tokenizer (or processor) together with the special-token ids read from it: bos/eos/pad in ``config.json`` and a
+``generation_config.json`` whose stop ids make plain ``generate`` end a reply (``runtime/checkpoint/generation.py``).
+The directory appears atomically (written as ``.<name>.tmp`` next to it, then renamed).
 
 An export replaces its directory, so it never touches one it did not write: the exporter leaves a marker
 (``EXPORT_MARKER``, listing every file it wrote) in each export, and ``check_export_target`` refuses a non-empty
@@ -26,6 +28,7 @@ from safetensors.torch import save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from runtime.checkpoint.dcp import replace_dir_atomically
+from runtime.checkpoint.generation import export_generation_config, set_config_token_ids, special_token_ids
 from runtime.parallel.state import ParallelState, get_parallel_state
 
 EXPORT_MARKER = "patchgen_export.json"
@@ -295,7 +298,8 @@ def export_hf(
 
     The full state dict is gathered to rank 0 (on CPU), which alone writes. ``dtype`` casts the floating weights,
     which otherwise keep the training dtype; either way the saved config's ``dtype`` records it. ``tokenizer`` is a
-    path (a tokenizer directory, or a VLM processor directory: copied) or an object with ``save_pretrained``.
+    path (a tokenizer directory, or a VLM processor directory: copied) or an object with ``save_pretrained``; its
+    bos/eos/pad and chat end-of-turn ids go into ``config.json`` and ``generation_config.json`` (written always).
     ``out_dir`` must pass ``check_export_target`` (``overwrite`` replaces an earlier export; nothing else is ever
     replaced): checked again here on every rank, so a directory that changed during training is still refused.
     Returns ``out_dir`` once it is in place on every rank.
@@ -316,8 +320,12 @@ def export_hf(
         save_safetensors(tensors, tmp, max_shard_bytes)
         floating = {t.dtype for t in tensors.values() if t.is_floating_point()}
         hf_config = export_config(config, dtype if dtype is not None or len(floating) != 1 else floating.pop())
+        token_ids = special_token_ids(tokenizer) if tokenizer is not None else None
+        if token_ids is not None:  # so that plain generate stops at the trained end-of-turn / eos tokens
+            set_config_token_ids(hf_config, token_ids)
         hf_config.save_pretrained(tmp)
         _scrub_config_json(tmp / "config.json")
+        export_generation_config(model, hf_config, token_ids).save_pretrained(tmp)
         if tokenizer is not None:
             _save_tokenizer(tokenizer, tmp)
         _write_marker(tmp)  # now listing every file written
