@@ -89,7 +89,7 @@ def trainer_step(raw: dict, bench) -> tuple[Callable[[], None], int, float]:
     from runtime.train.config import parse_config
     from runtime.train.dit import build_dit_job
     from runtime.train.loop import setup_parallel, train_step
-    from runtime.train.schedule import build_scheduler
+    from runtime.train.optim import build_optimizer, build_scheduler
     from runtime.train.validate import check_inputs
 
     config = parse_config(raw)
@@ -99,8 +99,9 @@ def trainer_step(raw: dict, bench) -> tuple[Callable[[], None], int, float]:
         set_parallel_state(state)
     job = build_dit_job(config, state, check_inputs(config, state))
     job.model.train()
-    optimizer = torch.optim.AdamW([p for p in job.model.parameters() if p.requires_grad], lr=config.optim.lr)
-    scheduler = build_scheduler(optimizer, 0, 10**6, config.optim.min_lr_ratio)
+    optim = dataclasses.replace(config.optim, warmup_steps=0)
+    optimizer = build_optimizer([p for p in job.model.parameters() if p.requires_grad], optim)
+    scheduler = build_scheduler(optimizer, optim, 10**6)
     steps = itertools.count(1)
     last: list = []
 

@@ -409,7 +409,7 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
     """Checks, policy, rewards, optimizer, and the resumed state when there is a checkpoint to resume from:
     (the run, the step it resumes after, the checked inputs)."""
     from runtime.train.loop import resume, setup_parallel, train_device
-    from runtime.train.schedule import build_scheduler
+    from runtime.train.optim import build_optimizer, build_scheduler
 
     state = setup_parallel(config)
     inputs = check_rl_inputs(config, state)  # before the model is built: a user error costs seconds
@@ -420,11 +420,8 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
     agree(error, state)
     torch.manual_seed(config.model.seed)
     policy = build_policy(config, state, train_device(state))
-    o = config.optim
-    optimizer = torch.optim.AdamW(
-        policy.trainable, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
-    )
-    scheduler = build_scheduler(optimizer, o.warmup_steps, config.train.steps, o.min_lr_ratio)
+    optimizer = build_optimizer(policy.trainable, config.optim)
+    scheduler = build_scheduler(optimizer, config.optim, config.train.steps)
     sampler = PromptSampler(
         len(inputs.prompts), config.data.prompts_per_step, config.data.seed, state.dp_rank, state.dp_size
     )

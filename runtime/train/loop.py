@@ -12,7 +12,6 @@ summed over all ranks (FSDP configured to sum) are exactly the gradients of the 
 from __future__ import annotations
 
 import copy
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from runtime.train.data import (
 from runtime.train.finite import check_mode, guard_update, micro_batches
 from runtime.train.metrics import MetricsLogger, StepMetrics, detect_peak_tflops, flops_per_token
 from runtime.train.model import build_model
-from runtime.train.schedule import build_scheduler
+from runtime.train.optim import build_optimizer, build_scheduler
 from runtime.train.validate import CheckedInputs, check_inputs
 
 IGNORE_INDEX = -100
@@ -183,16 +182,15 @@ def run_job(
     resume_from: Path | None = None,
     skipped_checkpoints: list[str] | None = None,
 ) -> RunResult:
-    """The loop every family shares: AdamW + warmup/cosine, resume, metrics, checkpoints, export; a step whose loss,
-    gradient norm or learning rate is not finite stops the run or is skipped (``runtime/train/finite.py``)."""
+    """The loop every family shares: optimizer and schedule (``runtime/train/optim.py``), resume, metrics, eval,
+    checkpoints, export; a step whose loss, gradient norm or learning rate is not finite stops the run or is skipped
+    (``runtime/train/finite.py``)."""
     job.model.train()
     o = config.optim
     check_mode(config.train.nonfinite, "train.nonfinite")
-    if not math.isfinite(o.lr):  # AdamW refuses NaN with a traceback and takes inf; neither may train
-        raise ConfigError(f"optim.lr: {o.lr} is not a finite number")
     trained = [p for p in job.model.parameters() if p.requires_grad]  # frozen parts (a ViT, LoRA's base) left out
-    optimizer = torch.optim.AdamW(trained, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
-    scheduler = build_scheduler(optimizer, o.warmup_steps, config.train.steps, o.min_lr_ratio)
+    optimizer = build_optimizer(trained, o)
+    scheduler = build_scheduler(optimizer, o, config.train.steps)
     saved = job.checkpoint_model if job.checkpoint_model is not None else job.model
     identity = job.identity or model_identity(config.model.type, job.model.config)
 

@@ -81,15 +81,17 @@ def test_non_finite_lr_never_updates(tmp_path: Path, lr: float) -> None:
 
 
 def test_lr_that_turns_non_finite_mid_run_stops_before_that_step(tmp_path: Path) -> None:
-    """``min_lr_ratio: inf`` keeps the warmup (steps 1-2) finite and makes the cosine part NaN from step 3: the run
-    stops there with the parameters of step 2 (those of a run that ends after step 2 with a finite ratio)."""
+    """Validation keeps ``min_lr_ratio`` in [0, 1] and transformers' schedules clamp at 0; bypassing it, ``lr: 1e10``
+    with ``min_lr_ratio: 1e308`` gives transformers' cosine_with_min_lr the lrs 0 (warmup step 1), 0 (step 2:
+    1e308 * (1 - 1) rounds to 0) and then 1e10 * 1.5e307 = inf from step 3: the run stops there, before the update,
+    with the parameters of step 2 (those of a 2-step run, whose lrs are 0 and 0 as well)."""
     from runtime.train.finite import NonFiniteError
 
-    raw = run_config(tmp_path, optim={"lr": 3e-3, "warmup_steps": 2}, train={"steps": 5})
-    job, _, error, _ = _build_and_run(_config(raw, min_lr_ratio=math.inf))
-    assert isinstance(error, NonFiniteError) and "step 3" in str(error), error
-    reference_raw = run_config(tmp_path, optim={"lr": 3e-3, "warmup_steps": 2}, train={"steps": 2})
-    reference, _, none, _ = _build_and_run(_config(reference_raw, min_lr_ratio=1.0))
+    raw = run_config(tmp_path, optim={"lr": 1e10, "warmup_steps": 1}, train={"steps": 5})
+    job, _, error, _ = _build_and_run(_config(raw, min_lr_ratio=1e308))
+    assert isinstance(error, NonFiniteError) and "step 3" in str(error) and "learning rate" in str(error), error
+    reference_raw = run_config(tmp_path, optim={"lr": 1e10, "warmup_steps": 1}, train={"steps": 2})
+    reference, _, none, _ = _build_and_run(_config(reference_raw, min_lr_ratio=1e308))  # lrs 0, 0 too
     assert none is None
     _assert_same(_params(job.model), _params(reference.model))
 
