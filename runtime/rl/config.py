@@ -56,8 +56,10 @@ Example (every key with its default unless marked required)::
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,7 @@ from runtime.train.config import (
     TRAIN_RULES,
     CheckpointConfig,
     ConfigError,
+    ConfigErrors,
     DiTConfig,
     ExportConfig,
     KeyRules,
@@ -75,10 +78,13 @@ from runtime.train.config import (
     LoraConfig,
     OptimConfig,
     ParallelConfig,
-    build_section,
+    collect_section,
     locate_error,
+    locate_errors,
     read_config_file,
+    unknown_key_message,
 )
+from runtime.train.overrides import Override, apply_overrides
 
 __all__ = ["ALGORITHMS", "RLConfig", "algorithm_module", "load_rl_config", "locate_rl_error", "parse_rl_config"]
 
@@ -168,6 +174,7 @@ def algorithm_module(name: str) -> Any:
 
 
 def parse_rl_config(raw: Any) -> RLConfig:
+    """The RL config of the loaded YAML ``raw``; every error found in one ``ConfigError`` (``messages``)."""
     if not isinstance(raw, dict):
         raise ConfigError(f"config: expected a mapping, found {type(raw).__name__}")
     raw = dict(raw)
@@ -175,46 +182,50 @@ def parse_rl_config(raw: Any) -> RLConfig:
     if name is None:
         raise ConfigError(f"algorithm: required key missing; expected one of {', '.join(ALGORITHMS)}")
     if not isinstance(name, str) or name not in ALGORITHMS:
-        raise ConfigError(f"algorithm: unknown algorithm {name!r}; expected one of {', '.join(ALGORITHMS)}")
+        close = difflib.get_close_matches(str(name), list(ALGORITHMS), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"algorithm: unknown algorithm {name!r}{hint}; expected one of {', '.join(ALGORITHMS)}")
     module = algorithm_module(name)
     section = raw.pop(name, {})
-    unknown = sorted(set(raw) - set(_SHARED_KEYS))
-    if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown key; expected one of {', '.join((*_SHARED_KEYS, name))}")
-    config = build_section(RLConfig, raw, "", RL_RULES)
-    config = dataclasses.replace(config, algo=build_section(module.Settings, section, name, module.RULES))
-    _check_shared(config)
-    module.check(config)
+    errors = ConfigErrors()
+    unknown = sorted(set(raw) - set(_SHARED_KEYS), key=str)
+    errors.add(*(unknown_key_message("", key, (*_SHARED_KEYS, name)) for key in unknown))
+    known = {key: value for key, value in raw.items() if key in _SHARED_KEYS}
+    config = collect_section(RLConfig, known, "", RL_RULES, errors)
+    config = dataclasses.replace(config, algo=collect_section(module.Settings, section, name, module.RULES, errors))
+    errors.run(lambda: _check_shared(config))
+    errors.run(lambda: module.check(config))
+    errors.raise_if_any()
     return config
 
 
 def _check_shared(config: RLConfig) -> None:
-    """What no type check says: the reward list's shape, LoRA-only settings, the layout's expert axis."""
-    rewards = config.rewards
+    """What no type check says: the reward list's shape, LoRA-only settings, the layout's expert axis. Every
+    problem found in one ``ConfigError``."""
+    errors = ConfigErrors()
+    rewards = config.rewards or []
     if not rewards:
-        raise ConfigError("rewards: name at least one reward (a list of {callable: ...}, {http: ...}, ...)")
-    if len(rewards) > MAX_REWARDS:
-        raise ConfigError(f"rewards: {len(rewards)} rewards; at most {MAX_REWARDS}")
-    for index, item in enumerate(rewards):
+        errors.add("rewards: name at least one reward (a list of {callable: ...}, {http: ...}, ...)")
+    elif len(rewards) > MAX_REWARDS:
+        errors.add(f"rewards: {len(rewards)} rewards; at most {MAX_REWARDS}")
+    for index, item in enumerate(rewards[:MAX_REWARDS]):
         if not isinstance(item, dict):
-            raise ConfigError(f"rewards[{index}]: expected a mapping such as {{callable: module:function}}")
+            errors.add(f"rewards[{index}]: expected a mapping such as {{callable: module:function}}")
     ranks = config.reward_ranks
     if ranks is not None and (
         not ranks
         or len(set(ranks)) != len(ranks)
         or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks)
     ):
-        raise ConfigError(
-            f"reward_ranks: expected null or a list of distinct global ranks (e.g. [0]), found {ranks!r}"
-        )
+        errors.add(f"reward_ranks: expected null or a list of distinct global ranks (e.g. [0]), found {ranks!r}")
     betas = config.optim.betas
     if len(betas) != 2 or not all(
         isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1 for b in betas
     ):
-        raise ConfigError(f"optim.betas: expected two numbers in [0, 1), found {betas!r}")
+        errors.add(f"optim.betas: expected two numbers in [0, 1), found {betas!r}")
     model = config.model
     if (model.type is None) == (model.architecture is None):
-        raise ConfigError(
+        errors.add(
             "model: name either model.type (a generated DiT) or model.architecture (a non-diffusers model), not "
             f"{'both' if model.type else 'neither'}"
         )
@@ -225,20 +236,21 @@ def _check_shared(config: RLConfig) -> None:
             ("model.attn_implementation", model.attn_implementation, "sdpa"),
         ):
             if value != default:
-                raise ConfigError(f"{key}: not for the non-diffusers {model.architecture!r}; remove {key}")
+                errors.add(f"{key}: not for the non-diffusers {model.architecture!r}; remove {key}")
     elif model.adapter:
-        raise ConfigError("model.adapter: only for model.architecture (a DiT's options go in dit.condition)")
+        errors.add("model.adapter: only for model.architecture (a DiT's options go in dit.condition)")
     if config.parallel.ep != 1:
-        raise ConfigError(f"parallel.ep: the model {model.type or model.architecture!r} has no experts; remove it")
+        errors.add(f"parallel.ep: the model {model.type or model.architecture!r} has no experts; remove it")
     ema = config.dit.ema_decay
     if ema is not None and not 0.0 < ema < 1.0:
-        raise ConfigError(f"dit.ema_decay: expected a number in (0, 1) (e.g. 0.999), found {ema}")
+        errors.add(f"dit.ema_decay: expected a number in (0, 1) (e.g. 0.999), found {ema}")
     if config.export.fuse_lora and config.lora.rank is None:
-        raise ConfigError("export.fuse_lora: only for LoRA runs (set lora.rank)")
+        errors.add("export.fuse_lora: only for LoRA runs (set lora.rank)")
     if config.checkpoint.interval and not config.checkpoint.dir:
-        raise ConfigError("checkpoint.interval: set checkpoint.dir to say where checkpoints go")
+        errors.add("checkpoint.interval: set checkpoint.dir to say where checkpoints go")
     if config.sampling.true_cfg_scale < 1:
-        raise ConfigError(f"sampling.true_cfg_scale: expected >= 1 (1: off), found {config.sampling.true_cfg_scale}")
+        errors.add(f"sampling.true_cfg_scale: expected >= 1 (1: off), found {config.sampling.true_cfg_scale}")
+    errors.raise_if_any()
 
 
 _LIST_ENTRY = re.compile(r"^([A-Za-z_]\w*)\[(\d+)\]")
@@ -261,10 +273,14 @@ def locate_rl_error(message: str, path: Path) -> str:
     return locate_error(message, path)
 
 
-def load_rl_config(path: str | Path) -> RLConfig:
+def load_rl_config(path: str | Path, overrides: Sequence[Override] = ()) -> RLConfig:
+    """The RL config in ``path`` with the command-line ``overrides`` set; every error in one ``ConfigError``, each
+    message naming the file and line (or the override) and the key."""
     path = Path(path)
-    raw = read_config_file(path)
+    raw, problems = apply_overrides(read_config_file(path), overrides)
+    if problems:
+        raise ConfigError(*problems)
     try:
         return parse_rl_config(raw)
     except ConfigError as exc:
-        raise ConfigError(locate_rl_error(str(exc), path)) from None
+        raise locate_errors(exc, path, overrides, locate_rl_error) from None

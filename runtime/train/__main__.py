@@ -1,35 +1,46 @@
-"""`torchrun --nproc-per-node N -m runtime.train config.yaml`: train a generated model. Exit 2 on config errors."""
+"""Train a generated model (text, vision-language, omni, diffusion transformer) with FSDP2, Ulysses SP and EP:
+exact resume, metrics, checkpoints and export. docs/training.md explains every key and what is checked when."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-import torch.distributed as dist
+from runtime.cli import Invocation, run_command
+from runtime.train.config import ConfigError, RunConfig, load_config, locate_errors
+from runtime.train.overrides import Override
 
-from runtime.train.config import ConfigError, load_config, locate_error
-from runtime.train.loop import train
+COMMAND = "runtime.train"
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: torchrun --nproc-per-node N -m runtime.train <config.yaml>", file=sys.stderr)
-        return 2
-    try:
-        config = load_config(argv[0])  # its errors name the file and line already
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+def load(path: str, overrides: Sequence[Override]) -> RunConfig:
+    return load_config(path, overrides)
+
+
+def run(config: RunConfig, invocation: Invocation) -> None:
+    import torch.distributed as dist
+
+    from runtime.train.loop import train
+
     try:
         train(config)
     except ConfigError as exc:  # found while setting up (data, checkpoints, export, layout): named by its key
-        print(f"error: {locate_error(str(exc), Path(argv[0]))}", file=sys.stderr)
-        return 2
+        raise locate_errors(exc, Path(invocation.config), invocation.overrides) from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(
+        argv,
+        command=COMMAND,
+        about=__doc__,
+        references=[("run configuration", "runtime.train.config")],
+        load=load,
+        run=run,
+    )
 
 
 if __name__ == "__main__":

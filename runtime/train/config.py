@@ -72,18 +72,37 @@ import math
 import re
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from runtime.train.model_keys import SHARED_MODELING_MODULES, keys_read_by, unknown_config_key
+from runtime.train.model_keys import SHARED_MODELING_MODULES, config_class_keys, keys_read_by, unknown_config_keys
 from runtime.train.model_limits import size_problem
+from runtime.train.overrides import Override, apply_overrides, override_of
 
 
 class ConfigError(ValueError):
-    """A user error in the run configuration or parallel layout (exit code 2)."""
+    """A user error in the run configuration or parallel layout (exit code 2): one message, or every message of a
+    config with several errors (``messages``, one line each; ``str`` joins them with newlines)."""
+
+    def __init__(self, *messages: str) -> None:
+        super().__init__("\n".join(messages))
+        self.messages = list(messages)
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """PyYAML's safe loader reading ``1e-4`` as a float, as YAML 1.2 does (YAML 1.1 wants ``1.0e-4`` and PyYAML
+    reads ``lr: 1e-4`` as a string)."""
+
+
+ConfigLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 @dataclass(frozen=True)
@@ -284,6 +303,36 @@ _ATTN_MODULES = {
     "flash_attention_3": "flash_attn_interface",
     "flash_attention_4": "flash_attn",
 }
+# diffusers 0.40.0's AttentionBackendName values (a DiT's `attention_backend`), listed here so that a config is
+# checked without importing diffusers (and torch); tests/hostile/test_train_config.py compares them with the enum.
+DIFFUSERS_ATTENTION_BACKENDS = (
+    "flash",
+    "flash_hub",
+    "flash_varlen",
+    "flash_varlen_hub",
+    "flash_4_hub",
+    "_flash_3",
+    "_flash_varlen_3",
+    "_flash_3_hub",
+    "_flash_3_varlen_hub",
+    "aiter_fa2_hub",
+    "flex",
+    "native",
+    "_native_cudnn",
+    "_native_efficient",
+    "_native_flash",
+    "_native_math",
+    "_native_npu",
+    "_native_xla",
+    "sage",
+    "sage_hub",
+    "sage_varlen",
+    "_sage_qk_int8_pv_fp8_cuda",
+    "_sage_qk_int8_pv_fp8_cuda_sm90",
+    "_sage_qk_int8_pv_fp16_cuda",
+    "_sage_qk_int8_pv_fp16_triton",
+    "xformers",
+)
 EXPERTS_IMPLEMENTATIONS = ("eager", "patchgen_grouped", "patchgen_triton")  # runtime/moe/dispatch.py
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd")  # HF TrainingArguments' `optim` names
 # transformers.get_scheduler's names (SchedulerType) that need no more than warmup, the step count and min_lr_ratio
@@ -332,20 +381,27 @@ def _shown(value: Any) -> str:
     return f"{value!r:.60}"
 
 
-def _check_number(value: Any, key: str) -> None:
+def _number_problem(value: Any, key: str) -> str | None:
     """Finite floats and 64-bit integers only: a NaN or infinite learning rate trains NaN, a 100-digit seed is an
     overflow deep inside torch."""
     if isinstance(value, bool):
-        return
+        return None
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{key}: must be a finite number, found {value}")
+        return f"{key}: must be a finite number, found {value}"
     if isinstance(value, int) and not -MAX_INT - 1 <= value <= MAX_INT:
-        raise ConfigError(f"{key}: must fit in 64 bits (-2**63 <= value < 2**63), found {_shown(value)}")
+        return f"{key}: must fit in 64 bits (-2**63 <= value < 2**63), found {_shown(value)}"
+    return None
 
 
-def _check_numbers_within(value: Any, key: str) -> None:
-    """``_check_number`` for every number in a mapping or list value (``model.config``, ``dit.condition``)."""
-    stack, seen = [(value, key)], set()
+def _check_number(value: Any, key: str) -> None:
+    problem = _number_problem(value, key)
+    if problem:
+        raise ConfigError(problem)
+
+
+def _numbers_within(value: Any, key: str) -> list[str]:
+    """``_number_problem`` of every number in a mapping or list value (``model.config``, ``dit.condition``)."""
+    stack, seen, found = [(value, key)], set(), []
     while stack:
         item, where = stack.pop()
         if isinstance(item, dict | list):
@@ -355,12 +411,15 @@ def _check_numbers_within(value: Any, key: str) -> None:
             pairs = item.items() if isinstance(item, dict) else enumerate(item)
             stack.extend((v, f"{where}.{k}" if isinstance(item, dict) else f"{where}[{k}]") for k, v in pairs)
         else:
-            _check_number(item, where)
+            problem = _number_problem(item, where)
+            if problem:
+                found.append(problem)
+    return sorted(found)
 
 
 def _check_choice(value: str, key: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
+        close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"{key}: unknown value {_shown(value)}; expected one of {', '.join(choices)}{hint}")
 
@@ -385,78 +444,198 @@ def _check_type(value: Any, annotation: Any, key: str) -> Any:
     raise ConfigError(f"{key}: expected {names}, found {type(value).__name__} {value!r}")
 
 
-def build_section(cls: type, raw: Any, prefix: str, rules: KeyRules = TRAIN_RULES) -> Any:
-    """The frozen dataclass ``cls`` from the mapping ``raw`` (the section at dotted ``prefix``): unknown and missing
-    keys, types, numbers and ``rules`` checked, each a one-line ``ConfigError`` naming the key."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping, found {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
+def message_key(message: str) -> str | None:
+    """The dotted key a one-line error starts with (``data.buckets[2]: ...`` -> ``data.buckets``)."""
+    match = _KEY_PREFIX.match(message)
+    return match.group(1) if match else None
+
+
+class ConfigErrors:
+    """The errors of one config, collected so that all are reported at once. A key whose value was refused is
+    replaced by its default while the other checks go on; what a later check says about a refused key (or a key
+    inside it) is dropped, as a consequence of the first error rather than another one."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self.refused: list[str] = []
+
+    def _covered(self, key: str) -> bool:
+        return any(key == bad or key.startswith((bad + ".", bad + "[")) for bad in self.refused)
+
+    def add(self, *messages: str) -> None:
+        for message in messages:
+            key = message_key(message)
+            if key is not None and self._covered(key):
+                continue
+            self.messages.append(message)
+            if key is not None:
+                self.refused.append(key)
+
+    def run(self, check: typing.Callable[[], None]) -> None:
+        """Run one check, keeping what it raises. A check that fails otherwise on the defaults put in place of
+        refused values is skipped when errors were found already (those errors are the ones to report)."""
+        try:
+            check()
+        except ConfigError as exc:
+            self.add(*exc.messages)
+        except Exception:
+            if not self.messages:
+                raise
+
+    def raise_if_any(self) -> None:
+        if self.messages:
+            raise ConfigError(*self.messages)
+
+
+def unknown_key_message(prefix: str, name: str, fields: typing.Iterable[str]) -> str:
+    """``<key>: unknown key`` with the nearest known key of the section (a renamed key's new name included)."""
+    key = f"{prefix}.{name}" if prefix else name
+    if key in RENAMED:
+        return f"{key}: renamed to {RENAMED[key]}"
+    fields = list(fields)
+    renamed = {old.rpartition(".")[2]: new for old, new in RENAMED.items() if old.rpartition(".")[0] == prefix}
+    close = difflib.get_close_matches(str(name), [*fields, *renamed], n=1, cutoff=0.6)
+    hint = ""
+    if close and close[0] in renamed:
+        hint = f"; did you mean {prefix + '.' if prefix else ''}{close[0]}, now {renamed[close[0]]}?"
+    elif close:
+        hint = f"; did you mean {prefix + '.' if prefix else ''}{close[0]}?"
+    return f"{key}: unknown key{hint} (expected one of {', '.join(fields)})"
+
+
+def _check_rules(value: Any, key: str, rules: KeyRules) -> None:
+    if value is not None and key in rules.positive and value <= 0:
+        raise ConfigError(f"{key}: must be positive, found {value}")
+    if value is not None and key in rules.non_negative and value < 0:
+        raise ConfigError(f"{key}: must not be negative, found {value}")
+    if value is not None and key in rules.unit_interval and not 0 <= value <= 1:
+        raise ConfigError(f"{key}: expected a ratio in [0, 1], found {value}")
+    if key in rules.choices:
+        _check_choice(value, key, rules.choices[key])
+
+
+def collect_section(cls: type, raw: Any, prefix: str, rules: KeyRules, errors: ConfigErrors) -> Any:
+    """``build_section`` that adds every error to ``errors`` and always returns a ``cls``: a refused value is
+    replaced by its default (a required one by None) so that the checks across sections still run."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    for name in unknown:
-        old = f"{prefix}.{name}" if prefix else name
-        if old in RENAMED:
-            raise ConfigError(f"{old}: renamed to {RENAMED[old]}")
-    if unknown:
-        raise ConfigError(
-            f"{prefix + '.' if prefix else ''}{unknown[0]}: unknown key; expected one of {', '.join(fields)}"
-        )
-    values = {}
+    if not isinstance(raw, dict):
+        errors.add(f"{prefix or 'config'}: expected a mapping, found {type(raw).__name__}")
+        raw = {}
+    hints = typing.get_type_hints(cls)
+    errors.add(*(unknown_key_message(prefix, name, fields) for name in sorted(set(raw) - set(fields), key=str)))
+    values: dict[str, Any] = {}
     for name, f in fields.items():
         key = f"{prefix}.{name}" if prefix else name
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         if name not in raw:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ConfigError(f"{key}: required key missing")
+            if required:
+                errors.add(f"{key}: required key missing")
+                values[name] = None
             continue
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
-            values[name] = build_section(hint, raw[name], key, rules)
+            values[name] = collect_section(hint, raw[name], key, rules, errors)
             continue
-        value = _check_type(raw[name], hint, key)
+        try:
+            value = _check_type(raw[name], hint, key)
+            _check_rules(value, key, rules)
+        except ConfigError as exc:
+            errors.add(*exc.messages)
+            if required:
+                values[name] = None
+            continue
         if isinstance(value, dict | list):
-            _check_numbers_within(value, key)
-        if value is not None and key in rules.positive and value <= 0:
-            raise ConfigError(f"{key}: must be positive, found {value}")
-        if value is not None and key in rules.non_negative and value < 0:
-            raise ConfigError(f"{key}: must not be negative, found {value}")
-        if value is not None and key in rules.unit_interval and not 0 <= value <= 1:
-            raise ConfigError(f"{key}: expected a ratio in [0, 1], found {value}")
-        if key in rules.choices:
-            _check_choice(value, key, rules.choices[key])
+            errors.add(*_numbers_within(value, key))  # the value is kept: its keys are checked further on
         values[name] = value
     return cls(**values)
 
 
+def build_section(cls: type, raw: Any, prefix: str, rules: KeyRules = TRAIN_RULES) -> Any:
+    """The frozen dataclass ``cls`` from the mapping ``raw`` (the section at dotted ``prefix``): unknown and missing
+    keys, types, numbers and ``rules`` checked; every error of the section in one ``ConfigError``, one line each,
+    naming its key."""
+    errors = ConfigErrors()
+    section = collect_section(cls, raw, prefix, rules, errors)
+    errors.raise_if_any()
+    return section
+
+
 def parse_config(raw: Any) -> RunConfig:
-    config = build_section(RunConfig, raw, "")
+    """The run config of the loaded YAML ``raw``; every error found in one ``ConfigError`` (``messages``)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config: expected a mapping of sections, found {type(raw).__name__}")
+    errors = ConfigErrors()
+    config = collect_section(RunConfig, raw, "", TRAIN_RULES, errors)
+    for check in (
+        _check_betas,
+        _check_model_type,
+        _check_attention,
+        _check_family_keys,
+        _check_model_kind,
+        _check_model_config,
+        _check_outputs,
+    ):
+        errors.run(lambda check=check: check(config))
+    errors.raise_if_any()
+    return config
+
+
+def _check_betas(config: Any) -> None:
     betas = config.optim.betas
     if len(betas) != 2 or not all(
         isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1 for b in betas
     ):
-        raise ConfigError(f"optim.betas: expected two numbers in [0, 1), found {config.optim.betas!r}")
-    _check_model_kind(config)
-    _check_model_config(config)
+        raise ConfigError(f"optim.betas: expected two numbers in [0, 1), found {betas!r}")
+
+
+def _check_outputs(config: RunConfig) -> None:
+    errors = ConfigErrors()
     if config.checkpoint.interval and not config.checkpoint.dir:
-        raise ConfigError("checkpoint.interval: set checkpoint.dir to say where checkpoints go")
+        errors.add("checkpoint.interval: set checkpoint.dir to say where checkpoints go")
     for index, name in enumerate(config.log.report_to):
-        _check_choice(name, f"log.report_to[{index}]", REPORT_TO)
+        errors.run(lambda index=index, name=name: _check_choice(name, f"log.report_to[{index}]", REPORT_TO))
     if config.export.fuse_lora and config.lora.rank is None:
-        raise ConfigError("export.fuse_lora: only for LoRA runs (set lora.rank)")
-    return config
+        errors.add("export.fuse_lora: only for LoRA runs (set lora.rank)")
+    errors.raise_if_any()
+
+
+def _registry_entry(config: RunConfig) -> Any:
+    from runtime.models.registry import REGISTRY
+
+    return REGISTRY.get(config.model.type) if isinstance(config.model.type, str) else None
+
+
+def _check_model_type(config: RunConfig) -> None:
+    """A model type with a generated class (``runtime/models/registry.py``: generated ``*.model.json`` records)."""
+    from runtime.models.registry import REGISTRY
+
+    kind = config.model.type
+    if kind is None or kind in REGISTRY:
+        return
+    close = difflib.get_close_matches(str(kind), sorted(REGISTRY), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(
+        f"model.type: no generated model for model_type {kind!r}{hint} (known: {', '.join(sorted(REGISTRY))}). Add "
+        f"a spec with a [model] table under specs/ and run `patchgen regen`"
+    )
+
+
+def _check_family_keys(config: RunConfig) -> None:
+    """Keys that only DiTs read, or that DiTs do not read."""
+    entry = _registry_entry(config)
+    if entry is None:
+        return
+    if entry.family == "dit":
+        _check_dit(config)
+    else:
+        _check_not_dit(config)
 
 
 def _check_model_kind(config: RunConfig) -> None:
     """Text models read a tokenizer, vision-language models a processor; freeze_vision needs a vision tower."""
-    from runtime.models.registry import REGISTRY
-
-    entry = REGISTRY.get(config.model.type)
-    if entry is None:
-        return  # build_model names the known types
-    _check_attention(config, entry.family == "dit")
-    if entry.family == "dit":
-        _check_dit(config)
-        return
-    _check_not_dit(config)
+    entry = _registry_entry(config)
+    if entry is None or entry.family == "dit":
+        return  # _check_model_type names the known types; DiTs: _check_dit
     if entry.is_vlm:
         if config.data.processor is None:
             raise ConfigError(
@@ -484,14 +663,14 @@ def _check_model_kind(config: RunConfig) -> None:
         raise ConfigError(f"model.freeze_audio: {config.model.type!r} has no audio encoder")
 
 
-def _check_attention(config: RunConfig, dit: bool) -> None:
+def _check_attention(config: RunConfig) -> None:
     """A known attention implementation, and for flash attention its package (a CPU machine has none): transformers
     would say so only when the model is built, in a multi-line error."""
+    entry = _registry_entry(config)
     name = config.model.attn_implementation
-    if dit:  # diffusers' attention backends (`attention_backend=`); sdpa keeps the processors' own attention
-        from diffusers.models.attention_dispatch import AttentionBackendName
-
-        _check_choice(name, "model.attn_implementation", ("sdpa", *(b.value for b in AttentionBackendName)))
+    if entry is not None and entry.family == "dit":
+        # diffusers' attention backends (`attention_backend=`); sdpa keeps the processors' own attention
+        _check_choice(name, "model.attn_implementation", ("sdpa", *DIFFUSERS_ATTENTION_BACKENDS))
         return
     _check_choice(name, "model.attn_implementation", ATTN_IMPLEMENTATIONS)
     module = _ATTN_MODULES.get(name)
@@ -503,28 +682,27 @@ def _check_attention(config: RunConfig, dit: bool) -> None:
 
 
 def _check_model_config(config: RunConfig) -> None:
-    """``model.config`` sets a random init's config: every key must be one its config class knows, and every size
-    in it lies within ``runtime/train/model_limits.py``'s bounds."""
+    """``model.config`` sets a random init's config: every key must be one its config class knows (read from
+    transformers' source, without importing it: ``runtime/train/config_source.py``), and every size in it lies
+    within ``runtime/train/model_limits.py``'s bounds."""
     model = config.model
     if model.path is not None and model.config:
         raise ConfigError(
             "model.config: sets the config of a random init, but model.path is set (its config.json is used); "
             "remove model.config or model.path"
         )
-    from transformers import CONFIG_MAPPING
-
-    from runtime.models.registry import REGISTRY
-
-    entry = REGISTRY.get(model.type)
-    if not model.config or entry is None or model.type not in CONFIG_MAPPING:
-        return  # an unknown type: build_model names the known ones
-    read = frozenset(keys_read_by([entry.module, *SHARED_MODELING_MODULES]))
-    message = unknown_config_key(CONFIG_MAPPING[model.type], model.config, read=read)
-    if message:
-        raise ConfigError(message)
+    entry = _registry_entry(config)
+    if not model.config or entry is None or entry.family == "dit":
+        return  # an unknown type: _check_model_type names the known ones; DiTs: _check_dit
+    known = config_class_keys(model.type)
+    errors = ConfigErrors()
+    if known is not None:
+        read = frozenset(keys_read_by([entry.module, *SHARED_MODELING_MODULES]))
+        errors.add(*unknown_config_keys(known, model.config, read=read))
     found = size_problem(model.config)
     if found:
-        raise ConfigError(f"model.config.{found[0]}: {found[1]}")
+        errors.add(f"model.config.{found[0]}: {found[1]}")
+    errors.raise_if_any()
 
 
 _KEY_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?:\[\d+\])*:")  # `data.buckets[2]:` is data.buckets
@@ -599,7 +777,7 @@ def read_config_file(path: str | Path) -> Any:
     path = Path(path)
     text = _read_text(path)
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=ConfigLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
@@ -616,13 +794,44 @@ def read_config_file(path: str | Path) -> Any:
     return raw
 
 
-def load_config(path: str | Path) -> RunConfig:
+def locate_errors(
+    exc: ConfigError,
+    path: Path,
+    overrides: Sequence[Override] = (),
+    locate: typing.Callable[[str, Path], str] = locate_error,
+) -> ConfigError:
+    """Every message of ``exc`` with where its key was set: the command-line override that set it (``override
+    --train.steps: ...``), else the config file and the key's line (``locate``)."""
+    out: list[str] = []
+    for message in exc.messages:
+        key = message_key(message)
+        item = override_of(key, overrides) if key and not message.startswith("override --") else None
+        if item is None:
+            out.append(message if message.startswith("override --") else locate(message, path))
+        elif message.startswith(f"{item.key}:"):
+            out.append(f"override --{item.key}:{message[len(item.key) + 1 :]}")
+        else:
+            out.append(f"override --{item.key}: {message}")
+    prefix = f"{path}:"
+
+    def line(message: str) -> float:  # the file's errors in the order of their lines, then the overrides'
+        number = message[len(prefix) :].partition(":")[0] if message.startswith(prefix) else ""
+        return int(number) if number.isdigit() else math.inf
+
+    return ConfigError(*sorted(out, key=line))
+
+
+def load_config(path: str | Path, overrides: Sequence[Override] = ()) -> RunConfig:
+    """The run config in the YAML file ``path`` with the command-line ``overrides`` set; every error of it in one
+    ``ConfigError``, each message naming the file and line (or the override) and the key."""
     path = Path(path)
-    raw = read_config_file(path)
+    raw, problems = apply_overrides(read_config_file(path), overrides)
+    if problems:
+        raise ConfigError(*problems)
     try:
         return parse_config(raw)
     except ConfigError as exc:
-        raise ConfigError(locate_error(str(exc), path)) from None
+        raise locate_errors(exc, path, overrides) from None
 
 
 def _check_dit(config: RunConfig) -> None:

@@ -12,11 +12,12 @@ transformers' shared modeling helpers count as known too (``keys_read_by``).
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import inspect
 import re
 from collections.abc import Iterable
 from typing import Any
+
+from runtime.train.config_source import ConfigKeys, source_path, static_config_keys, transformers_config_name
 
 # RotaryEmbeddingConfigMixin.convert_rope_params_to_dict moves these into rope_parameters (transformers 5).
 _LEGACY_ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
@@ -48,14 +49,14 @@ SHARED_MODELING_MODULES = ("transformers.modeling_rope_utils", "transformers.mod
 
 
 def keys_read_by(modules: Iterable[str]) -> set[str]:
-    """Attribute names the source of ``modules`` reads with ``getattr(<...>config, "name"...)`` (not imported)."""
+    """Attribute names the source of ``modules`` reads with ``getattr(<...>config, "name"...)`` (nothing imported:
+    the files are found from their top-level package's directory)."""
     keys: set[str] = set()
     for module in modules:
-        spec = importlib.util.find_spec(module)
-        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        path = source_path(module)
+        if path is None:
             continue
-        with open(spec.origin, encoding="utf-8") as f:
-            keys.update(_GETATTR_READ.findall(f.read()))
+        keys.update(_GETATTR_READ.findall(path.read_text(encoding="utf-8")))
     return keys
 
 
@@ -65,6 +66,58 @@ def _sub_config_class(config_class: type, key: str) -> type | None:
     return sub if isinstance(sub, type) and hasattr(sub, "__mro__") and sub.__name__ != "AutoConfig" else None
 
 
+def imported_config_keys(config_class: type) -> ConfigKeys:
+    """``known_config_keys`` of an imported config class and of its sub-config classes."""
+    subs = {
+        key: (imported_config_keys(sub) if (sub := _sub_config_class(config_class, key)) is not None else None)
+        for key in getattr(config_class, "sub_configs", None) or {}
+    }
+    attribute_map = frozenset(getattr(config_class, "attribute_map", None) or {})
+    return ConfigKeys(config_class.__name__, frozenset(known_config_keys(config_class)), subs, attribute_map)
+
+
+def config_class_keys(model_type: str) -> ConfigKeys | None:
+    """The keys of ``transformers.CONFIG_MAPPING[model_type]``, read from source (no torch); when the source reader
+    cannot resolve the class, from the imported class (imports transformers and torch). None: not a transformers
+    model type."""
+    if transformers_config_name(model_type) is None:
+        return None
+    found = static_config_keys(model_type)
+    if found is not None:
+        return found
+    from transformers import CONFIG_MAPPING
+
+    return imported_config_keys(CONFIG_MAPPING[model_type]) if model_type in CONFIG_MAPPING else None
+
+
+def unknown_config_keys(
+    config_class: ConfigKeys,
+    overrides: dict[str, Any],
+    prefix: str = "model.config",
+    parent: ConfigKeys | None = None,
+    read: frozenset[str] = frozenset(),
+) -> list[str]:
+    """A one-line message for every key of ``overrides`` that ``config_class`` does not know (sub-configs
+    included), with the closest known key. ``read``: keys the modeling code reads (``keys_read_by``), known at every
+    level."""
+    known = config_class.keys | read
+    found: list[str] = []
+    for key, value in overrides.items():
+        where = f"{prefix}.{key}"
+        if key not in known:
+            close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
+            if parent is not None and key in parent.keys:
+                hint = f"; it belongs to {prefix.rsplit('.', 1)[0]} ({parent.name})"
+            else:
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+            found.append(f"{where}: unknown key for {config_class.name}{hint}")
+            continue
+        sub = config_class.sub_configs.get(key)
+        if sub is not None and isinstance(value, dict):
+            found.extend(unknown_config_keys(sub, value, where, config_class, read))
+    return found
+
+
 def unknown_config_key(
     config_class: type,
     overrides: dict[str, Any],
@@ -72,22 +125,7 @@ def unknown_config_key(
     parent: type | None = None,
     read: frozenset[str] = frozenset(),
 ) -> str | None:
-    """A one-line message for the first key of ``overrides`` that ``config_class`` does not know (sub-configs
-    included), with the closest known key; None when every key is known. ``read``: keys the modeling code reads
-    (``keys_read_by``), known at every level."""
-    known = known_config_keys(config_class) | read
-    for key, value in overrides.items():
-        where = f"{prefix}.{key}"
-        if key not in known:
-            close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
-            if parent is not None and key in known_config_keys(parent):
-                hint = f"; it belongs to {prefix.rsplit('.', 1)[0]} ({parent.__name__})"
-            else:
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-            return f"{where}: unknown key for {config_class.__name__}{hint}"
-        sub = _sub_config_class(config_class, key)
-        if sub is not None and isinstance(value, dict):
-            found = unknown_config_key(sub, value, where, config_class, read)
-            if found:
-                return found
-    return None
+    """The first of ``unknown_config_keys`` for an imported config class; None when every key is known."""
+    keys = imported_config_keys(config_class)
+    found = unknown_config_keys(keys, overrides, prefix, parent and imported_config_keys(parent), read)
+    return found[0] if found else None

@@ -1,39 +1,57 @@
-"""`torchrun --nproc-per-node N -m runtime.train.prepare run.yaml`: compute the DiT conditions of every sample that
-``data.cache`` lacks (VAE latents + text/image embeddings, spread over the ranks) and exit; the training run then
-reads them without loading the VAE or the text encoders. Training fills the cache the same way on first use; this
-step lets it happen on other machines (e.g. many small GPUs) or ahead of time. Exit 2 on user errors.
+"""Compute the DiT conditions of every sample that ``data.cache`` lacks (VAE latents + text/image embeddings, spread
+over the ranks) and exit; the training run then reads them without loading the VAE or the text encoders. Training
+fills the cache the same way on first use; this step lets it happen on other machines (e.g. many small GPUs) or ahead
+of time. It reads the training run's own config (``data.cache`` set). Exit 2 on user errors.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
-import torch.distributed as dist
+from runtime.cli import Invocation, run_command
+from runtime.train.config import ConfigError, RunConfig, load_config, locate_errors
+from runtime.train.overrides import Override
 
-from runtime.train.config import ConfigError, load_config, locate_error
+COMMAND = "runtime.train.prepare"
 
 
-def prepare(config_path: str) -> int:
+def load(path: str, overrides: Sequence[Override] = ()) -> RunConfig:
+    """The training config, which must name a DiT and a condition cache."""
+    config = load_config(path, overrides)
+    errors = []
+    if not _is_dit(config):
+        errors.append(f"model.type: {config.model.type!r} is not a diffusion transformer; nothing to prepare")
+    if not config.data.cache:
+        errors.append("data.cache: set it to the directory the conditions are cached in")
+    if errors:
+        raise locate_errors(ConfigError(*errors), Path(path), overrides)
+    return config
+
+
+def _is_dit(config: RunConfig) -> bool:
+    from runtime.models.registry import REGISTRY
+
+    entry = REGISTRY.get(config.model.type)
+    return entry is not None and entry.family == "dit"
+
+
+def prepare(config: RunConfig | str) -> int:
     """Fill the cache; the number of samples computed. Collective."""
-    from runtime.train.data import is_dit
+    from runtime.diffusion.conditions import condition_model_class
+    from runtime.diffusion.registry import lookup_dit
     from runtime.train.dit import check_transformer, quiet_loading, setup_conditions
     from runtime.train.dit_data import build_dataset, media_rules
     from runtime.train.loop import setup_parallel, train_device
     from runtime.train.validate import check_inputs
 
-    config = load_config(config_path)
-    if not is_dit(config):
-        raise ConfigError(f"model.type: {config.model.type!r} is not a diffusion transformer; nothing to prepare")
-    if not config.data.cache:
-        raise ConfigError("data.cache: set it to the directory the conditions are cached in")
+    if isinstance(config, str):
+        config = load(config)
     state = setup_parallel(config)
     inputs = check_inputs(config, state)
     quiet_loading()
     check_transformer(config, state.sp_size)
-    from runtime.diffusion.conditions import condition_model_class
-    from runtime.diffusion.registry import lookup_dit
-
     rules = media_rules(condition_model_class(lookup_dit(config.model.type).data["condition_model_type"]))
     dataset = build_dataset(config, inputs.dit_samples, rules, state)
     _, conditions = setup_conditions(config, state, dataset, train_device(state))
@@ -42,24 +60,27 @@ def prepare(config_path: str) -> int:
     return len(conditions.keys)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: torchrun --nproc-per-node N -m runtime.train.prepare <config.yaml>", file=sys.stderr)
-        return 2
+def run(config: RunConfig, invocation: Invocation) -> None:
+    import torch.distributed as dist
+
     try:
-        prepare(argv[0])
+        prepare(config)
     except ConfigError as exc:
-        message = str(exc)
-        print(
-            f"error: {message if message.startswith(argv[0]) else locate_error(message, Path(argv[0]))}",
-            file=sys.stderr,
-        )
-        return 2
+        raise locate_errors(exc, Path(invocation.config), invocation.overrides) from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(
+        argv,
+        command=COMMAND,
+        about=__doc__,
+        references=[("run configuration", "runtime.train.config")],
+        load=load,
+        run=run,
+    )
 
 
 if __name__ == "__main__":

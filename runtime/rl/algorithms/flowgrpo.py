@@ -35,12 +35,12 @@ share: the DiT's SP gradients add up to the single-process ones).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from runtime.flowgrpo.algorithm import group_advantages, kl_to_reference, policy_loss
 from runtime.train.config import ConfigError, KeyRules
+
+if TYPE_CHECKING:  # the config part (Settings, RULES, check) is read before torch is imported (runtime.rl --help)
+    import torch
 
 __all__ = ["RULES", "Settings", "check", "conventions", "step_objective", "window"]
 
@@ -145,6 +145,8 @@ def conventions(settings: Settings) -> str:
 
 def advantages(settings: Settings, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """Advantages of the GLOBAL batch's rewards (every replica's samples: the global std needs them all)."""
+    from runtime.flowgrpo.algorithm import group_advantages
+
     return group_advantages(rewards, group_ids, settings.advantage, ddof=settings.advantage_std_ddof)
 
 
@@ -158,6 +160,8 @@ def step_objective(
     """The loss of one window step of a micro-batch (before the share scaling) and its statistics (detached).
 
     ``kl_terms``: ``(mean, ref_mean, std_dev_t, sqrt_dt)`` when ``kl_coef > 0``."""
+    from runtime.flowgrpo.algorithm import kl_to_reference, policy_loss
+
     loss, clip_fraction, approx_kl = policy_loss(
         log_prob, old_log_prob, advantage, settings.clip_range, settings.adv_clip_max
     )

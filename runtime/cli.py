@@ -1,0 +1,226 @@
+"""The command line the run entry points share (``python -m runtime.train``, ``runtime.train.prepare``,
+``runtime.rl``): ``--help`` and config validation without importing torch, dotted overrides, every config error at
+once (printed by rank 0 only), and a launcher like ``accelerate launch``.
+
+``python -m <command> [LAUNCHER OPTIONS] CONFIG.yaml [--section.key=VALUE ...]``: launcher options are torchrun's
+(``--nproc-per-node 2``, ``--nnodes``, ``--rdzv-endpoint``, ...). With any of them the config is validated first
+(a bad config starts no rank: its errors, exit 2), then torch's own launcher (``torch.distributed.run``) starts the
+ranks in this process, and a failed rank becomes one line and its exit code instead of torchrun's
+``ChildFailedError`` traceback. Without them the command runs in this process (one process, or one rank of a
+``torchrun`` launch).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runtime.train.config import ConfigError, ConfigLoader
+from runtime.train.overrides import Override, OverrideError, parse_overrides
+
+# torchrun's options that take no value (``torch.distributed.run.get_args_parser``; tests/train/test_cli.py checks
+# the list against it). Every other launcher option takes one (``--opt VALUE`` or ``--opt=VALUE``).
+LAUNCHER_FLAGS = ("--standalone", "--virtual-local-rank", "--virtual_local_rank")
+# torchrun options that name what to run: the command sets them itself.
+_NOT_LAUNCHER = ("-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path")
+USER_ERROR = 2  # the exit code of a user error (a bad config, input or launcher option)
+
+
+class UsageError(ValueError):
+    """A command line that does not parse (exit 2, one line)."""
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """A parsed command line."""
+
+    config: str | None = None
+    overrides: list[Override] = field(default_factory=list)
+    override_args: list[str] = field(default_factory=list)  # as typed, handed on to launched ranks
+    launcher: list[str] = field(default_factory=list)  # torchrun options, before the config path
+    help: bool = False
+
+
+def parse_command_line(argv: Sequence[str]) -> Invocation:
+    """``[LAUNCHER OPTIONS] CONFIG.yaml [--section.key=VALUE ...]``; ``-h``/``--help`` anywhere asks for help."""
+    argv = list(argv)
+    if any(arg in ("-h", "--help") for arg in argv):
+        return Invocation(help=True)
+    launcher: list[str] = []
+    while argv and argv[0].startswith("-"):
+        option = argv.pop(0)
+        name = option.partition("=")[0]
+        if name in _NOT_LAUNCHER:
+            raise UsageError(f"{option}: the command sets what the ranks run; give only launcher options")
+        launcher.append(option)
+        if name not in LAUNCHER_FLAGS and "=" not in option:
+            if not argv:
+                raise UsageError(f"{option}: expected a value")
+            launcher.append(argv.pop(0))
+    if not argv:
+        raise UsageError("expected a config file")
+    config, rest = argv[0], argv[1:]
+    try:
+        overrides = parse_overrides(rest, ConfigLoader)
+    except OverrideError as exc:
+        raise UsageError(str(exc)) from None
+    return Invocation(config, overrides, rest, launcher)
+
+
+def docstring(module: str) -> str:
+    """A module's docstring read from its source (nothing is imported: no torch for ``--help``)."""
+    origin = importlib.util.find_spec(module).origin
+    return ast.get_docstring(ast.parse(Path(origin).read_text(encoding="utf-8"))) or ""
+
+
+def help_text(command: str, about: str, references: Sequence[tuple[str, str]]) -> str:
+    """``--help``: usage, what the command does, the command line, then each ``(title, module)``'s docstring."""
+    parts = [
+        f"usage: python -m {command} [LAUNCHER OPTIONS] CONFIG.yaml [--section.key=VALUE ...]",
+        f"       torchrun --nproc-per-node N -m {command} CONFIG.yaml [--section.key=VALUE ...]",
+        "",
+        about.strip(),
+        "",
+        "  CONFIG.yaml           the run configuration (YAML; the reference is below)",
+        "  --section.key=VALUE   set one key over the file's value (also --section.key VALUE); VALUE is read as YAML",
+        "                        and checked like the file's: --train.steps=3 --optim.lr=1e-4",
+        "                        --log.report_to=[tensorboard]",
+        "  LAUNCHER OPTIONS      torchrun's, before CONFIG.yaml (--nproc-per-node N, --nnodes, --node-rank,",
+        "                        --rdzv-endpoint, ...): the config is validated first (a bad one starts no rank),",
+        "                        then the ranks are started here (torch.distributed.run) and a failed rank is",
+        "                        reported in one line with its exit code",
+        "  -h, --help            this text",
+        "",
+        "Exit code 0: done; 2: a user error (each one line: file:line: key: what is wrong; under several ranks",
+        "rank 0 prints it); another code: that of a rank that failed otherwise.",
+    ]
+    for title, module in references:
+        parts += ["", f"== {title} ({module.replace('.', '/')}.py) ==", "", docstring(module)]
+    return "\n".join(parts)
+
+
+def is_rank_zero() -> bool:
+    """Rank 0 of a launch (or no launch): the one rank that prints user errors."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def print_errors(exc: ConfigError) -> None:
+    """Each message of ``exc`` as one ``error:`` line on stderr, from rank 0 only (every rank finds the same errors
+    in the same files; the others exit 2 silently)."""
+    if is_rank_zero():
+        for message in exc.messages or [str(exc)]:
+            print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def _exit_code(code: int) -> int:
+    return 128 - code if code < 0 else code  # killed by a signal: the shell's 128 + signal number
+
+
+def _failure_line(failures: dict[int, Any]) -> str | None:
+    """One line for the ranks a launch lost, None when every failed rank exited with a user error that rank 0 has
+    printed already."""
+    codes = {rank: failure.exitcode for rank, failure in failures.items()}
+    if codes and all(code == USER_ERROR for code in codes.values()) and 0 in codes:
+        return None
+    described = []
+    for rank, code in sorted(codes.items()):
+        if code < 0:
+            try:
+                described.append(f"rank {rank} killed by {signal.Signals(-code).name}")
+            except ValueError:
+                described.append(f"rank {rank} killed by signal {-code}")
+        else:
+            described.append(f"rank {rank} exited with code {code}")
+    return f"error: {'; '.join(described)} (its output is above)"
+
+
+def launch(module: str, launcher: Sequence[str], script_args: Sequence[str]) -> int:
+    """Start ``python -m module *script_args`` on the ranks that torchrun's ``launcher`` options describe, with torch's
+    launcher (``torch.distributed.run``), in this process; the first failed rank's exit code, 0 when all finished."""
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    parser = torchrun.get_args_parser()
+
+    def refuse(message: str) -> None:
+        raise UsageError(f"launcher options: {message}")
+
+    parser.error = refuse  # one line instead of argparse's usage text
+    args = parser.parse_args([*launcher, "-m", module, *script_args])
+    try:
+        torchrun.run(args)
+    except ChildFailedError as exc:
+        line = _failure_line(exc.failures)
+        if line:
+            print(line, file=sys.stderr, flush=True)
+        first = min(exc.failures)
+        return _exit_code(exc.failures[first].exitcode) or 1
+    return 0
+
+
+def under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+
+
+def run_command(
+    argv: Sequence[str] | None,
+    *,
+    command: str,
+    about: str,
+    references: Sequence[tuple[str, str]],
+    load: Callable[[str, Sequence[Override]], Any],
+    run: Callable[[Any, Invocation], None],
+) -> int:
+    """The whole command line of an entry point: help, parse, load (no torch), then launch or ``run`` the config.
+    ``load`` and ``run`` raise ``ConfigError`` for user errors, whose every message is printed (rank 0) with exit
+    code 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        invocation = parse_command_line(argv)
+    except UsageError as exc:
+        if is_rank_zero():
+            print(
+                f"error: {exc} (usage: python -m {command} [LAUNCHER OPTIONS] CONFIG.yaml [--section.key=VALUE "
+                f"...]; --help for the config reference)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return USER_ERROR
+    if invocation.help:
+        try:
+            print(help_text(command, about, references), flush=True)
+        except BrokenPipeError:  # `--help | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    try:
+        config = load(invocation.config, invocation.overrides)
+    except ConfigError as exc:
+        print_errors(exc)
+        return USER_ERROR
+    if invocation.launcher:
+        if under_torchrun():
+            print(
+                f"error: launcher options ({invocation.launcher[0]}) under torchrun: give them to torchrun or to "
+                f"python -m {command}, not both",
+                file=sys.stderr,
+                flush=True,
+            )
+            return USER_ERROR
+        try:
+            return launch(command, invocation.launcher, [invocation.config, *invocation.override_args])
+        except UsageError as exc:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            return USER_ERROR
+    try:
+        run(config, invocation)
+    except ConfigError as exc:
+        print_errors(exc)
+        return USER_ERROR
+    return 0

@@ -1,0 +1,91 @@
+"""Dotted command-line overrides of a run config: ``--train.steps=3``, ``--optim.lr 1e-4``,
+``--log.report_to=[tensorboard]``.
+
+Each value is read as YAML (a scalar or a flow collection), with the config file's own loader, and set into the
+loaded mapping before validation, so an override is checked exactly like the same value in the file. Errors about an
+overridden key name the override (``override --train.steps: ...``) instead of a line of the file.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+_KEY = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
+
+
+class OverrideError(ValueError):
+    """A command-line override that is not ``--dotted.key=value`` / ``--dotted.key value`` (a usage error)."""
+
+
+@dataclass(frozen=True)
+class Override:
+    key: str  # dotted: train.steps
+    value: Any  # the value read as YAML
+    text: str  # the value as typed
+
+
+def parse_value(text: str, key: str, loader: type = yaml.SafeLoader) -> Any:
+    try:
+        return yaml.load(text, Loader=loader)  # a SafeLoader (subclass): no arbitrary objects
+    except yaml.YAMLError as exc:
+        raise OverrideError(
+            f"override --{key}: not a YAML value: {getattr(exc, 'problem', exc)} in {text!r}"
+        ) from None
+
+
+def parse_overrides(args: Sequence[str], loader: type = yaml.SafeLoader) -> list[Override]:
+    """``--a.b=v`` and ``--a.b v`` arguments as overrides, in order (a later one of the same key wins)."""
+    out: list[Override] = []
+    rest = list(args)
+    while rest:
+        arg = rest.pop(0)
+        if not arg.startswith("--") or arg == "--":
+            raise OverrideError(f"{arg!r}: expected an override --section.key=value after the config file")
+        key, eq, text = arg[2:].partition("=")
+        if not _KEY.match(key):
+            raise OverrideError(f"{arg!r}: an override names a dotted key, e.g. --train.steps=3")
+        if not eq:
+            if not rest or rest[0].startswith("--"):
+                raise OverrideError(f"override --{key}: expected a value (--{key}=VALUE or --{key} VALUE)")
+            text = rest.pop(0)
+        out.append(Override(key, parse_value(text, key, loader), text))
+    return out
+
+
+def apply_overrides(raw: Any, overrides: Sequence[Override]) -> tuple[Any, list[str]]:
+    """A copy of the loaded config ``raw`` with ``overrides`` set (sections created as needed), and the overrides
+    that could not be set (a key below a value that is not a mapping), each a message naming the override."""
+    if not overrides:
+        return raw, []
+    out = copy.deepcopy(raw) if raw is not None else {}
+    errors: list[str] = []
+    if not isinstance(out, dict):
+        return out, [f"config: expected a mapping of sections, found {type(out).__name__}"]
+    for item in overrides:
+        node, parts = out, item.key.split(".")
+        for depth, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                errors.append(f"override --{item.key}: {where} is a {type(child).__name__}, not a section")
+                break
+            node = child
+        else:
+            node[parts[-1]] = item.value
+    return out, errors
+
+
+def override_of(key: str, overrides: Sequence[Override]) -> Override | None:
+    """The (last) override that set ``key`` or a section or value holding it."""
+    for item in reversed(overrides):
+        if key == item.key or key.startswith((item.key + ".", item.key + "[")):
+            return item
+    return None
