@@ -35,6 +35,18 @@ unchanged (no wrapper module) and compose with FSDP2, whose hooks skip the all-g
 (the pre-backward hook has already unsharded the block). Do not also call ``gradient_checkpointing_enable()``:
 the blocks would be recomputed twice (numerically harmless, only slower).
 
+Mixed precision
+---------------
+``param_dtype=torch.bfloat16, reduce_dtype=torch.float32`` (``MixedPrecisionPolicy``): each all-gather casts the
+fp32 shards to bf16, forward and backward compute in bf16, gradients are cast to fp32 before their reduce-scatter,
+and the sharded parameters the optimizer steps (the master weights) and its state stay fp32. FSDP2 also casts every
+floating forward input of a sharded module to bf16 (``cast_forward_inputs``). For the blocks that is wanted, but at
+the root it would cast a DiT's ``timestep`` too: t = 937.4 becomes 938 and the high-frequency sinusoids of the
+timestep embedding change completely (Wan's gradient error against fp32 grew from 5.4e-3 to 9.2e-2,
+docs/performance.md). So the root does not cast; a pre-hook casts its floating inputs except those named in
+``FP32_INPUTS`` (``timestep``, ``guidance``), which reach the model in fp32 and are cast by the model where its own
+code does (Wan after the sinusoidal projection, as in a bf16 diffusers pipeline).
+
 Clipping
 --------
 ``clip_grad_norm_`` takes the norm over the full (unsharded) gradients: identical on every rank and equal to the
@@ -44,17 +56,21 @@ plain-tensor gradients are taken as already complete on every rank.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Iterable
+import inspect
+from collections.abc import Collection, Iterable
 
 import torch
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+from torch.distributed.utils import _apply_to_tensors
 
 from runtime.parallel.state import ParallelState, get_parallel_state
 
 __all__ = [
+    "FP32_INPUTS",
     "apply_activation_checkpointing",
     "apply_fsdp",
     "block_modules",
@@ -98,6 +114,10 @@ def apply_activation_checkpointing(model: nn.Module, *, prefer_hf: bool = True) 
     return model
 
 
+# Forward inputs of a bf16 root kept in fp32: per-sample scalars that feed sinusoidal embeddings (module docstring).
+FP32_INPUTS = ("timestep", "guidance")
+
+
 def mixed_precision_policy(
     state: ParallelState, param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None
 ) -> MixedPrecisionPolicy:
@@ -118,12 +138,15 @@ def apply_fsdp(
     reduce_dtype: torch.dtype | None = None,
     reshard_after_forward: bool = True,
     activation_checkpointing: bool = False,
+    fp32_inputs: Collection[str] = FP32_INPUTS,
 ) -> nn.Module:
     """Shard ``model`` in place with FSDP2 on ``state.fsdp_mesh`` (default: the global state); returns it.
 
-    Gradients are SUMMED over the fsdp mesh (see the module docstring). Without a mesh (single process) nothing is
-    sharded and no mixed precision applies; activation checkpointing still does. Apply before building the
-    optimizer (the parameters become DTensors).
+    Gradients are SUMMED over the fsdp mesh (see the module docstring). ``param_dtype`` / ``reduce_dtype``: the
+    mixed-precision policy (None: bf16 / fp32 on GPU, no casting on CPU); under a cast, the root's forward inputs
+    named in ``fp32_inputs`` stay fp32. Without a mesh (single process) nothing is sharded and no mixed precision
+    applies; activation checkpointing still does. Apply before building the optimizer (the parameters become
+    DTensors).
     """
     state = get_parallel_state() if state is None else state
     blocks = block_modules(model)
@@ -131,22 +154,43 @@ def apply_fsdp(
         apply_activation_checkpointing(model)
     if state.fsdp_mesh is None:
         return model
-    kwargs = dict(
-        mesh=state.fsdp_mesh,
-        mp_policy=mixed_precision_policy(state, param_dtype, reduce_dtype),
-        reshard_after_forward=reshard_after_forward,
-    )
+    policy = mixed_precision_policy(state, param_dtype, reduce_dtype)
+    kwargs = dict(mesh=state.fsdp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     # Expert-parallel experts (DTensors on the ep mesh) shard further over the expert-data-parallel mesh.
     for experts in [m for m in model.modules() if getattr(m, "ep_sharded", False)]:
         fully_shard(experts, **{**kwargs, "mesh": state.expert_fsdp_mesh})
     for block in reversed(blocks):  # bottom-up, in case a block nests another
         fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+    root = kwargs
+    if policy.param_dtype not in (None, torch.float32) and policy.cast_forward_inputs:
+        root = {**kwargs, "mp_policy": dataclasses.replace(policy, cast_forward_inputs=False)}
+        model.register_forward_pre_hook(_input_cast(model, policy.param_dtype, fp32_inputs), with_kwargs=True)
+    fully_shard(model, **root)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
     return model
+
+
+def _input_cast(model: nn.Module, dtype: torch.dtype, keep: Collection[str]):
+    """A forward pre-hook casting the floating inputs of ``model`` to ``dtype``, as FSDP2's ``cast_forward_inputs``
+    does, except the arguments named in ``keep`` (positional ones by the forward's signature)."""
+    names = list(inspect.signature(model.forward).parameters)
+    keep = frozenset(keep)
+
+    def cast(value):
+        return value.to(dtype) if isinstance(value, Tensor) and value.is_floating_point() else value
+
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        args = tuple(
+            value if i < len(names) and names[i] in keep else _apply_to_tensors(cast, value)
+            for i, value in enumerate(args)
+        )
+        kwargs = {k: value if k in keep else _apply_to_tensors(cast, value) for k, value in kwargs.items()}
+        return args, kwargs
+
+    return hook
 
 
 @torch.no_grad()

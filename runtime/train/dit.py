@@ -38,6 +38,7 @@ from runtime.train.dit_data import (
 )
 from runtime.train.dit_step import latent_tokens, noise_generators, weighted_flow_matching_loss
 from runtime.train.loop import Job, StepWork, all_reduce_sum, to_device, train_device
+from runtime.train.precision import autocast_forward, fsdp_dtypes
 
 __all__ = ["build_dit_job", "check_pipeline_dir", "load_condition_model_for", "setup_conditions"]
 
@@ -172,10 +173,13 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
     model.to(device)
     if config.train.compile:  # per block, before FSDP2 and checkpointing wrap the blocks (runtime/train/compile.py)
         compile_blocks(model)
+    precision = config.train.mixed_precision  # bf16: FSDP2's policy, or autocast in one process (precision.py)
     if state.world_size > 1:
-        model = apply_fsdp(model, state, activation_checkpointing=config.parallel.activation_checkpointing)
+        checkpointing = config.parallel.activation_checkpointing
+        model = apply_fsdp(model, state, activation_checkpointing=checkpointing, **fsdp_dtypes(precision, state))
     elif config.parallel.activation_checkpointing:
         model.gradient_checkpointing_enable()
+    autocast_forward(model, precision, state)
     ema = None
     if config.dit.ema_decay is not None:
         from runtime.train.ema import EMA

@@ -44,6 +44,7 @@ from runtime.train.finite import check_mode, guard_update, micro_batches
 from runtime.train.metrics import MetricsLogger, StepMetrics, detect_peak_tflops, flops_per_token
 from runtime.train.model import build_model
 from runtime.train.optim import build_optimizer, build_scheduler
+from runtime.train.precision import autocast_forward, fsdp_dtypes
 from runtime.train.validate import CheckedInputs, check_inputs
 
 IGNORE_INDEX = -100
@@ -150,10 +151,13 @@ def build_text_job(config: RunConfig, state: ParallelState, inputs: CheckedInput
             raise ConfigError(f"parallel.ep: {exc}") from None
     if config.train.compile:  # per block, before FSDP2 and checkpointing wrap the blocks (runtime/train/compile.py)
         compile_blocks(model)
+    precision = config.train.mixed_precision  # bf16: FSDP2's policy, or autocast in one process (precision.py)
     if state.world_size > 1:
-        model = apply_fsdp(model, state, activation_checkpointing=config.parallel.activation_checkpointing)
+        checkpointing = config.parallel.activation_checkpointing
+        model = apply_fsdp(model, state, activation_checkpointing=checkpointing, **fsdp_dtypes(precision, state))
     elif config.parallel.activation_checkpointing:
         model.gradient_checkpointing_enable()
+    autocast_forward(model, precision, state)
 
     def export() -> None:
         export_hf(
