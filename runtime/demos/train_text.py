@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from runtime.data.corpus import corpus_path
-from runtime.data.tokenization import build_test_tokenizer
+from runtime.tiny import write_tokenizer
 
 STEPS, SAVE_EVERY, MOE_STEPS = 30, 15, 12
 MODEL = {
@@ -86,7 +86,7 @@ def main() -> bool:
 
     work = Path(tempfile.mkdtemp(prefix="patchgen-demo-"))
     try:
-        build_test_tokenizer(work / "tokenizer", corpus_path().read_text(encoding="utf-8"))
+        write_tokenizer(work / "tokenizer")  # what `python -m runtime.tiny tokenizer DIR` writes
         print(f"-- training {STEPS} steps, checkpoint every {SAVE_EVERY} (torchrun, 2 processes, sp=2)", flush=True)
         torchrun(write_config(work, "run"))
         straight = losses(work / "run")

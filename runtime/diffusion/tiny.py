@@ -6,14 +6,12 @@ corpus, random text/image encoders, a random VAE, a flow-matching scheduler) aro
 from the spec's tiny config, written with ``pipeline.save_pretrained`` so loading it goes through diffusers' and
 transformers' real loading code. The component builders several models share live here.
 
-Command line (a tiny pipeline directory to experiment with)::
-
-    python -m runtime.diffusion.tiny wan pipelines/wan
+Command line: ``python -m runtime.tiny pipeline wan pipelines/wan`` (``runtime/tiny.py``, which also builds tiny
+tokenizers and processors); ``python -m runtime.diffusion.tiny wan pipelines/wan`` is kept as an alias of it.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -93,19 +91,10 @@ def save_tiny_pipeline(name: str, directory: str | os.PathLike, seed: int = 0) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], prog="python -m runtime.diffusion.tiny")
-    parser.add_argument("name", help=f"tiny case: {', '.join(sorted(tiny_cases()))}")
-    parser.add_argument("directory", type=Path, help="where to write the pipeline (must not exist)")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    if args.name not in tiny_cases():
-        print(f"error: unknown tiny pipeline {args.name!r}; known: {', '.join(sorted(tiny_cases()))}", file=sys.stderr)
-        return 2
-    if args.directory.exists():
-        print(f"error: {args.directory} exists; name a new directory (nothing is overwritten)", file=sys.stderr)
-        return 2
-    print(save_tiny_pipeline(args.name, args.directory, args.seed))
-    return 0
+    """The old command line: ``python -m runtime.diffusion.tiny ARGS`` is ``python -m runtime.tiny pipeline ARGS``."""
+    from runtime.tiny import main as tiny_main
+
+    return tiny_main(["pipeline", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,199 @@
+"""Tiny assets to experiment with, built here without a download: a tokenizer, a VLM or omni processor, a DiT pipeline.
+
+    python -m runtime.tiny tokenizer out/tok              # byte-level BPE trained on the shipped corpus, ChatML
+    python -m runtime.tiny processor qwen2_5_vl out/proc  # that tokenizer + the model's vision tokens, image processor
+    python -m runtime.tiny pipeline flux out/flux         # a random diffusers pipeline (tiny transformer, VAE, ...)
+
+A random-init model trains with them (``data.tokenizer``, ``data.processor``, ``model.path``); they know nothing, so
+what a run learns from them is only that it runs. Each command writes a new directory atomically (built beside it,
+then renamed into place); an existing non-empty directory is refused unless ``--overwrite``, and even then when it
+holds anything the command would not write. A bad argument is one line on stderr and exit code 2. The builders are
+the ones the tests and demos use (``runtime.data.tokenization.build_test_tokenizer``,
+``runtime.data.processor.build_test_processor``, ``runtime.data.omni_processor.build_omni_test_processor``,
+``runtime.diffusion.tiny.save_tiny_pipeline``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn
+
+MIN_VOCAB, MAX_VOCAB = 300, 1 << 20  # 256 byte tokens + the special tokens + some merges; a "tiny" bound above
+DEFAULT_VOCAB = 512
+
+__all__ = ["TinyError", "main", "processor_types", "write_pipeline", "write_processor", "write_tokenizer"]
+
+
+class TinyError(ValueError):
+    """A request this command refuses; the message is one line."""
+
+
+def processor_types() -> dict[str, str]:
+    """Model type -> ``"vlm"`` or ``"omni"``: the types whose spec names a processor."""
+    from runtime.models.registry import REGISTRY
+
+    kinds = {}
+    for name, entry in REGISTRY.items():
+        if entry.family == "omni" and "processor_class" in entry.data:
+            kinds[name] = "omni"
+        elif entry.is_vlm and "processor" in entry.data:
+            kinds[name] = "vlm"
+    return dict(sorted(kinds.items()))
+
+
+def pipeline_cases() -> list[str]:
+    """The tiny DiT pipelines (a DiT's model type, or ``<model_type>_<variant>``)."""
+    from runtime.diffusion.registry import tiny_cases
+
+    return sorted(tiny_cases())
+
+
+def _check_target(directory: Path, overwrite: bool) -> None:
+    if directory.parent == directory:
+        raise TinyError(f"{directory} is the file system root")
+    if directory.exists() or directory.is_symlink():
+        if not directory.is_dir():
+            raise TinyError(f"{directory} exists and is not a directory; choose a new directory")
+        if any(directory.iterdir()) and not overwrite:
+            raise TinyError(f"{directory} is not empty; pass --overwrite to replace it, or choose a new directory")
+
+
+def _write(directory: str | os.PathLike, build: Callable[[Path], Any], overwrite: bool) -> Path:
+    """Build into a fresh sibling directory, then move it to ``directory`` (replacing an earlier output)."""
+    out = Path(os.path.abspath(directory))
+    _check_target(out, overwrite)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    except OSError as exc:
+        raise TinyError(f"cannot write {out}: {exc.strerror or exc}") from None
+    try:
+        _build_and_move(out, tmp, build)
+    except OSError as exc:
+        raise TinyError(f"cannot write {out}: {exc.strerror or exc}") from None
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out
+
+
+def _build_and_move(out: Path, tmp: Path, build: Callable[[Path], Any]) -> None:
+    build(tmp)
+    if out.exists():
+        foreign = sorted({p.name for p in out.iterdir()} - {p.name for p in tmp.iterdir()})
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise TinyError(f"{out} holds files this command does not write ({shown}); choose another directory")
+        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+        os.rename(out, old / out.name)
+        os.rename(tmp, out)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, out)
+
+
+def write_tokenizer(directory: str | os.PathLike, vocab_size: int = DEFAULT_VOCAB, overwrite: bool = False) -> Path:
+    """A byte-level BPE with ``vocab_size`` tokens (special tokens included) trained on the shipped corpus: pad, bos,
+    eos (``<|endoftext|>``), ChatML's ``<|im_start|>``/``<|im_end|>`` and a ChatML chat template."""
+    if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
+        raise TinyError(f"--vocab-size: {vocab_size} is outside [{MIN_VOCAB}, {MAX_VOCAB}]")
+    from runtime.data.corpus import corpus_path
+    from runtime.data.tokenization import build_test_tokenizer
+
+    corpus = corpus_path().read_text(encoding="utf-8")
+    return _write(directory, lambda tmp: build_test_tokenizer(tmp, corpus, vocab_size), overwrite)
+
+
+def write_processor(
+    model_type: str, directory: str | os.PathLike, vocab_size: int = DEFAULT_VOCAB, overwrite: bool = False
+) -> Path:
+    """The tiny processor of ``model_type`` (a VLM or omni type): the tokenizer above with the model's special
+    tokens, a PIL image processor with the tiny config's patch sizes (omni: also a Whisper feature extractor)."""
+    kinds = processor_types()
+    if model_type not in kinds:
+        raise TinyError(f"model type {model_type!r} has no processor; known: {', '.join(kinds)}")
+    if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
+        raise TinyError(f"--vocab-size: {vocab_size} is outside [{MIN_VOCAB}, {MAX_VOCAB}]")
+    if kinds[model_type] == "omni":
+        from runtime.data.omni_processor import build_omni_test_processor as build
+    else:
+        from runtime.data.processor import build_test_processor as build
+    return _write(directory, lambda tmp: build(tmp, model_type, vocab_size=vocab_size), overwrite)
+
+
+def write_pipeline(case: str, directory: str | os.PathLike, seed: int = 0, overwrite: bool = False) -> Path:
+    """The random diffusers pipeline of tiny case ``case`` (``pipeline_cases()``), saved with ``save_pretrained``."""
+    cases = pipeline_cases()
+    if case not in cases:
+        raise TinyError(f"unknown tiny pipeline {case!r}; known: {', '.join(cases)}")
+    if not 0 <= seed < 1 << 63:
+        raise TinyError(f"--seed: {seed} is outside [0, 2**63)")
+    from runtime.diffusion.tiny import save_tiny_pipeline
+
+    return _write(directory, lambda tmp: save_tiny_pipeline(case, tmp, seed), overwrite)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line (``error: ...; see --help``), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {self.prog}: {message}; see --help", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m runtime.tiny",
+        description=__doc__.split("\n\n")[0],
+        epilog="Run `python -m runtime.tiny <command> --help` for a command's arguments.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="command")
+    tok = commands.add_parser("tokenizer", help="a tiny byte-level BPE tokenizer (data.tokenizer of a text model)")
+    tok.add_argument("directory", type=Path, help="where to write it (new or empty, unless --overwrite)")
+    tok.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help=f"tokens in all (default {DEFAULT_VOCAB})")
+    proc = commands.add_parser("processor", help="a tiny VLM or omni processor (data.processor)")
+    proc.add_argument("model_type", help="a VLM or omni model type: " + ", ".join(processor_types()))
+    proc.add_argument("directory", type=Path, help="where to write it (new or empty, unless --overwrite)")
+    proc.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help=f"tokens in all (default {DEFAULT_VOCAB})")
+    pipe = commands.add_parser("pipeline", help="a tiny random DiT pipeline directory (model.path of a DiT run)")
+    pipe.add_argument("case", help="a tiny case: " + ", ".join(pipeline_cases()))
+    pipe.add_argument("directory", type=Path, help="where to write it (new or empty, unless --overwrite)")
+    pipe.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    for sub in (tok, proc, pipe):
+        sub.add_argument("--overwrite", action="store_true", help="replace an earlier output of this command")
+    return parser
+
+
+_NEXT = {
+    "tokenizer": "set data.tokenizer: {path} (and model.config.vocab_size >= {vocab})",
+    "processor": "set data.processor: {path} (and the text config's vocab_size >= {vocab})",
+    "pipeline": "set model.path: {path}",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit code (0, or 2 for a refused request)."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "tokenizer":
+            path = write_tokenizer(args.directory, args.vocab_size, args.overwrite)
+        elif args.command == "processor":
+            path = write_processor(args.model_type, args.directory, args.vocab_size, args.overwrite)
+        else:
+            path = write_pipeline(args.case, args.directory, args.seed, args.overwrite)
+    except TinyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    vocab = getattr(args, "vocab_size", None)
+    print(f"wrote a tiny {args.command} to {path}; {_NEXT[args.command].format(path=path, vocab=vocab)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
