@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,7 @@ LAUNCHER_FLAGS = ("--standalone", "--virtual-local-rank", "--virtual_local_rank"
 # torchrun options that name what to run: the command sets them itself.
 _NOT_LAUNCHER = ("-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path")
 USER_ERROR = 2  # the exit code of a user error (a bad config, input or launcher option)
+RANK_ERROR_GRACE = 5.0  # seconds a rank other than 0 waits before printing a user error (``print_errors``)
 
 
 class UsageError(ValueError):
@@ -112,33 +115,36 @@ def is_rank_zero() -> bool:
 
 
 def print_errors(exc: ConfigError) -> None:
-    """Each message of ``exc`` as one ``error:`` line on stderr, from rank 0 only (every rank finds the same errors
-    in the same files; the others exit 2 silently)."""
-    if is_rank_zero():
-        for message in exc.messages or [str(exc)]:
-            print(f"error: {message}", file=sys.stderr, flush=True)
+    """Each message of ``exc`` as one ``error:`` line on stderr, said once per launch: every rank finds the same
+    errors in the same files, and rank 0 prints them. Under torchrun another rank waits ``RANK_ERROR_GRACE`` seconds
+    first: when rank 0 failed too, torchrun stops this rank in that time and the error is said once; a rank still
+    running then found an error of its own, and prints it."""
+    if not is_rank_zero():
+        if not under_torchrun():
+            return
+        time.sleep(RANK_ERROR_GRACE)
+    for message in exc.messages or [str(exc)]:
+        print(f"error: {message}", file=sys.stderr, flush=True)
 
 
 def _exit_code(code: int) -> int:
     return 128 - code if code < 0 else code  # killed by a signal: the shell's 128 + signal number
 
 
-def _failure_line(failures: dict[int, Any]) -> str | None:
-    """One line for the ranks a launch lost, None when every failed rank exited with a user error that rank 0 has
-    printed already."""
-    codes = {rank: failure.exitcode for rank, failure in failures.items()}
-    if codes and all(code == USER_ERROR for code in codes.values()) and 0 in codes:
+def _failure_line(rank: int, code: int, others: int) -> str | None:
+    """One line for the rank whose failure ended a launch, None when it exited with a user error that it has printed
+    (rank 0 prints user errors; every rank finds them). ``others``: ranks the launcher stopped after it."""
+    if code == USER_ERROR and rank == 0:
         return None
-    described = []
-    for rank, code in sorted(codes.items()):
-        if code < 0:
-            try:
-                described.append(f"rank {rank} killed by {signal.Signals(-code).name}")
-            except ValueError:
-                described.append(f"rank {rank} killed by signal {-code}")
-        else:
-            described.append(f"rank {rank} exited with code {code}")
-    return f"error: {'; '.join(described)} (its output is above)"
+    if code < 0:
+        try:
+            what = f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            what = f"was killed by signal {-code}"
+    else:
+        what = f"exited with code {code}"
+    stopped = f"; the launcher stopped the other {others} rank(s)" if others else ""
+    return f"error: rank {rank} {what} (its output is above){stopped}"
 
 
 def launch(module: str, launcher: Sequence[str], script_args: Sequence[str]) -> int:
@@ -154,14 +160,20 @@ def launch(module: str, launcher: Sequence[str], script_args: Sequence[str]) -> 
 
     parser.error = refuse  # one line instead of argparse's usage text
     args = parser.parse_args([*launcher, "-m", module, *script_args])
+    # The agent's own log of a failure (each rank's exit code, the SIGTERMs it sends the others) is said by the one
+    # line below; its warnings at start (OMP_NUM_THREADS) still show.
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
     try:
         torchrun.run(args)
     except ChildFailedError as exc:
-        line = _failure_line(exc.failures)
+        # The agent stops the other ranks with SIGTERM once one fails (failure times are whole seconds): the failed
+        # rank is the lowest one that did not exit by that signal.
+        own = sorted(r for r, f in exc.failures.items() if f.exitcode != -signal.SIGTERM)
+        rank, failure = (own[0], exc.failures[own[0]]) if own else exc.get_first_failure()
+        line = _failure_line(rank, failure.exitcode, len(exc.failures) - 1)
         if line:
             print(line, file=sys.stderr, flush=True)
-        first = min(exc.failures)
-        return _exit_code(exc.failures[first].exitcode) or 1
+        return _exit_code(failure.exitcode) or 1
     return 0
 
 

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -293,6 +294,7 @@ def export_hf(
     dtype: torch.dtype | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
+    merge: Callable[[dict[str, torch.Tensor]], tuple[dict[str, torch.Tensor], torch.nn.Module]] | None = None,
 ) -> Path:
     """Write ``out_dir`` for ``AutoModelForCausalLM.from_pretrained``. Collective: every rank calls it.
 
@@ -302,7 +304,9 @@ def export_hf(
     bos/eos/pad and chat end-of-turn ids go into ``config.json`` and ``generation_config.json`` (written always).
     ``out_dir`` must pass ``check_export_target`` (``overwrite`` replaces an earlier export; nothing else is ever
     replaced): checked again here on every rank, so a directory that changed during training is still refused.
-    Returns ``out_dir`` once it is in place on every rank.
+    ``merge`` (a LoRA run, ``runtime/checkpoint/lora_export.py``): on rank 0, the gathered state dict -> the merged
+    plain weights and the plain module whose names and layout they have. Returns ``out_dir`` once it is in place on
+    every rank.
     """
     state = state if state is not None else get_parallel_state()
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else state.rank
@@ -310,7 +314,10 @@ def export_hf(
     # Collective for FSDP2; with cpu_offload only rank 0 ends up holding the tensors.
     full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:
-        tensors = prepare_state_dict(full, model, config, dtype)
+        layout = model
+        if merge is not None:  # a LoRA run: the adapters merged, under the plain model's names and layout
+            full, layout = merge(full)
+        tensors = prepare_state_dict(full, layout, config, dtype)
         del full
         tmp = out_dir.with_name(f".{out_dir.name}.tmp")
         if tmp.exists():  # left by an export that died (check_export_target made sure it is one)

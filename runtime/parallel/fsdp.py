@@ -156,9 +156,14 @@ def apply_fsdp(
         return model
     policy = mixed_precision_policy(state, param_dtype, reduce_dtype)
     kwargs = dict(mesh=state.fsdp_mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    # Expert-parallel experts (DTensors on the ep mesh) shard further over the expert-data-parallel mesh.
-    for experts in [m for m in model.modules() if getattr(m, "ep_sharded", False)]:
-        fully_shard(experts, **{**kwargs, "mesh": state.expert_fsdp_mesh})
+    # Expert-parallel experts (DTensors on the ep mesh) shard further over the expert-data-parallel mesh. A wrapper
+    # flagged ep_sharded too (peft's LoRA of the experts' weights, runtime/train/lora.py) is sharded in their place,
+    # experts and adapter in one unit: gathered before the wrapper's forward reads them, not inside it.
+    units: list[str] = []
+    for name, module in model.named_modules():
+        if getattr(module, "ep_sharded", False) and not any(name.startswith(f"{unit}.") for unit in units):
+            units.append(name)
+            fully_shard(module, **{**kwargs, "mesh": state.expert_fsdp_mesh})
     for block in reversed(blocks):  # bottom-up, in case a block nests another
         fully_shard(block, **kwargs)
     root = kwargs

@@ -53,6 +53,7 @@ from runtime.rl.rewards import RewardError, RewardMix, build_rewards, reward_nam
 from runtime.rl.validate import CheckedRLInputs, check_rl_inputs
 from runtime.train.config import ConfigError
 from runtime.train.finite import check_mode, guard_update, micro_batches
+from runtime.train.schedule_keys import schedule_record
 
 __all__ = [
     "LogProbGapError",
@@ -428,7 +429,8 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
     start, skipped = 0, 0
     if inputs.resume_from is not None:
         saved = policy.checkpoint_module
-        start, skipped = resume(inputs.resume_from, saved, optimizer, scheduler, sampler, policy.identity)
+        schedule = schedule_record(config)
+        start, skipped = resume(inputs.resume_from, saved, optimizer, scheduler, sampler, policy.identity, schedule)
     logger = RLMetricsLogger(
         Path(config.log.dir), config.train.steps, state.rank == 0, "tensorboard" in config.log.report_to
     )
@@ -454,7 +456,12 @@ def save(run: RLRun, step: int) -> Path:
         run.policy.checkpoint_module,
         run.optimizer,
         run.scheduler,
-        {"step": step, "data": run.sampler.state_dict(), "skipped_nonfinite": run.skipped_nonfinite},
+        {
+            "step": step,
+            "data": run.sampler.state_dict(),
+            "skipped_nonfinite": run.skipped_nonfinite,
+            "schedule": schedule_record(run.config),
+        },
         identity=run.policy.identity,
         keep=ckpt.save_total_limit,
     )

@@ -41,10 +41,12 @@ from runtime.train.data import (
     load_text_processor,
 )
 from runtime.train.finite import check_mode, guard_update, micro_batches
+from runtime.train.lora import adapter_modules, add_text_lora, lora_identity
 from runtime.train.metrics import MetricsLogger, StepMetrics, detect_peak_tflops, flops_per_token
 from runtime.train.model import build_model
 from runtime.train.optim import build_optimizer, build_scheduler
 from runtime.train.precision import autocast_forward, fsdp_dtypes
+from runtime.train.schedule_keys import schedule_change, schedule_record
 from runtime.train.validate import CheckedInputs, check_inputs
 
 IGNORE_INDEX = -100
@@ -149,6 +151,8 @@ def build_text_job(config: RunConfig, state: ParallelState, inputs: CheckedInput
             shard_experts(model, state)
         except ValueError as exc:
             raise ConfigError(f"parallel.ep: {exc}") from None
+    # LoRA (runtime/train/lora.py): after EP, so the experts' adapters see their sharded weights; before FSDP
+    lora = add_text_lora(model, config, state) if config.lora.rank is not None else None
     if config.train.compile:  # per block, before FSDP2 and checkpointing wrap the blocks (runtime/train/compile.py)
         compile_blocks(model)
     precision = config.train.mixed_precision  # bf16: FSDP2's policy, or autocast in one process (precision.py)
@@ -160,15 +164,21 @@ def build_text_job(config: RunConfig, state: ParallelState, inputs: CheckedInput
     autocast_forward(model, precision, state)
 
     def export() -> None:
-        export_hf(
-            model,
-            mc,
-            Path(config.export.dir),
-            tokenizer=config.data.processor or processor,
-            overwrite=config.export.overwrite,
-        )
+        tokenizer, out = config.data.processor or processor, Path(config.export.dir)
+        if lora is None:
+            export_hf(model, mc, out, tokenizer=tokenizer, overwrite=config.export.overwrite)
+            what = "a plain-transformers checkpoint"
+        else:  # the adapter peft loads, or (fuse_lora) the merged plain checkpoint
+            from runtime.checkpoint.lora_export import export_lora
+
+            base_class, fuse = lookup(config.model.type).upstream_class(), config.export.fuse_lora
+            export_lora(
+                model, mc, out, lora, base_class, fuse=fuse, tokenizer=tokenizer, base_path=config.model.path,
+                overwrite=config.export.overwrite,
+            )  # fmt: skip
+            what = "a plain-transformers checkpoint (LoRA merged)" if fuse else "a peft LoRA adapter"
         if state.rank == 0:
-            print(f"exported a plain-transformers checkpoint to {config.export.dir}", flush=True)
+            print(f"exported {what} to {config.export.dir}", flush=True)
 
     return Job(
         model=model,
@@ -176,6 +186,9 @@ def build_text_job(config: RunConfig, state: ParallelState, inputs: CheckedInput
         forward_backward=lambda step: text_forward_backward(model, loader, state, config, names),
         flops_per_token=flops_per_token(mc.get_text_config(), config.data.token_budget),  # the LM's (a ViT's not)
         export=export,
+        # LoRA: checkpoints hold the adapter (and its optimizer state) only; the base comes from model.path or the seed
+        checkpoint_model=None if lora is None else adapter_modules(model),
+        identity=None if lora is None else lora_identity(config.model.type, mc, lora),
     )
 
 
@@ -201,7 +214,8 @@ def run_job(
     start_step, skipped = 0, 0
     ckpt = config.checkpoint
     if resume_from is not None:
-        start_step, skipped = resume(resume_from, saved, optimizer, scheduler, job.loader, identity)
+        schedule = schedule_record(config)
+        start_step, skipped = resume(resume_from, saved, optimizer, scheduler, job.loader, identity, schedule)
 
     logger = MetricsLogger(
         Path(config.log.dir),
@@ -226,7 +240,12 @@ def run_job(
                     saved,
                     optimizer,
                     scheduler,
-                    {"step": step, "data": job.loader.state_dict(), "skipped_nonfinite": skipped},
+                    {
+                        "step": step,
+                        "data": job.loader.state_dict(),
+                        "skipped_nonfinite": skipped,
+                        "schedule": schedule_record(config),
+                    },
                     identity=identity,
                     keep=ckpt.save_total_limit,
                 )
@@ -237,10 +256,13 @@ def run_job(
     return RunResult(metrics, start_step, list(skipped_checkpoints or []), model=job.model)
 
 
-def resume(path: Path, model, optimizer, scheduler, loader, identity: dict[str, Any]) -> tuple[int, int]:
+def resume(
+    path: Path, model, optimizer, scheduler, loader, identity: dict[str, Any], schedule: dict[str, Any] | None = None
+) -> tuple[int, int]:
     """Load the (already verified) checkpoint ``path`` into the run, refused before any weight is read when it was
-    saved from another model than ``identity``; (its step, the non-finite steps skipped up to it). Mismatches and
-    state this trainer did not write are user errors."""
+    saved from another model than ``identity``; (its step, the non-finite steps skipped up to it). Mismatches, a
+    changed learning-rate ``schedule`` (``runtime/train/schedule_keys.py``) and state this trainer did not write are
+    user errors."""
     try:
         extra = load_checkpoint(path, model, optimizer, scheduler, identity=identity, verify=False)
     except CheckpointError as exc:  # names the checkpoint
@@ -253,6 +275,9 @@ def resume(path: Path, model, optimizer, scheduler, loader, identity: dict[str, 
             raise ConfigError(f"checkpoint.resume: {path}: its extra.{key} is {value!r}, expected a whole number >= 0")
     if not isinstance(data, dict):
         raise ConfigError(f"checkpoint.resume: {path}: its extra.data (the data position) is {data!r}")
+    change = schedule_change(extra.get("schedule"), schedule, path, step) if schedule is not None else None
+    if change:
+        raise ConfigError(change)
     try:
         loader.load_state_dict(data)
     except (ValueError, TypeError, KeyError) as exc:

@@ -1,45 +1,88 @@
-"""LoRA through peft on a DiT transformer: adapters on the modules whose names match ``target_modules``, everything
-else frozen; and the adapter's weights in the forms an export needs (diffusers' LoRA keys, or merged weights).
+"""LoRA through peft: adapters on the modules whose names match ``target_modules`` (and on the parameters named in
+``target_parameters``), everything else frozen; the adapter's weights in the forms an export needs; and, under
+expert parallelism, the experts' adapters laid out so the grouped expert kernels read ``W + delta`` of their experts.
 
 ``target_modules`` follows peft: a list of names matches every module whose qualified name ends with one of them
 (``to_q`` matches ``blocks.0.attn1.to_q``; ``attn1.to_q`` only self-attention), a string is a regular expression that
 must match the whole qualified name. The adapter is named ``default``; its parameters are
 ``<module>.lora_A.default.weight`` / ``lora_B``, and the adapted module's own weight moves to
-``<module>.base_layer.weight``.
+``<module>.base_layer.weight``. ``null`` is the family's default: a DiT's attention projections
+(``DIT_TARGET_MODULES``), a text model's attention projections (``TEXT_TARGET_MODULES``; peft's own default for
+llama/qwen is ``q_proj, v_proj`` only), and for a vision-language or omni model the same projections of its language
+model only (a regular expression anchored at it: an audio encoder has ``q_proj`` too).
+
+``target_parameters`` (peft's name) adapts ``nn.Parameter`` s directly through peft's ``ParamWrapper``, e.g. the MoE
+experts' fused weights ``mlp.experts.gate_up_proj`` (E, 2I, H) and ``mlp.experts.down_proj`` (E, H, I): a rank-r
+adapter per expert. During the wrapper's forward peft registers a parametrization on the experts module, so
+``module.gate_up_proj`` reads ``W + scaling * B_e @ A_e``; our expert kernels (``runtime/moe/dispatch.py``) read the
+weights through that attribute, so eager, grouped and Triton kernels all see the adapted weights.
+
+Expert parallelism (``shard_expert_adapters``): the experts' adapters are *replicated* over the ep group, not split
+by expert. peft stores B of all experts as one (out, r*E) matrix whose column ``j*E + e`` belongs to expert ``e``,
+so an expert's columns are strided and no ``Shard`` placement splits them by expert (DCP cannot save the strided
+one); and the adapter is small, ``r * (in + out)`` per expert against ``in * out`` for the expert itself (under 2%
+at r=16 for Qwen3-30B-A3B's experts), and FSDP shards it at rest like any parameter. Each rank still computes only
+its own experts' delta: the factors are DTensors replicated on the ep mesh, the experts' weights DTensors sharded
+on it, and DTensor's batched matmul runs on the local experts' slices; in backward DTensor gathers the slices'
+gradients over the ep group, so every ep rank holds the whole adapter gradient of its group's tokens, which FSDP
+then sums over the expert-data-parallel mesh exactly as it does for the experts themselves.
 """
 
 from __future__ import annotations
 
+import re
+import warnings
 from typing import Any
 
 import torch
 
-from runtime.train.config import ConfigError, LoraConfig
+from runtime.checkpoint.identity import canonical, model_identity
+from runtime.train.config import ConfigError, LoraConfig, RunConfig
 
 __all__ = [
     "ADAPTER",
+    "DIT_TARGET_MODULES",
+    "TEXT_TARGET_MODULES",
+    "adapter_identity",
     "add_lora",
+    "add_text_lora",
     "adapter_modules",
     "lora_metadata",
     "lora_state_dict",
     "merged_state_dict",
     "peft_lora_config",
+    "lora_identity",
+    "shard_expert_adapters",
+    "text_default_targets",
 ]
 
 ADAPTER = "default"
 # ``lora.target_modules: null`` on a DiT: the attention projections every diffusers attention block has
 DIT_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
+# ... on a text, vision-language or omni model: its language model's attention projections
+TEXT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-def peft_lora_config(settings: LoraConfig, default_targets: tuple[str, ...] = DIT_TARGET_MODULES) -> Any:
+def text_default_targets(model: torch.nn.Module, language_model_only: bool) -> tuple[str, ...] | str:
+    """``lora.target_modules: null`` for a transformers model: the attention projections by name, or, for a model
+    with vision/audio towers (``language_model_only``), a regular expression that matches them under the language
+    model (``model.get_decoder()``) only."""
+    if not language_model_only:
+        return TEXT_TARGET_MODULES
+    decoder = model.get_decoder()
+    prefix = next(name for name, module in model.named_modules() if module is decoder)
+    return rf"{re.escape(prefix)}\..*\.({'|'.join(TEXT_TARGET_MODULES)})"
+
+
+def peft_lora_config(settings: LoraConfig, default_targets: tuple[str, ...] | str = DIT_TARGET_MODULES) -> Any:
     from peft import LoraConfig as PeftLoraConfig
 
     rank = settings.rank
-    targets = settings.target_modules if settings.target_modules is not None else list(default_targets)
+    targets = settings.target_modules if settings.target_modules is not None else default_targets
     return PeftLoraConfig(
         r=rank,
         lora_alpha=settings.alpha if settings.alpha is not None else rank,
-        target_modules=targets,
+        target_modules=targets if isinstance(targets, str) else list(targets),
         target_parameters=settings.target_parameters,
         lora_dropout=settings.dropout,
         bias="none",
@@ -47,19 +90,34 @@ def peft_lora_config(settings: LoraConfig, default_targets: tuple[str, ...] = DI
     )
 
 
-def add_lora(model: torch.nn.Module, settings: LoraConfig) -> Any:
-    """Inject the adapter into ``model`` in place, freeze everything but the adapter; returns the peft config."""
+def _shown(targets: Any) -> Any:
+    return sorted(targets) if isinstance(targets, set | list | tuple) else targets  # peft keeps a list as a set
+
+
+def add_lora(
+    model: torch.nn.Module, settings: LoraConfig, default_targets: tuple[str, ...] | str = DIT_TARGET_MODULES
+) -> Any:
+    """Inject the adapter into ``model`` in place, freeze everything but the adapter; returns the peft config.
+    A target that adapts nothing is a ``ConfigError`` naming its key."""
     from peft import inject_adapter_in_model
 
-    config = peft_lora_config(settings)
-    targets = config.target_modules  # peft keeps a list as a set
-    targets = sorted(targets) if isinstance(targets, set) else targets
+    config = peft_lora_config(settings, default_targets)
+    targets = _shown(config.target_modules)
     model.requires_grad_(False)
     try:
-        inject_adapter_in_model(config, model, adapter_name=ADAPTER)
-    except ValueError as exc:  # peft: no module matched target_modules
+        with warnings.catch_warnings():  # an unmatched target_parameters entry: refused below, in one line
+            warnings.filterwarnings("ignore", message=r"target_parameters=.* no parameter was matched")
+            inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    except ValueError as exc:  # peft: no module matched target_modules, or an option the adapter type refuses
         first = " ".join(str(exc).split())[:200]
-        raise ConfigError(f"lora.target_modules: {targets!r}: {first}") from None
+        if "lora_dropout" in first:
+            raise ConfigError(
+                f"lora.dropout: {settings.dropout}: peft adapts parameters (lora.target_parameters) without dropout; "
+                f"set lora.dropout: 0.0"
+            ) from None
+        key = "lora.target_modules" if targets else "lora.target_parameters"
+        raise ConfigError(f"{key}: {targets if targets else settings.target_parameters!r}: {first}") from None
+    _check_target_parameters(model, settings.target_parameters or [])
     trained = 0
     for name, param in model.named_parameters():
         param.requires_grad_(".lora_" in name)
@@ -67,6 +125,100 @@ def add_lora(model: torch.nn.Module, settings: LoraConfig) -> Any:
     if not trained:
         raise ConfigError(f"lora.target_modules: {targets!r} adapted no module")
     return config
+
+
+def _check_target_parameters(model: torch.nn.Module, wanted: list[str]) -> None:
+    """peft only warns about a ``target_parameters`` entry that matched nothing; here it is a user error."""
+    from peft.tuners.lora.layer import ParamWrapper
+
+    adapted = [
+        f"{name.replace('.base_layer', '')}.{module.parameter_name}"
+        for name, module in model.named_modules()
+        if isinstance(module, ParamWrapper)
+    ]
+    for entry in wanted:
+        if not any(key == entry or key.endswith(f".{entry}") for key in adapted):
+            candidates = _parameter_candidates(model)
+            hint = (
+                f"parameters it could adapt: {', '.join(candidates)}"
+                if candidates
+                else "the model has no parameter outside its Linear/Embedding/norm layers (MoE experts' fused "
+                "weights are what this key is for); adapt its layers with lora.target_modules"
+            )
+            raise ConfigError(f"lora.target_parameters: {entry!r} matched no parameter of the model; {hint}")
+
+
+def _parameter_candidates(model: torch.nn.Module, limit: int = 4) -> list[str]:
+    """Names (without the layer index) of the matrices held directly by modules that are not Linear/Embedding:
+    what ``target_parameters`` is for."""
+    names: set[str] = set()
+    for module_name, module in model.named_modules():
+        if isinstance(module, torch.nn.Linear | torch.nn.Embedding):
+            continue
+        for param_name, param in module.named_parameters(recurse=False):
+            if param.dim() >= 2:
+                qualified = f"{module_name}.{param_name}" if module_name else param_name
+                names.add(re.split(r"\.\d+\.", qualified)[-1])
+    return sorted(names)[:limit]
+
+
+def add_text_lora(model: torch.nn.Module, config: RunConfig, state: Any) -> Any:
+    """The adapter of a text, vision-language or omni model (the trainer's text job): after ``shard_experts`` (the
+    experts' adapters see their sharded weights) and before FSDP; returns the peft config."""
+    from runtime.models.registry import lookup
+
+    torch.manual_seed(config.model.seed)  # the adapter's initial A: identical on every rank, fresh or resumed
+    targets = text_default_targets(model, language_model_only=lookup(config.model.type).is_vlm)
+    peft_config = add_lora(model, config.lora, targets)
+    if state.ep_enabled:
+        shard_expert_adapters(model, state.ep_mesh["ep"])
+    return peft_config
+
+
+def lora_identity(model_type: str, model_config: Any, peft_config: Any) -> dict[str, Any]:
+    """A LoRA checkpoint's identity: the model's, with the adapter's settings under ``lora`` (a resume with another
+    rank, alpha or targets is refused as ``model.config.lora.<key>``)."""
+    return model_identity(model_type, {**canonical(model_config), "lora": adapter_identity(peft_config)})
+
+
+def adapter_identity(config: Any) -> dict[str, Any]:
+    """What a LoRA checkpoint's meaning depends on (recorded in its identity; a resume must match it): the
+    effective rank, alpha and targets of the peft ``config``."""
+    return {
+        "rank": config.r,
+        "alpha": config.lora_alpha,
+        "target_modules": _shown(config.target_modules),
+        "target_parameters": _shown(config.target_parameters) or None,
+    }
+
+
+def shard_expert_adapters(model: torch.nn.Module, ep_mesh: Any) -> int:
+    """Under expert parallelism, after ``shard_experts`` and ``add_lora``: the adapters of expert weights become
+    DTensors replicated on the 1-D ``ep_mesh`` (see the module docstring), and the outermost wrapper of each experts
+    module is flagged ``ep_sharded`` so that ``apply_fsdp`` shards it, experts and adapter together, over the
+    expert-data-parallel mesh (gathered before peft's forward reads them). Returns the number of wrappers."""
+    from peft.tuners.lora.layer import ParamWrapper
+    from torch.distributed.tensor import DTensor, Replicate
+
+    count, outer = 0, []
+    for name, wrapper in model.named_modules():
+        if not isinstance(wrapper, ParamWrapper) or not getattr(wrapper.get_base_layer(), "ep_sharded", False):
+            continue
+        if not isinstance(wrapper.get_param(), DTensor):
+            raise ConfigError(
+                f"lora.target_parameters: {name.replace('.base_layer', '')}.{wrapper.parameter_name} is not split "
+                f"by parallel.ep; under expert parallelism adapt only the experts' sharded weights"
+            )
+        for factors in (wrapper.lora_A, wrapper.lora_B):
+            for linear in factors.values():
+                local = linear.weight.detach()
+                replicated = DTensor.from_local(local, ep_mesh, [Replicate()], run_check=False)
+                linear.weight = torch.nn.Parameter(replicated, requires_grad=linear.weight.requires_grad)
+        if not any(name.startswith(f"{o}.") for o in outer):
+            outer.append(name)
+            wrapper.ep_sharded = True
+        count += 1
+    return count
 
 
 def adapter_modules(model: torch.nn.Module) -> torch.nn.Module:
@@ -98,7 +250,8 @@ def lora_state_dict(full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def merged_state_dict(full: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
     """A full state dict with the adapter merged into its base weights (``W + scaling * B @ A``, in float32 and cast
-    back), under the plain model's key names."""
+    back), under the plain model's key names. Linear adapters only (a DiT's); transformers models merge through
+    peft (``runtime/checkpoint/export.py``), which also merges adapted parameters."""
     out: dict[str, torch.Tensor] = {}
     for key, value in full.items():
         if ".lora_A." in key or ".lora_B." in key:

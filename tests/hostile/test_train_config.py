@@ -109,6 +109,24 @@ NUMBER_CASES = [
     ("model.attn_implementation", {"model": {"attn_implementation": "spda"}}, ("did you mean 'sdpa'",)),
     ("model.attn_implementation", {"model": {"attn_implementation": "ulysses_sdpa"}}, ("sdpa", "eager")),
     ("model.attn_implementation", {"model": {"attn_implementation": "flash_attention_2"}}, ("flash_attn",)),
+    ("train.steps", {"train": {"steps": 0}}, ("positive", "found 0")),
+    ("train.micro_batches", {"train": {"micro_batches": -2}}, ("positive",)),
+    ("data.token_budget", {"data": {"token_budget": 0}}, ("positive",)),
+    ("log.interval", {"log": {"interval": 0}}, ("positive",)),
+    ("checkpoint.save_total_limit", {"checkpoint": {"save_total_limit": 0}}, ("positive",)),
+    ("checkpoint.interval", {"checkpoint": {"interval": -1}}, ("negative",)),
+    ("optim.warmup_steps", {"optim": {"warmup_steps": -1}}, ("negative",)),
+    ("optim.max_grad_norm", {"optim": {"max_grad_norm": -1.0}}, ("negative",)),
+    ("optim.lr", {"optim": {"lr": -1e-3}}, ("negative",)),
+    ("optim.name", {"optim": {"name": "adamw"}}, ("adamw_torch", "did you mean")),
+    ("optim.lr_scheduler_type", {"optim": {"lr_scheduler_type": "cosin"}}, ("did you mean 'cosine'",)),
+    ("train.mixed_precision", {"train": {"mixed_precision": "fp16"}}, ("auto, bf16, fp32",)),
+    ("log.report_to", {"log": {"report_to": ["wandbb"]}}, ("report_to[0]", "did you mean 'wandb'")),
+    ("lora.rank", {"lora": {"rank": 0}}, ("positive",)),
+    ("lora.alpha", {"lora": {"alpha": -8}}, ("positive",)),
+    ("lora.dropout", {"lora": {"dropout": 1.5}}, ("[0, 1]",)),
+    ("eval.every_steps", {"eval": {"every_steps": -1}}, ("negative",)),
+    ("eval.max_batches", {"eval": {"max_batches": 0}}, ("positive",)),
 ]
 
 
@@ -156,6 +174,86 @@ def test_numbers_inside_model_config_and_dit_condition_are_finite(tmp_path: Path
 def test_dit_attention_backend_is_a_known_one(tmp_path: Path, nothing_built) -> None:
     raw = _dit_config(tmp_path, model={"attn_implementation": "flsh"})
     _check(raw, tmp_path, "model.attn_implementation", "did you mean 'flash'")
+
+
+def test_dit_attention_backends_are_those_of_diffusers() -> None:
+    """The list the config is checked against without importing diffusers (and torch) is diffusers' own enum."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    from runtime.train.config import DIFFUSERS_ATTENTION_BACKENDS
+
+    assert list(DIFFUSERS_ATTENTION_BACKENDS) == [b.value for b in AttentionBackendName]
+
+
+def test_dit_validation_and_sampling_numbers_are_range_checked(tmp_path: Path, nothing_built) -> None:
+    raw = _dit_config(tmp_path, validation={"prompts": ["a cat"], "num_inference_steps": 0})
+    _check(raw, tmp_path, "validation.num_inference_steps", "positive")
+    raw = _dit_config(tmp_path, validation={"prompts": ["a cat"], "guidance_scale": -1.0})
+    _check(raw, tmp_path, "validation.guidance_scale", "positive")
+    _check(_dit_config(tmp_path, dit={"ema_decay": 1.0}), tmp_path, "dit.ema_decay", "(0, 1)")
+
+
+def test_model_config_keys_read_from_source_are_those_of_the_imported_classes() -> None:
+    """For every registered transformers model type, the keys (and sub-configs) read from transformers' source
+    without importing it equal those found on the imported config class (``known_config_keys``)."""
+    from transformers import CONFIG_MAPPING
+
+    from runtime.models.registry import REGISTRY
+    from runtime.train.config_source import static_config_keys
+    from runtime.train.model_keys import imported_config_keys
+
+    checked = 0
+    for model_type, entry in sorted(REGISTRY.items()):
+        if entry.family == "dit":
+            assert static_config_keys(model_type) is None  # diffusers models: model.config is refused for DiTs
+            continue
+        static, imported = static_config_keys(model_type), imported_config_keys(CONFIG_MAPPING[model_type])
+        assert static is not None, model_type
+        assert (static.name, static.keys) == (imported.name, imported.keys), (model_type, static.keys ^ imported.keys)
+        assert static.sub_configs == imported.sub_configs, model_type
+        checked += 1
+    assert checked >= 8
+
+
+RENAMED_CASES = [
+    ("optim.grad_clip", {"optim": {"grad_clip": 1.0}}, "optim.max_grad_norm"),
+    ("checkpoint.keep", {"checkpoint": {"keep": 3}}, "checkpoint.save_total_limit"),
+    ("log.tensorboard", {"log": {"tensorboard": True}}, "log.report_to (a list: [tensorboard])"),
+]
+
+
+@pytest.mark.parametrize(("key", "change", "new"), RENAMED_CASES, ids=[c[0] for c in RENAMED_CASES])
+def test_old_key_names_are_refused_with_the_new_name(tmp_path: Path, nothing_built, key, change, new) -> None:
+    _check(run_config(tmp_path, **change), tmp_path, key, f"renamed to {new}")
+
+
+def test_old_dit_lora_section_is_refused_with_the_new_one(tmp_path: Path, nothing_built) -> None:
+    raw = _dit_config(tmp_path, dit={"lora": {"rank": 4}})
+    _check(raw, tmp_path, "dit.lora", "renamed to lora (a top-level section")
+
+
+def test_every_error_of_a_config_is_one_line_each(tmp_path: Path, nothing_built) -> None:
+    """Errors in several sections and inside model.config are all reported, in the order of their lines."""
+    raw = run_config(tmp_path, optim={"lr": math.nan, "min_lr_ratio": 2}, train={"stepz": 3})
+    raw["model"]["config"].update(hiden_size=64, num_attention_heads=0)
+    raw["log"]["tensorbord"] = True
+    code, stderr = run_main(raw, tmp_path)
+    text = (tmp_path / "run.yaml").read_text()
+    lines = stderr.strip().splitlines()
+    expected = {
+        "model.config.hiden_size": "did you mean 'hidden_size'",
+        "model.config.num_attention_heads": "[1, 1048576]",
+        "optim.lr": "finite",
+        "optim.min_lr_ratio": "[0, 1]",
+        "train.stepz": "did you mean train.steps",
+        "log.tensorbord": "did you mean log.tensorboard",
+    }
+    assert code == 2 and len(lines) == len(expected), stderr
+    for key, words in expected.items():
+        prefix = f"error: {tmp_path / 'run.yaml'}:{_key_line(text, key)}: {key}"
+        assert any(line.startswith(prefix) and words in line for line in lines), (key, stderr)
+    numbers = [int(line.split(":")[2]) for line in lines]
+    assert numbers == sorted(numbers)
 
 
 # ------------------------------------------------------------------------------------------------- model sizes
@@ -225,6 +323,8 @@ def test_output_dirs_that_are_files_are_refused_up_front(tmp_path: Path, nothing
     ]
     for key, raw in cases:
         _check(raw, tmp_path, key, str(blocker), "not a directory")
+    _check(run_config(tmp_path, export={"dir": str(blocker)}), tmp_path, "export.dir", str(blocker))
+    _check(run_config(tmp_path, export={"dir": str(blocker), "overwrite": True}), tmp_path, "export.dir", str(blocker))
     assert blocker.read_text() == "mine"
 
 

@@ -1,0 +1,385 @@
+"""The command line of the run entry points as a user meets it (issue 21 A, E): ``--help`` and a bad config answered
+in under 2 s without importing torch, dotted overrides checked like file values, every config error at once, the
+launcher (``python -m runtime.train --nproc-per-node 2 cfg.yaml``) and plain torchrun saying a config error once,
+and a resume under a changed learning-rate schedule refused.
+
+Times are wall-clock times of a fresh interpreter (``python -m ...``), measured on the shared 2-core test machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.train.common import run_config
+
+ROOT = Path(__file__).resolve().parents[2]
+FAST = 2.0  # seconds: --help and a bad config, interpreter start included
+ENTRY_POINTS = ["runtime.train", "runtime.train.prepare", "runtime.rl", "runtime.demo"]
+
+# Runs ``python -m <module> <args>`` in this interpreter (runpy, as -m does) and reports the exit code and whether
+# any torch module was imported.
+_PROBE = """
+import runpy, sys
+module, args = sys.argv[1], sys.argv[2:]
+sys.argv = [module, *args]
+try:
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    code = 0
+except SystemExit as exc:
+    code = exc.code if isinstance(exc.code, int) else 1
+torch = [m for m in sys.modules if m == "torch" or m.startswith("torch.")]
+print(f"PROBE {code} torch={len(torch)}", file=sys.stderr)
+"""
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def _probe(module: str, *args: str) -> tuple[int, str, list[str], float]:
+    """(exit code, stdout, stderr lines without the probe's, wall seconds); asserts torch was not imported."""
+    started = time.perf_counter()
+    run = subprocess.run(
+        [sys.executable, "-c", _PROBE, module, *args], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60
+    )
+    elapsed = time.perf_counter() - started
+    lines = run.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("PROBE "), run.stderr
+    code, torch = lines[-1].split()[1:]
+    assert torch == "torch=0", f"{module} {args} imported torch"
+    return int(code), run.stdout, lines[:-1], elapsed
+
+
+def _main(argv: list[str]) -> tuple[int, list[str]]:
+    """``python -m runtime.train argv`` in this process: exit code and stderr lines."""
+    import torch
+
+    from runtime.parallel.state import set_parallel_state
+    from runtime.train.__main__ import main
+
+    err = io.StringIO()
+    with torch.random.fork_rng(devices=[]), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        finally:
+            set_parallel_state(None)
+    return code, err.getvalue().strip().splitlines()
+
+
+def _write(path: Path, raw: dict | str) -> Path:
+    path.write_text(raw if isinstance(raw, str) else yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _metrics(log_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# --------------------------------------------------------------------------------------------------------- --help
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_help_answers_in_under_2s_without_torch(module: str) -> None:
+    code, out, err, elapsed = _probe(module, "--help")
+    assert code == 0 and not err, err
+    assert out.startswith("usage: python -m " + module), out[:200]
+    assert elapsed < FAST, f"{module} --help took {elapsed:.2f} s"
+
+
+def test_help_holds_the_config_reference_and_the_command_line() -> None:
+    _, out, _, _ = _probe("runtime.train", "--help")
+    for needle in ("--section.key=VALUE", "--nproc-per-node", "max_grad_norm", "lr_scheduler_type", "report_to"):
+        assert needle in out, needle
+    _, out, _, _ = _probe("runtime.train.prepare", "-h")
+    assert "data.cache" in out and "cache: null" in out
+    _, out, _, _ = _probe("runtime.rl", "cfg.yaml", "--help")  # --help anywhere
+    assert "algorithm: flowgrpo" in out and "advantage_std_ddof" in out
+
+
+def test_demo_help_does_not_start_the_demo() -> None:
+    code, out, err, elapsed = _probe("runtime.demo", "--help")
+    assert code == 0 and "== 1." not in out and "regenerate" in out, out
+    assert elapsed < FAST
+    code, out, err, _ = _probe("runtime.demo", "--fast")
+    assert code == 2 and "== 1." not in out and len(err) == 1 and "takes no arguments" in err[0], err
+
+
+# --------------------------------------------------------------------------------------------- every error at once
+
+THREE_ERRORS = """\
+model:
+  type: qwen3
+  config:
+    hiden_size: 64
+data:
+  path: data.jsonl
+  tokenizer: tok
+optim:
+  lr: .inf
+log:
+  tensorbord: true
+"""
+
+
+@pytest.mark.parametrize("module", ["runtime.train", "runtime.train.prepare"])
+def test_three_errors_are_listed_at_once_in_under_2s(module: str, tmp_path: Path) -> None:
+    path = _write(tmp_path / "bad.yaml", THREE_ERRORS)
+    code, _, err, elapsed = _probe(module, str(path))
+    assert code == 2, err
+    assert err == [
+        f"error: {path}:4: model.config.hiden_size: unknown key for Qwen3Config; did you mean 'hidden_size'?",
+        f"error: {path}:9: optim.lr: must be a finite number, found inf",
+        f"error: {path}:11: log.tensorbord: unknown key; did you mean log.tensorboard, now log.report_to (a list: "
+        "[tensorboard])? (expected one of dir, interval, report_to, project, run_name, peak_tflops, progress)",
+    ], err
+    assert elapsed < FAST, f"{elapsed:.2f} s"
+
+
+def test_rl_config_errors_are_listed_at_once_without_torch(tmp_path: Path) -> None:
+    raw = {
+        "algorithm": "flowgrpo",
+        "model": {"type": "flux", "path": "pipe"},
+        "data": {"prompts": "p.txt", "prompts_per_step": 0},
+        "sampling": {"height": 64, "width": 64, "true_cfg_scale": 0.5},
+        "rewards": [{"callable": "m:f"}],
+        "optim": {"lrr": 1.0},
+        "flowgrpo": {"group_size": 1},
+    }
+    path = _write(tmp_path / "rl.yaml", raw)
+    code, _, err, elapsed = _probe("runtime.rl", str(path))
+    assert code == 2 and len(err) == 4, err
+    assert [line.split(": ")[2] for line in err] == [
+        "data.prompts_per_step",
+        "sampling.true_cfg_scale",
+        "optim.lrr",
+        "flowgrpo.group_size",
+    ], err
+    assert "did you mean optim.lr?" in err[2]
+    assert elapsed < FAST
+
+
+def test_yaml_exponent_floats_read_as_numbers(tmp_path: Path) -> None:
+    """``lr: 1e-4`` is a float (YAML 1.2); PyYAML's YAML 1.1 default reads it as the string '1e-4'."""
+    from runtime.train.config import load_config
+
+    text = yaml.safe_dump(run_config(tmp_path)).replace("lr: 0.003", "lr: 1e-4")
+    assert "lr: 1e-4" in text
+    assert load_config(_write(tmp_path / "run.yaml", text)).optim.lr == 1e-4
+
+
+# --------------------------------------------------------------------------------------------------- overrides
+
+OVERRIDE_ERRORS = [
+    (["--train.steps=0"], "override --train.steps: must be positive, found 0"),
+    (["--optim.lr", ".nan"], "override --optim.lr: must be a finite number, found nan"),
+    (["--optim.lr=fast"], "override --optim.lr: expected float, found str 'fast'"),
+    (["--optim.lrr=1e-4"], "override --optim.lrr: unknown key; did you mean optim.lr?"),
+    (["--model.config.hiden_size=8"], "override --model.config.hiden_size: unknown key for Qwen3Config; did you mean"),
+    (["--log.report_to=[tensorbord]"], "override --log.report_to: log.report_to[0]: unknown value 'tensorbord'"),
+    (["--optim.grad_clip=1"], "override --optim.grad_clip: renamed to optim.max_grad_norm"),
+    (["--optim.lr.value=1"], "override --optim.lr.value: optim.lr is a float, not a section"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), OVERRIDE_ERRORS, ids=[a[0] for a, _ in OVERRIDE_ERRORS])
+def test_overrides_are_checked_like_file_values(args: list[str], message: str, tmp_path: Path) -> None:
+    path = _write(tmp_path / "run.yaml", run_config(tmp_path))
+    code, err = _main([str(path), *args])
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: " + message), err
+
+
+def test_override_errors_come_with_the_file_errors(tmp_path: Path) -> None:
+    raw = run_config(tmp_path, optim={"lr": float("inf")})
+    path = _write(tmp_path / "run.yaml", raw)
+    code, err = _main([str(path), "--train.steps", "-1"])
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if text.strip().startswith("lr:"))
+    assert code == 2 and err == [
+        f"error: {path}:{line}: optim.lr: must be a finite number, found inf",
+        "error: override --train.steps: must be positive, found -1",
+    ], err
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["train.steps=3"], "expected an override --section.key=value"),
+        (["--train.steps"], "expected a value"),
+        (["--train..steps=3"], "names a dotted key"),
+        (["--optim.betas=[0.9"], "not a YAML value"),
+    ],
+)
+def test_malformed_overrides_are_usage_errors(args: list[str], words: str, tmp_path: Path) -> None:
+    path = _write(tmp_path / "run.yaml", run_config(tmp_path))
+    code, err = _main([str(path), *args])
+    assert code == 2 and len(err) == 1 and words in err[0] and "usage: python -m runtime.train" in err[0], err
+
+
+def test_an_override_changes_the_run_as_the_same_value_in_the_file(tmp_path: Path) -> None:
+    """``--train.steps=2 --optim.lr 1e-3`` over a file asking for 5 steps at 3e-3 trains exactly as a file saying
+    2 steps at 1e-3."""
+    by_override = _write(
+        tmp_path / "a.yaml", run_config(tmp_path, log={"dir": str(tmp_path / "a"), "progress": False})
+    )
+    code, err = _main([str(by_override), "--train.steps=2", "--optim.lr", "1e-3"])
+    assert code == 0, err
+    in_file = run_config(tmp_path, log={"dir": str(tmp_path / "b"), "progress": False})
+    in_file["train"]["steps"], in_file["optim"]["lr"] = 2, 1e-3
+    code, err = _main([str(_write(tmp_path / "b.yaml", in_file))])
+    assert code == 0, err
+    overridden, reference = _metrics(tmp_path / "a"), _metrics(tmp_path / "b")
+    assert [m["step"] for m in overridden] == [1, 2]
+    assert [(m["loss"], m["lr"]) for m in overridden] == [(m["loss"], m["lr"]) for m in reference]
+
+
+# ------------------------------------------------------------------------------------------ launcher and torchrun
+
+
+def test_launcher_flags_are_torchruns() -> None:
+    """The launcher options that take no value, listed so that the command line parses without importing torch,
+    are torchrun's own (minus those naming what to run, which the command sets)."""
+    from torch.distributed.run import get_args_parser
+
+    from runtime.cli import _NOT_LAUNCHER, LAUNCHER_FLAGS
+
+    flags = {
+        option
+        for action in get_args_parser()._actions
+        if action.nargs == 0 and action.dest != "help"
+        for option in action.option_strings
+    }
+    assert flags - set(_NOT_LAUNCHER) == set(LAUNCHER_FLAGS)
+
+
+def test_launcher_with_a_bad_config_starts_no_rank(tmp_path: Path) -> None:
+    path = _write(tmp_path / "bad.yaml", run_config(tmp_path, train={"steps": 0}))
+    code, _, err, elapsed = _probe("runtime.train", "--nproc-per-node", "2", str(path))
+    assert code == 2 and len(err) == 1 and "train.steps: must be positive, found 0" in err[0], err
+    assert elapsed < FAST, f"{elapsed:.2f} s"
+    code, _, err, _ = _probe("runtime.rl", "--nproc-per-node=2", "--standalone", str(path))
+    assert code == 2 and len(err) == 1 and "algorithm: required key missing" in err[0], err
+    code, _, err, _ = _probe("runtime.train", "--nproc-per-node", "2", "-m", str(path))
+    assert code == 2 and len(err) == 1 and "-m: the command sets what the ranks run" in err[0], err
+
+
+@pytest.mark.dist
+def test_plain_torchrun_prints_a_config_error_once(tmp_path: Path) -> None:
+    """Every rank finds the error and exits 2; rank 0 prints it. torchrun itself then adds its ChildFailedError
+    report (a traceback and a failure summary) and exits 1: that part is torchrun's (docs/training.md)."""
+    path = _write(tmp_path / "bad.yaml", run_config(tmp_path, train={"steps": 0}))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    run = subprocess.run(
+        [str(torchrun), "--nproc-per-node", "2", "-m", "runtime.train", str(path)],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    ours = [line for line in run.stderr.splitlines() if line.startswith("error: ")]
+    assert ours == [f"error: {path}:{_line(path, 'steps')}: train.steps: must be positive, found 0"], run.stderr
+    assert run.returncode == 1 and "ChildFailedError" in run.stderr and "exitcode  : 2" in run.stderr
+    assert f'File "{ROOT / "runtime"}' not in run.stderr  # the traceback is torchrun's, no frame is ours
+
+
+def _line(path: Path, key: str) -> int:
+    return next(n for n, text in enumerate(path.read_text().splitlines(), 1) if text.strip().startswith(f"{key}:"))
+
+
+@pytest.mark.dist
+def test_launcher_trains_a_good_config_on_two_ranks(tmp_path: Path) -> None:
+    path = _write(tmp_path / "run.yaml", run_config(tmp_path))
+    run = subprocess.run(
+        [sys.executable, "-m", "runtime.train", "--nproc-per-node", "2", str(path), "--train.steps=2"],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "error" not in run.stderr.lower(), run.stderr[-3000:]
+    metrics = _metrics(tmp_path / "log")
+    assert [m["step"] for m in metrics] == [1, 2] and all(m["loss"] > 0 for m in metrics)
+
+
+@pytest.mark.dist
+def test_launcher_says_a_failed_rank_in_one_line_with_its_exit_code() -> None:
+    code = (
+        "import sys; from runtime.cli import launch; "
+        "sys.exit(launch('tests.train.rank_exit', ['--nproc-per-node', '2'], ['3']))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 3, run.stderr
+    assert run.stderr.strip().splitlines() == [
+        "error: rank 1 exited with code 3 (its output is above); the launcher stopped the other 1 rank(s)"
+    ], run.stderr
+
+
+# ------------------------------------------------------------------------------------------------------- resume
+
+
+def test_resume_under_a_changed_schedule_is_refused(tmp_path: Path) -> None:
+    """Four steps with checkpoints at 2 and 4. Resuming with more steps, or another lr, is one line naming the key
+    and both values (exit 2); resuming step 2 with the same schedule reproduces steps 3-4 bitwise; resuming with
+    train.steps at the checkpoint's step trains nothing (how a checkpoint's weights are exported)."""
+    ckpt = tmp_path / "ckpt"
+
+    def config(name: str, **sections) -> Path:
+        raw = run_config(
+            tmp_path,
+            train={"steps": 4},
+            checkpoint={"dir": str(ckpt), "interval": 2},
+            log={"dir": str(tmp_path / name), "progress": False},
+        )
+        for section, values in sections.items():
+            raw[section] = {**raw[section], **values}
+        return _write(tmp_path / f"{name}.yaml", raw)
+
+    code, err = _main([str(config("straight"))])
+    assert code == 0, err
+    straight = _metrics(tmp_path / "straight")
+
+    path = config("more")
+    code, err = _main([str(path), "--train.steps=6"])
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: override --train.steps: 6 here, 4 in checkpoint {ckpt / 'step_000004'}"), err
+    assert "Set train.steps: 4 to resume" in err[0] and "checkpoint.resume: null" in err[0], err
+
+    step2 = str(ckpt / "step_000002")
+    path = config("lr", optim={"lr": 1e-3}, checkpoint={"resume": step2})
+    code, err = _main([str(path)])
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: {path}:{_line(path, 'lr')}: optim.lr: 0.001 here, 0.003 in checkpoint"), err
+
+    code, err = _main([str(config("resumed", checkpoint={"resume": step2}))])
+    assert code == 0, err
+    resumed = _metrics(tmp_path / "resumed")
+    assert [m["step"] for m in resumed] == [3, 4]
+    for got, ref in zip(resumed, straight[2:], strict=True):
+        assert (got["loss"], got["grad_norm"], got["lr"]) == (ref["loss"], ref["grad_norm"], ref["lr"])
+
+    code, err = _main([str(config("export-only", train={"steps": 2}, checkpoint={"resume": step2}))])
+    assert code == 0, err
+
+
+def test_resume_of_a_checkpoint_that_is_gone_names_those_there(tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    raw = run_config(tmp_path, train={"steps": 2}, checkpoint={"dir": str(ckpt), "interval": 1, "save_total_limit": 1})
+    assert _main([str(_write(tmp_path / "a.yaml", raw))])[0] == 0
+    raw["checkpoint"]["resume"] = str(ckpt / "step_000001")  # removed by save_total_limit: 1
+    code, err = _main([str(_write(tmp_path / "b.yaml", raw))])
+    assert code == 2 and len(err) == 1, err
+    assert re.search(r"checkpoint\.resume: .*step_000001 does not exist \(checkpoints in .*: step_000002\)", err[0])
