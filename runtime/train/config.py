@@ -871,6 +871,11 @@ def _check_dit(config: RunConfig) -> None:
     ema = config.dit.ema_decay
     if ema is not None and not 0.0 < ema < 1.0:
         raise ConfigError(f"dit.ema_decay: expected a number in (0, 1) (e.g. 0.999), found {ema}")
+    if config.eval != EvalConfig():  # runtime/train/evaluate.py: text, VLM and omni models only
+        raise ConfigError(
+            f"eval: an eval-loss set is for text, VLM and omni models; for the DiT {kind!r} use validation "
+            f"(sample images/videos from the current weights)"
+        )
 
 
 def _check_not_dit(config: RunConfig) -> None:
@@ -885,3 +890,6 @@ def _check_not_dit(config: RunConfig) -> None:
         raise ConfigError(
             f"validation: sample generation is for diffusion transformers; {kind!r} is not one (an eval loss: eval)"
         )
+    for key in ("every_steps", "max_batches"):  # without a file they would be silently ignored
+        if config.eval.path is None and getattr(config.eval, key) != getattr(EvalConfig(), key):
+            raise ConfigError(f"eval.{key}: set eval.path (the held-out file) or remove eval.{key}")

@@ -76,29 +76,35 @@ def check_vocab(model: torch.nn.Module, processor: Any) -> None:
 
 
 def build_loader(
-    config: RunConfig, state: ParallelState, model: torch.nn.Module, processor: Any, samples: list[LocatedSample]
+    config: RunConfig,
+    state: ParallelState,
+    model: torch.nn.Module,
+    processor: Any,
+    samples: list[LocatedSample],
+    shuffle: bool = True,
 ):
     """Packed rows for this rank's DP position: ``PackedLoader`` (text) or ``MultimodalPackedLoader`` (VLM), from the
-    samples ``check_data`` read. A sample that fails to tokenize (e.g. an image that does not decode) or a data set
-    with nothing usable is a ``ConfigError`` naming the file (and line)."""
+    samples ``check_data`` read (``shuffle=False``: in file order, as the eval set). A sample that fails to tokenize
+    (e.g. an image that does not decode) or a data set with nothing usable is a ``ConfigError`` naming the file (and
+    line)."""
     budget, seed = config.data.token_budget, config.data.seed
     try:
         if not is_vlm(config):
             tokenized = tokenize_samples([s.sample for s in samples], processor)
-            return PackedLoader.for_parallel_state(tokenized, budget, state, seed=seed)
+            return PackedLoader.for_parallel_state(tokenized, budget, state, seed=seed, shuffle=shuffle)
         if is_omni(config):
             from runtime.data.omni import tokenize_omni
             from runtime.data.omni_packing import OmniPackedLoader
 
             fn = type(model).get_position_id_func(model.config)
             omni = [_tokenize_one(tokenize_omni, s, processor, fn, model.config) for s in samples]
-            return OmniPackedLoader.for_parallel_state(omni, budget, state, seed=seed)
+            return OmniPackedLoader.for_parallel_state(omni, budget, state, seed=seed, shuffle=shuffle)
         from runtime.data.multimodal import tokenize_multimodal
         from runtime.data.multimodal_loader import MultimodalPackedLoader
 
         position_ids = type(model).get_position_id_func(model.config)
         tokenized = [_tokenize_one(tokenize_multimodal, s, processor, position_ids) for s in samples]
-        return MultimodalPackedLoader.for_parallel_state(tokenized, budget, state, seed=seed)
+        return MultimodalPackedLoader.for_parallel_state(tokenized, budget, state, seed=seed, shuffle=shuffle)
     except ValueError as exc:  # nothing usable within the budget
         raise ConfigError(f"data.path: {config.data.path}: {exc} (data.token_budget is {budget})") from None
 

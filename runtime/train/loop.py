@@ -12,6 +12,7 @@ summed over all ranks (FSDP configured to sum) are exactly the gradients of the 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from runtime.train.data import (
     is_dit,
     load_text_processor,
 )
+from runtime.train.evaluate import TextEvaluator, build_eval_loader, eval_due, read_eval_samples
 from runtime.train.finite import check_mode, guard_update, micro_batches
 from runtime.train.lora import adapter_modules, add_text_lora, lora_identity
 from runtime.train.metrics import MetricsLogger, StepMetrics, detect_peak_tflops, flops_per_token
@@ -88,6 +90,7 @@ class Job:
     # What checkpoints record and a resume must match (``runtime/checkpoint/identity.py``); default: model.type and
     # the config of ``model``.
     identity: dict[str, Any] | None = None
+    evaluate: Callable[[], float] | None = None  # the eval set's loss now (``runtime/train/evaluate.py``); collective
 
 
 def setup_parallel(config: RunConfig) -> ParallelState:
@@ -136,6 +139,7 @@ def train(config: RunConfig) -> RunResult:
 
 def build_text_job(config: RunConfig, state: ParallelState, inputs: CheckedInputs) -> Job:
     """Text and vision-language models: tokenizer/processor, the generated model, packed rows, EP/FSDP."""
+    eval_samples = read_eval_samples(config)  # the held-out file checked before the model is built
     processor = load_text_processor(config)  # a tokenizer, or a VLM's processor
     model = build_model(config.model, fixed_model_config(config, processor))
     mc = model.config
@@ -180,10 +184,15 @@ def build_text_job(config: RunConfig, state: ParallelState, inputs: CheckedInput
         if state.rank == 0:
             print(f"exported {what} to {config.export.dir}", flush=True)
 
+    evaluate = None
+    if eval_samples is not None:
+        eval_loader = build_eval_loader(config, model, processor, eval_samples)
+        evaluate = TextEvaluator(model, eval_loader, state, config, device)
     return Job(
         model=model,
         loader=loader,
         forward_backward=lambda step: text_forward_backward(model, loader, state, config, names),
+        evaluate=evaluate,
         flops_per_token=flops_per_token(mc.get_text_config(), config.data.token_budget),  # the LM's (a ViT's not)
         export=export,
         # LoRA: checkpoints hold the adapter (and its optimizer state) only; the base comes from model.path or the seed
@@ -231,6 +240,8 @@ def run_job(
     try:
         for step in range(start_step + 1, config.train.steps + 1):
             metrics.append(train_step(step, job, optimizer, scheduler, state, config, peak, skipped))
+            if job.evaluate is not None and eval_due(config, step):
+                metrics[-1] = dataclasses.replace(metrics[-1], eval_loss=job.evaluate())
             skipped = metrics[-1].skipped_nonfinite
             logger.log(metrics[-1], echo=step % config.log.interval == 0 or step == config.train.steps)
             if ckpt.interval and step % ckpt.interval == 0:

@@ -53,6 +53,7 @@ class StepMetrics:
     tflops_per_device: float
     mfu: float | None
     skipped_nonfinite: int = 0  # steps of the run so far whose update was skipped (train.nonfinite: skip)
+    eval_loss: float | None = None  # the eval set's loss after this step (runtime/train/evaluate.py), if measured
 
 
 class MetricsLogger:
