@@ -4,8 +4,10 @@ compared before a resume reads a single weight.
 DCP loads by key and ignores keys the model does not ask for, so the weights of another model can load without an
 error: a qwen3 checkpoint resumed as llama fills llama's weights (a subset of qwen3's) and drops q_norm/k_norm;
 a checkpoint of the same shapes with another config (rope_theta, rms_norm_eps) loads and means something else.
-An identity is JSON data ``{"type": model_type, "config": canonical config}``; two are the same model when they are
-equal, and their differences are named as dotted keys (``model.type``, ``model.config.rope_parameters.rope_theta``).
+An identity is JSON data ``{"type": model_type, "config": canonical config}``, plus ``"lora"`` (the adapter's rank,
+alpha and targets) for a LoRA run, whose checkpoint holds only an adapter that means nothing under other settings; two
+are the same model when they are equal, and their differences are named as dotted keys (``model.type``,
+``model.config.rope_parameters.rope_theta``, ``lora.rank``).
 """
 
 from __future__ import annotations
@@ -50,9 +52,13 @@ def canonical(value: Any) -> Any:
     return str(value)
 
 
-def model_identity(model_type: str, config: Any) -> dict[str, Any]:
-    """The identity a checkpoint records: ``model_type`` and ``config`` (a transformers config or a mapping)."""
-    return {"type": str(model_type), "config": canonical(config)}
+def model_identity(model_type: str, config: Any, lora: Any = None) -> dict[str, Any]:
+    """The identity a checkpoint records: ``model_type`` and ``config`` (a transformers config or a mapping), and a
+    LoRA run's adapter settings ``lora`` (a mapping)."""
+    identity = {"type": str(model_type), "config": canonical(config)}
+    if lora is not None:
+        identity["lora"] = canonical(lora)
+    return identity
 
 
 def module_identity(module: Any) -> dict[str, Any]:
@@ -86,11 +92,12 @@ def _differences(saved: Any, current: Any, prefix: str) -> list[str]:
 def identity_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """The dotted keys where two identities differ (``model.type`` first), empty when they are the same model."""
     out = [] if saved["type"] == current["type"] else ["model.type"]
-    return out + _differences(saved["config"], current["config"], "model.config")
+    out += _differences(saved["config"], current["config"], "model.config")
+    return out + _differences(saved.get("lora"), current.get("lora"), "lora")
 
 
 def _value_at(identity: dict[str, Any], dotted: str) -> Any:
-    node: Any = {"model": identity}
+    node: Any = {"model": identity, "lora": identity.get("lora")}
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
             return "(absent)"
@@ -107,7 +114,8 @@ def mismatch_message(checkpoint: Any, saved: dict[str, Any], current: dict[str, 
     detail = f"{first}: saved {_value_at(saved, first)!r}, this run {_value_at(current, first)!r}"
     more = f"; also {', '.join(keys[1:_SHOWN])}" if len(keys) > 1 else ""
     more += f" and {len(keys) - _SHOWN} more" if len(keys) > _SHOWN else ""
+    settings = "the lora settings" if first.startswith("lora") else "the model.type and model config"
     return (
         f"checkpoint {checkpoint} was saved by another model than this run builds ({detail}{more}); resume it with "
-        f"the model.type and model config it was saved with, or set checkpoint.resume: null to start over"
+        f"{settings} it was saved with, or set checkpoint.resume: null to start over"
     )

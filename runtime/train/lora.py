@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from runtime.checkpoint.identity import canonical, model_identity
+from runtime.checkpoint.identity import model_identity
 from runtime.train.config import ConfigError, LoraConfig, RunConfig
 
 __all__ = [
@@ -176,9 +176,9 @@ def add_text_lora(model: torch.nn.Module, config: RunConfig, state: Any) -> Any:
 
 
 def lora_identity(model_type: str, model_config: Any, peft_config: Any) -> dict[str, Any]:
-    """A LoRA checkpoint's identity: the model's, with the adapter's settings under ``lora`` (a resume with another
-    rank, alpha or targets is refused as ``model.config.lora.<key>``)."""
-    return model_identity(model_type, {**canonical(model_config), "lora": adapter_identity(peft_config)})
+    """A LoRA checkpoint's identity: the model's, and the adapter's settings (a resume with another rank, alpha or
+    targets is refused, naming ``lora.<key>``)."""
+    return model_identity(model_type, model_config, lora=adapter_identity(peft_config))
 
 
 def adapter_identity(config: Any) -> dict[str, Any]:

@@ -284,4 +284,5 @@ def test_lora_user_errors_are_one_line(tmp_path: Path) -> None:
     raw = run_config(tmp_path, train={"steps": 2}, lora={"rank": 8}, checkpoint=ckpt)
     code, err = run_main(raw, tmp_path)
     lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "lora.rank: saved 4, this run 8" in lines[0], err
+    assert code == 2 and len(lines) == 1 and "(lora.alpha: saved 4, this run 8; also lora.rank)" in lines[0], err
+    assert "resume it with the lora settings it was saved with" in lines[0], err
