@@ -85,6 +85,7 @@ from runtime.train.config import (
     unknown_key_message,
 )
 from runtime.train.overrides import Override, apply_overrides
+from runtime.train.tracking.requirements import report_to_errors
 
 __all__ = ["ALGORITHMS", "RLConfig", "algorithm_module", "load_rl_config", "locate_rl_error", "parse_rl_config"]
 
@@ -250,6 +251,7 @@ def _check_shared(config: RLConfig) -> None:
         errors.add("checkpoint.interval: set checkpoint.dir to say where checkpoints go")
     if config.sampling.true_cfg_scale < 1:
         errors.add(f"sampling.true_cfg_scale: expected >= 1 (1: off), found {config.sampling.true_cfg_scale}")
+    errors.add(*report_to_errors(config.log.report_to))  # known trackers, installed (find_spec: nothing imported)
     errors.raise_if_any()
 
 

@@ -28,6 +28,7 @@ Guards (each one line, exit 2 through ``python -m runtime.rl``):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import math
@@ -431,8 +432,13 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
         saved = policy.checkpoint_module
         schedule = schedule_record(config)
         start, skipped = resume(inputs.resume_from, saved, optimizer, scheduler, sampler, policy.identity, schedule)
-    logger = RLMetricsLogger(
-        Path(config.log.dir), config.train.steps, state.rank == 0, "tensorboard" in config.log.report_to
+    logger = RLMetricsLogger(  # collective: a tracker that cannot start stops every rank
+        config.log,
+        config.train.steps,
+        state.rank == 0,
+        run_config=dataclasses.asdict(config),
+        start_step=start,
+        samples_per_step=sampler.per_iteration * config.algo.group_size,  # global samples per iteration
     )
     algo = algorithm_module(config.algorithm)
     names = reward_names(config.rewards)
@@ -481,6 +487,8 @@ def run_rl(config: RLConfig) -> RLResult:
             _alarm(run, metrics)
             if ckpt.interval and step % ckpt.interval == 0:
                 save(run, step)
+        if history:
+            run.logger.finish(history[-1]["step"], run.reward_names)  # the reward/loss PNG: run dir and trackers
     finally:
         run.logger.close()
     if config.export.dir:

@@ -1,5 +1,7 @@
-"""Per-iteration metrics of an RL run: every iteration to ``<log.dir>/metrics.jsonl`` (and tensorboard), a console
-line every ``log.interval`` iterations, and alarm lines whenever an alarm fires (whatever the interval).
+"""Per-iteration metrics of an RL run: every iteration to ``<log.dir>/metrics.jsonl`` and the trackers of
+``log.report_to`` (TensorBoard, W&B, MLflow), a console line every ``log.interval`` iterations (off a terminal with
+timestamp, elapsed time, ETA and samples/s), alarm lines whenever an alarm fires (whatever the interval), and at the
+end ``<log.dir>/reward_loss.png``: the reward (± its std), each reward of a mix, and the policy loss.
 
 Keys (docs/flowgrpo.md, "Metrics"): ``step``; ``reward`` / ``reward_std`` (combined, over the global batch) and
 ``reward/<name>`` / ``reward_std/<name>`` per reward; ``advantage_mean`` / ``_std`` / ``_abs_max``;
@@ -11,12 +13,13 @@ window steps, where the ratio must be 1); ``logprob_gap_alarm`` (1 when the max 
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["RLMetricsLogger"]
+from runtime.train.tracking.plots import Panel
+from runtime.train.tracking.run_log import RunLog
+
+__all__ = ["REWARD_PANELS", "RLMetricsLogger"]
 
 _SHOWN = (
     ("reward", "reward {:.4f}"),
@@ -28,46 +31,57 @@ _SHOWN = (
     ("grad_norm", "grad {:.3f}"),
 )
 
+# The end-of-run plot (``<log.dir>/reward_loss.png``): the combined reward (± its std over the batch), each reward,
+# and the policy loss.
+REWARD_PANELS = (
+    Panel("reward", ("reward",), band=(("reward", "reward_std"),)),
+    Panel("policy loss", ("policy_loss",)),
+)
+
 
 class RLMetricsLogger:
-    """Rank-0 sink; with ``enabled=False`` (other ranks) every call is a no-op."""
+    """Rank-0 sink (``runtime/train/tracking/run_log.py``): every iteration to ``metrics.jsonl`` and the trackers of
+    ``log.report_to``, a console line every ``log.interval`` iterations, the reward/loss PNG at the end. With
+    ``enabled=False`` (other ranks) every call is a no-op; constructing it is collective."""
 
     def __init__(
-        self, log_dir: Path, total_steps: int, enabled: bool, tensorboard: bool, stream: TextIO | None = None
+        self,
+        log: Any,  # the config's ``log`` section
+        total_steps: int,
+        enabled: bool,
+        run_config: dict[str, Any] | None = None,
+        start_step: int = 0,
+        samples_per_step: int | None = None,
+        stream: TextIO | None = None,
     ) -> None:
         self.enabled, self.total_steps = enabled, total_steps
-        self.stream = stream if stream is not None else sys.stdout
-        self._jsonl = self._writer = None
-        if not enabled:
-            return
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = (log_dir / "metrics.jsonl").open("a", encoding="utf-8")
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                print("tensorboard not installed; logging to metrics.jsonl only", file=self.stream)
-            else:
-                self._writer = SummaryWriter(str(log_dir / "tb"))
+        self.run = RunLog(log, total_steps, enabled, run_config, start_step, samples_per_step, stream)
 
     def say(self, line: str) -> None:
-        if self.enabled:
-            print(line, file=self.stream, flush=True)
+        self.run.say(line)
 
     def log(self, metrics: dict[str, Any], echo: bool) -> None:
         if not self.enabled:
             return
-        self._jsonl.write(json.dumps(metrics) + "\n")
-        self._jsonl.flush()
-        if self._writer is not None:
-            for key, value in metrics.items():
-                if key != "step" and isinstance(value, int | float):
-                    self._writer.add_scalar(key, value, metrics["step"])
+        self.run.record(metrics)
         if echo:
             shown = " ".join(fmt.format(metrics[k]) for k, fmt in _SHOWN if metrics.get(k) is not None)
-            self.say(f"step {metrics['step']:>5}/{self.total_steps} {shown}")
+            reward = metrics.get("reward")
+            self.run.show(
+                metrics["step"],
+                f"step {metrics['step']:>5}/{self.total_steps} {shown}",
+                postfix=None if reward is None else f"reward {reward:.4f}",
+            )
+        else:
+            self.run.advance(metrics["step"])
+
+    def finish(self, step: int, reward_names: list[str] | None = None) -> Path | None:
+        """At the end of a run: ``<log.dir>/reward_loss.png`` written and sent to the trackers."""
+        panels = list(REWARD_PANELS)
+        if reward_names and len(reward_names) > 1:  # each reward of a mix beside the combined one
+            panels.insert(1, Panel("rewards", tuple(f"reward/{n}" for n in reward_names)))
+        title = f"{self.run.log_dir.resolve().name}: reward and policy loss"
+        return self.run.plot(panels, "reward_loss.png", title, step)
 
     def close(self) -> None:
-        for sink in (self._jsonl, self._writer):
-            if sink is not None:
-                sink.close()
+        self.run.close()

@@ -82,6 +82,7 @@ import yaml
 from runtime.train.model_keys import SHARED_MODELING_MODULES, config_class_keys, keys_read_by, unknown_config_keys
 from runtime.train.model_limits import size_problem
 from runtime.train.overrides import Override, apply_overrides, override_of
+from runtime.train.tracking.requirements import missing_backend
 
 
 class ConfigError(ValueError):
@@ -594,6 +595,9 @@ def _check_outputs(config: RunConfig) -> None:
         errors.add("checkpoint.interval: set checkpoint.dir to say where checkpoints go")
     for index, name in enumerate(config.log.report_to):
         errors.run(lambda index=index, name=name: _check_choice(name, f"log.report_to[{index}]", REPORT_TO))
+        missing = missing_backend(name)  # find_spec only: no tracker (nor torch) imported
+        if missing:
+            errors.add(f"log.report_to[{index}]: {missing}")
     if config.export.fuse_lora and config.lora.rank is None:
         errors.add("export.fuse_lora: only for LoRA runs (set lora.rank)")
     errors.raise_if_any()
@@ -866,6 +870,9 @@ def _check_dit(config: RunConfig) -> None:
         check_bucket_limits(config.data.buckets)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    prompts = config.validation.prompts  # runtime/train/samples.py generates each one
+    if prompts is not None and (not prompts or not all(isinstance(p, str) and p.strip() for p in prompts)):
+        raise ConfigError(f"validation.prompts: expected a list of non-empty prompts (or null), found {prompts!r:.80}")
     if config.parallel.ep != 1:
         raise ConfigError(f"parallel.ep: the DiT {kind!r} has no experts; remove parallel.ep")
     ema = config.dit.ema_decay

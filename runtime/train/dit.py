@@ -39,6 +39,7 @@ from runtime.train.dit_data import (
 from runtime.train.dit_step import latent_tokens, noise_generators, weighted_flow_matching_loss
 from runtime.train.loop import Job, StepWork, all_reduce_sum, to_device, train_device
 from runtime.train.precision import autocast_forward, fsdp_dtypes
+from runtime.train.samples import ValidationSampler
 
 __all__ = ["build_dit_job", "check_pipeline_dir", "load_condition_model_for", "setup_conditions"]
 
@@ -78,6 +79,8 @@ def setup_conditions(config: RunConfig, state: ParallelState, dataset: Any, devi
 
     light = load_condition_model_for(config, encoders=False)  # checks the options in a second, encoders or not
     if not config.data.cache:
+        if state.rank == 0:
+            print("conditions: computed at every step by the condition model (data.cache: null)", file=sys.stderr)
         live = load_condition_model_for(config, encoders=True, device=device)
         return live, LiveConditions(live, dataset)
     from runtime.diffusion.cache import ConditionCache, FileDigests, condition_fingerprint
@@ -103,6 +106,13 @@ def setup_conditions(config: RunConfig, state: ParallelState, dataset: Any, devi
         cache.verify(keys)  # every shard the run reads, hashed once over the ranks before any tensor is read
     except CacheError as exc:
         raise ConfigError(f"data.cache: {exc}") from None
+    if state.rank == 0:
+        shards = len({cache.shard_of(key) for key in keys})
+        print(
+            f"conditions: reading {len(keys)} samples from {shards} shard(s) of the cache {cache.directory}",
+            file=sys.stderr,
+            flush=True,
+        )
     return light.to(device), CachedConditions(cache, keys)
 
 
@@ -205,6 +215,8 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
         checkpoint_model=checkpointed(model, ema, lora=peft_config is not None),
         after_optimizer_step=None if ema is None else ema.update,
         identity=dit_identity(config, model),
+        after_step=ValidationSampler(config, state.rank, device, model, ema, peft_config, rules.video),
+        samples_per_step=config.data.batch_size * config.train.micro_batches * state.dp_size,
     )
 
 

@@ -91,6 +91,9 @@ class Job:
     # the config of ``model``.
     identity: dict[str, Any] | None = None
     evaluate: Callable[[], float] | None = None  # the eval set's loss now (``runtime/train/evaluate.py``); collective
+    # Called on every rank after each step is logged (DiTs: validation samples, ``runtime/train/samples.py``)
+    after_step: Callable[[int, MetricsLogger], None] | None = None
+    samples_per_step: int | None = None  # samples of the global batch (DiTs), for the console's samples/s
 
 
 def setup_parallel(config: RunConfig) -> ParallelState:
@@ -226,15 +229,16 @@ def run_job(
         schedule = schedule_record(config)
         start_step, skipped = resume(resume_from, saved, optimizer, scheduler, job.loader, identity, schedule)
 
-    logger = MetricsLogger(
-        Path(config.log.dir),
+    logger = MetricsLogger(  # collective: a tracker that cannot start stops every rank
+        config.log,
         config.train.steps,
         enabled=state.rank == 0,
-        tensorboard="tensorboard" in config.log.report_to,
-        progress=config.log.progress,
+        run_config=dataclasses.asdict(config),
+        start_step=start_step,
+        samples_per_step=job.samples_per_step,
     )
-    if state.rank == 0 and resume_from is not None:
-        print(f"resumed from {resume_from} at step {start_step}", flush=True)
+    if resume_from is not None:
+        logger.say(f"resumed from {resume_from} at step {start_step}")
     peak = config.log.peak_tflops or detect_peak_tflops()
     metrics: list[StepMetrics] = []
     try:
@@ -244,6 +248,8 @@ def run_job(
                 metrics[-1] = dataclasses.replace(metrics[-1], eval_loss=job.evaluate())
             skipped = metrics[-1].skipped_nonfinite
             logger.log(metrics[-1], echo=step % config.log.interval == 0 or step == config.train.steps)
+            if job.after_step is not None:
+                job.after_step(step, logger)
             if ckpt.interval and step % ckpt.interval == 0:
                 save_checkpoint(
                     Path(ckpt.dir),
@@ -260,6 +266,8 @@ def run_job(
                     identity=identity,
                     keep=ckpt.save_total_limit,
                 )
+        if metrics:
+            logger.finish(metrics[-1].step)  # the loss curve PNG, to the run directory and the trackers
     finally:
         logger.close()
     if config.export.dir and job.export is not None:

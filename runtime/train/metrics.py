@@ -1,15 +1,16 @@
-"""Step metrics: loss, grad norm, lr, tokens/s, model TFLOP/s and MFU, steps skipped as non-finite, to console, JSONL
-and tensorboard."""
+"""Step metrics: loss, grad norm, lr, tokens/s, model TFLOP/s and MFU, steps skipped as non-finite, to the console,
+``metrics.jsonl`` and the trackers of ``log.report_to`` (``runtime/train/tracking``), and the loss curve at the end."""
 
 from __future__ import annotations
 
-import json
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
+
+from runtime.train.tracking.plots import Panel
+from runtime.train.tracking.run_log import RunLog
 
 # Dense bf16 peak TFLOP/s per device, for MFU when the config does not give one.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
@@ -56,63 +57,62 @@ class StepMetrics:
     eval_loss: float | None = None  # the eval set's loss after this step (runtime/train/evaluate.py), if measured
 
 
+# The end-of-run plot (``<log.dir>/loss.png``): the training loss (and an eval loss when one is logged), the lr.
+LOSS_PANELS = (
+    Panel("loss", ("loss", "eval_loss"), log_y=True),
+    Panel("learning rate", ("lr",)),
+)
+
+
 class MetricsLogger:
-    """Rank-0 sink; other ranks construct it with enabled=False and every call is a no-op."""
+    """Rank-0 sink of the trainer: every step to ``<log.dir>/metrics.jsonl`` and the trackers of ``log.report_to``,
+    a console line every ``log.interval`` steps (``runtime/train/tracking``). Other ranks construct it with
+    ``enabled=False`` (every call is a no-op); constructing it is collective (a tracker that cannot start stops every
+    rank)."""
 
     def __init__(
         self,
-        log_dir: Path,
+        log: Any,  # the config's ``log`` section
         total_steps: int,
         enabled: bool,
-        tensorboard: bool,
-        progress: bool,
+        run_config: dict[str, Any] | None = None,
+        start_step: int = 0,
+        samples_per_step: int | None = None,
         stream: TextIO | None = None,
     ) -> None:
-        stream = stream if stream is not None else sys.stdout  # the current stdout, not the one at import time
-        self.enabled, self.total_steps, self.stream = enabled, total_steps, stream
-        self._jsonl = self._writer = self._bar = None
-        if not enabled:
-            return
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self._jsonl = (log_dir / "metrics.jsonl").open("a", encoding="utf-8")
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                print("tensorboard not installed; logging to metrics.jsonl only", file=stream)
-            else:
-                self._writer = SummaryWriter(str(log_dir / "tb"))
-        if progress and stream.isatty():
-            from tqdm import tqdm
-
-            self._bar = tqdm(total=total_steps, dynamic_ncols=True, file=stream)
+        self.enabled, self.total_steps = enabled, total_steps
+        self.run = RunLog(log, total_steps, enabled, run_config, start_step, samples_per_step, stream)
 
     def log(self, m: StepMetrics, echo: bool = True) -> None:
-        """Record every step to JSONL/tensorboard; print it (and move the bar) when `echo`."""
+        """Record every step to JSONL and the trackers; print it (and move the bar) when ``echo``."""
         if not self.enabled:
             return
-        self._jsonl.write(json.dumps(asdict(m)) + "\n")
-        self._jsonl.flush()
-        if self._writer is not None:
-            for key, value in asdict(m).items():
-                if key != "step" and value is not None:
-                    self._writer.add_scalar(key, value, m.step)
+        self.run.record(asdict(m))
         if not echo:
             return
         mfu = f" mfu {m.mfu:.1%}" if m.mfu is not None else ""
         skipped = f" skipped_nonfinite {m.skipped_nonfinite}" if m.skipped_nonfinite else ""
+        evaluated = f" eval_loss {m.eval_loss:.4f}" if m.eval_loss is not None else ""
         line = (
-            f"step {m.step:>5}/{self.total_steps} loss {m.loss:.4f} grad_norm {m.grad_norm:.3f} lr {m.lr:.2e} "
-            f"tok/s {m.tokens_per_s:,.0f} tflops/dev {m.tflops_per_device:.3f}{mfu}{skipped}"
+            f"step {m.step:>5}/{self.total_steps} loss {m.loss:.4f}{evaluated} grad_norm {m.grad_norm:.3f} "
+            f"lr {m.lr:.2e} tok/s {m.tokens_per_s:,.0f} tflops/dev {m.tflops_per_device:.3f}{mfu}{skipped}"
         )
-        if self._bar is not None:
-            self._bar.set_postfix_str(f"loss {m.loss:.4f}")
-            self._bar.update(m.step - self._bar.n)
-            self._bar.write(line)
-        else:
-            print(line, file=self.stream, flush=True)
+        self.run.show(m.step, line, postfix=f"loss {m.loss:.4f}")
+
+    def record(self, metrics: dict[str, Any]) -> None:
+        """Other metrics of a step (``{"step": n, "eval_loss": ...}``) to the JSONL file and the trackers."""
+        self.run.record(metrics)
+
+    def say(self, line: str) -> None:
+        self.run.say(line)
+
+    def log_file(self, tag: str, path: Path, step: int) -> None:
+        """A file of the run (a validation sample) to the trackers."""
+        self.run.log_file(tag, path, step)
+
+    def finish(self, step: int) -> Path | None:
+        """At the end of a run: ``<log.dir>/loss.png`` (this run's curves) written and sent to the trackers."""
+        return self.run.plot(LOSS_PANELS, "loss.png", f"{self.run.log_dir.resolve().name}: training loss", step)
 
     def close(self) -> None:
-        for sink in (self._jsonl, self._writer, self._bar):
-            if sink is not None:
-                sink.close()
+        self.run.close()

@@ -6,7 +6,8 @@
   ``WANDB_MODE`` (``offline`` writes ``<log.dir>/wandb/offline-run-*``, ``wandb sync`` uploads it later) and
   ``WANDB_API_KEY``; images as ``wandb.Image``, MP4 as ``wandb.Video``.
 * ``mlflow``: ``MlflowClient`` on ``MLFLOW_TRACKING_URI``, or a file store at ``<log.dir>/mlruns`` when it is unset;
-  experiment ``log.project``, the run config flattened into params, files as run artifacts.
+  experiment ``log.project``, the run config flattened into params, files as run artifacts; metric names with
+  ``.`` for ``/`` (``reward.clip``: the file store cannot hold both ``reward`` and ``reward/clip``).
 
 MLflow 3 keeps its file store in maintenance mode and refuses it unless ``MLFLOW_ALLOW_FILE_STORE=true``; the
 database stores (``sqlite:///...``) need the full ``mlflow`` package, which ``mlflow-skinny`` (our extra) is not.
@@ -87,7 +88,9 @@ class WandbTracker:
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(project=project, name=run_name, dir=str(log_dir), config=dict(run_config))
+        # WANDB_MODE read at each run's start (wandb's process-wide settings keep the first run's otherwise)
+        mode = os.environ.get("WANDB_MODE") or None
+        self.run = wandb.init(project=project, name=run_name, dir=str(log_dir), config=dict(run_config), mode=mode)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self.run.log(dict(metrics), step=step)
@@ -110,6 +113,12 @@ def flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             out[name] = str(value)
     return out
+
+
+def mlflow_key(key: str) -> str:
+    """MLflow's name of a metric: ``/`` becomes ``.`` (the file store keeps ``reward`` as a file, so it cannot also
+    hold ``reward/clip`` under it)."""
+    return key.replace("/", ".")
 
 
 def mlflow_uri(log_dir: Path) -> str:
@@ -138,7 +147,8 @@ class MlflowTracker:
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[self.Metric(k, float(v), now, step) for k, v in metrics.items()])
+        batch = [self.Metric(mlflow_key(k), float(v), now, step) for k, v in metrics.items()]
+        self.client.log_batch(self.run_id, metrics=batch)
 
     def log_file(self, tag: str, path: Path, step: int) -> None:
         """The file as an artifact, under its directory relative to the run directory (``samples/step_4``)."""

@@ -46,7 +46,7 @@ class Console:
     def say(self, line: str) -> None:
         """A line outside the step lines (resumed from, alarms): above the bar on a terminal."""
         if self.bar is not None:
-            self.bar.write(line)
+            self.bar.write(line, file=self.stream)
         else:
             print(line, file=self.stream, flush=True)
 
@@ -62,7 +62,7 @@ class Console:
         throughput."""
         now = time.monotonic()
         if self.bar is not None:
-            self.bar.write(line)
+            self.bar.write(line, file=self.stream)
         else:
             print(
                 f"{datetime.datetime.now():%Y-%m-%d %H:%M:%S} {line} | {self.timing(step, now)}",

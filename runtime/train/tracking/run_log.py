@@ -24,6 +24,13 @@ from runtime.train.tracking.plots import Panel, plot_curves, run_history
 __all__ = ["RunLog"]
 
 
+_HINTS = {
+    "tensorboard": "it writes <log.dir>/tb: check that log.dir is a writable directory",
+    "wandb": "set WANDB_API_KEY (or run `wandb login`), or WANDB_MODE=offline to keep the run in <log.dir>/wandb",
+    "mlflow": "check MLFLOW_TRACKING_URI; unset, the run goes to the file store <log.dir>/mlruns",
+}
+
+
 def _first_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
@@ -65,7 +72,7 @@ class RunLog:
                 try:
                     opened.append(open_tracker(name, self.log_dir, log.project, run_name, dict(run_config or {})))
                 except Exception as exc:  # the tracker's own error (credentials, server, store): a user error
-                    error = f"log.report_to: {name} could not start a run: {_first_line(exc)}"
+                    error = f"log.report_to: {name} could not start a run: {_first_line(exc)} ({_HINTS[name]})"
                     break
             self.trackers = Trackers(opened)
             if error is not None:
