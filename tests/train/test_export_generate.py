@@ -102,3 +102,28 @@ def test_plain_generate_stops_at_the_stop_token(export_dir: Path, tmp_path: Path
     _swap_rows(old, stop_id, reference[k])
     ran_on = _greedy(old, prompt)
     assert len(ran_on) == MAX_NEW and ran_on[k] == stop_id
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl"])
+def test_vlm_processor_directory_gives_the_same_stop_tokens(tmp_path: Path, model_type: str) -> None:
+    """A VLM export is given its processor directory: the ids are read from the tokenizer files in it, and written
+    only into config keys the (text) config class has (Qwen3-VL's text config has no bos/eos keys upstream)."""
+    import transformers
+
+    from runtime.checkpoint.generation import export_generation_config, set_config_token_ids, special_token_ids
+    from runtime.models.tiny import tiny_config_dict
+    from runtime.tiny import write_processor
+
+    directory = write_processor(model_type, tmp_path / "proc")
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    im_end, eos = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.eos_token_id
+    ids = special_token_ids(directory)
+    config = transformers.AutoConfig.for_model(model_type, **tiny_config_dict(model_type))
+    declared = set(type(config.text_config)().to_dict())
+    set_config_token_ids(config, ids)
+    text = config.text_config.to_dict()
+    assert ("eos_token_id" in text) == ("eos_token_id" in declared)
+    if "eos_token_id" in declared:  # qwen2_5_vl: upstream's default 151645 would lie outside the 512-token vocab
+        assert (text["eos_token_id"], text["bos_token_id"]) == (eos, tokenizer.bos_token_id)
+    generation = export_generation_config(None, config, ids)
+    assert generation.eos_token_id == [im_end, eos] and generation.pad_token_id == tokenizer.pad_token_id
