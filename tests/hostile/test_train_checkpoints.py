@@ -38,10 +38,11 @@ def no_weights_read(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    """A tiny qwen3 run of 2 steps with a checkpoint at each step, ``keep: 1`` (only step 2 is left)."""
+    """A tiny qwen3 run of 3 steps with a checkpoint at each step, ``save_total_limit: 2`` (steps 2 and 3 are left);
+    the cases resume step 2 (the same schedule: a changed ``train.steps`` is refused, tests/train/test_cli.py)."""
     root = tmp_path_factory.mktemp("saved")
     raw = run_config(
-        root, train={"steps": 2}, checkpoint={"dir": str(root / "ckpt"), "interval": 1, "save_total_limit": 1}
+        root, train={"steps": 3}, checkpoint={"dir": str(root / "ckpt"), "interval": 1, "save_total_limit": 2}
     )
     assert run_main(raw, root)[0] == 0
     return root / "ckpt" / "step_000002", raw
@@ -50,7 +51,6 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
 def _resume(tmp_path: Path, checkpoint: Path, raw: dict, **model) -> tuple[int, str]:
     run = json.loads(json.dumps(raw))
     run["model"].update(model)
-    run["train"]["steps"] = 3
     run["checkpoint"] = {"dir": str(tmp_path / "new"), "resume": str(checkpoint)}
     run["log"]["dir"] = str(tmp_path / "log")
     return run_main(run, tmp_path)
@@ -151,7 +151,7 @@ def test_rank_tensors_of_the_wrong_shape_are_one_line(saved, tmp_path: Path) -> 
 
 def test_resume_path_removed_by_keep_names_the_checkpoints_there(saved, tmp_path: Path) -> None:
     checkpoint, raw = saved
-    gone = checkpoint.parent / "step_000001"  # pruned by keep: 1
+    gone = checkpoint.parent / "step_000001"  # pruned by save_total_limit: 2
     assert not gone.exists()
     line = _one_line_exit_2(*_resume(tmp_path, gone, raw), "checkpoint.resume", str(gone), "step_000002")
     assert "does not exist" in line

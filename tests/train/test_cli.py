@@ -356,13 +356,15 @@ def test_resume_under_a_changed_schedule_is_refused(tmp_path: Path) -> None:
     code, err = _main([str(path), "--train.steps=6"])
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"error: override --train.steps: 6 here, 4 in checkpoint {ckpt / 'step_000004'}"), err
-    assert "Set train.steps: 4 to resume" in err[0] and "checkpoint.resume: null" in err[0], err
+    assert "step 5 would train at lr" in err[0] and "Set train.steps: 4 to resume" in err[0], err
+    assert "checkpoint.resume: null" in err[0], err
 
     step2 = str(ckpt / "step_000002")
     path = config("lr", optim={"lr": 1e-3}, checkpoint={"resume": step2})
     code, err = _main([str(path)])
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"error: {path}:{_line(path, 'lr')}: optim.lr: 0.001 here, 0.003 in checkpoint"), err
+    assert "step 3 would train at lr" in err[0], err
 
     code, err = _main([str(config("resumed", checkpoint={"resume": step2}))])
     assert code == 0, err
@@ -373,6 +375,23 @@ def test_resume_under_a_changed_schedule_is_refused(tmp_path: Path) -> None:
 
     code, err = _main([str(config("export-only", train={"steps": 2}, checkpoint={"resume": step2}))])
     assert code == 0, err
+
+
+def test_resume_with_more_steps_of_a_constant_schedule_continues(tmp_path: Path) -> None:
+    """``min_lr_ratio: 1`` keeps the rate constant: raising train.steps moves no step's learning rate, so the run
+    resumes and trains the new steps at that rate."""
+    ckpt = tmp_path / "ckpt"
+    raw = run_config(
+        tmp_path,
+        optim={"lr": 3e-3, "warmup_steps": 0, "min_lr_ratio": 1.0},
+        train={"steps": 2},
+        checkpoint={"dir": str(ckpt), "interval": 2},
+    )
+    path = _write(tmp_path / "run.yaml", raw)
+    assert _main([str(path)])[0] == 0
+    code, err = _main([str(path), "--train.steps=3", f"--log.dir={tmp_path / 'more'}"])
+    assert code == 0, err
+    assert [(m["step"], m["lr"]) for m in _metrics(tmp_path / "more")] == [(3, 3e-3)]
 
 
 def test_resume_of_a_checkpoint_that_is_gone_names_those_there(tmp_path: Path) -> None:
