@@ -4,6 +4,8 @@
   plain ``FluxPipeline`` loaded from the fused (EMA, LoRA merged) export of a 2-step and of the 4-step run generates
   with the same prompt, size, steps and seed; they differ from the untrained pipeline's (the weights were replaced);
   the sample files reach TensorBoard as images;
+* the same under FSDP on 2 gloo ranks (rank 0 samples from the gathered shards, rank 1 waits): equal to the plain
+  pipeline of the run's own export;
 * tiny Wan (video, full fine-tuning), ``every_steps: 0``: one MP4 per prompt at the last step only, which PyAV reads
   back with the first bucket's frame count and size, and whose frames decode to those of a plain ``WanPipeline``
   loaded from the export, put through the same H.264 encoder (lossy: the raw frames differ by its rounding).
@@ -97,6 +99,37 @@ def test_flux_samples_equal_the_exported_pipeline_at_each_step(tmp_path: Path) -
     events.Reload()
     assert [e.step for e in events.Images("validation/00")] == [2, 4]
     assert [e.step for e in events.Images("plots/loss")] == [4]
+
+
+@pytest.mark.dist
+def test_fsdp_samples_gather_the_sharded_weights(tmp_path: Path) -> None:
+    """FSDP over 2 gloo ranks (LoRA + EMA sharded): rank 0 samples from the gathered weights while rank 1 waits; the
+    PNG equals the plain pipeline of the run's own fused export."""
+    from diffusers import FluxPipeline
+
+    from tests.dist_utils import run_distributed
+    from tests.train.dit_common import dit_worker
+
+    files = _flux_files(tmp_path)
+    work = tmp_path / "fsdp"
+    raw = dit_config(
+        files,
+        "flux",
+        work,
+        train={"steps": 2},
+        optim={"lr": 5e-2},
+        lora={"rank": 4, "alpha": 8},
+        dit={"ema_decay": 0.5},
+        validation={"prompts": PROMPTS[:1], "every_steps": 1, "num_inference_steps": 2, "seed": 7},
+        export={"dir": str(work / "export"), "fuse_lora": True},
+    )
+    run_distributed(dit_worker, 2, [raw], timeout=300)
+    samples = work / "log" / "samples"
+    assert sorted(p.name for p in samples.iterdir()) == ["step_1", "step_2"]
+    [path] = (samples / "step_2").glob("00-*.png")
+    height, width = FLUX_BUCKETS[0]
+    expected = _reference(FluxPipeline, work / "export", PROMPTS[0], height=height, width=width, num_inference_steps=2)
+    np.testing.assert_array_equal(_png(path), expected)
 
 
 def test_wan_video_samples_are_mp4_of_the_bucket_size_at_the_end(tmp_path: Path) -> None:
