@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -193,6 +194,29 @@ def test_tracker_that_cannot_start_is_one_config_line(tmp_path: Path, monkeypatc
     assert message.startswith("log.report_to: wandb could not start a run: ") and "\n" not in message
     assert "WANDB_API_KEY" in message and "WANDB_MODE=offline" in message
     assert not (tmp_path / "log" / "metrics.jsonl").exists()
+
+
+def test_a_run_ended_by_an_error_is_marked_failed(tmp_path: Path, monkeypatch) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from runtime.train.config import LogConfig
+    from runtime.train.tracking.run_log import RunLog
+
+    uri = (tmp_path / "mlruns").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    log = LogConfig(dir=str(tmp_path / "log"), report_to=["mlflow"], project="failing", progress=False)
+    for fails in (False, True):
+        run = RunLog(log, total_steps=2, enabled=True, run_config={"n": fails}, stream=io.StringIO())
+        with pytest.raises(RuntimeError) if fails else contextlib.nullcontext():
+            try:
+                run.record({"step": 1, "loss": 1.0})
+                if fails:
+                    raise RuntimeError("a step failed")
+            finally:
+                run.close()
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("failing").experiment_id])
+    assert sorted((r.data.params["n"], r.info.status) for r in runs) == [("False", "FINISHED"), ("True", "FAILED")]
 
 
 def test_missing_tracker_is_a_config_error_before_torch(tmp_path: Path) -> None:

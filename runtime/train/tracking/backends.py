@@ -37,7 +37,8 @@ class Tracker(Protocol):
     def log_file(self, tag: str, path: Path, step: int) -> None:
         """A PNG image or an MP4 video written under the run directory (a plot, a validation sample)."""
 
-    def close(self) -> None: ...
+    def close(self, failed: bool = False) -> None:
+        """End the run (``failed``: marked as such where the tracker has a run status)."""
 
 
 def _image_array(path: Path) -> Any:
@@ -79,7 +80,7 @@ class TensorBoardTracker:
         else:
             self.writer.add_image(tag, _image_array(path), step, dataformats="HWC")
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self.writer.close()
 
 
@@ -99,8 +100,8 @@ class WandbTracker:
         media = self.wandb.Video(str(path)) if path.suffix in VIDEO_SUFFIXES else self.wandb.Image(str(path))
         self.run.log({tag: media}, step=step)
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, failed: bool = False) -> None:
+        self.run.finish(exit_code=1 if failed else 0)
 
 
 def flat_params(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -157,8 +158,8 @@ class MlflowTracker:
         where = folder.relative_to(self.log_dir).as_posix() if inside else None
         self.client.log_artifact(self.run_id, str(path), artifact_path=where)
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, failed: bool = False) -> None:
+        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
 
 
 def open_tracker(name: str, log_dir: Path, project: str, run_name: str, run_config: Mapping[str, Any]) -> Tracker:
@@ -177,20 +178,6 @@ class Trackers:
     def __init__(self, trackers: Sequence[Tracker]) -> None:
         self.trackers = list(trackers)
 
-    @classmethod
-    def open(
-        cls, names: Sequence[str], log_dir: Path, project: str, run_name: str, run_config: Mapping[str, Any]
-    ) -> Trackers:
-        opened: list[Tracker] = []
-        try:
-            for name in names:
-                opened.append(open_tracker(name, log_dir, project, run_name, run_config))
-        except BaseException:
-            for tracker in opened:
-                tracker.close()
-            raise
-        return cls(opened)
-
     def log_metrics(self, metrics: Mapping[str, Any], step: int) -> None:
         numbers = {k: float(v) for k, v in metrics.items() if k != "step" and isinstance(v, int | float)}
         if numbers:
@@ -201,7 +188,7 @@ class Trackers:
         for tracker in self.trackers:
             tracker.log_file(tag, path, step)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         for tracker in self.trackers:
-            tracker.close()
+            tracker.close(failed)
         self.trackers = []

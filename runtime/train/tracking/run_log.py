@@ -10,6 +10,7 @@ rank with the same one-line error instead of leaving them waiting in the first c
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from collections.abc import Mapping, Sequence
@@ -76,7 +77,7 @@ class RunLog:
                     break
             self.trackers = Trackers(opened)
             if error is not None:
-                self.trackers.close()
+                self.trackers.close(failed=True)
             else:
                 self._jsonl = (self.log_dir / "metrics.jsonl").open("a", encoding="utf-8")
                 self.console = Console(stream, total_steps, start_step, log.progress, samples_per_step)
@@ -113,6 +114,9 @@ class RunLog:
         if not self.enabled:
             return None
         self._jsonl.flush()
+        if importlib.util.find_spec("matplotlib") is None:  # the run's results matter more than its picture
+            self.say(f"matplotlib is not installed (pip install 'patchgen[runtime]'): no {name}")
+            return None
         path = plot_curves(run_history(self.log_dir / "metrics.jsonl"), panels, self.log_dir / name, title)
         if path is not None:
             self.trackers.log_file(f"plots/{Path(name).stem}", path, step)
@@ -120,7 +124,12 @@ class RunLog:
         return path
 
     def close(self) -> None:
-        for sink in (self._jsonl, self.console, self.trackers):
+        """Close the sinks; called from a ``finally``, a run ended by an exception is marked failed in the
+        trackers (W&B exit code 1, MLflow status FAILED)."""
+        failed = sys.exc_info()[0] is not None
+        for sink in (self._jsonl, self.console):
             if sink is not None:
                 sink.close()
+        if self.trackers is not None:
+            self.trackers.close(failed)
         self._jsonl = self.console = self.trackers = None
