@@ -9,7 +9,9 @@ must match the whole qualified name. The adapter is named ``default``; its param
 ``<module>.base_layer.weight``. ``null`` is the family's default: a DiT's attention projections
 (``DIT_TARGET_MODULES``), a text model's attention projections (``TEXT_TARGET_MODULES``; peft's own default for
 llama/qwen is ``q_proj, v_proj`` only), and for a vision-language or omni model the same projections of its language
-model only (a regular expression anchored at it: an audio encoder has ``q_proj`` too).
+model only, listed by qualified name (an audio encoder has ``q_proj`` too). Not a regular expression: peft 0.21.2
+resolves a regex target of a MoE model (its transformers-v5 MoE config conversion) to bare module names, which would
+widen it to every tower; a user's regex that peft widens so is refused (``add_lora``).
 
 ``target_parameters`` (peft's name) adapts ``nn.Parameter`` s directly through peft's ``ParamWrapper``, e.g. the MoE
 experts' fused weights ``mlp.experts.gate_up_proj`` (E, 2I, H) and ``mlp.experts.down_proj`` (E, H, I): a rank-r
@@ -63,15 +65,19 @@ DIT_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
 TEXT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
-def text_default_targets(model: torch.nn.Module, language_model_only: bool) -> tuple[str, ...] | str:
+def text_default_targets(model: torch.nn.Module, language_model_only: bool) -> tuple[str, ...]:
     """``lora.target_modules: null`` for a transformers model: the attention projections by name, or, for a model
-    with vision/audio towers (``language_model_only``), a regular expression that matches them under the language
-    model (``model.get_decoder()``) only."""
+    with vision/audio towers (``language_model_only``), the qualified names of those under the language model
+    (``model.get_decoder()``) only."""
     if not language_model_only:
         return TEXT_TARGET_MODULES
     decoder = model.get_decoder()
     prefix = next(name for name, module in model.named_modules() if module is decoder)
-    return rf"{re.escape(prefix)}\..*\.({'|'.join(TEXT_TARGET_MODULES)})"
+    return tuple(
+        name
+        for name, _ in model.named_modules()
+        if name.startswith(f"{prefix}.") and name.rpartition(".")[2] in TEXT_TARGET_MODULES
+    )
 
 
 def peft_lora_config(settings: LoraConfig, default_targets: tuple[str, ...] | str = DIT_TARGET_MODULES) -> Any:
@@ -117,6 +123,8 @@ def add_lora(
             ) from None
         key = "lora.target_modules" if targets else "lora.target_parameters"
         raise ConfigError(f"{key}: {targets if targets else settings.target_parameters!r}: {first}") from None
+    if isinstance(targets, str):
+        _check_regex_kept(model, targets)
     _check_target_parameters(model, settings.target_parameters or [])
     trained = 0
     for name, param in model.named_parameters():
@@ -125,6 +133,23 @@ def add_lora(
     if not trained:
         raise ConfigError(f"lora.target_modules: {targets!r} adapted no module")
     return config
+
+
+def _check_regex_kept(model: torch.nn.Module, pattern: str) -> None:
+    """Every adapted module matches the ``target_modules`` regex: peft resolves a MoE model's regex to bare module
+    names (its transformers-v5 MoE config conversion), which can adapt modules the regex leaves out."""
+    from peft.tuners.lora.layer import LoraLayer, ParamWrapper
+
+    outside = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, LoraLayer) and not isinstance(module, ParamWrapper) and not re.fullmatch(pattern, name)
+    ]
+    if outside:
+        raise ConfigError(
+            f"lora.target_modules: {pattern!r}: peft widened this regular expression to module names and adapted "
+            f"{len(outside)} module(s) it does not match (e.g. {outside[0]}); list the modules by name instead"
+        )
 
 
 def _check_target_parameters(model: torch.nn.Module, wanted: list[str]) -> None:

@@ -273,6 +273,10 @@ def test_lora_user_errors_are_one_line(tmp_path: Path) -> None:
             "lora.target_parameters: 'mlp.experts.gate_up_proj'",
         ),
     ]
+    # peft 0.21.2 turns a MoE model's regex into bare module names (here: every layer's q_proj): refused
+    moe = {"type": "qwen3_moe", "config": TINY_MOE, "seed": 0}
+    layer0 = {"rank": 4, "target_modules": r"model\.layers\.0\.self_attn\.q_proj"}
+    cases.append(({"model": moe, "lora": layer0}, "adapted 1 module(s) it does not match"))
     for sections, expected in cases:
         code, err = run_main(run_config(tmp_path, train={"steps": 1}, **sections), tmp_path)
         lines = err.strip().splitlines()
