@@ -10,6 +10,8 @@ means what it means there.
   on a device without a fused kernel.
 * ``adafactor``: ``transformers.optimization.Adafactor`` with ``optim.lr`` as given (``relative_step``,
   ``scale_parameter`` and ``warmup_init`` off, as HF Trainer sets them); it reads ``lr`` and ``weight_decay`` only.
+  One process only: its factored second moment (row and column means of each gradient) is kept in plain tensors,
+  which it then mixes with FSDP2's sharded (DTensor) gradients; refused in one line on more ranks.
 * ``sgd``: ``torch.optim.SGD`` without momentum, as HF Trainer's ``sgd``; it reads ``lr`` and ``weight_decay`` only
   (``betas[0]`` is not turned into a momentum: the same key would then mean two things).
 
@@ -49,7 +51,14 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], optim: OptimConfig) ->
             fused=True if fused else None,
         )
     if name == "adafactor":
+        from torch.distributed.tensor import DTensor
         from transformers.optimization import Adafactor
+
+        if any(isinstance(p, DTensor) for p in params):
+            raise ConfigError(
+                "optim.name: adafactor (transformers' Adafactor) cannot step FSDP2-sharded parameters (its factored "
+                "statistics are plain tensors); use adamw_torch, or adafactor in a one-process run"
+            )
 
         return Adafactor(
             params,

@@ -15,6 +15,7 @@ import transformers
 
 from runtime.train.config import OPTIMIZERS, SCHEDULERS, ConfigError, OptimConfig
 from runtime.train.optim import build_optimizer, build_scheduler
+from tests.dist_utils import run_distributed
 from tests.train.common import run_config
 
 STEPS, WARMUP, MIN_LR_RATIO, LR = 12, 3, 0.2, 1e-2
@@ -122,6 +123,27 @@ def test_fused_is_refused_in_one_line_without_a_kernel() -> None:
     message = str(info.value)
     assert message.startswith("optim.name: adamw_torch_fused") and "meta" in message and "adamw_torch" in message
     assert "\n" not in message
+
+
+def _adafactor_on_a_dtensor(rank: int, world_size: int) -> str:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    param = torch.nn.Parameter(distribute_tensor(torch.zeros(4, 3), mesh, [Shard(0)]))
+    try:
+        build_optimizer([param], OptimConfig(name="adafactor"))
+    except ConfigError as exc:
+        return str(exc)
+    return "built"
+
+
+@pytest.mark.dist
+def test_adafactor_is_refused_for_sharded_parameters() -> None:
+    """transformers' Adafactor fails on FSDP2's DTensor gradients mid-step ("mixed torch.Tensor and DTensor"): refused
+    when the optimizer is built, in one line."""
+    (message,) = run_distributed(_adafactor_on_a_dtensor, 1)
+    assert message.startswith("optim.name: adafactor") and "adamw_torch" in message and "\n" not in message
 
 
 def test_non_finite_lr_is_refused() -> None:
