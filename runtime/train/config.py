@@ -149,7 +149,7 @@ class OptimConfig:
     eps: float = 1e-8
     max_grad_norm: float = 1.0  # HF TrainingArguments' name (0: no clipping)
     warmup_steps: int = 0
-    min_lr_ratio: float = 0.1  # cosine_with_min_lr: the last step's lr as a fraction of lr (transformers' min_lr_rate)
+    min_lr_ratio: float = 0.1  # cosine_with_min_lr: the lr the cosine ends at, over lr (transformers' min_lr_rate)
     name: str = "adamw_torch"  # HF TrainingArguments' `optim` values (OPTIMIZERS below)
     lr_scheduler_type: str = "cosine_with_min_lr"  # transformers.get_scheduler's names (OPTIMIZERS, SCHEDULERS below)
 
