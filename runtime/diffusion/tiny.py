@@ -7,13 +7,12 @@ from the spec's tiny config, written with ``pipeline.save_pretrained`` so loadin
 transformers' real loading code. The component builders several models share live here.
 
 Command line: ``python -m runtime.tiny pipeline wan pipelines/wan`` (``runtime/tiny.py``, which also builds tiny
-tokenizers and processors); ``python -m runtime.diffusion.tiny wan pipelines/wan`` is kept as an alias of it.
+tokenizers and processors).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 from importlib import resources
 from pathlib import Path
@@ -88,14 +87,3 @@ def save_tiny_pipeline(name: str, directory: str | os.PathLike, seed: int = 0) -
     directory = Path(directory)
     condition.tiny_pipeline_class(variant)(**components).save_pretrained(directory)
     return directory
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The old command line: ``python -m runtime.diffusion.tiny ARGS`` is ``python -m runtime.tiny pipeline ARGS``."""
-    from runtime.tiny import main as tiny_main
-
-    return tiny_main(["pipeline", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -60,9 +60,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "holds files this command does not write (notes.txt)" in err
     assert (tmp_path / "full" / "notes.txt").read_text() == "mine" and (tmp_path / "file").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "full"]  # no temporary directory left behind
-    from runtime.diffusion.tiny import main as old_main  # `python -m runtime.diffusion.tiny`, kept as an alias
-
-    assert old_main(["nope", str(tmp_path / "p")]) == 2
+    assert main(["pipeline", "nope", str(tmp_path / "p")]) == 2
     assert capsys.readouterr().err == "error: unknown tiny pipeline 'nope'; known: " + ", ".join(_cases()) + "\n"
 
 
