@@ -37,7 +37,7 @@ from runtime.train.dit_data import (
     sample_keys,
 )
 from runtime.train.dit_step import latent_tokens, noise_generators, weighted_flow_matching_loss
-from runtime.train.loop import Job, StepWork, all_reduce_sum, to_device, train_device
+from runtime.train.job import Job, StepWork, all_reduce_sum, to_device, train_device
 from runtime.train.precision import autocast_forward, fsdp_dtypes
 from runtime.train.samples import ValidationSampler
 
