@@ -308,8 +308,6 @@ def triton_grouped_linear(x: Tensor, weight: Tensor, counts: Tensor) -> Tensor:
             f"triton_grouped_linear: {x.dtype} is not supported (the kernels take {', '.join(map(str, DTYPES))}); "
             f"use impl='grouped' for other dtypes"
         )
-    if x.size(0) == 0:  # nothing to launch for; the reference path still gives the weight a zero gradient
-        from runtime.moe.experts import grouped_linear
-
-        return grouped_linear(x, weight, counts, "segment")
+    if x.size(0) == 0:  # nothing to launch for; an empty contraction still gives the weight a zero gradient
+        return torch.einsum("tk,enk->tn", x, weight)
     return _TritonGroupedLinear.apply(x.contiguous(), weight, counts)

@@ -33,6 +33,8 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from runtime.sp.heads import kv_repeat_factor
+
 MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "sp")
 DP_MESH_DIM_NAME = "dp"
 FSDP_MESH_DIM_NAMES = ("dp_replicate", "dp_shard_sp")
@@ -74,13 +76,10 @@ def _resolve_layout(
 def check_sp_compatible(num_heads: int, num_kv_heads: int, seq_len: int | None, sp_size: int) -> int:
     """Raise a one-line ``ValueError`` if Ulysses SP of ``sp_size`` cannot run this attention / sequence.
 
-    The head rule is ``runtime.sp.ulysses.kv_repeat_factor`` (its only implementation): ``sp`` must divide the query
+    The head rule is ``runtime.sp.heads.kv_repeat_factor`` (its only implementation): ``sp`` must divide the query
     head count, and divide the KV head count or be a multiple of it. ``seq_len`` (the row length before SP padding;
     None to skip the check) must be at least ``sp`` so every rank holds a token. Returns the KV repeat factor.
     """
-    # Imported here: ulysses imports this module (and transformers), so a top-level import would be circular.
-    from runtime.sp.ulysses import kv_repeat_factor
-
     if isinstance(sp_size, bool) or not isinstance(sp_size, int) or sp_size < 1:
         raise ValueError(f"sp_size must be a positive integer, got {sp_size!r}")
     repeat = kv_repeat_factor(num_heads, num_kv_heads, sp_size)

@@ -15,22 +15,9 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from runtime.parallel.collectives import gather_heads_scatter_seq, gather_seq_scatter_heads
 from runtime.parallel.state import get_parallel_state
+from runtime.sp.heads import kv_repeat_factor
 
 PREFIX = "ulysses_"
-
-
-def kv_repeat_factor(num_heads: int, num_kv_heads: int, sp: int) -> int:
-    """How often to repeat KV heads so every SP rank owns whole KV heads for its query heads."""
-    if num_heads % sp:
-        raise ValueError(f"{num_heads} attention heads cannot be split over sp={sp}: sp must divide the head count")
-    if num_kv_heads % sp == 0:
-        return 1
-    if sp % num_kv_heads == 0:
-        return sp // num_kv_heads
-    raise ValueError(
-        f"{num_kv_heads} key/value heads cannot be split over sp={sp}: sp must divide the KV head "
-        f"count or be a multiple of it"
-    )
 
 
 def repeat_kv_heads(x: torch.Tensor, repeat: int) -> torch.Tensor:

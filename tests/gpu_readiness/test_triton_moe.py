@@ -61,6 +61,16 @@ def test_grouped_linear_tiles_and_masks(dtype, device):
     assert torch.count_nonzero(got[2][on[3] == 0]) == 0  # experts without rows: an exact zero gradient
 
 
+def test_no_rows_at_all_gives_an_empty_output_and_a_zero_weight_gradient(device):
+    """A rank whose experts received no token (EP): nothing is launched, the weight still gets its zero gradient."""
+    x = torch.zeros(0, 48, device=device, requires_grad=True)
+    weight = torch.randn(3, 16, 48, device=device, requires_grad=True)
+    y = triton_grouped_linear(x, weight, torch.zeros(3, dtype=torch.long, device=device))
+    assert y.shape == (0, 16)
+    y.sum().backward()
+    assert weight.grad is not None and torch.count_nonzero(weight.grad) == 0 and x.grad.shape == (0, 48)
+
+
 def test_unsupported_dtype_is_refused(device):
     x, weight = torch.randn(5, 48, dtype=torch.float64), torch.randn(2, 16, 48, dtype=torch.float64)
     with pytest.raises(ValueError, match="float64 is not supported"):
