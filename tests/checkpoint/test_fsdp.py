@@ -122,6 +122,6 @@ def test_fsdp_export_loads_in_plain_transformers(uninterrupted: tuple[Path, list
     got = full_run[0]["exports"][case]
     assert full_run[1]["exports"][case] is None
     assert got["class"].startswith("transformers.models.")
-    assert got["files"] == ["config.json", "model.safetensors", "patchgen_export.json"]
+    assert got["files"] == ["config.json", "generation_config.json", "model.safetensors", "patchgen_export.json"]
     assert ("lm_head.weight" in got["keys"]) is (case == "untied_qwen3")  # a tied copy is not saved
     assert torch.equal(got["ours"], got["theirs"])
