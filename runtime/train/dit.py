@@ -80,7 +80,7 @@ def setup_conditions(config: RunConfig, state: ParallelState, dataset: Any, devi
     light = load_condition_model_for(config, encoders=False)  # checks the options in a second, encoders or not
     if not config.data.cache:
         if state.rank == 0:
-            print("conditions: computed at every step by the condition model (data.cache: null)", file=sys.stderr)
+            print("conditions: computed at every step by the condition model (data.cache: null)", flush=True)
         live = load_condition_model_for(config, encoders=True, device=device)
         return live, LiveConditions(live, dataset)
     from runtime.diffusion.cache import ConditionCache, FileDigests, condition_fingerprint
@@ -110,7 +110,6 @@ def setup_conditions(config: RunConfig, state: ParallelState, dataset: Any, devi
         shards = len({cache.shard_of(key) for key in keys})
         print(
             f"conditions: reading {len(keys)} samples from {shards} shard(s) of the cache {cache.directory}",
-            file=sys.stderr,
             flush=True,
         )
     return light.to(device), CachedConditions(cache, keys)
