@@ -8,7 +8,7 @@ sections are shared by every algorithm; ``lora``, ``dit``, ``parallel``, ``optim
 
 Example (every key with its default unless marked required)::
 
-    algorithm: flowgrpo          # required: flowgrpo
+    algorithm: flowgrpo          # required: flowgrpo | grpo_guard | mixgrpo (docs/flowgrpo.md, "Algorithms")
     model:
       type: wan                  # a generated DiT (wan, flux, qwenimage, sd3, hunyuanvideo), or instead:
       architecture: null         # a non-diffusers model named explicitly (BagelMoT: no model_index.json tells it)
@@ -90,7 +90,11 @@ from runtime.train.tracking.requirements import report_to_errors
 __all__ = ["ALGORITHMS", "RLConfig", "algorithm_module", "load_rl_config", "locate_rl_error", "parse_rl_config"]
 
 # algorithm name -> the module that owns its config section, rollout-window choice and per-step objective
-ALGORITHMS = {"flowgrpo": "runtime.rl.algorithms.flowgrpo"}
+ALGORITHMS = {
+    "flowgrpo": "runtime.rl.algorithms.flowgrpo",
+    "grpo_guard": "runtime.rl.algorithms.grpo_guard",
+    "mixgrpo": "runtime.rl.algorithms.mixgrpo",
+}
 REFERENCES = ("lora_disabled", "frozen_copy")
 MAX_REWARDS = 16  # a rewards list longer than this is not a reward mix
 

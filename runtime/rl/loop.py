@@ -252,6 +252,8 @@ def _train(
     stats: dict[str, list[float]] = {}
     gaps: list[torch.Tensor] = []
     grad_norms, changed_checked = [], False
+    # the policy's step means before this iteration's first update (algorithms whose objective reads them)
+    old_means: list[torch.Tensor | None] | None = [None] * w if getattr(run.algo, "NEEDS_OLD_MEAN", False) else None
     module.train()
     for epoch in range(s.inner_epochs):
         order = torch.arange(b)
@@ -277,7 +279,16 @@ def _train(
                 if s.kl_coef > 0:
                     ref_mean = _reference_mean(run, sub, x, step_index, prev, levels)
                     kl_terms = (mean, ref_mean, std_dev_t, sqrt_dt)
-                loss, step_stats = run.algo.step_objective(s, log_prob, old, advantages[rows].to(device), kl_terms)
+                extra = {}
+                if old_means is not None:
+                    if epoch == 0:  # the policy has not moved yet: these are the old policy's means
+                        if old_means[j] is None:
+                            old_means[j] = torch.empty((b, *mean.shape[1:]), dtype=mean.dtype, device=mean.device)
+                        old_means[j][rows.to(mean.device)] = mean.detach()
+                    extra["gaussian"] = (mean, old_means[j][rows.to(mean.device)], std_dev_t, sqrt_dt)
+                loss, step_stats = run.algo.step_objective(
+                    s, log_prob, old, advantages[rows].to(device), kl_terms, **extra
+                )
                 scaled = loss * (len(rows) * share)
                 if not scaled.requires_grad:
                     raise PolicyUnchangedError(
@@ -345,7 +356,10 @@ def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
     sample_prompts = [t for t in texts for _ in range(g)]
     names = [f"{p.where} (sample {k})" for p in chosen for k in range(g)]
     b = len(sample_prompts)
-    window_size, window_range = run.algo.window(s, c.sampling.num_inference_steps)
+    if getattr(run.algo, "WINDOW_PER_ITERATION", False):  # a window that moves over training (MixGRPO)
+        window_size, window_range = run.algo.window(s, c.sampling.num_inference_steps, step)
+    else:
+        window_size, window_range = run.algo.window(s, c.sampling.num_inference_steps)
     policy.module.eval()
     generators = sample_generators(c.model.seed, step, state.dp_rank * b, b)
     chunk = c.sampling.batch_size or b
@@ -378,6 +392,8 @@ def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
     for k, name in enumerate(run.reward_names, 1):
         metrics[f"reward/{name}"] = every[k].mean().item()
         metrics[f"reward_std/{name}"] = every[k].std().item()
+    if hasattr(run.algo, "iteration_metrics"):  # the algorithm's own (e.g. MixGRPO's window position)
+        metrics.update(run.algo.iteration_metrics(s, c.sampling.num_inference_steps, step))
     metrics.update(
         advantage_mean=advantages_all.mean().item(),
         advantage_std=advantages_all.std().item(),
@@ -399,11 +415,12 @@ def _alarm(run: RLRun, metrics: dict[str, Any]) -> None:
         return
     message = (
         f"step {metrics['step']}: rollout vs training log-prob gap max |dlogp| = {metrics['logprob_gap_max']:.3g} "
-        f"(mean {metrics['logprob_gap_mean']:.3g}) on the first inner step, above flowgrpo.logprob_gap_alarm="
-        f"{s.logprob_gap_alarm:g}: rollout and training disagree (schedule, guidance, weights or inputs)"
+        f"(mean {metrics['logprob_gap_mean']:.3g}) on the first inner step, above "
+        f"{run.config.algorithm}.logprob_gap_alarm={s.logprob_gap_alarm:g}: rollout and training disagree "
+        "(schedule, guidance, weights or inputs)"
     )
     if s.on_logprob_gap == "stop":
-        raise LogProbGapError(message + "; stopped (flowgrpo.on_logprob_gap: stop)")
+        raise LogProbGapError(message + f"; stopped ({run.config.algorithm}.on_logprob_gap: stop)")
     run.logger.say(f"ALARM {message}")
 
 

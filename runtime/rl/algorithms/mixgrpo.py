@@ -1,0 +1,115 @@
+"""MixGRPO (Li et al. 2025, arXiv:2507.21802) as an algorithm of ``runtime.rl``: mixed ODE/SDE sampling whose SDE
+window slides over training. The objective, advantages and SDE step are Flow-GRPO's
+(``runtime/rl/algorithms/flowgrpo.py``); what changes is which steps are stochastic and trained on.
+
+Why. Flow-GRPO draws a window per sample, anywhere in the schedule; MixGRPO trains every sample of an iteration on
+the same window ``[l, l + w)`` (SDE inside, the deterministic ODE outside) and moves ``l`` over training, so the
+optimisation works through the high-noise steps first and the cost of an iteration is ``w`` trained steps
+whatever the schedule's length. The window (the paper's "sliding window" with size ``w``, shift interval
+``tau`` and stride ``s``; ``lo, hi``: the first and last eligible start, ``window_range``)::
+
+    progressive:  p = floor((k - 1) / tau)                        k: the iteration, 1-based
+                  m = floor((hi - lo) / s) + 1                    positions lo, lo + s, ..., <= hi
+                  l_k = lo + s * (p mod m)        roll_back: true (back to lo after the last position)
+                  l_k = lo + s * min(p, m - 1)    roll_back: false (stays at the last position)
+    random:       l_k uniform in [lo, hi], drawn from a generator seeded by (window_seed, k) alone
+
+``l_k`` is a function of the iteration alone, so every rank and a resumed run use the same window. The window start
+is logged as ``window_start`` every iteration. (The Flash variant's higher-order ODE solver outside the window is
+not taken: the ODE steps stay Euler, bitwise the sampler's.)
+
+Config: every ``flowgrpo:`` key (same meaning; ``window_range`` bounds the starts the window slides over) under
+``mixgrpo:``, plus (defaults: the paper's Flux recipe)::
+
+    mixgrpo:
+      sample_strategy: progressive  # progressive (the sliding window) | random (a seeded window per iteration)
+      iters_per_group: 25        # tau: iterations at each window position (progressive)
+      window_stride: 1           # s: steps the window moves each time (verl-omni moves by window_size)
+      roll_back: true            # progressive: after the last position start again from the first
+      window_seed: 0             # random: the window draws' seed (independent of the sampling seeds)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.rl.algorithms import flowgrpo
+from runtime.train.config import ConfigError, KeyRules
+
+__all__ = ["RULES", "Settings", "check", "conventions", "step_objective", "window", "window_start"]
+
+NAME = "mixgrpo"
+WINDOW_PER_ITERATION = True  # the loop passes the iteration to ``window``
+
+
+@dataclass(frozen=True)
+class Settings(flowgrpo.Settings):
+    sample_strategy: str = "progressive"
+    iters_per_group: int = 25
+    window_stride: int = 1
+    roll_back: bool = True
+    window_seed: int = 0
+
+
+def _renamed(rules: KeyRules) -> KeyRules:
+    def rename(key: str) -> str:
+        return f"{NAME}.{key.split('.', 1)[1]}"
+
+    return KeyRules(
+        frozenset(map(rename, rules.positive)),
+        frozenset(map(rename, rules.non_negative)),
+        frozenset(map(rename, rules.unit_interval)),
+        {rename(k): v for k, v in rules.choices.items()},
+    )
+
+
+RULES = _renamed(flowgrpo.RULES).merged(
+    KeyRules(
+        positive=frozenset({f"{NAME}.iters_per_group", f"{NAME}.window_stride"}),
+        non_negative=frozenset({f"{NAME}.window_seed"}),
+        choices={f"{NAME}.sample_strategy": ("progressive", "random")},
+    )
+)
+advantages = flowgrpo.advantages
+step_objective = flowgrpo.step_objective
+
+
+def check(config: Any) -> None:
+    """Flow-GRPO's checks under this section's name."""
+    try:
+        flowgrpo.check(config)
+    except ConfigError as exc:
+        raise ConfigError(*(m.replace("flowgrpo.", f"{NAME}.") for m in exc.messages)) from None
+
+
+def window_start(settings: Settings, num_steps: int, step: int) -> int:
+    """The window start ``l_k`` of iteration ``step`` (1-based) over a schedule of ``num_steps`` steps."""
+    _, (lo, hi) = flowgrpo.window(settings, num_steps)
+    if settings.sample_strategy == "random":
+        digest = hashlib.sha256(f"patchgen.rl.mixgrpo.window:{settings.window_seed}:{step}".encode()).digest()
+        return lo + int.from_bytes(digest[:8], "little") % (hi - lo + 1)
+    position = (step - 1) // settings.iters_per_group
+    count = (hi - lo) // settings.window_stride + 1
+    position = position % count if settings.roll_back else min(position, count - 1)
+    return lo + settings.window_stride * position
+
+
+def window(settings: Settings, num_steps: int, step: int) -> tuple[int, tuple[int, int]]:
+    """(window size, inclusive range of window starts) of iteration ``step``: one start for every sample."""
+    start = window_start(settings, num_steps, step)
+    return settings.window_size, (start, start)
+
+
+def iteration_metrics(settings: Settings, num_steps: int, step: int) -> dict[str, int]:
+    return {"window_start": window_start(settings, num_steps, step)}
+
+
+def conventions(settings: Settings) -> str:
+    if settings.sample_strategy == "random":
+        moves = f"window random per iteration (seed {settings.window_seed})"
+    else:
+        end = "rolls back" if settings.roll_back else "stays at the last position"
+        moves = f"window slides by {settings.window_stride} every {settings.iters_per_group} iterations, then {end}"
+    return f"{flowgrpo.conventions(settings)}, {moves}"
