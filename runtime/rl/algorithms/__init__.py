@@ -1,3 +1,8 @@
 """RL algorithms, one module each (``runtime.rl.config.ALGORITHMS`` names them): ``Settings`` (the frozen dataclass
 of the config section named after the algorithm), ``RULES`` (its key rules), ``check(config)``, ``conventions``,
-``window``, ``advantages`` and ``step_objective``."""
+``window``, ``advantages`` and ``step_objective``.
+
+Optional hooks the loop reads (``runtime/rl/loop.py``): ``NEEDS_OLD_MEAN = True`` passes ``gaussian=(mean,
+old_mean, std_dev_t, sqrt_dt)`` to ``step_objective`` (GRPO-Guard); ``WINDOW_PER_ITERATION = True`` calls
+``window(settings, num_steps, step)`` each iteration (MixGRPO); ``iteration_metrics(settings, num_steps, step)``
+adds the algorithm's own metrics (MixGRPO's ``window_start``)."""
