@@ -1,6 +1,6 @@
 """What the benchmarks share: the command line (``--device``, ``--dtype``, ``--repeats``), timing that measures the
-code and not the machine's load (``runtime.kernels.timing``: process CPU time on CPU, synchronised wall time on CUDA,
-interleaved rounds, medians of per-round ratios), tokens/s and MFU, activation memory saved for backward, and a
+code and not the machine's load (``runtime.kernels.timing``: user CPU time on CPU, synchronised wall time on CUDA,
+interleaved rounds, each job's fastest round), tokens/s and MFU, activation memory saved for backward, and a
 worst-rank figure over gloo ranks. No bench keeps its own timing code."""
 
 from __future__ import annotations
@@ -18,16 +18,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/x.
 
 import torch  # noqa: E402
 
-from runtime.kernels.timing import Clock, interleaved, median_ratio, timed  # noqa: E402
+from runtime.kernels.timing import Clock, fastest, fastest_ratio, interleaved, timed  # noqa: E402
 from tests.dist_utils import run_distributed  # noqa: E402  (the one multi-rank launcher; ranks are pooled)
 
 __all__ = [
     "Bench",
     "Clock",
     "bench_args",
+    "fastest",
+    "fastest_ratio",
     "flops_of",
     "interleaved",
-    "median_ratio",
     "saved_activation_bytes",
     "setup",
     "throughput",
@@ -50,9 +51,8 @@ class Bench:
     @property
     def label(self) -> str:
         dtype = next(k for k, v in DTYPES.items() if v == self.dtype)
-        return (
-            f"{dtype}, {self.device}, {torch.get_num_threads()} thread(s), {self.clock.unit}, median of {self.repeats}"
-        )
+        threads = torch.get_num_threads()
+        return f"{dtype}, {self.device}, {threads} thread(s), {self.clock.unit}, fastest of {self.repeats}"
 
     def autocast(self):
         """bf16 autocast where the bench runs a trainer whose parameters stay fp32; a no-op for fp32."""
@@ -64,7 +64,7 @@ def bench_args(doc: str | None, repeats: int) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", default="fp32", choices=sorted(DTYPES))
-    parser.add_argument("--repeats", type=int, default=repeats, help="interleaved timed rounds (median)")
+    parser.add_argument("--repeats", type=int, default=repeats, help="interleaved timed rounds (fastest)")
     return parser
 
 

@@ -4,11 +4,11 @@ A fixed rule was wrong on a loaded 2-core box: it chose ``torch._grouped_mm`` (0
 while the padded ``bmm`` measured 1.39x in the same run. So ``grouped_linear(backend=None)`` asks ``choose_backend``:
 for a problem of at least ``MIN_MACS`` multiply-adds it times forward + backward of every backend that can run it
 (``pick_backend``'s eligibility) on detached copies of this call's own rows, weights and expert counts, in
-interleaved rounds on ``runtime.kernels.timing``'s clock (process CPU time on CPU, synchronised wall time on CUDA),
-and keeps the fastest median for (device, dtype, experts, N, K, rows rounded up to a power of two) for the life of the
-process. Smaller problems take the fixed rule (``pick_backend``): a timing of microseconds says nothing, and the tiny
-models of the test suite stay deterministic across processes. While ``torch.compile`` traces, the cached choice or
-the fixed rule is used (nothing is timed inside a graph).
+interleaved rounds on ``runtime.kernels.timing``'s clock (user CPU time on CPU, synchronised wall time on CUDA), and
+keeps the backend with the fastest round for (device, dtype, experts, N, K, rows rounded up to a power of two) for
+the life of the process. Smaller problems take the fixed rule (``pick_backend``): a timing of microseconds says
+nothing, and the tiny models of the test suite stay deterministic across processes. While ``torch.compile``
+traces, the cached choice or the fixed rule is used (nothing is timed inside a graph).
 
 Backends round differently (fp32 rounding, well within 1e-6), so two processes that measured different winners are
 not bitwise identical; ``PATCHGEN_MOE_BACKEND=torch|segment|bmm`` pins the backend wherever it can run (e.g. for a
@@ -18,13 +18,12 @@ bitwise resume in another process).
 from __future__ import annotations
 
 import os
-import statistics
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from runtime.kernels.timing import Clock, interleaved
+from runtime.kernels.timing import Clock, fastest, interleaved
 
 __all__ = ["MIN_MACS", "ROUNDS", "choose_backend", "eligible_backends", "measured"]
 
@@ -66,7 +65,7 @@ def _time_backends(
         return run
 
     samples = interleaved({b: job(b) for b in backends}, ROUNDS, Clock(x.device))
-    return min(backends, key=lambda b: statistics.median(samples[b]))
+    return min(backends, key=lambda b: fastest(samples[b]))
 
 
 def choose_backend(
