@@ -44,11 +44,14 @@ def rollout(
     generators: Sequence[torch.Generator],
     window_start_range: tuple[int, int] | None = None,
     noise_level: float | None = None,
+    initial_latents: torch.Tensor | None = None,
 ) -> RolloutResult:
     """Sample one trajectory per sample with ``adapter.step`` (see the module docstring).
 
     ``batch`` holds the conditioning (the adapter's keys); its ``schedule`` is set here from
     ``adapter.set_timesteps``. ``window_start_range`` is inclusive and defaults to ``(0, N - window_size)``.
+    ``initial_latents`` (``[B, *latent_shape]``): the starting noise instead of each generator's second draw (DanceGRPO
+    shares it within a group); the generators then draw the window start and the SDE noise only.
     """
     schedule = adapter.set_timesteps(num_inference_steps)
     n = schedule.num_steps
@@ -63,7 +66,11 @@ def rollout(
     batch = {**batch, "schedule": schedule.to(device)}
 
     starts = torch.stack([torch.randint(lo, hi + 1, (), generator=g, device=g.device).cpu() for g in generators])
-    x = torch.stack([torch.randn(tuple(latent_shape), generator=g, device=g.device) for g in generators]).to(device)
+    if initial_latents is None:
+        x = torch.stack([torch.randn(tuple(latent_shape), generator=g, device=g.device) for g in generators])
+    else:
+        x = initial_latents.float()
+    x = x.to(device)
     steps = torch.arange(window_size)
     step_indices = starts[:, None] + steps[None, :]  # [B, W]
 

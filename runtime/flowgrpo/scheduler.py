@@ -22,6 +22,10 @@ Method ``"sde"`` (Flow-GRPO), with ``d = sigma_{i+1} - sigma_i < 0`` and noise l
 This is the Euler-Maruyama step of the reverse SDE ``dx = [v + std^2/(2t) (x + (1-t) v)] dt + std dw`` whose
 marginals equal the ODE's (``-(x + (1 - t) v) / t`` is the score of a rectified flow).
 
+Method ``"dance"`` (DanceGRPO, Xue et al. 2025, arXiv:2505.07818): the same reverse SDE with a constant diffusion
+coefficient ``eps_t = a`` instead of Flow-GRPO's ``a * sqrt(sigma / (1 - sigma))``, i.e. ``std_dev_t = a`` in the
+two lines above (``dz = [v - a^2 / 2 * score] dt + a dw``, ``score = -(x + (1 - t) v) / t``).
+
 Method ``"cps"`` (coefficient-preserving sampling, Wang & Yu 2025), with ``x0 = x - sigma v`` and
 ``eps = x + (1 - sigma) v`` the model's estimates of data and noise::
 
@@ -50,7 +54,7 @@ from typing import Any, Literal
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-SdeMethod = Literal["sde", "cps"]
+SdeMethod = Literal["sde", "cps", "dance"]
 CpsLogProb = Literal["squared_error", "gaussian"]
 CPS_LOG_PROBS = ("squared_error", "gaussian")  # the first is verl-omni's (the default)
 _LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
@@ -213,8 +217,8 @@ def sde_step(
     """
     if (step_index is None) == (timestep is None):
         raise ValueError("pass exactly one of step_index and timestep")
-    if method not in ("sde", "cps"):
-        raise ValueError(f"unknown SDE method {method!r}; expected 'sde' or 'cps'")
+    if method not in ("sde", "cps", "dance"):
+        raise ValueError(f"unknown SDE method {method!r}; expected 'sde', 'cps' or 'dance'")
     if cps_log_prob not in CPS_LOG_PROBS:
         raise ValueError(f"unknown CPS log-prob {cps_log_prob!r}; expected one of {', '.join(CPS_LOG_PROBS)}")
     device = sample.device
@@ -238,10 +242,13 @@ def sde_step(
     sigma_next = sigmas[index + 1].reshape(shape)
     a = _per_sample(noise_level, batch, ndim, device)
 
-    if method == "sde":
+    if method in ("sde", "dance"):
         dt = sigma_next - sigma
-        sigma_den = torch.where(sigma == 1, sigmas[1], sigma)
-        std_dev_t = torch.sqrt(sigma / (1 - sigma_den)) * a
+        if method == "sde":
+            sigma_den = torch.where(sigma == 1, sigmas[1], sigma)
+            std_dev_t = torch.sqrt(sigma / (1 - sigma_den)) * a
+        else:
+            std_dev_t = a.expand_as(sigma)
         mean = x * (1 + std_dev_t**2 * dt / (2 * sigma)) + v * (1 + std_dev_t**2 * (1 - sigma) / (2 * sigma)) * dt
         sqrt_dt = torch.sqrt(-dt)
     else:

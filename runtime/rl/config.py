@@ -8,7 +8,7 @@ sections are shared by every algorithm; ``lora``, ``dit``, ``parallel``, ``optim
 
 Example (every key with its default unless marked required)::
 
-    algorithm: flowgrpo          # required: flowgrpo | grpo_guard | mixgrpo (docs/flowgrpo.md, "Algorithms")
+    algorithm: flowgrpo          # required: flowgrpo, grpo_guard, mixgrpo, dancegrpo (docs/flowgrpo.md)
     model:
       type: wan                  # a generated DiT (wan, flux, qwenimage, sd3, hunyuanvideo), or instead:
       architecture: null         # a non-diffusers model named explicitly (BagelMoT: no model_index.json tells it)
@@ -94,6 +94,7 @@ ALGORITHMS = {
     "flowgrpo": "runtime.rl.algorithms.flowgrpo",
     "grpo_guard": "runtime.rl.algorithms.grpo_guard",
     "mixgrpo": "runtime.rl.algorithms.mixgrpo",
+    "dancegrpo": "runtime.rl.algorithms.dancegrpo",
 }
 REFERENCES = ("lora_disabled", "frozen_copy")
 MAX_REWARDS = 16  # a rewards list longer than this is not a reward mix

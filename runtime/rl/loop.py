@@ -248,7 +248,12 @@ def _train(
     device = res.final_latents.device
     train_batch = {**batch, "schedule": res.schedule.to(device)}
     params = policy.trainable
-    share = 1.0 / (b * w * state.dp_size)
+    # the window positions each sample trains on ([B, K]; DanceGRPO subsamples them), or all W in order
+    positions = None
+    if hasattr(run.algo, "train_positions"):
+        positions = run.algo.train_positions(s, w, c.model.seed, step, state.dp_rank * b, b)
+    k = w if positions is None else positions.shape[1]
+    share = 1.0 / (b * k * state.dp_size)
     stats: dict[str, list[float]] = {}
     gaps: list[torch.Tensor] = []
     grad_norms, changed_checked = [], False
@@ -262,17 +267,18 @@ def _train(
         run.optimizer.zero_grad(set_to_none=True)
         total = torch.zeros((), dtype=torch.float64)
         micro_losses, micro_names = [], []
-        for j in range(w):
+        for j in range(k):
             for start in range(0, b, mb):
                 rows = order[start : start + mb]
                 sub = select_rows(train_batch, rows)
-                x, prev = res.latents[rows, j].to(device), res.latents[rows, j + 1].to(device)
-                step_index = res.step_indices[rows, j].to(device)
+                col = j if positions is None else positions[rows, j]
+                x, prev = res.latents[rows, col].to(device), res.latents[rows, col + 1].to(device)
+                step_index = res.step_indices[rows, col].to(device)
                 levels = torch.full((len(rows),), float(s.noise_level), device=device)
                 log_prob, mean, std_dev_t, sqrt_dt = adapter.forward_and_sample_previous_step(
                     module, sub, x, step_index, prev_sample=prev, noise_level=levels
                 )
-                old = res.log_probs[rows, j].to(log_prob.device)
+                old = res.log_probs[rows, col].to(log_prob.device)
                 if epoch == 0:
                     gaps.append((log_prob.detach() - old).abs().cpu())
                 kl_terms = None
@@ -363,6 +369,9 @@ def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
     policy.module.eval()
     generators = sample_generators(c.model.seed, step, state.dp_rank * b, b)
     chunk = c.sampling.batch_size or b
+    initial = None  # the starting noise when the algorithm shares it within a group (DanceGRPO)
+    if hasattr(run.algo, "initial_noise"):
+        initial = run.algo.initial_noise(s, c.model.seed, step, state.dp_rank * b, b, adapter.latent_shape)
     parts = [
         rollout(
             adapter,
@@ -374,6 +383,7 @@ def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
             generators=generators[first : first + chunk],
             window_start_range=window_range,
             noise_level=s.noise_level,
+            initial_latents=None if initial is None else initial[first : first + chunk],
         )
         for first in range(0, b, chunk)
     ]

@@ -147,6 +147,8 @@ def _tiny_run(tiny_pipelines, tmp_path: Path, algorithm: str, section: dict) -> 
 
     raw = rl_config("flux", tiny_pipelines("flux"), tmp_path, algorithm=algorithm)
     raw[algorithm] = {**raw.pop("flowgrpo"), **section}
+    if algorithm == "dancegrpo":  # no window: every step is stochastic
+        del raw[algorithm]["window_size"]
     run, _ = start(raw)
     before = trainable_state(run.policy)
     metrics, rollouts = zip(*(iteration(run, step) for step in (1, 2)), strict=True)
@@ -212,4 +214,79 @@ def test_mixgrpo_trains_on_flux(tiny_pipelines, tmp_path: Path) -> None:
     assert [m["window_start"] for m in metrics] == [0, 1]
     for first, res in zip((0, 1), rollouts, strict=True):
         assert torch.equal(res.step_indices, torch.tensor([[first, first + 1]] * 4))
+    assert metrics[0]["logprob_gap_max"] == 0.0 and metrics[0]["ratio_mean"] == 1.0
+
+
+def test_dancegrpo_sde_step_and_gradient_match_the_paper() -> None:
+    """DanceGRPO's step ``dz = [v - eta^2 / 2 * score] dt + eta dw`` (Euler-Maruyama, ``score = -(z - (1 - t)
+    x0_hat) / t^2``, ``x0_hat = z - t v``) in float64 against ``sde_step(method="dance")`` (float32)."""
+    from runtime.flowgrpo.scheduler import make_schedule, sde_step
+
+    schedule = make_schedule({"shift": 3.0}, 10)
+    g = torch.Generator().manual_seed(5)
+    index = torch.tensor([0, 2, 5, 8, 9, 4])
+    eta = torch.tensor([0.3, 0.3, 0.7, 1.0, 0.3, 0.0])
+    z = torch.randn(SHAPE, generator=g, dtype=torch.float64)
+    v = torch.randn(SHAPE, generator=g, dtype=torch.float64)
+    noise = torch.randn(SHAPE, generator=g, dtype=torch.float64)
+
+    def reference(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        sig = schedule.sigmas.double()
+        t, t_next = sig[index].reshape(-1, 1, 1, 1), sig[index + 1].reshape(-1, 1, 1, 1)
+        d, e = t_next - t, eta.double().reshape(-1, 1, 1, 1)
+        x0_hat = z - t * v
+        score = -(z - (1 - t) * x0_hat) / t**2
+        mean = z + (v - e**2 / 2 * score) * d
+        std = e * (-d).sqrt()
+        return mean, std
+
+    mean, std = reference(v)
+    prev = (mean + std * noise).detach()
+    v64 = v.clone().requires_grad_(True)
+    ref_mean, ref_std = reference(v64)
+    ok = ref_std.reshape(-1) > 0
+    dist = torch.distributions.Normal(ref_mean[ok], ref_std[ok].expand_as(ref_mean[ok]))
+    ref_lp = dist.log_prob(prev[ok]).mean(dim=(1, 2, 3))
+    (ref_grad,) = torch.autograd.grad(ref_lp.sum(), v64)
+
+    v32 = v.float().requires_grad_(True)
+    _, lp, ours_mean, std_dev_t, sqrt_dt = sde_step(
+        schedule, z.float(), v32, step_index=index, noise_level=eta, method="dance", prev_sample=prev.float()
+    )
+    (grad,) = torch.autograd.grad(lp.sum(), v32)
+    assert torch.allclose(ours_mean.double(), ref_mean.detach(), rtol=1e-5, atol=1e-5)
+    assert torch.allclose((std_dev_t * sqrt_dt).double(), ref_std, rtol=1e-6, atol=0)
+    assert torch.allclose(lp[ok].double(), ref_lp.detach(), rtol=1e-5, atol=1e-5)
+    assert lp[~ok].eq(0).all()  # eta 0: the deterministic Euler step
+    assert ((grad[ok].double() - ref_grad[ok]).norm() / ref_grad[ok].norm()).item() < 1e-5
+
+
+def test_dancegrpo_subsamples_steps_and_shares_noise_per_group_whatever_the_layout() -> None:
+    from runtime.rl.algorithms.dancegrpo import Settings, initial_noise, train_positions
+
+    s = Settings(group_size=3, timestep_fraction=0.6)
+    whole = train_positions(s, 16, 7, 4, 0, 12)
+    assert whole.shape == (12, 9)  # floor(0.6 * 15) of the 15 steps before the last
+    assert all(len(set(r.tolist())) == 9 and max(r.tolist()) < 15 for r in whole)
+    assert len({tuple(r.tolist()) for r in whole}) > 1  # each sample its own subset
+    assert torch.equal(train_positions(s, 16, 7, 4, 6, 6), whole[6:])  # replica 1 of 2 draws what one process did
+    assert not torch.equal(train_positions(s, 16, 7, 5, 0, 12), whole)  # a new iteration, new steps
+    noise = initial_noise(s, 7, 4, 0, 12, (2, 3, 3))
+    for q in range(12):
+        assert torch.equal(noise[q], noise[3 * (q // 3)])
+    assert not torch.equal(noise[0], noise[3])
+    assert torch.equal(initial_noise(s, 7, 4, 4, 5, (2, 3, 3)), noise[4:9])
+    assert initial_noise(Settings(init_same_noise=False), 7, 4, 0, 12, (2, 3, 3)) is None
+
+
+def test_dancegrpo_trains_on_flux(tiny_pipelines, tmp_path: Path) -> None:
+    """Every step stochastic, one starting noise per group, K = floor(0.67 * 3) = 2 trained steps per sample."""
+    section = {"timestep_fraction": 0.67}
+    metrics, rollouts = _tiny_run(tiny_pipelines, tmp_path, "dancegrpo", section)
+    for res in rollouts:
+        assert torch.equal(res.step_indices, torch.arange(4).expand(4, 4))
+        first = res.latents[:, 0]
+        assert torch.equal(first[0], first[1]) and torch.equal(first[2], first[3])
+        assert not torch.equal(first[0], first[2])
+        assert not torch.equal(res.final_latents[0], res.final_latents[1])  # the SDE noise differs
     assert metrics[0]["logprob_gap_max"] == 0.0 and metrics[0]["ratio_mean"] == 1.0

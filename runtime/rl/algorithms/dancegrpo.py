@@ -1,0 +1,182 @@
+"""DanceGRPO (Xue et al. 2025, arXiv:2505.07818) as an algorithm of ``runtime.rl``: every step of the rollout is
+stochastic, under DanceGRPO's SDE; each sample trains on a random subset of its steps; the samples of a prompt
+start from the same noise. The clipped objective and the KL are Flow-GRPO's (``runtime/rl/algorithms/flowgrpo.py``).
+
+SDE (``sde_type: dance``, ``runtime/flowgrpo/scheduler.py``). The reverse-time SDE of a rectified flow with a
+constant diffusion coefficient ``eps_t = noise_level`` (the paper's ``eta``)::
+
+    dz = [v - eps_t^2 / 2 * score(z, t)] dt + eps_t dw,     score(z, t) = -(z - (1 - t) x0_hat) / t^2,
+                                                             x0_hat = z - t v
+    Euler-Maruyama, d = sigma_{i+1} - sigma_i < 0:
+    mean = z + d * (v + eps_t^2 / (2 sigma) * (z + (1 - sigma) v)),   std = eps_t * sqrt(-d)
+
+(Flow-GRPO's ``sde`` step is the same with ``eps_t = a * sqrt(sigma / (1 - sigma))``.) The step's policy is
+``N(mean, std^2)``; its log-prob the per-element mean of the Gaussian log-density.
+
+Timestep subsampling. Of the ``N`` steps (``N - 1`` with ``ignore_last``: the step onto ``sigma = 0`` is not
+trained), each sample trains on ``K = max(1, floor(timestep_fraction * N'))`` distinct steps drawn without
+replacement from a generator seeded by ``(model.seed, iteration, global sample)`` alone (resume and any layout draw
+the same steps); the objective is the mean over those ``K`` steps and the batch.
+
+Shared initial noise (``init_same_noise: true``). The ``group_size`` samples of a prompt start from one noise
+tensor, drawn from a generator seeded by ``(model.seed, iteration, global group)``, so the group's rewards differ
+only through the SDE noise and the advantage compares trajectories, not starting points.
+
+Config (defaults: the paper's Flux recipe where it has one; ``advantage: group`` as its ``--use_group``)::
+
+    dancegrpo:
+      group_size: 4
+      noise_level: 0.3           # eta
+      sde_type: dance            # dance | sde (Flow-GRPO's eps_t) | cps
+      timestep_fraction: 0.6     # share of the steps each sample trains on
+      ignore_last: true          # the last step (onto sigma = 0) is not trained
+      init_same_noise: true      # one starting noise per prompt group
+      advantage: group           # global | group | none (Flow-GRPO's)
+      advantage_std_ddof: 1
+      clip_range: 1.0e-4
+      adv_clip_max: 5.0
+      kl_coef: 0.0
+      kl_form: scaled
+      cps_log_prob: squared_error
+      micro_batch_size: null
+      inner_epochs: 1
+      logprob_gap_alarm: 1.0e-3
+      on_logprob_gap: warn
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from runtime.rl.algorithms import flowgrpo
+from runtime.train.config import ConfigError, KeyRules
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["RULES", "Settings", "check", "conventions", "initial_noise", "step_objective", "train_positions", "window"]
+
+NAME = "dancegrpo"
+
+
+@dataclass(frozen=True)
+class Settings:
+    group_size: int = 4
+    noise_level: float = 0.3
+    sde_type: str = "dance"
+    timestep_fraction: float = 0.6
+    ignore_last: bool = True
+    init_same_noise: bool = True
+    advantage: str = "group"
+    advantage_std_ddof: int = 1
+    clip_range: float = 1e-4
+    adv_clip_max: float = 5.0
+    kl_coef: float = 0.0
+    kl_form: str = "scaled"
+    cps_log_prob: str = "squared_error"
+    micro_batch_size: int | None = None
+    inner_epochs: int = 1
+    logprob_gap_alarm: float = 1e-3
+    on_logprob_gap: str = "warn"
+
+
+RULES = KeyRules(
+    positive=frozenset(
+        f"{NAME}.{k}"
+        for k in (
+            "group_size",
+            "timestep_fraction",
+            "clip_range",
+            "adv_clip_max",
+            "micro_batch_size",
+            "inner_epochs",
+            "logprob_gap_alarm",
+        )
+    ),
+    non_negative=frozenset({f"{NAME}.noise_level", f"{NAME}.kl_coef"}),
+    unit_interval=frozenset({f"{NAME}.timestep_fraction"}),
+    choices={
+        f"{NAME}.sde_type": ("dance", "sde", "cps"),
+        f"{NAME}.cps_log_prob": ("squared_error", "gaussian"),
+        f"{NAME}.advantage": ("global", "group", "none"),
+        f"{NAME}.kl_form": ("scaled", "exact"),
+        f"{NAME}.on_logprob_gap": ("warn", "stop"),
+    },
+)
+advantages = flowgrpo.advantages
+step_objective = flowgrpo.step_objective
+
+
+def check(config: Any) -> None:
+    """What the section's types and ranges do not say (called by ``parse_rl_config``)."""
+    s: Settings = config.algo
+    if s.group_size < 2:
+        raise ConfigError(f"{NAME}.group_size: at least 2 (a group of one has advantage 0), found {s.group_size}")
+    if s.ignore_last and config.sampling.num_inference_steps < 2:
+        raise ConfigError(f"{NAME}.ignore_last: a 1-step schedule has nothing else to train; set it to false")
+    if s.advantage_std_ddof not in (0, 1):
+        raise ConfigError(f"{NAME}.advantage_std_ddof: 1 (torch.std) or 0 (np.std), found {s.advantage_std_ddof!r}")
+    if s.sde_type == "cps" and s.noise_level > 1:
+        raise ConfigError(f"{NAME}.noise_level: CPS takes a noise level in [0, 1], found {s.noise_level}")
+    if s.kl_coef > 0 and config.reference == "lora_disabled" and config.lora.rank is None:
+        raise ConfigError(
+            "reference: lora_disabled needs a LoRA run (lora.rank); full fine-tuning takes reference: frozen_copy"
+        )
+
+
+def window(settings: Settings, num_steps: int) -> tuple[int, tuple[int, int]]:
+    """Every step is stochastic: one window over the whole schedule."""
+    return num_steps, (0, 0)
+
+
+def trained_count(settings: Settings, num_steps: int) -> int:
+    """``K``: the steps each sample trains on."""
+    eligible = num_steps - 1 if settings.ignore_last else num_steps
+    return max(1, int(settings.timestep_fraction * eligible))
+
+
+def _generator(tag: str, seed: int, step: int, index: int) -> torch.Generator:
+    import torch
+
+    digest = hashlib.sha256(f"patchgen.rl.dancegrpo.{tag}:{seed}:{step}:{index}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+
+
+def train_positions(settings: Settings, num_steps: int, seed: int, step: int, first: int, count: int) -> torch.Tensor:
+    """``[count, K]`` long: the steps global samples ``first .. first + count - 1`` train on (sorted)."""
+    import torch
+
+    eligible = num_steps - 1 if settings.ignore_last else num_steps
+    k = trained_count(settings, num_steps)
+    rows = [
+        torch.randperm(eligible, generator=_generator("steps", seed, step, q))[:k].sort().values
+        for q in range(first, first + count)
+    ]
+    return torch.stack(rows)
+
+
+def initial_noise(
+    settings: Settings, seed: int, step: int, first: int, count: int, latent_shape: Sequence[int]
+) -> torch.Tensor | None:
+    """``[count, *latent_shape]``: one noise per prompt group (global sample ``q`` is in group
+    ``q // group_size``), or None (each sample draws its own) without ``init_same_noise``."""
+    import torch
+
+    if not settings.init_same_noise:
+        return None
+    g = settings.group_size
+    groups = {q // g: None for q in range(first, first + count)}
+    for group in groups:
+        groups[group] = torch.randn(tuple(latent_shape), generator=_generator("noise", seed, step, group))
+    return torch.stack([groups[q // g] for q in range(first, first + count)])
+
+
+def conventions(settings: Settings) -> str:
+    k = f"{settings.timestep_fraction:g} of the steps{' but the last' if settings.ignore_last else ''}"
+    noise = "shared initial noise per group" if settings.init_same_noise else "own initial noise per sample"
+    return (
+        f"{flowgrpo.conventions(settings)}, SDE {settings.sde_type} eta {settings.noise_level:g}, trains {k}, {noise}"
+    )
