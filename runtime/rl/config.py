@@ -45,7 +45,7 @@ Example (every key with its default unless marked required)::
     parallel: {sp: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false}
     optim: {lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, max_grad_norm: 1.0, warmup_steps: 0,
             min_lr_ratio: 0.1}
-    train: {steps: 100, nonfinite: stop}   # steps: RL iterations (rollout, reward, update)
+    train: {steps: 100, nonfinite: stop, mixed_precision: auto}  # steps: RL iterations (rollout, reward, update)
     checkpoint: {dir: null, interval: 0, resume: auto, save_total_limit: 2}
     log: {dir: runs/latest, interval: 1, report_to: [], project: patchgen, run_name: null, progress: true}
     export: {dir: null, overwrite: false, fuse_lora: false}  # a pipeline directory, or the LoRA file
@@ -132,6 +132,7 @@ class SamplingConfig:
 class RLTrainConfig:
     steps: int = 100
     nonfinite: str = "stop"
+    mixed_precision: str = "auto"  # the trainer's train.mixed_precision: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
 
 
 @dataclass(frozen=True)

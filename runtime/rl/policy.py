@@ -83,16 +83,22 @@ def _shard_and_wrap(
     save: the same for every kind of policy."""
     from runtime.parallel.fsdp import apply_fsdp
     from runtime.train.dit import checkpointed
+    from runtime.train.precision import autocast_forward, fsdp_dtypes
 
     reference = None
     if config.algo.kl_coef > 0 and config.reference == "frozen_copy":
         reference = copy.deepcopy(module).requires_grad_(False).eval()
     module.to(device)
+    precision = config.train.mixed_precision  # the trainer's rule (runtime/train/precision.py)
     if state.world_size > 1:
-        module = apply_fsdp(module, state, activation_checkpointing=config.parallel.activation_checkpointing)
+        dtypes = fsdp_dtypes(precision, state)
+        module = apply_fsdp(module, state, activation_checkpointing=config.parallel.activation_checkpointing, **dtypes)
         if reference is not None:
-            reference = apply_fsdp(reference.to(device), state)
+            reference = apply_fsdp(reference.to(device), state, **dtypes)
     else:
+        autocast_forward(module, precision, state)
+        if reference is not None:
+            autocast_forward(reference, precision, state)
         if config.parallel.activation_checkpointing:
             module.gradient_checkpointing_enable()
         if reference is not None:

@@ -133,3 +133,26 @@ def test_frozen_copy_reference_and_ema_export(tiny_pipelines, tmp_path: Path) ->
     exported = DiffusionPipeline.from_pretrained(tmp_path / "x").transformer.state_dict()
     for key, value in ema.state_dict().items():
         assert torch.equal(exported[ema.parameter_name(key)], value), key
+
+
+def test_bf16_mixed_precision_computes_in_bf16_and_stays_near_fp32(tiny_pipelines, tmp_path: Path) -> None:
+    """train.mixed_precision: bf16 (one process: autocast) runs the policy's blocks in bf16 while its parameters stay
+    fp32, and the first iteration's rewards and loss stay near the fp32 run's (same seeds, same prompts)."""
+    from runtime.rl.config import parse_rl_config
+    from runtime.rl.loop import run_rl
+
+    runs = {}
+    for mode in ("fp32", "bf16"):
+        (tmp_path / mode).mkdir()
+        raw = rl_config("flux", tiny_pipelines("flux"), tmp_path / mode, train={"steps": 1, "mixed_precision": mode})
+        runs[mode] = run_rl(parse_rl_config(raw))
+    module = runs["bf16"].policy.module
+    assert all(p.dtype == torch.float32 for p in module.parameters())
+    seen = []
+    linear = next(m for m in module.modules() if isinstance(m, torch.nn.Linear))
+    handle = linear.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
+    _probe("flux", module)
+    handle.remove()
+    assert seen and seen[0] == torch.bfloat16
+    fp32, bf16 = runs["fp32"].metrics[0], runs["bf16"].metrics[0]
+    assert abs(bf16["reward"] - fp32["reward"]) <= 0.05 * abs(fp32["reward"]) + 1e-3, (bf16, fp32)
