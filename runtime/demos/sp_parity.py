@@ -58,6 +58,9 @@ def main(model_type: str = "qwen3", lengths: tuple[int, ...] = (29, 42, 17)) -> 
         print(f"relative logits difference:        {relative(logits, ref_logits):.2e}")
         print(f"max relative gradient difference:  {worst:.2e} ({worst_name})")
         print("PASS" if max(worst, relative(loss, ref_loss)) < 1e-5 else "FAIL (tolerance 1e-5)")
+    if dist.is_initialized():  # an undestroyed gloo group can abort the interpreter at exit under load
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
