@@ -1,0 +1,131 @@
+"""DiffusionNFT (Zheng et al. 2025, arXiv:2509.16117): online RL on the forward (noising) process. The rollout may use
+any sampler; only its clean samples ``x0`` and their rewards are kept: no trajectory, no SDE log-prob.
+
+Optimality probability. The raw rewards of a prompt's group become ``r in [0, 1]``::
+
+    r = 1/2 + 1/2 * clip((R - mean_group(R)) / Z, -1, 1)         (Z = reward_norm, > 0)
+
+(``r = 1`` wholly positive, ``r = 0`` wholly negative, ``1/2`` neither).
+
+Implicit policies. With the rollout's (old, frozen) velocity ``v_old`` and the trained one ``v_theta`` at the
+same noisy input, the positive and negative policies are::
+
+    v_plus  = (1 - beta) * v_old + beta * v_theta
+    v_minus = (1 + beta) * v_old - beta * v_theta
+
+Objective, on the forward process of a clean sample ``x0`` with noise ``eps`` at ``t ~ U(t_min, t_max)`` (rectified
+flow: ``x_t = (1 - t) x0 + t eps``, target velocity ``v = eps - x0``)::
+
+    L = E[ r * ||v_plus - v||^2 + (1 - r) * ||v_minus - v||^2 ]
+
+``||.||^2`` the per-element mean over the sample. The gradient in ``v_theta`` is
+``2 beta [r (v_plus - v) - (1 - r) (v_minus - v)]``: towards the positive data, away from the negative.
+
+Config::
+
+    diffusionnft:
+      group_size: 4
+      beta: 1.0                  # the implicit policies' step (the paper's beta)
+      reward_norm: 1.0           # Z: the reward difference that makes r 0 or 1
+      t_min: 0.0                 # the forward-process times drawn uniformly from [t_min, t_max]
+      t_max: 1.0
+      timesteps_per_sample: 1    # forward-process draws per clean sample and inner epoch
+      micro_batch_size: null
+      inner_epochs: 1
+
+Not wired into ``runtime/rl/loop.py`` yet (not in ``ALGORITHMS``): the loop trains on the rollout's SDE steps; this
+module's ``objective`` and ``optimality`` are the pieces the forward-process training step needs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from runtime.train.config import ConfigError, KeyRules
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["RULES", "Settings", "check", "conventions", "noised", "objective", "optimality"]
+
+NAME = "diffusionnft"
+
+
+@dataclass(frozen=True)
+class Settings:
+    group_size: int = 4
+    beta: float = 1.0
+    reward_norm: float = 1.0
+    t_min: float = 0.0
+    t_max: float = 1.0
+    timesteps_per_sample: int = 1
+    micro_batch_size: int | None = None
+    inner_epochs: int = 1
+
+
+RULES = KeyRules(
+    positive=frozenset(
+        f"{NAME}.{k}"
+        for k in ("group_size", "beta", "reward_norm", "timesteps_per_sample", "micro_batch_size", "inner_epochs")
+    ),
+    unit_interval=frozenset({f"{NAME}.t_min", f"{NAME}.t_max"}),
+)
+
+
+def check(config: Any) -> None:
+    """What the section's types and ranges do not say."""
+    s: Settings = config.algo
+    if s.group_size < 2:
+        raise ConfigError(
+            f"{NAME}.group_size: at least 2 (a group of one has no relative reward), found {s.group_size}"
+        )
+    if not s.t_min < s.t_max:
+        raise ConfigError(f"{NAME}.t_max: expected t_min < t_max, found t_min={s.t_min}, t_max={s.t_max}")
+
+
+def conventions(settings: Settings) -> str:
+    return (
+        f"forward-process NFT, beta {settings.beta:g}, r = 1/2 + 1/2 clip(dR / {settings.reward_norm:g}, -1, 1), "
+        f"t ~ U[{settings.t_min:g}, {settings.t_max:g}]"
+    )
+
+
+def optimality(settings: Settings, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """``r`` in ``[0, 1]`` of each sample: its reward against its group's mean, over ``reward_norm``."""
+    import torch
+
+    groups, inverse = torch.unique(group_ids, return_inverse=True)
+    sums = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, rewards)
+    counts = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, torch.ones_like(rewards))
+    centred = rewards - (sums / counts)[inverse]
+    return 0.5 + 0.5 * (centred / settings.reward_norm).clamp(-1.0, 1.0)
+
+
+def noised(x0: torch.Tensor, eps: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x_t, v)``: the forward process at per-sample times ``t`` ``[B]`` and its target velocity."""
+    tt = t.reshape(-1, *([1] * (x0.dim() - 1))).to(x0.dtype)
+    return (1 - tt) * x0 + tt * eps, eps - x0
+
+
+def objective(
+    settings: Settings, v_theta: torch.Tensor, v_old: torch.Tensor, target: torch.Tensor, r: torch.Tensor
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The batch mean of ``r ||v_plus - v||^2 + (1 - r) ||v_minus - v||^2`` and its statistics (detached)."""
+    beta = settings.beta
+    old = v_old.detach()
+    v_plus = (1 - beta) * old + beta * v_theta
+    v_minus = (1 + beta) * old - beta * v_theta
+    dims = tuple(range(1, v_theta.dim()))
+    pos = (v_plus - target).square().mean(dim=dims)
+    neg = (v_minus - target).square().mean(dim=dims)
+    rr = r.to(pos.dtype)
+    per_sample = rr * pos + (1 - rr) * neg
+    loss = per_sample.mean()
+    stats = {
+        "policy_loss": loss.detach(),
+        "positive_loss": pos.detach().mean(),
+        "negative_loss": neg.detach().mean(),
+        "optimality_mean": rr.detach().mean(),
+    }
+    return loss, stats

@@ -1,0 +1,93 @@
+"""DiffusionNFT's pieces (``runtime/rl/algorithms/diffusionnft.py``) against float64 references written here from the
+paper's formulas (arXiv:2509.16117), not from the module: the optimality probability, the forward process, and the
+objective with its gradient in ``v_theta`` (the closed form ``2 beta [r (v+ - v) - (1 - r) (v- - v)] / (B * n)``
+with ``n`` elements per sample)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from runtime.rl.algorithms import diffusionnft
+
+SHAPE = (6, 3, 4, 5)
+
+
+def _inputs(dtype: torch.dtype) -> dict:
+    g = torch.Generator().manual_seed(5)
+    out = {
+        "v_theta": torch.randn(SHAPE, generator=g, dtype=torch.float64),
+        "v_old": torch.randn(SHAPE, generator=g, dtype=torch.float64),
+        "target": torch.randn(SHAPE, generator=g, dtype=torch.float64),
+        "r": torch.tensor([0.0, 1.0, 0.5, 0.2, 0.9, 0.65], dtype=torch.float64),
+    }
+    return {k: v.to(dtype) for k, v in out.items()}
+
+
+def _reference_loss(beta: float, v_theta, v_old, target, r) -> float:
+    total = 0.0
+    for i in range(v_theta.shape[0]):
+        plus = (1 - beta) * v_old[i] + beta * v_theta[i]
+        minus = (1 + beta) * v_old[i] - beta * v_theta[i]
+        n = plus.numel()
+        pos = float(((plus - target[i]) ** 2).sum()) / n
+        neg = float(((minus - target[i]) ** 2).sum()) / n
+        total += float(r[i]) * pos + (1 - float(r[i])) * neg
+    return total / v_theta.shape[0]
+
+
+@pytest.mark.parametrize("beta", [1.0, 0.1, 2.5])
+@pytest.mark.parametrize(("dtype", "rtol"), [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_nft_objective_and_gradient_match_the_paper(beta: float, dtype: torch.dtype, rtol: float) -> None:
+    x = _inputs(dtype)
+    ref64 = {k: v.double() for k, v in x.items()}
+    v_theta = x["v_theta"].clone().requires_grad_(True)
+    settings = diffusionnft.Settings(beta=beta)
+    loss, stats = diffusionnft.objective(settings, v_theta, x["v_old"], x["target"], x["r"])
+    loss.backward()
+    expected = _reference_loss(beta, **ref64)
+    assert float(loss.detach()) == pytest.approx(expected, rel=rtol)
+    assert float(stats["policy_loss"]) == pytest.approx(expected, rel=rtol)
+    b, n = SHAPE[0], v_theta[0].numel()
+    r = ref64["r"].reshape(-1, 1, 1, 1)
+    plus = (1 - beta) * ref64["v_old"] + beta * ref64["v_theta"]
+    minus = (1 + beta) * ref64["v_old"] - beta * ref64["v_theta"]
+    grad = 2 * beta * (r * (plus - ref64["target"]) - (1 - r) * (minus - ref64["target"])) / (b * n)
+    torch.testing.assert_close(
+        v_theta.grad.double(), grad, rtol=rtol * 10, atol=1e-12 if dtype == torch.float64 else 1e-8
+    )
+
+
+def test_nft_old_velocity_gets_no_gradient_and_r_half_is_plain_flow_matching_around_v_old() -> None:
+    """At ``r = 1/2`` the loss is ``||v_old - v||^2 + beta^2 ||v_theta - v_old||^2`` (expanding the two squares): a
+    sample neither positive nor negative only pulls ``v_theta`` to ``v_old``; ``v_old`` is a constant."""
+    x = _inputs(torch.float64)
+    v_old = x["v_old"].clone().requires_grad_(True)
+    v_theta = x["v_theta"].clone().requires_grad_(True)
+    beta = 0.7
+    r = torch.full((SHAPE[0],), 0.5, dtype=torch.float64)
+    loss, _ = diffusionnft.objective(diffusionnft.Settings(beta=beta), v_theta, v_old, x["target"], r)
+    loss.backward()
+    assert v_old.grad is None
+    expected = ((x["v_old"] - x["target"]) ** 2).mean() + beta**2 * ((x["v_theta"] - x["v_old"]) ** 2).mean()
+    assert float(loss.detach()) == pytest.approx(float(expected), rel=1e-12)
+
+
+def test_nft_optimality_probability() -> None:
+    rewards = torch.tensor([1.0, 2.0, 3.0, 10.0, 10.0, 10.0, 0.0, 5.0], dtype=torch.float64)
+    groups = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2])
+    settings = diffusionnft.Settings(reward_norm=2.0)
+    got = diffusionnft.optimality(settings, rewards, groups)
+    # group means 2, 10, 2.5; r = 1/2 + 1/2 clip(dR / 2, -1, 1)
+    expected = [0.25, 0.5, 0.75, 0.5, 0.5, 0.5, 0.0, 1.0]
+    assert got.tolist() == pytest.approx(expected, abs=1e-15)
+
+
+def test_nft_forward_process() -> None:
+    g = torch.Generator().manual_seed(3)
+    x0, eps = torch.randn(SHAPE, generator=g), torch.randn(SHAPE, generator=g)
+    t = torch.tensor([0.0, 1.0, 0.25, 0.5, 0.75, 0.1])
+    xt, v = diffusionnft.noised(x0, eps, t)
+    for i, ti in enumerate(t.tolist()):
+        torch.testing.assert_close(xt[i], (1 - ti) * x0[i] + ti * eps[i])
+    torch.testing.assert_close(v, eps - x0)
