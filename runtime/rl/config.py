@@ -95,6 +95,7 @@ ALGORITHMS = {
     "grpo_guard": "runtime.rl.algorithms.grpo_guard",
     "mixgrpo": "runtime.rl.algorithms.mixgrpo",
     "dancegrpo": "runtime.rl.algorithms.dancegrpo",
+    "diffusionnft": "runtime.rl.algorithms.diffusionnft",
 }
 REFERENCES = ("lora_disabled", "frozen_copy")
 MAX_REWARDS = 16  # a rewards list longer than this is not a reward mix

@@ -344,6 +344,97 @@ def _train(
     return out
 
 
+def _train_forward(
+    run: RLRun, step: int, res: RolloutResult, batch: dict, weights: torch.Tensor, names: list[str]
+) -> dict[str, Any]:
+    """Every inner epoch's optimizer step of a forward-process algorithm on the rollout's clean samples: per sample
+    and draw, a seeded ``(t, eps)``, ``x_t`` and its target velocity; the module's ``objective`` on the trained and
+    the old velocity (the first epoch's, before any update)."""
+    from runtime.flowgrpo.scheduler import FlowMatchSchedule
+
+    c, s, state, policy = run.config, run.config.algo, run.state, run.policy
+    module, adapter, algo = policy.module, policy.adapter, run.algo
+    x0 = res.final_latents
+    b, k, device = x0.shape[0], s.timesteps_per_sample, x0.device
+    mb = s.micro_batch_size or b
+    share = 1.0 / (b * k * state.dp_size)
+    params = policy.trainable
+    draws = []
+    for j in range(k):
+        u, eps = algo.forward_draws(c.model.seed, step, j, state.dp_rank * b, b, x0.shape[1:])
+        draws.append((s.t_min + (s.t_max - s.t_min) * u, eps.to(device=device, dtype=x0.dtype)))
+    old_v: list[torch.Tensor | None] = [None] * k
+    stats: dict[str, list[float]] = {}
+    grad_norms, changed_checked = [], False
+    module.train()
+    for epoch in range(s.inner_epochs):
+        order = torch.arange(b)
+        if epoch > 0:
+            order = torch.randperm(b, generator=torch.Generator().manual_seed(c.model.seed * 7919 + step * 31 + epoch))
+        run.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), dtype=torch.float64)
+        micro_losses, micro_names = [], []
+        for j, (t_all, eps_all) in enumerate(draws):
+            for start in range(0, b, mb):
+                rows = order[start : start + mb]
+                t = t_all[rows]
+                sigmas = torch.cat([t, torch.zeros(1)]).float()
+                schedule = FlowMatchSchedule(sigmas, sigmas[:-1] * 1000, 1000)
+                sub = {**select_rows(batch, rows), "schedule": schedule.to(device)}
+                xt, target = algo.noised(x0[rows], eps_all[rows.to(device)], t.to(device))
+                v = adapter.velocity(module, sub, xt, torch.arange(len(rows), device=device))
+                if epoch == 0:
+                    if old_v[j] is None:
+                        old_v[j] = torch.empty((b, *v.shape[1:]), dtype=v.dtype, device=v.device)
+                    old_v[j][rows.to(v.device)] = v.detach()
+                loss, step_stats = algo.objective(
+                    s, v, old_v[j][rows.to(v.device)], target.to(v.dtype), weights[rows].to(v.device)
+                )
+                scaled = loss * (len(rows) * share)
+                if not scaled.requires_grad:
+                    raise PolicyUnchangedError(
+                        f"step {step}: the loss depends on no trainable parameter, so no update can change the "
+                        f"policy: the trained modules are not on the forward's path (check lora.target_modules)"
+                    )
+                scaled.backward()
+                total += scaled.detach().double().cpu()
+                micro_losses.append(scaled.detach())
+                micro_names.append([names[r] for r in rows.tolist()])
+                for key, value in step_stats.items():
+                    stats.setdefault(key, []).append(float(value))
+        norm = clip_grad_norm_(params, c.optim.max_grad_norm or math.inf)
+        grad_norms.append(float(norm))
+        applied = guard_update(
+            f"step {step} (inner epoch {epoch})",
+            total.float(),
+            norm,
+            run.optimizer,
+            mode=c.train.nonfinite,
+            sources=functools.partial(micro_batches, micro_losses, micro_names),
+        )
+        if not applied:
+            run.skipped_nonfinite += 1
+            continue
+        before = _fingerprint(params) if not changed_checked else None
+        run.optimizer.step()
+        if policy.ema is not None:
+            policy.ema.update()
+        if before is not None:
+            changed_checked = True
+            lr = run.optimizer.param_groups[0]["lr"]
+            signal = bool(_gather((weights - 0.5).abs().max().reshape(1, 1).double(), state).max() > 0)
+            if signal and lr > 0 and not _changed_anywhere(before, _fingerprint(params)):
+                raise PolicyUnchangedError(
+                    f"step {step}: the update changed no trainable parameter (gradient norm {float(norm):.3g}, lr "
+                    f"{lr:.3g}): a learning rate too small to move float32 weights, or gradients that do not reach "
+                    f"them (check optim.lr and lora.target_modules)"
+                )
+    module.eval()
+    out = {key: _replica_mean(sum(v) / len(v), state) for key, v in stats.items()}
+    out["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    return out
+
+
 def iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
     """Iteration ``step`` (1-based): rollout, rewards, advantages, update; (its metrics, its rollout)."""
     with warnings.catch_warnings():  # FSDP2 warns that unpatchify's view is returned: no in-place op follows
@@ -396,7 +487,10 @@ def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
     advantages_all = run.algo.advantages(s, every[0], group_ids)
     advantages = advantages_all[state.dp_rank * b : (state.dp_rank + 1) * b]
     lr = run.optimizer.param_groups[0]["lr"]
-    trained = _train(run, step, res, batch, advantages, names)
+    if getattr(run.algo, "FORWARD_PROCESS", False):  # trains on the clean samples, not the steps (DiffusionNFT)
+        trained = _train_forward(run, step, res, batch, advantages, names)
+    else:
+        trained = _train(run, step, res, batch, advantages, names)
     run.scheduler.step()
     metrics: dict[str, Any] = {"step": step, "reward": every[0].mean().item(), "reward_std": every[0].std().item()}
     for k, name in enumerate(run.reward_names, 1):
@@ -410,7 +504,7 @@ def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
         advantage_abs_max=advantages_all.abs().max().item(),
         **trained,
         lr=lr,
-        logprob_gap_alarm=int(trained["logprob_gap_max"] > s.logprob_gap_alarm),
+        logprob_gap_alarm=int(trained.get("logprob_gap_max", 0.0) > getattr(s, "logprob_gap_alarm", math.inf)),
         skipped_nonfinite=run.skipped_nonfinite,
         time_rollout=rolled - started,
         time_reward=scored - rolled,

@@ -33,8 +33,11 @@ Config::
       micro_batch_size: null
       inner_epochs: 1
 
-Not wired into ``runtime/rl/loop.py`` yet (not in ``ALGORITHMS``): the loop trains on the rollout's SDE steps; this
-module's ``objective`` and ``optimality`` are the pieces the forward-process training step needs.
+The loop (``runtime/rl/loop.py``) rolls out with the ODE (one window step at noise 0, never trained), reads
+``FORWARD_PROCESS = True`` and trains on the clean samples: per sample and draw ``j`` one ``(t, eps)`` from a
+generator seeded by ``(model.seed, iteration, j, global sample)`` (resume and any layout draw alike); ``v_old`` is
+the policy's velocity on the first inner epoch (before any update of the iteration). ``advantages`` is ``r`` (the
+``advantage_*`` metrics report it).
 """
 
 from __future__ import annotations
@@ -47,7 +50,20 @@ from runtime.train.config import ConfigError, KeyRules
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["RULES", "Settings", "check", "conventions", "noised", "objective", "optimality"]
+__all__ = [
+    "RULES",
+    "Settings",
+    "advantages",
+    "check",
+    "conventions",
+    "forward_draws",
+    "noised",
+    "objective",
+    "optimality",
+    "window",
+]
+
+FORWARD_PROCESS = True
 
 NAME = "diffusionnft"
 
@@ -62,6 +78,11 @@ class Settings:
     timesteps_per_sample: int = 1
     micro_batch_size: int | None = None
     inner_epochs: int = 1
+    # fixed, not config keys: the rollout is the ODE sampler, there is no SDE and no reference
+    noise_level = 0.0
+    sde_type = "sde"
+    cps_log_prob = "squared_error"
+    kl_coef = 0.0
 
 
 RULES = KeyRules(
@@ -100,6 +121,31 @@ def optimality(settings: Settings, rewards: torch.Tensor, group_ids: torch.Tenso
     counts = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, torch.ones_like(rewards))
     centred = rewards - (sums / counts)[inverse]
     return 0.5 + 0.5 * (centred / settings.reward_norm).clamp(-1.0, 1.0)
+
+
+def window(settings: Settings, num_steps: int) -> tuple[int, tuple[int, int]]:
+    """The rollout's one window step (at noise 0: an ODE step like the others; not trained)."""
+    return 1, (0, num_steps - 1)
+
+
+def advantages(settings: Settings, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """``r`` of the global batch (what the loop passes to ``objective``)."""
+    return optimality(settings, rewards, group_ids)
+
+
+def forward_draws(seed: int, step: int, draw: int, first: int, count: int, shape: Any) -> tuple[torch.Tensor, ...]:
+    """``(t [count], eps [count, *shape])`` of global samples ``first ..`` for draw ``draw`` of iteration ``step``."""
+    import hashlib
+
+    import torch
+
+    ts, noises = [], []
+    for q in range(first, first + count):
+        digest = hashlib.sha256(f"patchgen.rl.diffusionnft:{seed}:{step}:{draw}:{q}".encode()).digest()
+        g = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+        ts.append(torch.rand((), generator=g))
+        noises.append(torch.randn(tuple(shape), generator=g))
+    return torch.stack(ts), torch.stack(noises)
 
 
 def noised(x0: torch.Tensor, eps: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
