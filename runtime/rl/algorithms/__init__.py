@@ -8,4 +8,5 @@ old_mean, std_dev_t, sqrt_dt)`` to ``step_objective`` (GRPO-Guard); ``WINDOW_PER
 adds the algorithm's own metrics (MixGRPO's ``window_start``); ``train_positions(settings, window_size, seed, step,
 first, count)`` returns the ``[count, K]`` window positions each sample trains on (DanceGRPO's subsampling);
 ``initial_noise(settings, seed, step, first, count, latent_shape)`` returns the rollout's starting noise or None
-(DanceGRPO's shared noise per group)."""
+(DanceGRPO's shared noise per group); ``FORWARD_PROCESS = True`` trains on the rollout's clean samples
+through ``forward_draws``, ``noised`` and ``objective`` instead of its steps (DiffusionNFT)."""
