@@ -267,3 +267,16 @@ def test_nft_sp2_equals_one_process(tiny_pipelines, tmp_path) -> None:
     assert (ranks[0]["final_latents"] == ranks[1]["final_latents"]).all()
     for got in ranks:
         _compare(got, ref)
+
+
+def test_nft_config_errors_name_the_key(tiny_pipelines, tmp_path) -> None:
+    """``t_min >= t_max`` and a key of the SDE algorithms (the rollout here is the ODE) are one-line user errors."""
+    from runtime.rl.config import parse_rl_config
+    from runtime.train.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"diffusionnft\.t_max: expected t_min < t_max"):
+        parse_rl_config(_nft_raw(tiny_pipelines, tmp_path, t_min=0.5, t_max=0.5))
+    with pytest.raises(ConfigError, match=r"diffusionnft\.noise_level"):
+        parse_rl_config(_nft_raw(tiny_pipelines, tmp_path, noise_level=0.7))
+    config = parse_rl_config(_nft_raw(tiny_pipelines, tmp_path, beta=0.1))
+    assert config.algo.beta == 0.1 and config.algo.noise_level == 0.0
