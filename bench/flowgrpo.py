@@ -10,7 +10,7 @@
    (4 blocks, hidden 288, 8 heads) with 4096 video tokens per sample (target <= 0.6): exact and repeatable on CPU,
    unlike RSS.
 
-Run: `.venv/bin/python bench/flowgrpo.py [--iterations 7]`.
+Run: `.venv/bin/python bench/flowgrpo.py [--iterations 15]`.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def memory_ratio(work: Path) -> tuple[int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=7)
+    parser.add_argument("--iterations", type=int, default=15)
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="bench-flowgrpo-") as scratch:

@@ -13,7 +13,7 @@ alternating) after one warm-up, and each figure is the fastest of ``--repeats`` 
 ``ours grouped (auto=...)`` is ``backend=None``: the backend ``runtime.moe.autotune`` measured fastest for this shape
 during the warm-up; the bench checks it is within 5% of the fastest named backend of the same run.
 
-    python bench/moe.py [--tokens 4096] [--repeats 7] [--device cpu|cuda] [--dtype fp32|bf16]
+    python bench/moe.py [--tokens 4096] [--repeats 11] [--device cpu|cuda] [--dtype fp32|bf16]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _available_bytes(device: torch.device) -> int:
 
 
 def main() -> None:
-    parser = bench_args(__doc__, repeats=7)
+    parser = bench_args(__doc__, repeats=11)
     parser.add_argument("--tokens", type=int, default=4096)
     parser.add_argument("--experts", type=int, default=64)
     parser.add_argument("--top-k", type=int, default=8)
