@@ -25,9 +25,10 @@ Implementations (``impl=``):
   - ``"bmm"``: pad every block to the largest one, one ``torch.bmm``; kept for measurements (``bench/moe.py``).
 
   Measured (``bench/moe.py``: 2 shared CPU cores, fp32, E=64, top-k 8, H=512, I=512, 4096 tokens, forward +
-  backward, one thread's CPU time with freed memory kept, median of 5 interleaved rounds; 2026-11-24): upstream
-  eager 3.5-3.8 s, upstream ``grouped_mm`` 1.96-2.08 s, ours ``torch`` 1.82-1.90 s, ``segment`` 1.78-1.97 s,
-  ``bmm`` 2.0-2.2 s. ``torch`` and ``segment`` are within noise of each other: each expert gets ~512 rows, so the
+  backward, one thread's user CPU time with freed memory kept, an earlier median-of-5 run; 2026-11-24; the current
+  method (fastest of 11 interleaved rounds) and its figures: docs/performance.md): upstream eager 3.5-3.8 s,
+  upstream ``grouped_mm`` 1.96-2.08 s, ours ``torch`` 1.82-1.90 s, ``segment`` 1.78-1.97 s, ``bmm`` 2.0-2.2 s.
+  ``torch`` and ``segment`` are within noise of each other: each expert gets ~512 rows, so the
   per-expert GEMMs (512 x 512 x 1024) run near MKL's peak either way and most of the step is GEMM time; ``bmm``
   loses because padding every expert to the largest one (556 rows here) costs ~9% more FLOPs plus two full copies
   of the rows. Which one runs is measured, not assumed (``runtime.moe.autotune``).
