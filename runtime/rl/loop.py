@@ -34,7 +34,7 @@ import hashlib
 import math
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,6 +237,41 @@ def _reference_mean(run: RLRun, batch, x, step_index, prev, levels) -> torch.Ten
     return out[1]
 
 
+def _update(
+    run: RLRun,
+    params: list[torch.Tensor],
+    where: str,
+    total: torch.Tensor,
+    sources: Callable[[], Any],
+    *,
+    check_moved: bool,
+    signal: Callable[[], bool],
+    unmoved: str,
+) -> tuple[float, bool]:
+    """One optimizer update of an inner epoch, shared by every algorithm: clipping, the non-finite guard (a skipped
+    step is counted), the step and the EMA; with ``check_moved`` (the iteration's first applied update), an update
+    with a learning ``signal`` (collective: every rank calls it) that moved no parameter stops the run. Returns
+    (the gradient norm, whether the update was applied)."""
+    c = run.config
+    norm = clip_grad_norm_(params, c.optim.max_grad_norm or math.inf)
+    if not guard_update(where, total.float(), norm, run.optimizer, mode=c.train.nonfinite, sources=sources):
+        run.skipped_nonfinite += 1
+        return float(norm), False
+    before = _fingerprint(params) if check_moved else None
+    run.optimizer.step()
+    if run.policy.ema is not None:
+        run.policy.ema.update()
+    if before is not None:
+        has_signal = signal()
+        lr = run.optimizer.param_groups[0]["lr"]
+        if has_signal and lr > 0 and not _changed_anywhere(before, _fingerprint(params)):
+            raise PolicyUnchangedError(
+                f"{unmoved} (gradient norm {float(norm):.3g}, lr {lr:.3g}): a learning rate too small to move float32 "
+                f"weights, or gradients that do not reach them (check optim.lr and lora.target_modules)"
+            )
+    return float(norm), True
+
+
 def _train(
     run: RLRun, step: int, res: RolloutResult, batch: dict, advantages: torch.Tensor, names: list[str]
 ) -> dict[str, Any]:
@@ -308,33 +343,18 @@ def _train(
                 step_stats["ratio_mean"] = torch.exp(log_prob.detach() - old).mean()
                 for key, value in step_stats.items():
                     stats.setdefault(key, []).append(float(value))
-        norm = clip_grad_norm_(params, c.optim.max_grad_norm or math.inf)
-        grad_norms.append(float(norm))
-        applied = guard_update(
+        norm, applied = _update(
+            run,
+            params,
             f"step {step} (inner epoch {epoch})",
-            total.float(),
-            norm,
-            run.optimizer,
-            mode=c.train.nonfinite,
-            sources=functools.partial(micro_batches, micro_losses, micro_names),
+            total,
+            functools.partial(micro_batches, micro_losses, micro_names),
+            check_moved=not changed_checked,
+            signal=lambda: bool(_gather(advantages[None].abs().max().reshape(1, 1), state).max() > 0),
+            unmoved=f"step {step}: the update changed no trainable parameter although the advantages were not all 0",
         )
-        if not applied:
-            run.skipped_nonfinite += 1
-            continue
-        before = _fingerprint(params) if not changed_checked else None
-        run.optimizer.step()
-        if policy.ema is not None:
-            policy.ema.update()
-        if before is not None:
-            changed_checked = True
-            signal = bool(_gather(advantages[None].abs().max().reshape(1, 1), state).max() > 0)
-            lr = run.optimizer.param_groups[0]["lr"]
-            if signal and lr > 0 and not _changed_anywhere(before, _fingerprint(params)):
-                raise PolicyUnchangedError(
-                    f"step {step}: the update changed no trainable parameter although the advantages were not all 0 "
-                    f"(gradient norm {float(norm):.3g}, lr {lr:.3g}): a learning rate too small to move float32 "
-                    f"weights, or gradients that do not reach them (check optim.lr and lora.target_modules)"
-                )
+        grad_norms.append(norm)
+        changed_checked = changed_checked or applied
     module.eval()
     out = {k: _replica_mean(sum(v) / len(v), state) for k, v in stats.items()}
     gap = torch.cat(gaps)
@@ -402,33 +422,18 @@ def _train_forward(
                 micro_names.append([names[r] for r in rows.tolist()])
                 for key, value in step_stats.items():
                     stats.setdefault(key, []).append(float(value))
-        norm = clip_grad_norm_(params, c.optim.max_grad_norm or math.inf)
-        grad_norms.append(float(norm))
-        applied = guard_update(
+        norm, applied = _update(
+            run,
+            params,
             f"step {step} (inner epoch {epoch})",
-            total.float(),
-            norm,
-            run.optimizer,
-            mode=c.train.nonfinite,
-            sources=functools.partial(micro_batches, micro_losses, micro_names),
+            total,
+            functools.partial(micro_batches, micro_losses, micro_names),
+            check_moved=not changed_checked,
+            signal=lambda: bool(_gather((weights - 0.5).abs().max().reshape(1, 1).double(), state).max() > 0),
+            unmoved=f"step {step}: the update changed no trainable parameter",
         )
-        if not applied:
-            run.skipped_nonfinite += 1
-            continue
-        before = _fingerprint(params) if not changed_checked else None
-        run.optimizer.step()
-        if policy.ema is not None:
-            policy.ema.update()
-        if before is not None:
-            changed_checked = True
-            lr = run.optimizer.param_groups[0]["lr"]
-            signal = bool(_gather((weights - 0.5).abs().max().reshape(1, 1).double(), state).max() > 0)
-            if signal and lr > 0 and not _changed_anywhere(before, _fingerprint(params)):
-                raise PolicyUnchangedError(
-                    f"step {step}: the update changed no trainable parameter (gradient norm {float(norm):.3g}, lr "
-                    f"{lr:.3g}): a learning rate too small to move float32 weights, or gradients that do not reach "
-                    f"them (check optim.lr and lora.target_modules)"
-                )
+        grad_norms.append(norm)
+        changed_checked = changed_checked or applied
     module.eval()
     out = {key: _replica_mean(sum(v) / len(v), state) for key, v in stats.items()}
     out["grad_norm"] = sum(grad_norms) / len(grad_norms)
