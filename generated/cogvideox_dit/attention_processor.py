@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
 # spec: specs/cogvideox.toml sha256=5471ea466c6126b5de81a5191e053d82530959674c48391805e074a55e200888
 # templates: sha256=66e629bf04e3bc4f1e4c2801a8ed69c8dad5068924cb4ceecb356def79bdcc41
-# engine: patchgen==0.1.0 sha256=759505f19a7c6acf89edc57947d9373b1f82342e2a75d75fec19478a4f273062
+# engine: patchgen==0.1.0 sha256=60952a6e46e344f34db865b89fb46bc16c5b5ad888d4fbd7708ea25404291038
 # body: sha256=abb887d78d2ac2fb5ec1e63562148bc20b47458901822da64403d75563eb0f37
 # patches:
 #   #4 core/add_parameter @ CogVideoXAttnProcessor2_0.__call__: diffusers' Attention passes a processor only the kwargs its signature names: the processor takes the split

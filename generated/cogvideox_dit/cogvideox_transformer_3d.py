@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/cogvideox_transformer_3d.py sha256=57b4d152bb38af4f90d2aab8df28fa2260c2b474dafdb4e7f144e43a4023259b
 # spec: specs/cogvideox.toml sha256=5471ea466c6126b5de81a5191e053d82530959674c48391805e074a55e200888
 # templates: sha256=66e629bf04e3bc4f1e4c2801a8ed69c8dad5068924cb4ceecb356def79bdcc41
-# engine: patchgen==0.1.0 sha256=759505f19a7c6acf89edc57947d9373b1f82342e2a75d75fec19478a4f273062
+# engine: patchgen==0.1.0 sha256=60952a6e46e344f34db865b89fb46bc16c5b5ad888d4fbd7708ea25404291038
 # body: sha256=75cc503a6179a7fdff64c4fdc5164982cbad5a40be9eaebf0cf2404f8498d1c7
 # patches:
 #   #1 dit/shard_tokens @ CogVideoXTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens (position embeddings already added)

@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_qwenimage.py sha256=cea921e2dd8bba5fcd86ae99054d7320b2773cc653c04c218983d54e737e2cc5
 # spec: specs/qwenimage.toml sha256=c271a5b9b8d1c88200bf88749dd629cf1210cc94c2acb6568c6d95fce8eea087
 # templates: sha256=d64b9a5c7bb6b7c71282e0e4adc16eda50789c64cfa29183bcfa551b8c090f14
-# engine: patchgen==0.1.0 sha256=759505f19a7c6acf89edc57947d9373b1f82342e2a75d75fec19478a4f273062
+# engine: patchgen==0.1.0 sha256=60952a6e46e344f34db865b89fb46bc16c5b5ad888d4fbd7708ea25404291038
 # body: sha256=13301c4a035db84c3c157968f5541265ad9b8f7fcf1efb57d13072c66c1f3629
 # patches:
 #   #1 dit/shard_tokens @ QwenImageTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole

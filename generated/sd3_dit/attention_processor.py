@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
 # spec: specs/sd3.toml sha256=1688e3a0f0764e2ce76eda2b2490ef43dea7e1022442edd018591bd702c8ce08
 # templates: sha256=adc000cb558585fb79ef58b0bd7fb5ebb016571d9b50efb3f6ca8ea114a180e6
-# engine: patchgen==0.1.0 sha256=759505f19a7c6acf89edc57947d9373b1f82342e2a75d75fec19478a4f273062
+# engine: patchgen==0.1.0 sha256=60952a6e46e344f34db865b89fb46bc16c5b5ad888d4fbd7708ea25404291038
 # body: sha256=7272bcde60395d995a51b7869a0fb805df2ce8639036019565a4cce8bac99eed
 # patches:
 #   #4 core/add_parameter @ JointAttnProcessor2_0.__call__: diffusers' Attention passes a processor only the kwargs its signature names: the processor takes the split

@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_sd3.py sha256=0c9bcbf6c19c4eeb9c438332157d233f8191253125438e660054700e466c42d8
 # spec: specs/sd3.toml sha256=1688e3a0f0764e2ce76eda2b2490ef43dea7e1022442edd018591bd702c8ce08
 # templates: sha256=adc000cb558585fb79ef58b0bd7fb5ebb016571d9b50efb3f6ca8ea114a180e6
-# engine: patchgen==0.1.0 sha256=759505f19a7c6acf89edc57947d9373b1f82342e2a75d75fec19478a4f273062
+# engine: patchgen==0.1.0 sha256=60952a6e46e344f34db865b89fb46bc16c5b5ad888d4fbd7708ea25404291038
 # body: sha256=58f69bf62be7cb7c54b37c70b37e582088532649626521c40d3422c2a6a7d095
 # patches:
 #   #1 dit/refuse_under_sp @ SD3Transformer2DModel.forward: ControlNet residuals cover every image token: refuse SP instead of adding them to the wrong tokens

@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_wan.py sha256=74741d74c9fa4b9d02be83de9840b37a732080a795aa2d19037c03e312c76907
 # spec: specs/wan.toml sha256=969c9bc484e22bfb0226b58e36d78b0a2da9ae9648c3fdb85a1e037a34087a60
 # templates: sha256=d64b9a5c7bb6b7c71282e0e4adc16eda50789c64cfa29183bcfa551b8c090f14
-# engine: patchgen==0.1.0 sha256=759505f19a7c6acf89edc57947d9373b1f82342e2a75d75fec19478a4f273062
+# engine: patchgen==0.1.0 sha256=60952a6e46e344f34db865b89fb46bc16c5b5ad888d4fbd7708ea25404291038
 # body: sha256=a11eb07f4799ddc1f8fb71334afdd3b4a2809f814c3297e9111b709d90b664b7
 # patches:
 #   #1 dit/shard_tokens @ WanTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables

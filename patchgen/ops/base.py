@@ -13,11 +13,45 @@ from __future__ import annotations
 import importlib
 import textwrap
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     from patchgen.cst.locate import NodeIndex
-    from patchgen.spec import Patch
+
+
+class PatchTemplate(Protocol):
+    """What an op needs of a patch's template (``patchgen.templates.Template``)."""
+
+    name: str
+
+    def render(self, values: dict[str, Any], builtins: dict[str, str] | None = None) -> str: ...
+
+
+class Patch(Protocol):
+    """What an op reads of a spec's patch (``patchgen.spec.Patch``, which satisfies it). A protocol rather than an
+    import so that the op modules, which `patchgen.spec` and `patchgen.templates` ask for their keys, do not import
+    them back (no import cycle)."""
+
+    index: int
+    template: PatchTemplate
+    scope: str
+    why: str
+    vars: dict[str, Any]
+    before: str | None
+    after: str | None
+    anchor: str | None
+    through: str | None
+    source: str
+    module: str
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def where(self) -> str: ...
+
+    @property
+    def anchor_text(self) -> str | None: ...
 
 
 class LazyModule:
