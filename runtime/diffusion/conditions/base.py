@@ -180,6 +180,25 @@ class ConditionModel(nn.Module):
         """True classifier-free guidance as the pipeline combines its two predictions."""
         return uncond + scale * (cond - uncond)
 
+    @torch.no_grad()
+    def vae_mode(self, pixels: Tensor) -> Tensor:
+        """The VAE posterior's mode (fp32, with a batch dim of 1) of one sample's pixels in [-1, 1]."""
+        vae = self.pipeline.vae
+        return vae.encode(pixels[None].to(self.device, vae.dtype)).latent_dist.mode().float()
+
+    def encode_sample(self, pixels: Tensor) -> Tensor:
+        """The normalized latents the transformer trains on, of one sample's pixels in [-1, 1] (each model's VAE
+        normalization: shift/scale, per-channel mean/std, or scale only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not encode samples")
+
+    @torch.no_grad()
+    def get_condition(self, inputs: Sequence[str], videos: Sequence[Tensor]) -> dict[str, list]:
+        """Each sample's latents and its encoded prompt: what the condition cache stores per sample."""
+        if len(inputs) != len(videos):
+            raise ValueError(f"get_condition: {len(inputs)} prompts for {len(videos)} samples")
+        context = self.encode_prompts(inputs)
+        return {"latents": [self.encode_sample(pixels) for pixels in videos], "context": context}
+
     def decode_latents(self, latents: Tensor) -> Tensor:
         """Pixels in [-1, 1] of (unpacked, normalized) ``latents``: ``(B, 3, H, W)`` images or ``(B, 3, F, H, W)``."""
         raise NotImplementedError(f"{type(self).__name__} has no sampling support")

@@ -76,12 +76,10 @@ class CogVideoXConditionModel(ConditionModel):
         transformer_config = json.loads((Path(path) / "transformer" / "config.json").read_text())
         return cls(pipeline, TimestepSampler(**sampler_overrides), transformer_config)
 
-    @torch.no_grad()
-    def encode_video(self, video: Tensor) -> Tensor:
-        """Scaled VAE latents ``(F, C, h, w)`` of one (C, F, H, W) video in [-1, 1] (the posterior's mode)."""
-        vae = self.pipeline.vae
-        latents = vae.encode(video[None].to(self.device, vae.dtype)).latent_dist.mode().float()
-        return (latents * vae.config.scaling_factor)[0].permute(1, 0, 2, 3)
+    def encode_sample(self, pixels: Tensor) -> Tensor:
+        """Scaled VAE latents ``(F, C, h, w)`` of one (C, F, H, W) video (the posterior's mode times
+        ``scaling_factor``), laid out as the transformer takes them."""
+        return (self.vae_mode(pixels) * self.pipeline.vae.config.scaling_factor)[0].permute(1, 0, 2, 3)
 
     @torch.no_grad()
     def get_condition(self, inputs: Sequence[str], videos: Sequence[Tensor]) -> dict[str, list]:
@@ -95,7 +93,7 @@ class CogVideoXConditionModel(ConditionModel):
             dtype=torch.float32,
         )
         context = [{"encoder_hidden_states": e.float()} for e in embeds]
-        return {"latents": [self.encode_video(video) for video in videos], "context": context}
+        return {"latents": [self.encode_sample(video) for video in videos], "context": context}
 
     def loss_weight(self, sigmas: Tensor, seq_len: int = 0) -> Tensor:
         """1 per sample: the MSE on v is the training script's ``1 / (1 - a_t)``-weighted x0 loss (module doc)."""

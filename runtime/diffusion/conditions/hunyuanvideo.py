@@ -55,19 +55,9 @@ class HunyuanVideoConditionModel(ConditionModel):
         config = json.loads((Path(path) / "transformer" / "config.json").read_text())
         return cls(pipeline, sampler, guidance_scale if config.get("guidance_embeds", True) else None)
 
-    @torch.no_grad()
-    def encode_video(self, video: Tensor) -> Tensor:
-        """Scaled VAE latents of one (C, F, H, W) video in [-1, 1] (the posterior's mode)."""
-        vae = self.pipeline.vae
-        latents = vae.encode(video[None].to(self.device, vae.dtype)).latent_dist.mode().float()
-        return (latents * vae.config.scaling_factor)[0]
-
-    @torch.no_grad()
-    def get_condition(self, inputs: Sequence[str], videos: Sequence[Tensor]) -> dict[str, list]:
-        if len(inputs) != len(videos):
-            raise ValueError(f"get_condition: {len(inputs)} prompts for {len(videos)} videos")
-        context = self.encode_prompts(inputs)
-        return {"latents": [self.encode_video(video) for video in videos], "context": context}
+    def encode_sample(self, pixels: Tensor) -> Tensor:
+        """Scaled VAE latents of one (C, F, H, W) video (the posterior's mode times ``scaling_factor``)."""
+        return (self.vae_mode(pixels) * self.pipeline.vae.config.scaling_factor)[0]
 
     def process_condition(
         self, latents: Sequence[Tensor], context: Sequence[dict[str, Tensor]], generator: torch.Generator | None = None

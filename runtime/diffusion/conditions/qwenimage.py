@@ -103,19 +103,9 @@ class QwenImageConditionModel(ConditionModel):
         pipeline = cls.load_pipeline(path, encoders=encoders)
         return cls(pipeline, TimestepSampler.from_scheduler_config(pipeline.scheduler.config, **sampler_overrides))
 
-    @torch.no_grad()
-    def encode_image(self, image: Tensor) -> Tensor:
-        """Normalized VAE latents (C, h, w) of one (C, H, W) image in [-1, 1]."""
-        vae = self.pipeline.vae
-        latents = vae.encode(image[None, :, None].to(self.device, vae.dtype)).latent_dist.mode().float()
-        return ((latents - self.latents_mean) / self.latents_std)[0, :, 0]
-
-    @torch.no_grad()
-    def get_condition(self, inputs: Sequence[str], videos: Sequence[Tensor]) -> dict[str, list]:
-        if len(inputs) != len(videos):
-            raise ValueError(f"get_condition: {len(inputs)} prompts for {len(videos)} images")
-        context = self.encode_prompts(inputs)
-        return {"latents": [self.encode_image(image) for image in videos], "context": context}
+    def encode_sample(self, pixels: Tensor) -> Tensor:
+        """Normalized VAE latents (C, h, w) of one (C, H, W) image (a one-frame video to its video VAE)."""
+        return ((self.vae_mode(pixels[:, None]) - self.latents_mean) / self.latents_std)[0, :, 0]
 
     def process_condition(
         self, latents: Sequence[Tensor], context: Sequence[dict[str, Tensor]], generator: torch.Generator | None = None

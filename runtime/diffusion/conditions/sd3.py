@@ -50,19 +50,9 @@ class SD3ConditionModel(ConditionModel):
         )
         return cls(pipeline, sampler)
 
-    @torch.no_grad()
-    def encode_image(self, image: Tensor) -> Tensor:
-        """Normalized VAE latents (C, h, w) of one (C, H, W) image in [-1, 1]."""
-        vae = self.pipeline.vae
-        latents = vae.encode(image[None].to(self.device, vae.dtype)).latent_dist.mode().float()
-        return ((latents - self.shift_factor) * self.scaling_factor)[0]
-
-    @torch.no_grad()
-    def get_condition(self, inputs: Sequence[str], videos: Sequence[Tensor]) -> dict[str, list]:
-        if len(inputs) != len(videos):
-            raise ValueError(f"get_condition: {len(inputs)} prompts for {len(videos)} images")
-        context = self.encode_prompts(inputs)
-        return {"latents": [self.encode_image(image) for image in videos], "context": context}
+    def encode_sample(self, pixels: Tensor) -> Tensor:
+        """Normalized VAE latents (C, h, w) of one (C, H, W) image: ``(z - shift_factor) * scaling_factor``."""
+        return ((self.vae_mode(pixels) - self.shift_factor) * self.scaling_factor)[0]
 
     def process_condition(
         self, latents: Sequence[Tensor], context: Sequence[dict[str, Tensor]], generator: torch.Generator | None = None

@@ -129,12 +129,9 @@ class WanConditionModel(ConditionModel):
         )
         return cls(pipeline, sampler)
 
-    @torch.no_grad()
-    def encode_video(self, video: Tensor) -> Tensor:
-        """Normalized VAE latents of one (C, F, H, W) video in [-1, 1] (the posterior's mode)."""
-        vae = self.pipeline.vae
-        latents = vae.encode(video[None].to(self.device, vae.dtype)).latent_dist.mode().float()
-        return ((latents - self.latents_mean) / self.latents_std)[0]
+    def encode_sample(self, pixels: Tensor) -> Tensor:
+        """Normalized VAE latents of one (C, F, H, W) video (per-channel ``latents_mean`` / ``latents_std``)."""
+        return ((self.vae_mode(pixels) - self.latents_mean) / self.latents_std)[0]
 
     @torch.no_grad()
     def get_condition(self, inputs: Sequence[str], videos: Sequence[Tensor]) -> dict[str, list]:
@@ -142,7 +139,7 @@ class WanConditionModel(ConditionModel):
             raise ValueError(f"get_condition: {len(inputs)} prompts for {len(videos)} videos")
         latents, context = [], []
         for sample, video in zip(self.encode_prompts(inputs), videos, strict=True):
-            x0 = self.encode_video(video)
+            x0 = self.encode_sample(video)
             if self.i2v:
                 sample.update(self._first_frame(video, x0))
             latents.append(x0)
