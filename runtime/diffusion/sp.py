@@ -50,11 +50,11 @@ from runtime.diffusion.sp_layout import AttentionLayout, check_layout
 from runtime.parallel.collectives import (
     gather_along_dim,
     gather_heads_scatter_seq,
-    gather_seq_scatter_heads,
     slice_for_rank,
     unpad,
 )
 from runtime.parallel.state import get_parallel_state
+from runtime.sp.overlap import seq_to_heads
 
 __all__ = [
     "AttentionSplit",
@@ -263,8 +263,11 @@ def ulysses_to_heads(
         shard.checked.add(layout.site)
     rep_start = 0 if layout.replicated == "first" else shard.local
 
-    def one(x: Tensor) -> Tensor:
-        local = gather_seq_scatter_heads(x.narrow(1, start, shard.local), seq_dim=1, head_dim=2, group=shard.group)
+    sharded = seq_to_heads(
+        [x.narrow(1, start, shard.local) for x in (query, key, value)], seq_dim=1, head_dim=2, group=shard.group
+    )
+
+    def one(x: Tensor, local: Tensor) -> Tensor:
         local = unpad(local, 1, shard.pad)
         if not count:
             return layout.from_bshd(local)
@@ -280,7 +283,8 @@ def ulysses_to_heads(
         tokens = attention_mask.new_full((*attention_mask.shape[:-1], shard.tokens), fill)
         kept = attention_mask.narrow(-1, rep_start, count)
         attention_mask = torch.cat([kept, tokens] if layout.replicated == "first" else [tokens, kept], dim=-1)
-    return one(query), one(key), one(value), attention_mask
+    query, key, value = (one(x, local) for x, local in zip((query, key, value), sharded, strict=True))
+    return query, key, value, attention_mask
 
 
 def ulysses_to_sequence(split: AttentionSplit | None, out: Tensor) -> Tensor:

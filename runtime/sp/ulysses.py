@@ -13,9 +13,10 @@ import torch
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from runtime.parallel.collectives import gather_heads_scatter_seq, gather_seq_scatter_heads
+from runtime.parallel.collectives import gather_heads_scatter_seq
 from runtime.parallel.state import get_parallel_state
 from runtime.sp.heads import kv_repeat_factor
+from runtime.sp.overlap import seq_to_heads
 
 PREFIX = "ulysses_"
 
@@ -54,9 +55,7 @@ def ulysses_attention(inner: str):
         repeat = kv_repeat_factor(num_heads, num_kv_heads, sp)
         key, value = repeat_kv_heads(key, repeat), repeat_kv_heads(value, repeat)
         # (b, h, s/sp, d) -> (b, h/sp, s, d)
-        query, key, value = (
-            gather_seq_scatter_heads(t, seq_dim=2, head_dim=1, group=group) for t in (query, key, value)
-        )
+        query, key, value = seq_to_heads((query, key, value), seq_dim=2, head_dim=1, group=group)
         shard = _HeadShard(module, num_heads // (num_kv_heads * repeat))
         out, _ = ALL_ATTENTION_FUNCTIONS[inner](shard, query, key, value, attention_mask, **kwargs)
         # inner implementations return (b, s, h/sp, d) -> (b, s/sp, h, d)
