@@ -20,7 +20,8 @@ Example (every key shown with its default unless marked required)::
       seed: 0
       media_dir: null          # VLM/omni/DiT data: media paths resolve against (and must stay inside) the data
                                # file's directory; a directory here replaces it (absolute paths inside it allowed)
-    parallel: {sp: 1, ep: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false}
+    parallel: {sp: 1, ep: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false,
+               overlap: false}  # overlap: asynchronous Ulysses all-to-alls (bitwise-equal results)
     optim: {name: adamw_torch, lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, max_grad_norm: 1.0,
             lr_scheduler_type: cosine_with_min_lr, warmup_steps: 0, min_lr_ratio: 0.1}
             # name: adamw_torch | adamw_torch_fused | adafactor | sgd (HF TrainingArguments' optim values);
@@ -139,6 +140,8 @@ class ParallelConfig:
     dp_replicate: int = 1
     dp_shard: int | None = None
     activation_checkpointing: bool = False
+    # issue the Ulysses all-to-alls asynchronously (runtime/sp/overlap.py): bitwise-equal results, off by default
+    overlap: bool = False
 
 
 @dataclass(frozen=True)
