@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runtime.train.config import ConfigError, ConfigLoader
+from runtime.train.config import ConfigError, ConfigLoader, locate_error, locate_errors
 from runtime.train.overrides import Override, OverrideError, parse_overrides
 
 # torchrun's options that take no value (``torch.distributed.run.get_args_parser``; tests/train/test_cli.py checks
@@ -188,11 +188,13 @@ def run_command(
     about: str,
     references: Sequence[tuple[str, str]],
     load: Callable[[str, Sequence[Override]], Any],
-    run: Callable[[Any, Invocation], None],
+    run: Callable[[Any], None],
+    locate: Callable[[str, Path], str] = locate_error,
 ) -> int:
     """The whole command line of an entry point: help, parse, load (no torch), then launch or ``run`` the config.
     ``load`` and ``run`` raise ``ConfigError`` for user errors, whose every message is printed (rank 0) with exit
-    code 2."""
+    code 2; an error ``run`` finds (while setting up, or a guard that stops the run) is named by where its key was
+    set (``locate`` finds a key's line in the config file). The process group ``run`` made is always destroyed."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         invocation = parse_command_line(argv)
@@ -231,8 +233,18 @@ def run_command(
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return USER_ERROR
     try:
-        run(config, invocation)
+        run(config)
     except ConfigError as exc:
-        print_errors(exc)
+        print_errors(locate_errors(exc, Path(invocation.config), invocation.overrides, locate))
         return USER_ERROR
+    finally:
+        _destroy_process_group()
     return 0
+
+
+def _destroy_process_group() -> None:
+    if "torch.distributed" in sys.modules:  # nothing to tear down when the run never imported torch
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from runtime.cli import Invocation, run_command
+from runtime.cli import run_command
 from runtime.train.overrides import Override
 
 COMMAND = "runtime.rl"
@@ -32,24 +32,22 @@ def load(path: str, overrides: Sequence[Override]) -> Any:
     return load_rl_config(path, overrides)
 
 
-def run(config: Any, invocation: Invocation) -> None:
-    import torch.distributed as dist
-
-    from runtime.rl.config import locate_rl_error
+def run(config: Any) -> None:
     from runtime.rl.loop import run_rl
-    from runtime.train.config import ConfigError, locate_errors
 
-    try:
-        run_rl(config)
-    except ConfigError as exc:  # found while setting up or stopped by a guard: named by its key
-        raise locate_errors(exc, Path(invocation.config), invocation.overrides, locate_rl_error) from None
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    run_rl(config)
+
+
+def locate(message: str, path: Path) -> str:
+    from runtime.rl.config import locate_rl_error
+
+    return locate_rl_error(message, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command(argv, command=COMMAND, about=__doc__, references=references(), load=load, run=run)
+    return run_command(
+        argv, command=COMMAND, about=__doc__, references=references(), load=load, run=run, locate=locate
+    )
 
 
 if __name__ == "__main__":

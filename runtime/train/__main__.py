@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from runtime.cli import Invocation, run_command
-from runtime.train.config import ConfigError, RunConfig, load_config, locate_errors
+from runtime.cli import run_command
+from runtime.train.config import RunConfig, load_config
 from runtime.train.overrides import Override
 
 COMMAND = "runtime.train"
@@ -18,18 +17,10 @@ def load(path: str, overrides: Sequence[Override]) -> RunConfig:
     return load_config(path, overrides)
 
 
-def run(config: RunConfig, invocation: Invocation) -> None:
-    import torch.distributed as dist
-
+def run(config: RunConfig) -> None:
     from runtime.train.loop import train
 
-    try:
-        train(config)
-    except ConfigError as exc:  # found while setting up (data, checkpoints, export, layout): named by its key
-        raise locate_errors(exc, Path(invocation.config), invocation.overrides) from None
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    train(config)
 
 
 def main(argv: list[str] | None = None) -> int:

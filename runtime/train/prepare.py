@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from runtime.cli import Invocation, run_command
+from runtime.cli import run_command
 from runtime.train.config import ConfigError, RunConfig, load_config, locate_errors
 from runtime.train.overrides import Override
 
@@ -60,18 +60,6 @@ def prepare(config: RunConfig | str) -> int:
     return len(conditions.keys)
 
 
-def run(config: RunConfig, invocation: Invocation) -> None:
-    import torch.distributed as dist
-
-    try:
-        prepare(config)
-    except ConfigError as exc:
-        raise locate_errors(exc, Path(invocation.config), invocation.overrides) from None
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def main(argv: list[str] | None = None) -> int:
     return run_command(
         argv,
@@ -79,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         about=__doc__,
         references=[("run configuration", "runtime.train.config")],
         load=load,
-        run=run,
+        run=prepare,
     )
 
 
