@@ -79,12 +79,11 @@ from runtime.train.config import (
     OptimConfig,
     ParallelConfig,
     collect_section,
+    load_config,
     locate_error,
-    locate_errors,
-    read_config_file,
     unknown_key_message,
 )
-from runtime.train.overrides import Override, apply_overrides
+from runtime.train.overrides import Override
 from runtime.train.tracking.requirements import report_to_errors
 
 __all__ = ["ALGORITHMS", "RLConfig", "algorithm_module", "load_rl_config", "locate_rl_error", "parse_rl_config"]
@@ -285,11 +284,4 @@ def locate_rl_error(message: str, path: Path) -> str:
 def load_rl_config(path: str | Path, overrides: Sequence[Override] = ()) -> RLConfig:
     """The RL config in ``path`` with the command-line ``overrides`` set; every error in one ``ConfigError``, each
     message naming the file and line (or the override) and the key."""
-    path = Path(path)
-    raw, problems = apply_overrides(read_config_file(path), overrides)
-    if problems:
-        raise ConfigError(*problems)
-    try:
-        return parse_rl_config(raw)
-    except ConfigError as exc:
-        raise locate_errors(exc, path, overrides, locate_rl_error) from None
+    return load_config(path, overrides, parse_rl_config, locate_rl_error)

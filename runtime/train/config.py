@@ -828,17 +828,23 @@ def locate_errors(
     return ConfigError(*sorted(out, key=line))
 
 
-def load_config(path: str | Path, overrides: Sequence[Override] = ()) -> RunConfig:
-    """The run config in the YAML file ``path`` with the command-line ``overrides`` set; every error of it in one
-    ``ConfigError``, each message naming the file and line (or the override) and the key."""
+def load_config(
+    path: str | Path,
+    overrides: Sequence[Override] = (),
+    parse: typing.Callable[[Any], Any] = parse_config,
+    locate: typing.Callable[[str, Path], str] = locate_error,
+) -> Any:
+    """The run config in the YAML file ``path`` with the command-line ``overrides`` set, read by ``parse`` (the
+    trainer's ``RunConfig`` by default; the RL job passes its own); every error of it in one ``ConfigError``, each
+    message naming the file and line (``locate``) or the override, and the key."""
     path = Path(path)
     raw, problems = apply_overrides(read_config_file(path), overrides)
     if problems:
         raise ConfigError(*problems)
     try:
-        return parse_config(raw)
+        return parse(raw)
     except ConfigError as exc:
-        raise locate_errors(exc, path, overrides) from None
+        raise locate_errors(exc, path, overrides, locate) from None
 
 
 def _check_dit(config: RunConfig) -> None:
