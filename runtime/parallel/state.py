@@ -9,6 +9,11 @@ sequence-parallel group is made of neighbouring ranks (same node, fastest links)
   hold the same parameters, so they shard them too) and replicated over ``dp_replicate`` (HSDP when it is > 1).
 * ``loss_mesh`` (1-D, ``"loss"``): every rank that holds different tokens of the global batch,
   ``dp_replicate x dp_shard x sp`` flattened, i.e. the whole world.
+* ``usp_mesh`` (4-D, ``("dp_replicate", "dp_shard", "sp_ring", "sp_ulysses")``, only when ``ring_size > 1``): the
+  ``sp`` dim unflattened into ``(ring, ulysses)``, ulysses innermost so an all-to-all group is made of neighbouring
+  ranks and only the ring's point-to-point traffic crosses further. ``sp_rank = ring_rank * ulysses_size +
+  ulysses_rank``, so code that slices a sequence contiguously by ``sp_rank`` (the data layer) still holds. Only the
+  Ulysses dim splits heads; the ring dim has no head constraint (it is how SP grows past the head count).
 * ``ep_mesh`` (3-D, ``("dp_replicate", "edp_shard", "ep")``, only when ``ep_size > 1``): the ``dp_shard_sp`` dim
   unflattened into ``(dp_shard*sp // ep, ep)``. Experts are sharded over ``ep`` *within one data-parallel replica*,
   and ``ep`` is the innermost (fastest-varying) part of ``dp_shard_sp``: an EP group is ``ep`` consecutive ranks,
@@ -40,6 +45,7 @@ DP_MESH_DIM_NAME = "dp"
 FSDP_MESH_DIM_NAMES = ("dp_replicate", "dp_shard_sp")
 LOSS_MESH_DIM_NAME = "loss"
 EP_MESH_DIM_NAMES = ("dp_replicate", "edp_shard", "ep")
+USP_MESH_DIM_NAMES = ("sp_ring", "sp_ulysses")
 
 
 def _default_device_type() -> str:
@@ -51,9 +57,18 @@ def _dist_ready() -> bool:
 
 
 def _resolve_layout(
-    world_size: int, dp_replicate_size: int, dp_shard_size: int | None, sp_size: int, ep_size: int = 1
+    world_size: int,
+    dp_replicate_size: int,
+    dp_shard_size: int | None,
+    sp_size: int,
+    ep_size: int = 1,
+    ring_size: int = 1,
 ) -> int:
     """Check that the sizes tile the world exactly and return dp_shard_size (derived when None)."""
+    if isinstance(ring_size, bool) or not isinstance(ring_size, int) or ring_size < 1:
+        raise ValueError(f"ring_size must be a positive integer, got {ring_size!r}")
+    if isinstance(sp_size, int) and sp_size >= 1 and sp_size % ring_size:
+        raise ValueError(f"ring_size={ring_size} must divide sp_size={sp_size} (sp = ulysses x ring)")
     shard = "auto" if dp_shard_size is None else dp_shard_size
     sizes = f"dp_replicate_size={dp_replicate_size}, dp_shard_size={shard}, sp_size={sp_size}, world size {world_size}"
     given = [s for s in (dp_replicate_size, dp_shard_size, sp_size, ep_size) if s is not None]
@@ -73,16 +88,22 @@ def _resolve_layout(
     return dp_shard_size
 
 
-def check_sp_compatible(num_heads: int, num_kv_heads: int, seq_len: int | None, sp_size: int) -> int:
-    """Raise a one-line ``ValueError`` if Ulysses SP of ``sp_size`` cannot run this attention / sequence.
+def check_sp_compatible(
+    num_heads: int, num_kv_heads: int, seq_len: int | None, sp_size: int, ring_size: int = 1
+) -> int:
+    """Raise a one-line ``ValueError`` if SP of ``sp_size`` (Ulysses ``sp_size // ring_size`` x ring ``ring_size``)
+    cannot run this attention / sequence.
 
-    The head rule is ``runtime.sp.heads.kv_repeat_factor`` (its only implementation): ``sp`` must divide the query
-    head count, and divide the KV head count or be a multiple of it. ``seq_len`` (the row length before SP padding;
-    None to skip the check) must be at least ``sp`` so every rank holds a token. Returns the KV repeat factor.
+    The head rule is ``runtime.sp.heads.kv_repeat_factor`` (its only implementation), applied to the Ulysses degree
+    only (the ring dim splits the sequence, never the heads): it must divide the query head count, and divide the KV
+    head count or be a multiple of it. ``seq_len`` (the row length before SP padding; None to skip the check) must be
+    at least ``sp`` so every rank holds a token. Returns the KV repeat factor.
     """
     if isinstance(sp_size, bool) or not isinstance(sp_size, int) or sp_size < 1:
         raise ValueError(f"sp_size must be a positive integer, got {sp_size!r}")
-    repeat = kv_repeat_factor(num_heads, num_kv_heads, sp_size)
+    if isinstance(ring_size, bool) or not isinstance(ring_size, int) or ring_size < 1 or sp_size % ring_size:
+        raise ValueError(f"ring_size={ring_size!r} must be a positive integer dividing sp_size={sp_size}")
+    repeat = kv_repeat_factor(num_heads, num_kv_heads, sp_size // ring_size)
     if seq_len is not None and seq_len < sp_size:
         raise ValueError(
             f"a sequence of {seq_len} tokens cannot be split over sp={sp_size}: sp must not exceed the sequence length"
@@ -104,6 +125,7 @@ class ParallelState:
     dp_shard_size: int = 1
     sp_size: int = 1
     ep_size: int = 1
+    ring_size: int = 1  # sp_size = ulysses_size x ring_size
     device_type: str = field(default_factory=_default_device_type)
     mesh: DeviceMesh | None = field(default=None, repr=False)
     # The derived meshes are built collectively in init_parallel_state (every rank must take part), so they are
@@ -112,9 +134,12 @@ class ParallelState:
     fsdp_mesh: DeviceMesh | None = field(default=None, repr=False)
     loss_mesh: DeviceMesh | None = field(default=None, repr=False)
     ep_mesh: DeviceMesh | None = field(default=None, repr=False)
+    usp_mesh: DeviceMesh | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        _resolve_layout(self.world_size, self.dp_replicate_size, self.dp_shard_size, self.sp_size, self.ep_size)
+        _resolve_layout(
+            self.world_size, self.dp_replicate_size, self.dp_shard_size, self.sp_size, self.ep_size, self.ring_size
+        )
 
     # --- sequence parallelism -----------------------------------------------------------------------------------
 
@@ -138,7 +163,43 @@ class ParallelState:
 
     @property
     def sp_rank(self) -> int:
+        """This rank's place in the whole SP group: ``ring_rank * ulysses_size + ulysses_rank``."""
         return 0 if self.mesh is None else self.mesh.get_local_rank("sp")
+
+    # --- Ulysses x ring (USP) -----------------------------------------------------------------------------------
+
+    @property
+    def ulysses_size(self) -> int:
+        """The SP degree that splits heads (all-to-all); ``sp_size`` when there is no ring."""
+        return self.sp_size // self.ring_size
+
+    @property
+    def ring_enabled(self) -> bool:
+        return self.ring_size > 1
+
+    @property
+    def ulysses_group(self) -> ProcessGroup | None:
+        """The all-to-all group (``ulysses_size`` neighbouring ranks), or None when that dim is 1."""
+        if self.mesh is None or self.ulysses_size == 1:
+            return None
+        if self.usp_mesh is None:
+            return self.sp_group
+        return self.usp_mesh.get_group("sp_ulysses")
+
+    @property
+    def ulysses_rank(self) -> int:
+        if self.usp_mesh is None:
+            return self.sp_rank
+        return self.usp_mesh.get_local_rank("sp_ulysses")
+
+    @property
+    def ring_group(self) -> ProcessGroup | None:
+        """The ring group (ranks ``ulysses_size`` apart in the SP group), or None when there is no ring."""
+        return None if self.usp_mesh is None else self.usp_mesh.get_group("sp_ring")
+
+    @property
+    def ring_rank(self) -> int:
+        return 0 if self.usp_mesh is None else self.usp_mesh.get_local_rank("sp_ring")
 
     # --- data parallelism ---------------------------------------------------------------------------------------
 
@@ -195,16 +256,18 @@ def init_parallel_state(
     dp_shard_size: int | None = None,
     backend: str | None = None,
     ep_size: int = 1,
+    ring_size: int = 1,
 ) -> ParallelState:
     """Set up torch.distributed (from the torchrun env, if not already done), build the meshes, install the handle.
 
     ``dp_shard_size=None`` takes whatever the world size leaves over. Without torchrun env vars and without an
     initialised process group this is a single process: the sizes must all be 1 and no mesh is built. Calling it
     again builds fresh meshes (new process groups) for the new layout; the old ones stay valid but unused.
+    ``ring_size`` (dividing ``sp_size``) splits SP into Ulysses ``sp_size // ring_size`` x ring ``ring_size``.
     """
     world_size = dist.get_world_size() if _dist_ready() else int(os.environ.get("WORLD_SIZE", "1"))
     # Validate before any collective call so that a bad layout fails identically on every rank instead of hanging.
-    dp_shard_size = _resolve_layout(world_size, dp_replicate_size, dp_shard_size, sp_size, ep_size)
+    dp_shard_size = _resolve_layout(world_size, dp_replicate_size, dp_shard_size, sp_size, ep_size, ring_size)
 
     if not _dist_ready() and "WORLD_SIZE" in os.environ:
         if backend is None:
@@ -230,6 +293,9 @@ def init_parallel_state(
             ep_mesh = fsdp_mesh._unflatten(
                 "dp_shard_sp", (dp_shard_size * sp_size // ep_size, ep_size), EP_MESH_DIM_NAMES[1:]
             )
+        usp_mesh = None
+        if ring_size > 1:
+            usp_mesh = mesh._unflatten("sp", (ring_size, sp_size // ring_size), USP_MESH_DIM_NAMES)
         state = ParallelState(
             world_size=world_size,
             rank=dist.get_rank(),
@@ -237,12 +303,14 @@ def init_parallel_state(
             dp_shard_size=dp_shard_size,
             sp_size=sp_size,
             ep_size=ep_size,
+            ring_size=ring_size,
             device_type=device_type,
             mesh=mesh,
             dp_mesh=dp_mesh,
             fsdp_mesh=fsdp_mesh,
             loss_mesh=loss_mesh,
             ep_mesh=ep_mesh,
+            usp_mesh=usp_mesh,
         )
     set_parallel_state(state)
     return state

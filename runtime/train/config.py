@@ -135,13 +135,47 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig:
+    """``sp = ulysses x ring``: ``sp`` alone is Ulysses only; any two of the three give the third (``sp: 1``, the
+    default, counts as not given). After construction all three are set and consistent."""
+
     sp: int = 1
+    ulysses: int | None = None  # the head-splitting (all-to-all) SP degree
+    ring: int | None = None  # the ring-attention SP degree (no head constraint)
     ep: int = 1
     dp_replicate: int = 1
     dp_shard: int | None = None
     activation_checkpointing: bool = False
     # issue the Ulysses all-to-alls asynchronously (runtime/sp/overlap.py): bitwise-equal results, off by default
     overlap: bool = False
+
+    def __post_init__(self) -> None:
+        ulysses, ring = _usp_degrees(self.sp, self.ulysses, self.ring)
+        object.__setattr__(self, "sp", ulysses * ring)
+        object.__setattr__(self, "ulysses", ulysses)
+        object.__setattr__(self, "ring", ring)
+
+
+def _usp_degrees(sp: int, ulysses: int | None, ring: int | None) -> tuple[int, int]:
+    """(ulysses, ring) from the three ``parallel`` keys (sp 1 counts as not given); a ConfigError naming the keys
+    when they disagree. Values that are not positive integers are left to the key rules (reported there)."""
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (sp, ulysses or 1, ring or 1)):
+        return 1, 1
+    if ulysses is None and ring is None:
+        return sp, 1
+    if ulysses is not None and ring is not None:
+        if sp not in (1, ulysses * ring):
+            raise ConfigError(
+                f"parallel.sp: {sp} must equal parallel.ulysses x parallel.ring = {ulysses} x {ring} (give two of "
+                "the three)"
+            )
+        return ulysses, ring
+    given, name = (ulysses, "ulysses") if ulysses is not None else (ring, "ring")
+    if sp == 1:
+        sp = given
+    if sp % given:
+        raise ConfigError(f"parallel.{name}: {given} must divide parallel.sp = {sp} (sp = ulysses x ring)")
+    other = sp // given
+    return (given, other) if name == "ulysses" else (other, given)
 
 
 @dataclass(frozen=True)
@@ -254,6 +288,8 @@ _POSITIVE = {
     "train.steps",
     "train.micro_batches",
     "parallel.sp",
+    "parallel.ulysses",
+    "parallel.ring",
     "parallel.ep",
     "parallel.dp_replicate",
     "parallel.dp_shard",

@@ -117,12 +117,14 @@ def _tokenize_one(tokenize, located: LocatedSample, *args: Any) -> Any:
 
 
 def check_sp(model: torch.nn.Module, config: RunConfig, sp: int) -> None:
-    """Ulysses SP splits the LM's heads, and a VLM's ViT heads too."""
+    """Ulysses SP splits the LM's heads (its Ulysses degree ``sp / parallel.ring`` only: the ring splits the
+    sequence), and a VLM's ViT heads too (the ViT runs Ulysses over the whole SP group, ring or not)."""
     from runtime.parallel.state import check_sp_compatible
 
     text = model.config.get_text_config()
+    ring = config.parallel.ring or 1
     try:
-        check_sp_compatible(text.num_attention_heads, text.num_key_value_heads, config.data.token_budget, sp)
+        check_sp_compatible(text.num_attention_heads, text.num_key_value_heads, config.data.token_budget, sp, ring)
         vision = getattr(model.config, "vision_config", None)
         if vision is not None and vision.num_heads % sp:
             raise ValueError(f"the vision tower's {vision.num_heads} heads are not divisible by sp={sp}")

@@ -68,7 +68,7 @@ def setup_parallel(config: RunConfig) -> ParallelState:
     set_overlap(p.overlap)
     try:
         return init_parallel_state(
-            sp_size=p.sp, dp_replicate_size=p.dp_replicate, dp_shard_size=p.dp_shard, ep_size=p.ep
+            sp_size=p.sp, dp_replicate_size=p.dp_replicate, dp_shard_size=p.dp_shard, ep_size=p.ep, ring_size=p.ring
         )
     except ValueError as exc:
         raise ConfigError(f"parallel: {exc}") from None
