@@ -1,29 +1,38 @@
-"""FlowGRPO figures of ``runtime.rl``, in one run, on Wan-shaped models:
+"""The RL figures of ``runtime.rl``, in one run, on Wan-shaped models:
 
-1. the time split of an iteration: rollout (no grad, every denoising step), reward (decode + a tiny CLIP checkpoint
-   + brightness), training (the window steps recomputed with grad, backward, AdamW), each phase's fastest of
-   iterations 2..N (the first warms up; the fastest is the least disturbed by other processes, see
-   ``runtime.kernels.timing``), read from the job's own ``time_*`` metrics (wall seconds), on the tiny Wan pipeline
-   (one process);
-2. activation memory per rank of the training side's recomputation (bytes saved for backward by one window step of
+1. the time split of a FlowGRPO iteration: rollout (no grad, every denoising step), reward (decode + a tiny CLIP
+   checkpoint + brightness), training (the window steps recomputed with grad, backward, AdamW), read from the job's
+   own ``cpu_time_*`` metrics (user CPU seconds of the process, ``runtime.kernels.timing``: what other processes
+   on a loaded machine run does not count), each phase's fastest iteration of the timed rounds;
+2. the CPU time of one iteration of every algorithm (``runtime.rl.config.ALGORITHMS``, each with its default
+   recipe, the same group size and window) relative to FlowGRPO's, on the same tiny model, prompts and rewards:
+   one iteration of each per round, in interleaved rounds (the order reversed every round), each algorithm's
+   fastest round after a warm-up iteration (``runtime.kernels.timing.interleaved``; the cyclic garbage collector
+   paused while an iteration runs);
+3. activation memory per rank of the training side's recomputation (bytes saved for backward by one window step of
    one sample, true CFG on: the batch doubles) at sp=2 vs sp=1, worst rank over gloo ranks, on a Wan-shaped model
    (4 blocks, hidden 288, 8 heads) with 4096 video tokens per sample (target <= 0.6): exact and repeatable on CPU,
    unlike RSS.
 
-Run: `.venv/bin/python bench/flowgrpo.py [--iterations 15]`.
+Run: `.venv/bin/python bench/flowgrpo.py [--repeats 14]` (CPU: the RL job runs where ``runtime.rl`` puts it).
 """
 
 from __future__ import annotations
 
-import argparse
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from harness import fastest, saved_activation_bytes, worst_rank
+from harness import Clock, bench_args, fastest, interleaved, saved_activation_bytes, setup, worst_rank
 
-from tests.rl.common import rl_config, start
+from runtime.rl.metrics import PHASES
+from tests.rl.common import for_algorithm, rl_config, start
+
+# Each algorithm with its module's defaults but the group size and window of the FlowGRPO run (DanceGRPO: every
+# step stochastic, timestep_fraction 0.6 of them trained; DiffusionNFT: the ODE rollout, one forward-process draw).
+ALGORITHMS = ("flowgrpo", "grpo_guard", "mixgrpo", "dancegrpo", "diffusionnft")
 
 # The Wan config of bench/dit.py (RoPE t/h/w = 12/12/12) with the tiny VAE's 4 latent channels; text_dim sizes the
 # tiny text encoder.
@@ -54,24 +63,44 @@ def save_wan_pipeline(directory: Path, config: dict[str, Any]) -> Path:
     return directory
 
 
-def time_split(work: Path, iterations: int) -> dict[str, float]:
+def algorithm_runs(work: Path, rounds: int) -> dict[str, Any]:
+    """One RL run per algorithm on the same tiny Wan T2V pipeline, prompts and rewards (CLIP + brightness)."""
     from runtime.diffusion.tiny import save_tiny_pipeline
-    from runtime.rl.loop import iteration
     from runtime.rl.rewards.models import save_tiny_clip
 
     clip = save_tiny_clip(work / "clip")
-    raw = rl_config(
-        "wan",
-        save_tiny_pipeline("wan", work / "wan"),
-        work,
-        rewards=[{"callable": "tests.rl.rewards:brightness"}, {"clip": str(clip), "weight": 0.1}],
-        sampling={"height": 64, "width": 64, "frames": 9, "num_inference_steps": 8, "true_cfg_scale": 2.0},
-        flowgrpo={"group_size": 4, "window_size": 2},
-        train={"steps": iterations},
-    )
-    run, _ = start(raw)
-    rows = [iteration(run, step)[0] for step in range(1, iterations + 1)][1:]
-    return {k: fastest([r[f"time_{k}"] for r in rows]) for k in ("rollout", "reward", "train")}
+    pipeline = save_tiny_pipeline("wan", work / "wan")
+    runs = {}
+    for name in ALGORITHMS:
+        (work / name).mkdir(parents=True, exist_ok=True)
+        raw = rl_config(
+            "wan",
+            pipeline,
+            work / name,
+            rewards=[{"callable": "tests.rl.rewards:brightness"}, {"clip": str(clip), "weight": 0.1}],
+            sampling={"height": 64, "width": 64, "frames": 9, "num_inference_steps": 8, "true_cfg_scale": 2.0},
+            flowgrpo={"group_size": 4, "window_size": 2},
+            train={"steps": rounds + 1},
+        )
+        runs[name], _ = start(for_algorithm(raw, name))
+    return runs
+
+
+def iteration_rounds(runs: dict[str, Any], rounds: int, clock: Clock) -> tuple[dict[str, list[float]], list[dict]]:
+    """Per algorithm, the CPU seconds of each timed iteration (interleaved rounds after one warm-up iteration);
+    FlowGRPO's timed iterations' metrics."""
+    from runtime.rl.loop import iteration
+
+    metrics: dict[str, list[dict]] = {name: [] for name in runs}
+
+    def job(name: str) -> Callable[[], None]:
+        def one() -> None:
+            metrics[name].append(iteration(runs[name], len(metrics[name]) + 1)[0])
+
+        return one
+
+    seconds = interleaved({name: job(name) for name in runs}, rounds, clock, warmup=1)
+    return seconds, metrics["flowgrpo"][1:]
 
 
 def _memory_worker(rank: int, world: int, raw: dict) -> int:
@@ -133,18 +162,21 @@ def memory_ratio(work: Path) -> tuple[int, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=15)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+    args = bench_args(__doc__, repeats=14).parse_args()
+    bench = setup(args)
     with tempfile.TemporaryDirectory(prefix="bench-flowgrpo-") as scratch:
         work = Path(scratch)
-        split = time_split(work, args.iterations)
+        seconds, rows = iteration_rounds(algorithm_runs(work, bench.repeats), bench.repeats, bench.clock)
+        split = {phase: fastest([r[f"cpu_time_{phase}"] for r in rows]) for phase in PHASES}
         total = sum(split.values())
         print("FlowGRPO iteration on tiny Wan T2V (64x64, 9 frames, 8 steps, 2 prompts x 4 samples, true CFG), one")
-        print(f"process, fastest of iterations 2..{args.iterations} per phase, wall seconds:")
-        for phase, seconds in split.items():
-            print(f"  {phase:<8} {seconds:7.3f} s  {seconds / total:6.1%}")
+        print(f"process, {bench.label}, each phase's fastest iteration, its share of their sum:")
+        for phase, value in split.items():
+            print(f"  {phase:<8} {value:7.3f} s  {value / total:6.1%}")
+        base = fastest(seconds["flowgrpo"])
+        print(f"one iteration per algorithm relative to FlowGRPO's ({base:.3f} s), interleaved rounds, same model:")
+        for name in ALGORITHMS:
+            print(f"  {name:<13} {fastest(seconds[name]):7.3f} s  {fastest(seconds[name]) / base:6.3f}x")
         one, two = memory_ratio(work)
         print("training-side recomputation, one window step of one sample, 4096 video tokens, Wan-shaped (4 blocks,")
         print("hidden 288), true CFG; bytes saved for backward per rank (worst rank):")

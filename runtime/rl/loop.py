@@ -44,6 +44,7 @@ import torch.distributed as dist
 
 from runtime.flowgrpo.rollout import RolloutResult, rollout
 from runtime.flowgrpo.trainer import repeat_batch, select_rows
+from runtime.kernels.timing import Clock
 from runtime.parallel.fsdp import clip_grad_norm_
 from runtime.parallel.state import ParallelState
 from runtime.rl.config import RLConfig, algorithm_module
@@ -448,9 +449,12 @@ def iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
 
 
 def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
+    if getattr(run.algo, "OFFLINE", False):  # no rollout, no reward: the algorithm's own step (dpo)
+        return run.algo.iteration(run, step)
     c, s, state, policy = run.config, run.config.algo, run.state, run.policy
     adapter = policy.adapter
-    started = time.perf_counter()
+    cpu = Clock()  # user CPU seconds of this process: the phases' cost whatever else the machine runs
+    started, cpu_started = time.perf_counter(), cpu.now()
     chosen = [run.prompts[i] for i in next(run.sampler)]
     texts = [p.text for p in chosen]
     g = s.group_size
@@ -484,10 +488,10 @@ def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
         for first in range(0, b, chunk)
     ]
     res = concat_rollouts(parts)
-    rolled = time.perf_counter()
+    rolled, cpu_rolled = time.perf_counter(), cpu.now()
     pixels = torch.cat([adapter.decode(res.final_latents[i : i + chunk]) for i in range(0, b, chunk)])
     every = score(run, pixels, sample_prompts)  # [1 + K, D * B]
-    scored = time.perf_counter()
+    scored, cpu_scored = time.perf_counter(), cpu.now()
     group_ids = torch.arange(every.shape[1]) // g
     advantages_all = run.algo.advantages(s, every[0], group_ids)
     advantages = advantages_all[state.dp_rank * b : (state.dp_rank + 1) * b]
@@ -511,9 +515,12 @@ def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
         lr=lr,
         logprob_gap_alarm=int(trained.get("logprob_gap_max", 0.0) > getattr(s, "logprob_gap_alarm", math.inf)),
         skipped_nonfinite=run.skipped_nonfinite,
-        time_rollout=rolled - started,
-        time_reward=scored - rolled,
-        time_train=time.perf_counter() - scored,
+        wall_time_rollout=rolled - started,
+        wall_time_reward=scored - rolled,
+        wall_time_train=time.perf_counter() - scored,
+        cpu_time_rollout=cpu_rolled - cpu_started,
+        cpu_time_reward=cpu_scored - cpu_rolled,
+        cpu_time_train=cpu.now() - cpu_scored,
     )
     return metrics, res
 
@@ -543,7 +550,7 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
     inputs = check_rl_inputs(config, state)  # before the model is built: a user error costs seconds
     check_mode(config.train.nonfinite, "train.nonfinite")
     rewards, error = None, None
-    if config.reward_ranks is None or state.rank in config.reward_ranks:  # reward models only where they run
+    if config.rewards and (config.reward_ranks is None or state.rank in config.reward_ranks):  # where they run
         rewards, error = _attempt(build_rewards, config.rewards)
     agree(error, state)
     torch.manual_seed(config.model.seed)

@@ -8,7 +8,9 @@ Keys (docs/flowgrpo.md, "Metrics"): ``step``; ``reward`` / ``reward_std`` (combi
 ``policy_loss``, ``clip_fraction``, ``approx_kl``, ``kl``, ``ratio_mean``, ``grad_norm``, ``lr``;
 ``logprob_gap_mean`` / ``logprob_gap_max`` (|log p_train - log p_rollout| over the first inner step's samples and
 window steps, where the ratio must be 1); ``logprob_gap_alarm`` (1 when the max exceeded the threshold);
-``skipped_nonfinite``; ``time_rollout`` / ``time_reward`` / ``time_train`` (seconds).
+``skipped_nonfinite``; ``wall_time_<phase>`` (wall seconds: what a user waits) and ``cpu_time_<phase>`` (user CPU
+seconds of this process, ``runtime.kernels.timing``: what the phase costs whatever else the machine runs) for the
+phases ``rollout``, ``reward``, ``train``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ from typing import Any, TextIO
 from runtime.train.tracking.plots import Panel
 from runtime.train.tracking.run_log import RunLog
 
-__all__ = ["REWARD_PANELS", "RLMetricsLogger"]
+__all__ = ["PHASES", "REWARD_PANELS", "RLMetricsLogger", "TIMING_KEYS"]
+
+PHASES = ("rollout", "reward", "train")
+# the keys whose values are timings (they differ between two runs that compute the same thing)
+TIMING_KEYS = tuple(f"{kind}_time_{phase}" for kind in ("wall", "cpu") for phase in PHASES)
 
 _SHOWN = (
     ("reward", "reward {:.4f}"),

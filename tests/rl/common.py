@@ -69,6 +69,19 @@ def rl_config(model: str, pipeline: Path, work: Path, **sections: Any) -> dict:
     return raw
 
 
+def for_algorithm(raw: dict, name: str, **section: Any) -> dict:
+    """``raw`` (an ``rl_config``) for ``algorithm: name``: its ``flowgrpo`` section's keys that ``name``'s Settings
+    take, moved under ``name``, updated with ``section``."""
+    import dataclasses
+
+    from runtime.rl.config import algorithm_module
+
+    known = {f.name for f in dataclasses.fields(algorithm_module(name).Settings)}
+    base = {k: v for k, v in raw["flowgrpo"].items() if k in known}
+    out = {k: v for k, v in raw.items() if k != "flowgrpo"}
+    return {**out, "algorithm": name, name: {**base, **section}}
+
+
 def start(raw: dict) -> tuple[Any, int]:
     """``start_run`` of ``raw`` in this process: (the run, the step it resumes after)."""
     from runtime.rl.config import parse_rl_config

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.rl.metrics import TIMING_KEYS as TIMES
 from tests.rl.common import ACCEPTANCE, MODELS, rl_config, start, trainable_state
-
-TIMES = ("time_rollout", "time_reward", "time_train")
 
 
 @pytest.mark.parametrize("model", MODELS)
