@@ -1,4 +1,4 @@
-"""Ulysses SP hooks of diffusion transformers (DiTs) generated from diffusers sources.
+"""Ulysses (and Ulysses x ring) SP hooks of diffusion transformers (DiTs) generated from diffusers sources.
 
 A DiT forward under SP (every hook returns its input unchanged when SP is off, so the generated model runs
 upstream's code path and stays bitwise equal to it):
@@ -18,6 +18,14 @@ upstream's code path and stays bitwise equal to it):
    the full text stream). Attention calls that do not receive the split (Wan's cross-attention to text and image
    embeddings) are left alone: their queries are this rank's tokens, their keys/values are replicated, so they are
    exact without any communication.
+   Under a ring (``parallel.ring`` > 1, SP = ulysses x ring) the all-to-all runs within the Ulysses group and
+   leaves this rank the contiguous span of ``ulysses x local`` tokens its ring rank owns; the queries keep that span
+   (padding included: no real token attends to it), and only the sharded keys/values are all-gathered over the ring
+   group (backward: reduce-scatter of dK, dV) and unpadded. The replicated text K/V are never gathered, so every
+   query sees each text token exactly once. Why a gather and not a K/V ring with log-sum-exp merging: the attention
+   call stays the model's own (any diffusers backend, no spec or template change), and the sum of what the ring
+   would send is the same, (ring-1)/ring of K/V per rank. The cost: the kernel saves the gathered K/V for backward
+   (every token, this rank's heads), so a ring divides the per-rank memory of everything but K/V by ``ring``.
 3. ``gather_tokens`` after the output projection all-gathers the tokens and drops the padding: every rank returns
    the full prediction, as upstream does.
 
@@ -79,6 +87,8 @@ class TokenShard:
     ``tokens`` real tokens are padded by ``pad`` to ``size * local``; rank ``rank`` holds tokens
     ``[rank * local, (rank + 1) * local)`` of the padded sequence. ``checked``: the attention sites whose stated
     layout was already checked for this model (shared by all its forwards: the check runs once per site).
+    Under Ulysses x ring (``size = ulysses_size * ring_size``, ``rank = ring_rank * ulysses_size + ulysses_rank``)
+    the all-to-all runs over ``ulysses_group`` and the K/V gather over ``ring_group`` (None: a dim of size 1).
     """
 
     group: ProcessGroup = dataclasses.field(repr=False, compare=False)
@@ -87,10 +97,23 @@ class TokenShard:
     tokens: int
     pad: int
     checked: set = dataclasses.field(default_factory=set, repr=False, compare=False)
+    ulysses_group: ProcessGroup | None = dataclasses.field(default=None, repr=False, compare=False)
+    ring_group: ProcessGroup | None = dataclasses.field(default=None, repr=False, compare=False)
+    ring_size: int = 1
 
     @property
     def local(self) -> int:
         return (self.tokens + self.pad) // self.size
+
+    @property
+    def ulysses_size(self) -> int:
+        return self.size // self.ring_size
+
+    @property
+    def span(self) -> int:
+        """Query tokens of one attention call after the all-to-all: every real token, or under a ring this ring
+        rank's contiguous ``ulysses_size * local`` tokens of the padded sequence (padding included)."""
+        return self.tokens if self.ring_size == 1 else self.local * self.ulysses_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +181,9 @@ def token_shard(
         tokens=num_tokens,
         pad=-num_tokens % size,
         checked=checked,
+        ulysses_group=state.ulysses_group,
+        ring_group=state.ring_group,
+        ring_size=state.ring_size,
     )
 
 
@@ -253,9 +279,10 @@ def ulysses_to_heads(
     shard, layout = split.shard, split.layout
     query, key, value = (layout.to_bshd(x) for x in (query, key, value))
     heads = query.size(2)
-    if heads % shard.size:
+    if heads % shard.ulysses_size:
         raise ValueError(
-            f"{heads} attention heads cannot be split over sp={shard.size}: sp must divide the head count"
+            f"{heads} attention heads cannot be split over ulysses={shard.ulysses_size}: the Ulysses degree must "
+            f"divide the head count (parallel.ring grows SP past it)"
         )
     start, count = layout.segments(query.size(1), shard.local)
     if layout.site not in shard.checked:
@@ -264,14 +291,21 @@ def ulysses_to_heads(
     rep_start = 0 if layout.replicated == "first" else shard.local
 
     sharded = seq_to_heads(
-        [x.narrow(1, start, shard.local) for x in (query, key, value)], seq_dim=1, head_dim=2, group=shard.group
+        [x.narrow(1, start, shard.local) for x in (query, key, value)],
+        seq_dim=1,
+        head_dim=2,
+        group=shard.ulysses_group,
     )
 
-    def one(x: Tensor, local: Tensor) -> Tensor:
-        local = unpad(local, 1, shard.pad)
+    def one(x: Tensor, local: Tensor, is_query: bool) -> Tensor:
+        if shard.ring_size > 1 and not is_query:  # this ring rank's span -> every token (padded)
+            local = gather_along_dim(local, 1, shard.ring_group)
+        if shard.ring_size == 1 or not is_query:
+            local = unpad(local, 1, shard.pad)
         if not count:
             return layout.from_bshd(local)
-        return layout.from_bshd(_joined(layout, slice_for_rank(x.narrow(1, rep_start, count), 2, shard.group), local))
+        text = slice_for_rank(x.narrow(1, rep_start, count), 2, shard.ulysses_group)
+        return layout.from_bshd(_joined(layout, text, local))
 
     if attention_mask is not None:
         if attention_mask.dim() != 4 or attention_mask.size(-2) != 1 or attention_mask.size(-1) != query.size(1):
@@ -283,7 +317,9 @@ def ulysses_to_heads(
         tokens = attention_mask.new_full((*attention_mask.shape[:-1], shard.tokens), fill)
         kept = attention_mask.narrow(-1, rep_start, count)
         attention_mask = torch.cat([kept, tokens] if layout.replicated == "first" else [tokens, kept], dim=-1)
-    query, key, value = (one(x, local) for x, local in zip((query, key, value), sharded, strict=True))
+    query, key, value = (
+        one(x, local, i == 0) for i, (x, local) in enumerate(zip((query, key, value), sharded, strict=True))
+    )
     return query, key, value, attention_mask
 
 
@@ -294,18 +330,18 @@ def ulysses_to_sequence(split: AttentionSplit | None, out: Tensor) -> Tensor:
         return out
     shard, layout = split.shard, split.layout
     out = layout.to_bshd(out)
-    count = out.size(1) - shard.tokens
+    count = out.size(1) - shard.span
     start = count if layout.replicated == "first" else 0
-    local = out.narrow(1, start, shard.tokens)
-    if shard.pad:
+    local = out.narrow(1, start, shard.span)
+    if shard.pad and shard.ring_size == 1:
         shape = list(local.shape)
         shape[1] = shard.pad
         local = torch.cat([local, local.new_zeros(shape)], dim=1)
-    local = gather_heads_scatter_seq(local, head_dim=2, seq_dim=1, group=shard.group)
+    local = gather_heads_scatter_seq(local, head_dim=2, seq_dim=1, group=shard.ulysses_group)
     if not count:
         return layout.from_bshd(local)
-    rep_start = 0 if layout.replicated == "first" else shard.tokens
-    full = gather_along_dim(out.narrow(1, rep_start, count), 2, shard.group)
+    rep_start = 0 if layout.replicated == "first" else shard.span
+    full = gather_along_dim(out.narrow(1, rep_start, count), 2, shard.ulysses_group)
     return layout.from_bshd(_joined(layout, full, local))
 
 
