@@ -91,6 +91,45 @@ def start(raw: dict) -> tuple[Any, int]:
     return run, step
 
 
+def tiny_run(raw: dict, iterations: int = 2) -> tuple[list[dict], list]:
+    """``iterations`` iterations of ``raw`` in this process, checked: every trainable parameter's update moved the
+    policy and every loss, gradient norm and reward is finite. Returns (their metrics, their rollouts)."""
+    import math
+
+    import torch
+
+    from runtime.rl.loop import iteration
+
+    run, _ = start(raw)
+    before = trainable_state(run.policy)
+    metrics, rollouts = zip(*(iteration(run, step) for step in range(1, iterations + 1)), strict=True)
+    after = trainable_state(run.policy)
+    assert any(not torch.equal(before[k], after[k]) for k in before), "the policy did not move"
+    for m in metrics:
+        assert all(math.isfinite(m[k]) for k in ("policy_loss", "grad_norm", "reward")), m
+    return list(metrics), list(rollouts)
+
+
+def assert_resume_is_bitwise(raw: dict, ckpt: Path) -> None:
+    """Two iterations of ``raw`` with a checkpoint after each, then a run resumed from the step-1 checkpoint: its
+    iteration 2 has the metrics (but timings) and ends with the weights of the run that never stopped."""
+    import torch
+
+    from runtime.rl.config import parse_rl_config
+    from runtime.rl.loop import run_rl
+    from runtime.rl.metrics import TIMING_KEYS
+
+    raw = {**raw, "train": {**raw["train"], "steps": 2}, "checkpoint": {"dir": str(ckpt), "interval": 1}}
+    whole = run_rl(parse_rl_config(raw))
+    again = {**raw, "checkpoint": {**raw["checkpoint"], "resume": str(ckpt / "step_000001")}}
+    resumed = run_rl(parse_rl_config(again))
+    assert resumed.start_step == 1 and len(resumed.metrics) == 1
+    strip = [{k: v for k, v in m.items() if k not in TIMING_KEYS} for m in (whole.metrics[1], resumed.metrics[0])]
+    assert strip[0] == strip[1]
+    a, b = trainable_state(whole.policy), trainable_state(resumed.policy)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def record_gradients(run: Any) -> list[dict[str, Any]]:
     """Each optimizer step of ``run`` first records every trainable parameter's full gradient (collective under
     FSDP: every rank steps). Returns the list the records go to."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.rl.common import rl_config, start, trainable_state
+from tests.rl.common import assert_resume_is_bitwise, for_algorithm, rl_config, tiny_run
 
 SHAPE = (6, 3, 4, 5)  # [B, C, H, W]
 
@@ -142,21 +142,8 @@ def test_grpo_guard_config_names_its_section(tiny_pipelines, tmp_path: Path) -> 
 
 
 def _tiny_run(tiny_pipelines, tmp_path: Path, algorithm: str, section: dict) -> tuple[list[dict], list]:
-    """Two iterations of ``algorithm`` on the tiny Flux pipeline; (their metrics, their rollouts)."""
-    from runtime.rl.loop import iteration
-
-    raw = rl_config("flux", tiny_pipelines("flux"), tmp_path, algorithm=algorithm)
-    raw[algorithm] = {**raw.pop("flowgrpo"), **section}
-    if algorithm == "dancegrpo":  # no window: every step is stochastic
-        del raw[algorithm]["window_size"]
-    run, _ = start(raw)
-    before = trainable_state(run.policy)
-    metrics, rollouts = zip(*(iteration(run, step) for step in (1, 2)), strict=True)
-    after = trainable_state(run.policy)
-    assert any(not torch.equal(before[k], after[k]) for k in before)
-    for m in metrics:
-        assert all(math.isfinite(m[k]) for k in ("policy_loss", "grad_norm", "reward")), m
-    return list(metrics), list(rollouts)
+    """Two checked iterations (``tiny_run``) of ``algorithm`` on the tiny Flux pipeline."""
+    return tiny_run(for_algorithm(rl_config("flux", tiny_pipelines("flux"), tmp_path), algorithm, **section))
 
 
 def test_grpo_guard_trains_on_flux(tiny_pipelines, tmp_path: Path) -> None:
@@ -403,31 +390,16 @@ SECTIONS = {
 
 
 def _algorithm_config(name: str, tiny_pipelines, tmp_path: Path, **sections) -> dict:
-    raw = rl_config("flux", tiny_pipelines("flux"), tmp_path, algorithm=name, **sections)
-    raw.pop("flowgrpo")
-    raw[name] = dict(SECTIONS[name])
-    return raw
+    raw = rl_config("flux", tiny_pipelines("flux"), tmp_path, **sections)
+    raw["flowgrpo"] = {}
+    return for_algorithm(raw, name, **SECTIONS[name])
 
 
 @pytest.mark.parametrize("name", list(SECTIONS))
 def test_resume_is_bitwise_per_algorithm(name: str, tiny_pipelines, tmp_path: Path) -> None:
     """A run resumed from its step-1 checkpoint ends with the metrics and weights of the run that never stopped
     (MixGRPO's window, DanceGRPO's steps and shared noise are functions of the iteration and the data position)."""
-    from runtime.rl.config import parse_rl_config
-    from runtime.rl.loop import run_rl
-
-    ckpt = tmp_path / "ckpt"
-    raw = _algorithm_config(name, tiny_pipelines, tmp_path, checkpoint={"dir": str(ckpt), "interval": 1})
-    whole = run_rl(parse_rl_config(raw))
-    again = {**raw, "checkpoint": {**raw["checkpoint"], "resume": str(ckpt / "step_000001")}}
-    resumed = run_rl(parse_rl_config(again))
-    assert resumed.start_step == 1 and len(resumed.metrics) == 1
-    from runtime.rl.metrics import TIMING_KEYS as times
-
-    strip = [{k: v for k, v in m.items() if k not in times} for m in (whole.metrics[1], resumed.metrics[0])]
-    assert strip[0] == strip[1]
-    a, b = trainable_state(whole.policy), trainable_state(resumed.policy)
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_resume_is_bitwise(_algorithm_config(name, tiny_pipelines, tmp_path), tmp_path / "ckpt")
 
 
 @pytest.mark.dist
