@@ -8,7 +8,8 @@ sections are shared by every algorithm; ``lora``, ``dit``, ``parallel``, ``optim
 
 Example (every key with its default unless marked required)::
 
-    algorithm: flowgrpo          # required: flowgrpo, grpo_guard, mixgrpo, dancegrpo (docs/flowgrpo.md)
+    algorithm: flowgrpo          # required: flowgrpo, grpo_guard, mixgrpo, dancegrpo, diffusionnft, dpo
+                                 # (docs/flowgrpo.md)
     model:
       type: wan                  # a generated DiT (wan, flux, qwenimage, sd3, hunyuanvideo), or instead:
       architecture: null         # a non-diffusers model named explicitly (BagelMoT: no model_index.json tells it)
@@ -28,6 +29,7 @@ Example (every key with its default unless marked required)::
                                  # LoRA turned off: no memory) | frozen_copy (a frozen copy of the starting weights)
     data:
       prompts: prompts.txt       # required: .txt (one prompt a line) or .jsonl ({"prompt": "..."} a line)
+      pairs: null                # dpo only, instead of prompts: a JSONL of {"prompt", "chosen", "rejected"}
       prompts_per_step: 2        # prompts per data-parallel replica per iteration (each sampled group_size times)
       negative_prompt: ""        # the negative branch of true CFG
       seed: 0                    # the prompt order (a seeded permutation per epoch)
@@ -95,6 +97,7 @@ ALGORITHMS = {
     "mixgrpo": "runtime.rl.algorithms.mixgrpo",
     "dancegrpo": "runtime.rl.algorithms.dancegrpo",
     "diffusionnft": "runtime.rl.algorithms.diffusionnft",
+    "dpo": "runtime.rl.algorithms.dpo",
 }
 REFERENCES = ("lora_disabled", "frozen_copy")
 MAX_REWARDS = 16  # a rewards list longer than this is not a reward mix
@@ -112,7 +115,8 @@ class RLModelConfig:
 
 @dataclass(frozen=True)
 class PromptDataConfig:
-    prompts: str
+    prompts: str | None = None  # required, except for offline algorithms (dpo), which read data.pairs instead
+    pairs: str | None = None  # dpo's preference pairs (runtime/rl/pairs.py)
     prompts_per_step: int = 2
     negative_prompt: str = ""
     seed: int = 0
@@ -141,7 +145,7 @@ class RLConfig:
     model: RLModelConfig
     data: PromptDataConfig
     sampling: SamplingConfig
-    rewards: list
+    rewards: list = field(default_factory=list)  # required, except for offline algorithms (dpo)
     reference: str = "lora_disabled"
     reward_ranks: list | None = None
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -211,7 +215,12 @@ def _check_shared(config: RLConfig) -> None:
     problem found in one ``ConfigError``."""
     errors = ConfigErrors()
     rewards = config.rewards or []
-    if not rewards:
+    online = not getattr(algorithm_module(config.algorithm), "OFFLINE", False)  # dpo checks its data itself
+    if online and config.data is not None and config.data.pairs is not None:
+        errors.add(f"data.pairs: preference pairs are dpo's data; {config.algorithm} samples data.prompts")
+    elif online and config.data is not None and config.data.prompts is None:
+        errors.add("data.prompts: required key missing")
+    if online and not rewards:
         errors.add("rewards: name at least one reward (a list of {callable: ...}, {http: ...}, ...)")
     elif len(rewards) > MAX_REWARDS:
         errors.add(f"rewards: {len(rewards)} rewards; at most {MAX_REWARDS}")

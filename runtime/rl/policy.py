@@ -86,7 +86,8 @@ def _shard_and_wrap(
     from runtime.train.precision import autocast_forward, fsdp_dtypes
 
     reference = None
-    if config.algo.kl_coef > 0 and config.reference == "frozen_copy":
+    needs = config.algo.kl_coef > 0 or getattr(config.algo, "needs_reference", False)  # dpo: always
+    if needs and config.reference == "frozen_copy":
         reference = copy.deepcopy(module).requires_grad_(False).eval()
     module.to(device)
     precision = config.train.mixed_precision  # the trainer's rule (runtime/train/precision.py)

@@ -12,6 +12,7 @@ from typing import Any
 
 from runtime.checkpoint.export import ExportTargetError, check_export_target
 from runtime.parallel.state import ParallelState
+from runtime.rl.pairs import Pair, read_pairs
 from runtime.rl.prompts import Prompt, PromptSampler, read_prompts
 from runtime.train.config import ConfigError
 
@@ -20,7 +21,7 @@ __all__ = ["CheckedRLInputs", "check_rl_inputs"]
 
 @dataclass(frozen=True)
 class CheckedRLInputs:
-    prompts: list[Prompt] = field(default_factory=list)
+    prompts: list[Prompt] | list[Pair] = field(default_factory=list)  # dpo: its preference pairs
     resume_from: Path | None = None
     skipped_checkpoints: list[str] = field(default_factory=list)
 
@@ -135,6 +136,7 @@ def check_outputs(config: Any) -> None:
             "checkpoint.dir": config.checkpoint.dir,
             "log.dir": config.log.dir,
             "data.prompts": config.data.prompts,
+            "data.pairs": config.data.pairs,
             "model.path": config.model.path,
         }
         try:
@@ -152,10 +154,11 @@ def check_rl_inputs(config: Any, state: ParallelState) -> CheckedRLInputs:
     else:
         check_sampling(config, check_model(config))
     check_outputs(config)
-    try:
-        prompts = read_prompts(config.data.prompts)
+    key = "data.prompts" if config.data.pairs is None else "data.pairs"
+    try:  # dpo's pairs (runtime/rl/pairs.py) take the prompts' place: the sampler and the checkpoint treat them alike
+        prompts = read_prompts(config.data.prompts) if config.data.pairs is None else read_pairs(config.data.pairs)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"data.prompts: {exc}") from None
+        raise ConfigError(f"{key}: {exc}") from None
     try:
         PromptSampler(len(prompts), config.data.prompts_per_step, config.data.seed, 0, state.dp_size)
     except ValueError as exc:

@@ -1,5 +1,5 @@
 """Diffusion-DPO (Wallace et al. 2023, arXiv:2311.12908) for flow-matching models: offline preference pairs
-(prompt, chosen image ``w``, rejected image ``l``), a frozen reference policy, no rollout.
+(prompt, chosen image ``w``, rejected image ``l``), a frozen reference policy, no rollout and no reward.
 
 Both images of a pair are noised with the same ``t`` and noise ``eps`` (rectified flow: ``x_t = (1 - t) x0 + t eps``,
 target ``v = eps - x0``); ``e`` is the per-sample mean squared flow-matching error of a policy::
@@ -8,19 +8,27 @@ target ``v = eps - x0``); ``e`` is the per-sample mean squared flow-matching err
     d = (e_w - e_w_ref) - (e_l - e_l_ref)
     L = -log sigmoid(-beta / 2 * d)                                       (batch mean)
 
-``d < 0``: the policy improved on the chosen image more than on the rejected one, relative to the reference (the
-implicit reward prefers ``w``); ``reward_accuracy`` is the share of pairs with ``d < 0``.
+(the paper's ``-log sigmoid(-beta T w(lambda_t) (...))`` with the noise-prediction error replaced by the velocity
+error and the constant ``T w(lambda_t)`` folded into ``beta``; its ``1/2`` kept). ``d < 0``: the policy improved on
+the chosen image more than on the rejected one, relative to the reference (the implicit reward prefers ``w``);
+``implicit_reward_accuracy`` is the share of pairs with ``d < 0``, ``implicit_reward_margin`` the mean of
+``-beta / 2 * d``.
 
-Config::
+Config (``data.pairs`` replaces ``data.prompts``; no ``rewards``; ``reference`` picks the frozen reference)::
 
+    algorithm: dpo
+    data: {pairs: pairs.jsonl, prompts_per_step: 2, seed: 0}   # pairs per replica per iteration (runtime/rl/pairs.py)
+    reference: lora_disabled     # or frozen_copy (full fine-tuning needs frozen_copy)
     dpo:
       beta: 5000.0               # the paper's beta (its SD1.5 / SDXL recipe)
-      t_min: 0.0
+      t_min: 0.0                 # t ~ U[t_min, t_max], one draw per pair, shared by its two images
       t_max: 1.0
-      micro_batch_size: null
+      micro_batch_size: null     # pairs per forward
 
-Not wired into ``runtime/rl/loop.py`` yet (not in ``ALGORITHMS``): the pair dataset (JSONL of prompt, chosen,
-rejected) and the offline training step are left; ``objective`` is the loss they need.
+Each iteration (``runtime/rl/dpo_step.py``, the loop's ``OFFLINE`` path): this replica's pairs from the seeded
+sampler, their images encoded by the model's VAE, ``(t, eps)`` per pair from a generator seeded by
+``(model.seed, iteration, global pair)`` (SP ranks and a resumed run draw alike), the policy's and the reference's
+velocities, one optimizer update with the job's guards. Image models only (a video model is a config error).
 """
 
 from __future__ import annotations
@@ -28,12 +36,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runtime.train.config import ConfigError, KeyRules
+from runtime.train.config import ConfigErrors, KeyRules
 
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["RULES", "Settings", "check", "conventions", "objective"]
+__all__ = ["OFFLINE", "RULES", "Settings", "check", "conventions", "iteration", "objective"]
+
+OFFLINE = True  # the loop runs ``iteration`` below instead of rollout, rewards and advantages
 
 NAME = "dpo"
 
@@ -44,6 +54,14 @@ class Settings:
     t_min: float = 0.0
     t_max: float = 1.0
     micro_batch_size: int | None = None
+    # fixed, not config keys: no rollout (the policy's sampler settings), one sample per pair, always a reference
+    group_size = 1
+    inner_epochs = 1
+    noise_level = 0.0
+    sde_type = "sde"
+    cps_log_prob = "squared_error"
+    kl_coef = 0.0
+    needs_reference = True
 
 
 RULES = KeyRules(
@@ -53,14 +71,44 @@ RULES = KeyRules(
 
 
 def check(config: Any) -> None:
-    """What the section's types and ranges do not say."""
+    """What the section's types and ranges do not say, and the shared keys DPO reads differently: its data is
+    ``data.pairs``, it has no reward, full fine-tuning needs a frozen copy as reference, images only."""
+    errors = ConfigErrors()
     s: Settings = config.algo
     if not s.t_min < s.t_max:
-        raise ConfigError(f"{NAME}.t_max: expected t_min < t_max, found t_min={s.t_min}, t_max={s.t_max}")
+        errors.add(f"{NAME}.t_max: expected t_min < t_max, found t_min={s.t_min}, t_max={s.t_max}")
+    data = config.data
+    if data is not None and data.prompts is not None:
+        errors.add(
+            "data.prompts: dpo trains on offline preference pairs, not prompts; give data.pairs (a JSONL of "
+            '{"prompt", "chosen", "rejected"}, docs/flowgrpo.md) instead'
+        )
+    elif data is not None and data.pairs is None:
+        errors.add('data.pairs: required key missing (a JSONL of {"prompt", "chosen", "rejected"} image pairs)')
+    if config.rewards:
+        errors.add("rewards: dpo learns from preference pairs and scores nothing; remove rewards")
+    if config.reward_ranks is not None:
+        errors.add("reward_ranks: dpo scores nothing; remove reward_ranks")
+    if config.reference == "lora_disabled" and config.lora.rank is None:
+        errors.add(
+            "reference: lora_disabled needs a LoRA run (lora.rank); full fine-tuning: set reference: frozen_copy"
+        )
+    if config.sampling is not None and config.sampling.true_cfg_scale != 1:
+        errors.add("sampling.true_cfg_scale: dpo trains the conditional prediction; remove sampling.true_cfg_scale")
+    if config.sampling is not None and config.sampling.frames is not None:
+        errors.add("sampling.frames: dpo takes image pairs (PNG/JPEG), not videos; use an image model")
+    errors.raise_if_any()
 
 
 def conventions(settings: Settings) -> str:
     return f"Diffusion-DPO on flow matching, beta {settings.beta:g}, t ~ U[{settings.t_min:g}, {settings.t_max:g}]"
+
+
+def iteration(run: Any, step: int) -> tuple[dict[str, Any], None]:
+    """The offline step of iteration ``step`` (``runtime/rl/dpo_step.py``): its metrics, no rollout."""
+    from runtime.rl.dpo_step import offline_iteration
+
+    return offline_iteration(run, step), None
 
 
 def objective(
@@ -86,9 +134,11 @@ def objective(
     loss = -F.logsigmoid(-0.5 * settings.beta * d).mean()
     stats = {
         "policy_loss": loss.detach(),
-        "reward_accuracy": (d.detach() < 0).to(loss.dtype).mean(),
-        "implicit_margin": (-0.5 * settings.beta * d.detach()).mean(),
+        "implicit_reward_accuracy": (d.detach() < 0).to(loss.dtype).mean(),
+        "implicit_reward_margin": (-0.5 * settings.beta * d.detach()).mean(),
         "error_chosen": e_w.detach().mean(),
         "error_rejected": e_l.detach().mean(),
+        "error_chosen_ref": e_w_ref.mean(),
+        "error_rejected_ref": e_l_ref.mean(),
     }
     return loss, stats
