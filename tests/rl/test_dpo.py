@@ -65,9 +65,34 @@ def test_config_errors_name_the_key(tiny_pipelines, tmp_path: Path) -> None:
     assert "rewards: dpo learns from preference pairs" in _error({**raw, "rewards": [{"callable": "m:f"}]})
     assert "reference: lora_disabled needs a LoRA run" in _error({**raw, "lora": {"rank": None}})
     assert "dpo.t_max: expected t_min < t_max" in _error({**raw, "dpo": {"t_min": 0.6, "t_max": 0.5}})
+    assert "model.type: dpo takes image pairs (PNG/JPEG); 'wan' is a video model" in _error(
+        {**raw, "model": {"type": "wan", "path": "p"}}
+    )
     online = rl_config("flux", tiny_pipelines("flux"), tmp_path)
     online["data"] = {**online["data"], "pairs": raw["data"]["pairs"]}
     assert "data.pairs: preference pairs are dpo's data; flowgrpo samples data.prompts" in _error(online)
+
+
+def test_cli_user_errors_are_one_line_and_exit_2(tiny_pipelines, tmp_path: Path, capsys) -> None:
+    """Through ``python -m runtime.rl``: a bad pair line (before the model is built), a config with the online
+    algorithms' ``data.prompts``, and the job's guard on an update that moves nothing (lr 1e-30), each one line with
+    the file (and line), exit code 2, no traceback."""
+    from tests.rl.test_cli import _run
+
+    raw = dpo_raw(tiny_pipelines, tmp_path)
+    pairs = Path(raw["data"]["pairs"])
+    good = pairs.read_text()
+    pairs.write_text(good + '{"prompt": "a", "chosen": "w0.png", "rejected": "gone.png"}\n')
+    for update, words in (
+        ({}, f"{pairs}:5: \"rejected\": 'gone.png': no such file"),
+        ({"data": {"prompts": "p.txt"}}, "data.prompts: dpo trains on offline preference pairs"),
+        ({"optim": {"lr": 1e-30}}, "changed no trainable parameter"),
+    ):
+        if "optim" in update:
+            pairs.write_text(good)
+        code, _, err = _run(tmp_path, {**raw, **update}, capsys)
+        assert code == 2 and words in err and err.count("\n") == 1 and "Traceback" not in err, err
+        assert "data" not in update or "rl.yaml:" in err, err  # the config's file and line
 
 
 @pytest.mark.parametrize(
@@ -209,7 +234,7 @@ def test_dpo_moves_a_1d_gaussian_flow_toward_the_chosen_side() -> None:
     """A 1-D flow: the policy ``x0 ~ N(m, 1)`` with its exact velocity, the reference frozen at ``m = 0``. Pairs are
     two reference samples, the larger one chosen (``sign = 1``; the smaller one for ``-1``). Adam on the DPO
     objective (this package's ``dpo.objective``: the paper-reference test checks it) at random ``t`` with shared
-    noise per pair: the mean passes ``+-0.3`` in the chosen direction within 40 steps."""
+    noise per pair: the mean passes ``+-0.5`` in the chosen direction within 40 steps (measured: 0.58)."""
     from runtime.rl.algorithms import diffusionnft, dpo
     from tests.rl.test_algorithms_nft_dpo import _gaussian_velocity
 
@@ -238,4 +263,4 @@ def test_dpo_moves_a_1d_gaussian_flow_toward_the_chosen_side() -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
-        assert sign * float(m.detach()) > 0.3, (sign, float(m.detach()))
+        assert sign * float(m.detach()) > 0.5, (sign, float(m.detach()))

@@ -95,9 +95,21 @@ def check(config: Any) -> None:
         )
     if config.sampling is not None and config.sampling.true_cfg_scale != 1:
         errors.add("sampling.true_cfg_scale: dpo trains the conditional prediction; remove sampling.true_cfg_scale")
-    if config.sampling is not None and config.sampling.frames is not None:
-        errors.add("sampling.frames: dpo takes image pairs (PNG/JPEG), not videos; use an image model")
+    if config.model is not None and config.model.architecture is not None:
+        errors.add(f"model.architecture: dpo trains generated DiTs (model.type), not {config.model.architecture!r}")
+    elif config.model is not None and _video_model(config.model.type):
+        errors.add(f"model.type: dpo takes image pairs (PNG/JPEG); {config.model.type!r} is a video model")
     errors.raise_if_any()
+
+
+def _video_model(model_type: str | None) -> bool:
+    """Whether ``model_type`` is a generated DiT of videos (an unknown type is the shared checks' error)."""
+    from runtime.diffusion.conditions import condition_model_class
+    from runtime.diffusion.registry import dit_model_types, lookup_dit
+
+    if model_type not in dit_model_types():
+        return False
+    return bool(condition_model_class(lookup_dit(model_type).data["condition_model_type"]).video)
 
 
 def conventions(settings: Settings) -> str:
