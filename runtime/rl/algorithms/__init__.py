@@ -9,4 +9,6 @@ adds the algorithm's own metrics (MixGRPO's ``window_start``); ``train_positions
 first, count)`` returns the ``[count, K]`` window positions each sample trains on (DanceGRPO's subsampling);
 ``initial_noise(settings, seed, step, first, count, latent_shape)`` returns the rollout's starting noise or None
 (DanceGRPO's shared noise per group); ``FORWARD_PROCESS = True`` trains on the rollout's clean samples
-through ``forward_draws``, ``noised`` and ``objective`` instead of its steps (DiffusionNFT)."""
+through ``forward_draws``, ``noised`` and ``objective`` instead of its steps (DiffusionNFT); ``OFFLINE = True``
+replaces the whole iteration (no rollout, no reward) by ``iteration(run, step)`` -> ``(metrics, None)`` and reads
+``data.pairs`` instead of ``data.prompts`` (Diffusion-DPO)."""
