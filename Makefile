@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/dit.py
 	$(BIN)/python bench/dit_train.py
 	$(BIN)/python bench/flowgrpo.py
+	$(BIN)/python bench/context_parallel.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
