@@ -175,10 +175,23 @@ def upgrade(
         Path | None,
         typer.Option("--report", help="also write the Markdown report to this file (e.g. docs/upgrades/<name>.md)"),
     ] = None,
+    migrate_: Annotated[
+        bool,
+        typer.Option(
+            "--migrate",
+            help="propose spec edits for the patches that do not apply (review them in specs.diff of the review "
+            "directory; rules in docs/upgrading-transformers.md)",
+        ),
+    ] = False,
+    apply_specs: Annotated[
+        bool, typer.Option("--apply-specs", help="with --migrate: write the proposed spec edits to specs/")
+    ] = False,
     root: RootOption = None,
 ) -> None:
     """Regenerate every spec against a release read from its wheel (never installed) and report each patch:
     applied / anchor moved / scope missing / conflict ... Exit 0 when every patch applies, 1 otherwise."""
+    if apply_specs and not migrate_:
+        raise PatchgenError("--apply-specs writes what --migrate proposes: pass --migrate too")
     from patchgen.report import console, generated_diffs, markdown
     from patchgen.upgrade import analyze, apply, baseline_source, write_review
 
@@ -191,10 +204,17 @@ def upgrade(
     baseline, fetched = baseline_source(config, {w.package for w in wheels}, cache)
     got_wheels = time.perf_counter()
     result = analyze(config, specs, wheels, baseline)
-    text = markdown(result)
-    review = write_review(config, result, text)
+    analyzed, section, migration = time.perf_counter(), "", None
+    if migrate_:
+        from patchgen.migrate import markdown as migration_markdown
+        from patchgen.migrate import migrate
+
+        migration = migrate(config, result, baseline, WheelSource(wheels))
+        section = "\n" + migration_markdown(migration, ", ".join(w.pin for w in wheels))
+    text = markdown(result) + section
+    review = write_review(config, result, text, {"specs.diff": migration.diff} if migration else None)
     if report is not None:
-        write_report(report.resolve(), markdown(result, diffs=report.stem), generated_diffs(result))
+        write_report(report.resolve(), markdown(result, diffs=report.stem) + section, generated_diffs(result))
     done = time.perf_counter()
     typer.echo(console(result))
     typer.echo(
@@ -207,8 +227,20 @@ def upgrade(
     ] + [f"{name} downloaded (pinned baseline)" for name in fetched]
     typer.echo(
         f"wheels in {got_wheels - started:.1f} s ({'; '.join(how)}); regenerated and compared in "
-        f"{done - got_wheels:.1f} s"
+        f"{analyzed - got_wheels:.1f} s" + (f"; migrated in {done - analyzed:.1f} s" if migration else "")
     )
+    if migration is not None:
+        (before, total), (after, _) = migration.applying(migration.before), migration.applying(migration.after)
+        typer.echo(
+            f"migration: {before} of {total} patches apply with the pinned specs, {after} with the migrated ones; "
+            f"edits in {review.relative_to(config.root)}/specs.diff"
+        )
+        if apply_specs:
+            from patchgen.migrate import apply_specs as write_specs
+
+            for path in write_specs(migration):
+                typer.echo(f"  wrote  {path.relative_to(config.root)}")
+            typer.echo(f"rerun `{result.command}` to review the release with the migrated specs")
     if apply_:
         if not result.ok:
             typer.echo(

@@ -399,13 +399,14 @@ def review_files(upgrade: Upgrade, report: str) -> dict[str, str]:
     return files
 
 
-def write_review(config: ProjectConfig, upgrade: Upgrade, report: str) -> Path:
-    """Replace `upgrade-review/<name>/` as a whole: a temp dir beside it is filled, then renamed into place."""
+def write_review(config: ProjectConfig, upgrade: Upgrade, report: str, extra: dict[str, str] | None = None) -> Path:
+    """Replace `upgrade-review/<name>/` as a whole: a temp dir beside it is filled, then renamed into place.
+    `extra`: more files by relative path (`specs.diff` of `--migrate`)."""
     final = config.root / REVIEW_DIR / upgrade.name
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{upgrade.name}."))
     try:
-        for relpath, text in sorted(review_files(upgrade, report).items()):
+        for relpath, text in sorted({**review_files(upgrade, report), **(extra or {})}.items()):
             path = staging / relpath
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8", newline="")
