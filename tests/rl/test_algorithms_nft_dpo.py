@@ -83,6 +83,25 @@ def test_nft_optimality_probability() -> None:
     assert got.tolist() == pytest.approx(expected, abs=1e-15)
 
 
+@pytest.mark.parametrize("unit", ["global", "group"])
+def test_nft_optimality_in_reward_stds(unit: str) -> None:
+    """``Z_c = reward_norm * std`` (the paper's usual choice of ``Z_c``, verl-omni's global std) written per sample
+    with ``statistics`` (sample std, divisor N - 1); a group of equal rewards gets ``r = 1/2``."""
+    import statistics
+
+    rewards = [0.3, 1.7, 0.9, 2.0, 2.0, 2.0, -1.0, 4.0, 0.5, 0.25, 3.0, 0.0]
+    groups = [i // 3 for i in range(12)]
+    settings = diffusionnft.Settings(reward_norm=1.5, reward_std=unit)
+    got = diffusionnft.optimality(settings, torch.tensor(rewards, dtype=torch.float64), torch.tensor(groups))
+    for i, (reward, group) in enumerate(zip(rewards, groups, strict=True)):
+        members = [x for x, g in zip(rewards, groups, strict=True) if g == group]
+        std = statistics.stdev(rewards if unit == "global" else members)
+        centred = reward - statistics.fmean(members)
+        expected = 0.5 if std == 0 else 0.5 + 0.5 * max(-1.0, min(1.0, centred / (1.5 * std)))
+        assert float(got[i]) == pytest.approx(expected, rel=1e-12, abs=1e-15), (i, float(got[i]), expected)
+    assert any(0.0 < float(v) < 1.0 and float(v) != 0.5 for v in got)  # not only clipped or neutral values
+
+
 def test_nft_forward_process() -> None:
     g = torch.Generator().manual_seed(3)
     x0, eps = torch.randn(SHAPE, generator=g), torch.randn(SHAPE, generator=g)
@@ -254,5 +273,7 @@ def test_nft_config_errors_name_the_key(tiny_pipelines, tmp_path) -> None:
         parse_rl_config(_nft_raw(tiny_pipelines, tmp_path, t_min=0.5, t_max=0.5))
     with pytest.raises(ConfigError, match=r"diffusionnft\.noise_level"):
         parse_rl_config(_nft_raw(tiny_pipelines, tmp_path, noise_level=0.7))
-    config = parse_rl_config(_nft_raw(tiny_pipelines, tmp_path, beta=0.1))
-    assert config.algo.beta == 0.1 and config.algo.noise_level == 0.0
+    with pytest.raises(ConfigError, match=r"diffusionnft\.reward_std: .*global"):
+        parse_rl_config(_nft_raw(tiny_pipelines, tmp_path, reward_std="batch"))
+    config = parse_rl_config(_nft_raw(tiny_pipelines, tmp_path, beta=0.1, reward_std="group"))
+    assert config.algo.beta == 0.1 and config.algo.noise_level == 0.0 and config.algo.reward_std == "group"

@@ -3,7 +3,14 @@ any sampler; only its clean samples ``x0`` and their rewards are kept: no trajec
 
 Optimality probability. The raw rewards of a prompt's group become ``r in [0, 1]``::
 
-    r = 1/2 + 1/2 * clip((R - mean_group(R)) / Z, -1, 1)         (Z = reward_norm, > 0)
+    r = 1/2 + 1/2 * clip((R - mean_group(R)) / Z_c, -1, 1)
+    Z_c = reward_norm                        reward_std: none
+    Z_c = reward_norm * std(R of the batch)  reward_std: global (the global batch, divisor N - 1)
+    Z_c = reward_norm * std(R of c's group)  reward_std: group
+
+(The paper leaves ``Z_c > 0`` to the user and names a reward std as the usual choice; verl-omni divides by the
+global std (+ 1e-4) and clips at ``adv_clip_max``: ``reward_std: global`` with ``reward_norm = adv_clip_max``. A
+std of 0 means equal rewards, whose ``r`` is 1/2.)
 
 (``r = 1`` wholly positive, ``r = 0`` wholly negative, ``1/2`` neither).
 
@@ -26,7 +33,8 @@ Config::
     diffusionnft:
       group_size: 4
       beta: 1.0                  # the implicit policies' step (the paper's beta)
-      reward_norm: 1.0           # Z: the reward difference that makes r 0 or 1
+      reward_norm: 1.0           # Z: the reward difference (in reward stds with reward_std) that makes r 0 or 1
+      reward_std: none           # none | global | group: Z_c in units of the batch's or the group's reward std
       t_min: 0.0                 # the forward-process times drawn uniformly from [t_min, t_max]
       t_max: 1.0
       timesteps_per_sample: 1    # forward-process draws per clean sample and inner epoch
@@ -73,6 +81,7 @@ class Settings:
     group_size: int = 4
     beta: float = 1.0
     reward_norm: float = 1.0
+    reward_std: str = "none"
     t_min: float = 0.0
     t_max: float = 1.0
     timesteps_per_sample: int = 1
@@ -91,6 +100,7 @@ RULES = KeyRules(
         for k in ("group_size", "beta", "reward_norm", "timesteps_per_sample", "micro_batch_size", "inner_epochs")
     ),
     unit_interval=frozenset({f"{NAME}.t_min", f"{NAME}.t_max"}),
+    choices={f"{NAME}.reward_std": ("none", "global", "group")},
 )
 
 
@@ -107,20 +117,32 @@ def check(config: Any) -> None:
 
 def conventions(settings: Settings) -> str:
     return (
-        f"forward-process NFT, beta {settings.beta:g}, r = 1/2 + 1/2 clip(dR / {settings.reward_norm:g}, -1, 1), "
+        f"forward-process NFT, beta {settings.beta:g}, r = 1/2 + 1/2 clip(dR / {_z(settings)}, -1, 1), "
         f"t ~ U[{settings.t_min:g}, {settings.t_max:g}]"
     )
 
 
+def _z(settings: Settings) -> str:
+    unit = {"none": "", "global": " x batch std", "group": " x group std"}[settings.reward_std]
+    return f"{settings.reward_norm:g}{unit}"
+
+
 def optimality(settings: Settings, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """``r`` in ``[0, 1]`` of each sample: its reward against its group's mean, over ``reward_norm``."""
+    """``r`` in ``[0, 1]`` of each sample of the GLOBAL batch: its reward against its group's mean, over ``Z_c``."""
     import torch
 
     groups, inverse = torch.unique(group_ids, return_inverse=True)
     sums = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, rewards)
     counts = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, torch.ones_like(rewards))
     centred = rewards - (sums / counts)[inverse]
-    return 0.5 + 0.5 * (centred / settings.reward_norm).clamp(-1.0, 1.0)
+    z = torch.full_like(rewards, settings.reward_norm)
+    if settings.reward_std == "global":
+        z = z * rewards.std()
+    elif settings.reward_std == "group":
+        squares = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, centred.square())
+        z = z * (squares / (counts - 1)).sqrt()[inverse]
+    # a std of 0: every reward equal, centred 0, r = 1/2 (not 0/0)
+    return 0.5 + 0.5 * (centred / z.clamp_min(torch.finfo(z.dtype).tiny)).clamp(-1.0, 1.0)
 
 
 def window(settings: Settings, num_steps: int) -> tuple[int, tuple[int, int]]:
