@@ -45,6 +45,8 @@ def full_sequence_mask(make_mask: Callable[..., Any]) -> Callable[..., Any]:
             )
         if kwargs.get("past_key_values") is not None:
             raise ValueError("sequence parallel training does not support a KV cache (past_key_values)")
+        if state.ring_enabled:
+            return None  # ring attention masks from the global position ids, block by block (runtime.sp.usp)
         kwargs["inputs_embeds"] = embeds[:, :1].expand(embeds.shape[0], full, *embeds.shape[2:])
         return make_mask(*args, **kwargs)
 

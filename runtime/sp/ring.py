@@ -57,12 +57,16 @@ def zigzag_indices(length: int, ring: int, rank: int) -> Tensor:
 
 
 def _allowed(
-    q_index: Tensor, k_index: Tensor, q_doc: Tensor | None, k_doc: Tensor | None, causal: bool
+    q_index: Tensor, k_index: Tensor, q_doc: Tensor | None, k_doc: Tensor | None, causal: bool, window: int | None
 ) -> Tensor | None:
-    """(b or 1, 1, sq, sk) bool "may attend", or None when every pair may."""
+    """(b or 1, 1, sq, sk) bool "may attend", or None when every pair may. ``window``: a key is visible only when
+    fewer than ``window`` tokens before the query (transformers' sliding-window rule)."""
     allowed = None
     if causal:
         allowed = (k_index[None, :] <= q_index[:, None])[None, None]
+    if window is not None:
+        near = (k_index[None, :] > q_index[:, None] - window)[None, None]
+        allowed = near if allowed is None else allowed & near
     if q_doc is not None:
         same = (q_doc[:, :, None] == k_doc[:, None, :])[:, None]
         allowed = same if allowed is None else allowed & same
@@ -73,7 +77,7 @@ def _exchange(tensors: list[Tensor], group: ProcessGroup) -> tuple[list[Tensor],
     """Send ``tensors`` to the next ring rank, receive the previous rank's into fresh buffers (asynchronously)."""
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     to, frm = dist.get_global_rank(group, (rank + 1) % size), dist.get_global_rank(group, (rank - 1) % size)
-    received = [torch.empty_like(t) for t in tensors]
+    received = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in tensors]
     ops = [dist.P2POp(dist.isend, t.contiguous(), to, group) for t in tensors]
     ops += [dist.P2POp(dist.irecv, r, frm, group) for r in received]
     return received, dist.batch_isend_irecv(ops)
@@ -110,6 +114,7 @@ class _RingAttention(torch.autograd.Function):
         group: ProcessGroup,
         causal: bool,
         scale: float,
+        window: int | None,
     ) -> Tensor:
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         repeat = q.shape[1] // k.shape[1]
@@ -122,7 +127,7 @@ class _RingAttention(torch.autograd.Function):
             pending = _exchange(held, group) if step < size - 1 else None
             owner = (rank - step) % size
             k_doc = None if docs is None else docs[owner]
-            allowed = _allowed(index[rank], index[owner], q_doc, k_doc, causal)
+            allowed = _allowed(index[rank], index[owner], q_doc, k_doc, causal, window)
             if allowed is None or bool(allowed.any()):
                 o, s = attention_with_lse(
                     q, _repeat(held[0], repeat), _repeat(held[1], repeat), scale=scale, allowed=allowed
@@ -133,7 +138,7 @@ class _RingAttention(torch.autograd.Function):
                 held = pending[0]
         out = out.to(q.dtype)
         ctx.save_for_backward(q, k, v, extra_k, extra_v, out, lse, index, docs)
-        ctx.group, ctx.causal, ctx.scale, ctx.repeat = group, causal, scale, repeat
+        ctx.group, ctx.causal, ctx.scale, ctx.repeat, ctx.window = group, causal, scale, repeat, window
         return out
 
     @staticmethod
@@ -159,7 +164,7 @@ class _RingAttention(torch.autograd.Function):
             pending = _exchange(held, group) if step < size - 1 else None
             owner = (rank - step) % size
             k_doc = None if docs is None else docs[owner]
-            allowed = _allowed(index[rank], index[owner], q_doc, k_doc, ctx.causal)
+            allowed = _allowed(index[rank], index[owner], q_doc, k_doc, ctx.causal, ctx.window)
             if step > 0:  # the dK/dV of the block now held arrive from the previous rank
                 _wait(dkv_pending[1])
                 dkv = dkv_pending[0]
@@ -182,7 +187,7 @@ class _RingAttention(torch.autograd.Function):
                 held = pending[0]
         _wait(dkv_pending[1])
         dk, dv = dkv_pending[0]
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_extra_k, d_extra_v, None, None, None, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_extra_k, d_extra_v, None, None, None, None, None, None
 
 
 def _local_attention(
@@ -194,9 +199,10 @@ def _local_attention(
     causal: bool,
     scale: float,
     extra_kv: tuple[Tensor, Tensor] | None,
+    window: int | None,
 ) -> Tensor:
     """``ring_attention`` without a ring: SDPA over the local tokens (and ``extra_kv`` first), same masking."""
-    allowed = _allowed(index, index, docs, docs, causal)
+    allowed = _allowed(index, index, docs, docs, causal, window)
     repeat = q.shape[1] // k.shape[1]
     keys, values = _repeat(k, repeat), _repeat(v, repeat)
     if extra_kv is not None:
@@ -219,6 +225,7 @@ def ring_attention(
     index: Tensor | None = None,
     doc_ids: Tensor | None = None,
     extra_kv: tuple[Tensor, Tensor] | None = None,
+    window: int | None = None,
 ) -> Tensor:
     """Attention of this rank's queries over the keys of every rank of the ring ``group``: (b, hq, s, d).
 
@@ -226,13 +233,16 @@ def ring_attention(
     ``index``: (ring, s) global token index of every rank's tokens (same for every rank; default: contiguous
     chunks), used for causality. ``doc_ids``: (ring, b, s) document id of every rank's tokens (packed sequences: a
     query sees only keys of its own document), or None. ``extra_kv``: a (b, hkv, se, d) pair every query sees once,
-    unmasked. With ``group=None`` (no ring) this is plain attention over the local tokens.
+    unmasked. ``window``: sliding-window size (transformers' rule), or None. With ``group=None`` (no ring) this is
+    plain attention over the local tokens.
     """
     size = 1 if group is None else dist.get_world_size(group)
     if index is None:
         index = torch.stack([contiguous_indices(size * q.shape[2], size, r) for r in range(size)])
     index = index.to(q.device)
     if group is None:
-        return _local_attention(q, k, v, index[0], None if doc_ids is None else doc_ids[0], causal, scale, extra_kv)
+        return _local_attention(
+            q, k, v, index[0], None if doc_ids is None else doc_ids[0], causal, scale, extra_kv, window
+        )
     extra_k, extra_v = extra_kv if extra_kv is not None else (None, None)
-    return _RingAttention.apply(q, k, v, extra_k, extra_v, index, doc_ids, group, causal, scale)
+    return _RingAttention.apply(q, k, v, extra_k, extra_v, index, doc_ids, group, causal, scale, window)

@@ -17,6 +17,8 @@ from runtime.parallel.collectives import gather_heads_scatter_seq
 from runtime.parallel.state import get_parallel_state
 from runtime.sp.heads import kv_repeat_factor
 from runtime.sp.overlap import seq_to_heads
+from runtime.sp.usp import PREFIX as USP_PREFIX
+from runtime.sp.usp import usp_attn_implementation
 
 PREFIX = "ulysses_"
 
@@ -66,16 +68,20 @@ def ulysses_attention(inner: str):
 
 
 def ulysses_attn_implementation(name: str) -> str:
-    """The attention implementation to dispatch to: `name` itself unless SP is on."""
-    if not get_parallel_state().sp_enabled:
+    """The attention implementation to dispatch to: `name` itself unless SP is on; `usp_<name>` (Ulysses x ring,
+    ``runtime.sp.usp``) when the layout has a ring."""
+    state = get_parallel_state()
+    if not state.sp_enabled:
         return name
-    if name.startswith(PREFIX):
+    if name.startswith((PREFIX, USP_PREFIX)):
         return name
     if name not in ALL_ATTENTION_FUNCTIONS:
         raise ValueError(
             f"Ulysses SP wraps a registered attention implementation (sdpa, flash_attention_2, ...); "
             f"the model uses {name!r}. Load it with attn_implementation='sdpa'."
         )
+    if state.ring_enabled:
+        return usp_attn_implementation(name)
     wrapped = PREFIX + name
     if wrapped not in ALL_ATTENTION_FUNCTIONS:
         AttentionInterface.register(wrapped, ulysses_attention(name))

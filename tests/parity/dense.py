@@ -33,18 +33,28 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def sp_worker(rank: int, world_size: int, cases: list[tuple[str, tuple[int, ...], dict, dict]]) -> list[dict]:
-    """Run every case with sp=world_size; return the loss, gathered logits and SP-summed gradients."""
+def sp_worker(
+    rank: int,
+    world_size: int,
+    cases: list[tuple[str, tuple[int, ...], dict, dict]],
+    ring: int = 1,
+    checkpointing: bool = False,
+) -> list[dict]:
+    """Run every case with sp=world_size (Ulysses ``world_size / ring`` x ring ``ring``, gradient checkpointing
+    optional); return the loss, gathered logits and SP-summed gradients."""
     import torch.distributed as dist
 
     from runtime.data.sp_batch import shard_for_sp
     from runtime.parallel.collectives import gather_along_dim
     from runtime.parallel.state import init_parallel_state
 
-    state = init_parallel_state(sp_size=world_size)
+    state = init_parallel_state(sp_size=world_size, ring_size=ring)
     results = []
     for model_type, lengths, config_overrides, forward_kwargs in cases:
         _, model = models(model_type, **config_overrides)
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+            model.train()
         out = model(**shard_for_sp(packed_batch(lengths), state), **forward_kwargs)
         out.loss.backward()
         partial = grads(model)

@@ -1,0 +1,102 @@
+"""Ulysses x ring (USP) attention for the generated language models.
+
+Registered as ``usp_<inner>`` in transformers' AttentionInterface; ``ulysses_attn_implementation`` returns it when
+the layout has a ring (``parallel.ring > 1``). Per call:
+
+1. Ulysses (when ``ulysses_size > 1``): all-to-all over the Ulysses group, (b, h, s/sp, d) -> (b, h/u, s/ring, d):
+   the ring rank's contiguous chunk of the sequence, for this rank's share of the heads.
+2. Ring attention (``runtime.sp.ring``) over the ring group, causal, with the packed documents found from the
+   *global* position ids the model passes to every attention call (a new document starts where the position does not
+   follow the previous one, as transformers decides packing), so no ``L x L`` mask is needed: the mask builders
+   return None under a ring (``runtime.sp.positions.full_sequence_mask``).
+3. The inverse all-to-all back to (b, s/sp, h, d).
+
+Tokens keep the Ulysses-only layout (SP rank ``ring_rank * ulysses + ulysses_rank`` holds the ``sp_rank``-th
+contiguous slice), so the data layer, the RoPE slice and the loss's label shift are unchanged. Causal work is then
+unbalanced over the ring (ring rank ``r`` computes ``r + 1`` blocks; fully hidden blocks are skipped);
+``runtime.sp.ring.zigzag_indices`` is the balanced layout ring attention already supports, not yet wired into the
+data layer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from runtime.parallel.collectives import gather_heads_scatter_seq
+from runtime.parallel.state import get_parallel_state
+from runtime.sp.heads import kv_repeat_factor
+from runtime.sp.overlap import seq_to_heads
+from runtime.sp.ring import contiguous_indices, ring_attention
+
+PREFIX = "usp_"
+
+
+def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """(b, L) document index of every token of packed rows: a document starts where the position does not follow."""
+    starts = torch.ones_like(position_ids, dtype=torch.bool)
+    starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    return starts.long().cumsum(1)
+
+
+def _refuse(module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
+    if kwargs.get("dropout", 0.0):
+        raise ValueError("ring attention does not support attention dropout; set the model's attention_dropout to 0")
+    if getattr(module, "is_causal", True) is not True:
+        raise ValueError(f"ring attention serves causal language models; {type(module).__name__} is not causal")
+
+
+def usp_attention(inner: str):
+    def forward(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        _refuse(module, kwargs)
+        state = get_parallel_state()
+        position_ids = kwargs.get("position_ids")
+        full = query.shape[2] * state.sp_size
+        if position_ids is None or position_ids.ndim != 2 or position_ids.shape[-1] != full:
+            got = None if position_ids is None else tuple(position_ids.shape)
+            raise ValueError(f"ring attention needs the global (b, {full}) text position ids, got {got}")
+        group, ulysses = state.ulysses_group, state.ulysses_size
+        repeat = kv_repeat_factor(query.shape[1], key.shape[1], ulysses)
+        if repeat > 1:
+            key, value = key.repeat_interleave(repeat, 1), value.repeat_interleave(repeat, 1)
+        # (b, h, s/sp, d) -> (b, h/u, s/ring, d): the ring rank's chunk for this rank's heads
+        query, key, value = seq_to_heads((query, key, value), seq_dim=2, head_dim=1, group=group)
+        ring = state.ring_size
+        index = torch.stack([contiguous_indices(full, ring, r) for r in range(ring)])
+        docs = document_ids(position_ids.to(query.device))
+        doc_ids = torch.stack([docs[:, i] for i in index.to(docs.device)])
+        scale = kwargs.get("scaling") or module.scaling
+        out = ring_attention(
+            query,
+            key,
+            value,
+            group=state.ring_group,
+            causal=True,
+            scale=scale,
+            index=index,
+            doc_ids=doc_ids,
+            window=kwargs.get("sliding_window"),
+        )
+        # (b, h/u, s/ring, d) -> (b, s/ring, h/u, d) -> (b, s/sp, h, d)
+        return gather_heads_scatter_seq(out.transpose(1, 2), head_dim=2, seq_dim=1, group=group), None
+
+    forward.__name__ = f"{PREFIX}{inner}"
+    return forward
+
+
+def usp_attn_implementation(name: str) -> str:
+    """The registered ``usp_<name>`` (registering it on first use)."""
+    wrapped = PREFIX + name
+    if wrapped not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(wrapped, usp_attention(name))
+    return wrapped
