@@ -22,6 +22,7 @@ CASES = {
     "joint_extra_kv": (16, 16, 1, False, None, "contiguous", 3, torch.float64),
     "uneven_padded_fp32": (16, 13, 4, True, [6, 7], "contiguous", 0, torch.float32),
 }
+WINDOW = {"causal_docs_zigzag_gqa": 5}  # a sliding window (transformers' rule: key > query - window)
 
 
 def _docs(case: str) -> torch.Tensor | None:
@@ -53,6 +54,8 @@ def _reference(case: str) -> dict[str, torch.Tensor]:
     allowed = torch.ones(B, 1, length, length, dtype=torch.bool)
     if causal:
         allowed &= torch.ones(length, length, dtype=torch.bool).tril()
+    if case in WINDOW:
+        allowed &= torch.ones(length, length, dtype=torch.bool).triu(1 - WINDOW[case])
     if docs is not None:
         allowed &= (docs[:, :, None] == docs[:, None, :])[:, None]
     k, v = x["k"].repeat_interleave(HQ // hkv, 1), x["v"].repeat_interleave(HQ // hkv, 1)
@@ -89,6 +92,7 @@ def _worker(rank: int, world_size: int, case: str) -> dict[str, torch.Tensor]:
         index=index,
         doc_ids=doc_ids,
         extra_kv=extra_kv,
+        window=WINDOW.get(case),
     )
     grad = full["grad"].clone()
     grad[:, :, real:] = 0
