@@ -186,6 +186,18 @@ def upgrade(
     apply_specs: Annotated[
         bool, typer.Option("--apply-specs", help="with --migrate: write the proposed spec edits to specs/")
     ] = False,
+    verify_: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="regenerate the models (migrated with --migrate) in a scratch copy of the project and run their "
+            "parity suites there in a scratch venv holding the release; adds the proof column to the report",
+        ),
+    ] = False,
+    verify_models: Annotated[
+        list[str] | None,
+        typer.Option("--verify-model", help="with --verify: prove only this model (spec name); repeatable"),
+    ] = None,
     root: RootOption = None,
 ) -> None:
     """Regenerate every spec against a release read from its wheel (never installed) and report each patch:
@@ -197,6 +209,10 @@ def upgrade(
 
     config = open_project(root)
     specs = load_specs(config, None)
+    unknown = sorted(set(verify_models or []) - {s.name for s in specs})
+    if unknown:
+        known = ", ".join(config.models())
+        raise PatchgenError(f"--verify-model {', '.join(unknown)}: no such spec (specs/<model>.toml); available: {known}")
     cache = wheel_cache(config.root)
     started = time.perf_counter()
     obtained = obtain_all(to, config.pins, cache, "--to", config.wheel_sha256)
@@ -211,6 +227,15 @@ def upgrade(
 
         migration = migrate(config, result, baseline, WheelSource(wheels))
         section = "\n" + migration_markdown(migration, ", ".join(w.pin for w in wheels))
+    verification, migrated = None, time.perf_counter()
+    if verify_ or verify_models:
+        from patchgen import verify
+
+        edits = {p.relative_to(config.root).as_posix(): t for p, t in migration.texts.items()} if migration else None
+        verification = verify.verify(config.root, wheels, baseline, cache, verify_models, edits)
+        command = result.command + (" --migrate" if migrate_ else "") + " --verify"
+        command += "".join(f" --verify-model {m}" for m in verify_models or [])
+        section += "\n" + verify.markdown(verification, command)
     text = markdown(result) + section
     review = write_review(config, result, text, {"specs.diff": migration.diff} if migration else None)
     if report is not None:
@@ -227,10 +252,10 @@ def upgrade(
     ] + [f"{name} downloaded (pinned baseline)" for name in fetched]
     typer.echo(
         f"wheels in {got_wheels - started:.1f} s ({'; '.join(how)}); regenerated and compared in "
-        f"{analyzed - got_wheels:.1f} s" + (f"; migrated in {done - analyzed:.1f} s" if migration else "")
+        f"{analyzed - got_wheels:.1f} s" + (f"; migrated in {migrated - analyzed:.1f} s" if migration else "")
     )
     if migration is not None:
-        (before, total), (after, _) = migration.applying(migration.before), migration.applying(migration.after)
+        (before, total), (after, _) = migration.before, migration.after
         typer.echo(
             f"migration: {before} of {total} patches apply with the pinned specs, {after} with the migrated ones; "
             f"edits in {review.relative_to(config.root)}/specs.diff"
@@ -241,6 +266,9 @@ def upgrade(
             for path in write_specs(migration):
                 typer.echo(f"  wrote  {path.relative_to(config.root)}")
             typer.echo(f"rerun `{result.command}` to review the release with the migrated specs")
+    if verification is not None:
+        typer.echo(verify.console(verification))
+        typer.echo(f"verified in {done - migrated:.1f} s (scratch venv and tree, regeneration, pytest)")
     if apply_:
         if not result.ok:
             typer.echo(
@@ -255,7 +283,7 @@ def upgrade(
             f"applied {', '.join(result.moves())}. Install it (pip install -e '.[runtime]'), or pass "
             f"`--from {' --from '.join(w.pin for w in wheels)}` to regen/check until you do"
         )
-    if not result.ok:
+    if not result.ok or (verification is not None and not verification.proven):
         raise typer.Exit(1)
 
 

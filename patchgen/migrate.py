@@ -53,7 +53,7 @@ from patchgen.files import write_text_atomic
 from patchgen.generate import UnitSource, read_unit, with_patches
 from patchgen.spec import Patch, Spec, _prefix_renamer, load_spec
 from patchgen.units import units as spec_units
-from patchgen.upgrade import REVIEW_DIR, ModelResult, PatchStatus, Upgrade, analyze_spec
+from patchgen.upgrade import REVIEW_DIR, PatchStatus, Upgrade
 from patchgen.upstream import UpstreamSource
 
 _TYPING_BUILTINS = {"List", "Dict", "Tuple", "Set", "FrozenSet", "Type"}
@@ -81,12 +81,8 @@ class Migration:
     outcomes: tuple[Outcome, ...]
     texts: dict[Path, str]  # every edited spec file's new text
     diff: str  # unified diff of specs/, paths relative to the project root
-    before: tuple[ModelResult, ...]
-    after: tuple[ModelResult, ...]  # every model, with the migrated specs where they changed
-
-    def applying(self, models: tuple[ModelResult, ...]) -> tuple[int, int]:
-        statuses = [s for m in models for s in m.patches]
-        return sum(s.applies for s in statuses), len(statuses)
+    before: tuple[int, int]  # (patches applying, patches) with the pinned specs
+    after: tuple[int, int]  # the same with the migrated specs, re-resolved against the new release
 
 
 # ---- rule 1: what "the same meaning" is ---------------------------------------------------------------------
@@ -578,86 +574,89 @@ def _check(
     new_source: UpstreamSource,
     scratch: Path,
     cache: dict,
-) -> dict[str, Spec]:
-    """Load each migrated spec and resolve it against the new release; a proposal whose patch still fails, or whose
-    rendered code reads a local name upstream removed, is left (with every proposal sharing its edits)."""
+) -> dict[str, tuple[int, int]] | None:
+    """Load every spec an edited file reaches and resolve it against the new release. An edit is refused when the
+    patch of its table (in any spec that states or inherits it) does not apply, or its rendered code reads a local
+    name the old scope bound and the new one does not; then every proposal sharing it is left, and None returned.
+    Otherwise: (patches applying, patches) per model, with the migrated specs."""
     texts, _ = _files(proposals)
-    migrated = {}
-    bad: dict[SpecEdit, str] = {}
+    edited = [e for p in proposals for e in p.edits]
+    counts, bad = {}, {}
     for model in upgrade.models:
-        mine = [p for p in proposals if p.model == model.spec.name and p.edits]
-        if not mine:
+        counts[model.spec.name] = (sum(s.applies for s in model.patches), len(model.patches))
+        if not {model.spec.path, *model.spec.extends} & set(texts):
             continue
+        mine = [e for e in edited if e.path in (model.spec.path, *model.spec.extends)]
         try:
             spec = _load_migrated(config, texts, scratch, model.spec)
             news = _read(spec, new_source, cache)
             olds = {u.unit.name: u for u in _read(model.spec, old_source, cache)}
         except PatchgenError as exc:
-            bad.update({e: f"the migrated spec does not load: {exc}" for p in mine for e in p.edits})
+            bad.update({e: f"the migrated {model.spec.name} spec does not load: {exc}" for e in mine})
             continue
-        migrated[model.spec.name] = spec
+        failing = set()
         for new in news:
             plan, errors = resolve_each(new.module, new.patches)
             failed = {e.patch.index: e for e in errors}
+            failing |= set(failed)
             for patch in new.patches:
-                p = next((p for p in mine if p.status.patch.index == patch.index), None)
-                if p is None:
+                where = origin(model.spec.path, patch.index)
+                these = [e for e in mine if where is not None and (e.path, e.table) == where[:2]]
+                if not these:
                     continue
                 if patch.index in failed:
-                    why = f"after the edit it still does not apply: {failed[patch.index].message.splitlines()[0]}"
-                    bad.update({e: why for e in p.edits})
+                    message = failed[patch.index].message.splitlines()[0]
+                    why = f"after the edit {model.spec.name} #{patch.index} does not apply: {message}"
+                    bad.update({e: why for e in these})
                     continue
+                before = next(p for p in model.spec.patches if p.index == patch.index)
                 old_unit = olds.get(new.unit.name)
                 try:
-                    old_scope = find_scope(old_unit.module, p.status.patch.scope) if old_unit else None
+                    old_scope = find_scope(old_unit.module, before.scope) if old_unit else None
                 except LocateError:
                     old_scope = None
                 try:
-                    gone = dangling(
-                        plan.rendered_by.get(patch.index, []), old_scope, find_scope(new.module, patch.scope)
-                    )
+                    new_scope = find_scope(new.module, patch.scope)
+                    gone = dangling(plan.rendered_by.get(patch.index, []), old_scope, new_scope)
                 except SyntaxError:
                     gone = {"(its rendered code does not parse alone)"}
                 if gone:
-                    why = (
-                        f"the template reads {', '.join(sorted(gone))}, which the old scope bound and the new does not"
+                    names = ", ".join(sorted(gone))
+                    bad.update(
+                        {
+                            e: f"the template reads {names}, which the old scope bound and the new one does not"
+                            for e in these
+                        }
                     )
-                    bad.update({e: why for e in p.edits})
+        counts[model.spec.name] = (len(spec.patches) - len(failing), len(spec.patches))
     for p in proposals:
         why = next((bad[e] for e in p.edits if e in bad), None)
         if why is not None:
             p.reason, p.edits = why + f" (proposed: {p.reason})", []
-    return migrated if not bad else {}
+    return None if bad else counts
 
 
 def migrate(
     config: ProjectConfig, upgrade: Upgrade, old_source: UpstreamSource, new_source: UpstreamSource
 ) -> Migration:
-    """Propose, check and count: the migrated specs re-resolved against the new release give `after`."""
+    """Propose, check and count: the migrated specs, re-resolved against the new release, give `after`."""
     cache: dict = {}
     proposals = _proposals(upgrade, old_source, new_source, cache)
     _agree(proposals)
     (config.root / REVIEW_DIR).mkdir(exist_ok=True)  # the scratch specs sit in the project: headers name them
     scratch = Path(tempfile.mkdtemp(dir=config.root / REVIEW_DIR, prefix=".migrate-"))
     try:
-        for _ in range(4):  # a refused edit may be shared: re-check until every remaining edit holds
-            migrated = _check(config, upgrade, proposals, old_source, new_source, scratch, cache)
-            if migrated or not any(p.edits for p in proposals):
-                break
-        texts, _ = _files(proposals)
-        after = []
-        for model in upgrade.models:
-            touched = {model.spec.path, *model.spec.extends} & set(texts)
-            if not touched:
-                after.append(model)
-                continue
-            spec = _load_migrated(config, texts, scratch, model.spec)
-            result = analyze_spec(config, spec, old_source, new_source)
-            after.append(dataclasses.replace(result, spec=model.spec))
+        counts = None
+        while counts is None:  # each round leaves at least one proposal, or accepts them all
+            counts = _check(config, upgrade, proposals, old_source, new_source, scratch, cache)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    texts, _ = _files(proposals)
     outcomes = tuple(Outcome(p.model, p.status, tuple(p.edits), p.reason) for p in proposals)
-    return Migration(outcomes, texts, spec_diff(config, texts), upgrade.models, tuple(after))
+    statuses = [s for m in upgrade.models for s in m.patches]
+    before = (sum(s.applies for s in statuses), len(statuses))
+    after = (sum(a for a, _ in counts.values()), sum(n for _, n in counts.values()))
+    return Migration(outcomes, texts, spec_diff(config, texts), before, after)
 
 
 def spec_diff(config: ProjectConfig, texts: dict[Path, str]) -> str:
@@ -687,8 +686,7 @@ def _cell(text: str | None) -> str:
 
 def markdown(migration: Migration, pin: str) -> str:
     """The report's migration section (deterministic: no times, paths relative to the project)."""
-    done, total = migration.applying(migration.before)
-    after, _ = migration.applying(migration.after)
+    (done, total), (after, _) = migration.before, migration.after
     moved = [o for o in migration.outcomes if o.edits]
     left = [o for o in migration.outcomes if not o.edits]
     out = [
