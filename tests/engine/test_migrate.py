@@ -198,6 +198,7 @@ def test_an_ambiguous_rename_is_left(tmp_path) -> None:
     assert "BlockA.forward, BlockB.forward, not in exactly one other definition" in left(migration)[1]
 
 
+@pytest.mark.slow
 def test_transformers_5_23_0_more_patches_apply_after_migration() -> None:
     """The cached wheel (a clean clone downloads it once). Every migrated edit is one TOML value of a spec file."""
     from patchgen.config import load_config
