@@ -212,7 +212,7 @@ def upgrade(
     unknown = sorted(set(verify_models or []) - {s.name for s in specs})
     if unknown:
         known = ", ".join(config.models())
-        raise PatchgenError(f"--verify-model {', '.join(unknown)}: no such spec (specs/<model>.toml); available: {known}")
+        raise PatchgenError(f"--verify-model {', '.join(unknown)}: no spec of that name; available: {known}")
     cache = wheel_cache(config.root)
     started = time.perf_counter()
     obtained = obtain_all(to, config.pins, cache, "--to", config.wheel_sha256)
