@@ -44,9 +44,10 @@ def sp_worker(rank: int, world_size: int, cases: list[tuple[str, bool]]) -> list
     return results
 
 
-def _compare(per_rank: list[list[dict]], cases: list[tuple[str, bool]]) -> None:
+def _compare(per_rank: list[list[dict]], cases: list[tuple], run=_run) -> None:
+    """Every rank's result of each case against ``run(*case)`` in this (single) process."""
     for index, case in enumerate(cases):
-        ref = _run(*case)
+        ref = run(*case)
         for got in (rank[index] for rank in per_rank):
             assert got["out"].shape == ref["out"].shape, case
             assert relative_error(got["out"], ref["out"]) < 1e-5, case
