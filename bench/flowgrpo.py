@@ -1,14 +1,18 @@
-"""The RL figures of ``runtime.rl``, in one run, on Wan-shaped models:
+"""The RL figures of ``runtime.rl``, in one run:
 
-1. the time split of a FlowGRPO iteration: rollout (no grad, every denoising step), reward (decode + a tiny CLIP
-   checkpoint + brightness), training (the window steps recomputed with grad, backward, AdamW), read from the job's
-   own ``cpu_time_*`` metrics (user CPU seconds of the process, ``runtime.kernels.timing``: what other processes
-   on a loaded machine run does not count), each phase's fastest iteration of the timed rounds;
-2. the CPU time of one iteration of every algorithm (``runtime.rl.config.ALGORITHMS``, each with its default
-   recipe, the same group size and window) relative to FlowGRPO's, on the same tiny model, prompts and rewards:
-   one iteration of each per round, in interleaved rounds (the order reversed every round), each algorithm's
-   fastest round after a warm-up iteration (``runtime.kernels.timing.interleaved``; the cyclic garbage collector
-   paused while an iteration runs);
+1. the time split of a FlowGRPO iteration on the tiny Wan T2V pipeline: rollout (no grad, every denoising step),
+   reward (decode + a tiny CLIP checkpoint + brightness), training (the window steps recomputed with grad, backward,
+   AdamW), read from the job's own ``cpu_time_*`` metrics (user CPU seconds of the process,
+   ``runtime.kernels.timing``: what other processes on a loaded machine run does not count), each phase's fastest
+   iteration of the timed rounds;
+2. the CPU time of one iteration of every algorithm (``runtime.rl.config.ALGORITHMS``, each with its defaults but
+   the same group size and window) relative to FlowGRPO's on the same tiny Flux pipeline (Diffusion-DPO takes
+   images, not video), prompts and rewards.
+
+Both from one set of interleaved rounds: one iteration of every run per round (the order reversed every round),
+each run's fastest round after a warm-up iteration (``runtime.kernels.timing.interleaved``; the cyclic garbage
+collector paused while an iteration runs).
+
 3. activation memory per rank of the training side's recomputation (bytes saved for backward by one window step of
    one sample, true CFG on: the batch doubles) at sp=2 vs sp=1, worst rank over gloo ranks, on a Wan-shaped model
    (4 blocks, hidden 288, 8 heads) with 4096 video tokens per sample (target <= 0.6): exact and repeatable on CPU,
@@ -32,7 +36,7 @@ from tests.rl.common import for_algorithm, rl_config, start
 
 # Each algorithm with its module's defaults but the group size and window of the FlowGRPO run (DanceGRPO: every
 # step stochastic, timestep_fraction 0.6 of them trained; DiffusionNFT: the ODE rollout, one forward-process draw).
-ALGORITHMS = ("flowgrpo", "grpo_guard", "mixgrpo", "dancegrpo", "diffusionnft")
+ALGORITHMS = ("flowgrpo", "grpo_guard", "mixgrpo", "dancegrpo", "diffusionnft", "dpo")
 
 # The Wan config of bench/dit.py (RoPE t/h/w = 12/12/12) with the tiny VAE's 4 latent channels; text_dim sizes the
 # tiny text encoder.
@@ -63,32 +67,48 @@ def save_wan_pipeline(directory: Path, config: dict[str, Any]) -> Path:
     return directory
 
 
+SPLIT = "flowgrpo on wan"  # the run whose phases make the time split
+
+
+def _raw(model: str, pipeline: Path, work: Path, clip: Path, rounds: int, sampling: dict) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    return rl_config(
+        model,
+        pipeline,
+        work,
+        rewards=[{"callable": "tests.rl.rewards:brightness"}, {"clip": str(clip), "weight": 0.1}],
+        sampling=sampling,
+        flowgrpo={"group_size": 4, "window_size": 2},
+        train={"steps": rounds + 1},
+    )
+
+
 def algorithm_runs(work: Path, rounds: int) -> dict[str, Any]:
-    """One RL run per algorithm on the same tiny Wan T2V pipeline, prompts and rewards (CLIP + brightness)."""
+    """FlowGRPO on the tiny Wan T2V pipeline (the time split), and one run per algorithm on the tiny Flux pipeline
+    (Diffusion-DPO takes images): the same prompts, rewards (CLIP + brightness), group size and window; DPO on 4
+    random preference pairs per iteration (8 images, as the others' 2 prompts x 4 samples)."""
     from runtime.diffusion.tiny import save_tiny_pipeline
     from runtime.rl.rewards.models import save_tiny_clip
+    from tests.rl.test_dpo import write_pairs
 
     clip = save_tiny_clip(work / "clip")
-    pipeline = save_tiny_pipeline("wan", work / "wan")
-    runs = {}
+    wan = {"height": 64, "width": 64, "frames": 9, "num_inference_steps": 8, "true_cfg_scale": 2.0}
+    raw = _raw("wan", save_tiny_pipeline("wan", work / "wan"), work / "wan-run", clip, rounds, wan)
+    runs = {SPLIT: start(raw)[0]}
+    flux = save_tiny_pipeline("flux", work / "flux")
     for name in ALGORITHMS:
-        (work / name).mkdir(parents=True, exist_ok=True)
-        raw = rl_config(
-            "wan",
-            pipeline,
-            work / name,
-            rewards=[{"callable": "tests.rl.rewards:brightness"}, {"clip": str(clip), "weight": 0.1}],
-            sampling={"height": 64, "width": 64, "frames": 9, "num_inference_steps": 8, "true_cfg_scale": 2.0},
-            flowgrpo={"group_size": 4, "window_size": 2},
-            train={"steps": rounds + 1},
-        )
-        runs[name], _ = start(for_algorithm(raw, name))
+        raw = _raw("flux", flux, work / name, clip, rounds, {"height": 64, "width": 64, "num_inference_steps": 8})
+        raw = for_algorithm(raw, name)
+        if name == "dpo":
+            del raw["rewards"]
+            raw["data"] = {"pairs": str(write_pairs(work / "pairs", 8)), "prompts_per_step": 4}
+        runs[name] = start(raw)[0]
     return runs
 
 
 def iteration_rounds(runs: dict[str, Any], rounds: int, clock: Clock) -> tuple[dict[str, list[float]], list[dict]]:
-    """Per algorithm, the CPU seconds of each timed iteration (interleaved rounds after one warm-up iteration);
-    FlowGRPO's timed iterations' metrics."""
+    """Per run, the CPU seconds of each timed iteration (interleaved rounds after one warm-up iteration); the time
+    split run's timed iterations' metrics."""
     from runtime.rl.loop import iteration
 
     metrics: dict[str, list[dict]] = {name: [] for name in runs}
@@ -100,7 +120,7 @@ def iteration_rounds(runs: dict[str, Any], rounds: int, clock: Clock) -> tuple[d
         return one
 
     seconds = interleaved({name: job(name) for name in runs}, rounds, clock, warmup=1)
-    return seconds, metrics["flowgrpo"][1:]
+    return seconds, metrics[SPLIT][1:]
 
 
 def _memory_worker(rank: int, world: int, raw: dict) -> int:
@@ -174,7 +194,7 @@ def main() -> None:
         for phase, value in split.items():
             print(f"  {phase:<8} {value:7.3f} s  {value / total:6.1%}")
         base = fastest(seconds["flowgrpo"])
-        print(f"one iteration per algorithm relative to FlowGRPO's ({base:.3f} s), interleaved rounds, same model:")
+        print(f"one iteration per algorithm on tiny Flux (64x64, 8 steps) relative to FlowGRPO's ({base:.3f} s):")
         for name in ALGORITHMS:
             print(f"  {name:<13} {fastest(seconds[name]):7.3f} s  {fastest(seconds[name]) / base:6.3f}x")
         one, two = memory_ratio(work)
