@@ -238,7 +238,7 @@ def build_dit_policy(config: Any, state: ParallelState, device: torch.device) ->
     from runtime.train.dit import check_transformer, export, load_condition_model_for, load_transformer, quiet_loading
 
     quiet_loading()
-    check_transformer(config, state.sp_size)  # sp divides the heads; the LoRA targets adapt something
+    check_transformer(config, state.ulysses_size)  # ulysses divides the heads; the LoRA targets adapt something
     condition_model = load_condition_model_for(config, encoders=True, device=device)
     _check_sampling(condition_model, config)
     s = config.sampling

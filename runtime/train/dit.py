@@ -156,7 +156,7 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
 
     quiet_loading()
     check_pipeline_dir(config)
-    check_transformer(config, state.sp_size)
+    check_transformer(config, state.ulysses_size)
     entry = lookup_dit(config.model.type)
     rules = media_rules(condition_model_class(entry.data["condition_model_type"]))
     samples = getattr(inputs, "dit_samples", None) or read_dit_samples(config)
@@ -346,10 +346,10 @@ def quiet_loading() -> None:
     transformers.utils.logging.disable_progress_bar()
 
 
-def check_transformer(config: RunConfig, sp: int) -> None:
+def check_transformer(config: RunConfig, ulysses: int) -> None:
     """What the transformer must allow, checked on a copy built on the meta device (no weights, no memory) before
-    any condition is computed or weight loaded: ``sp`` divides its heads, ``lora.target_modules`` adapt
-    something."""
+    any condition is computed or weight loaded: the Ulysses degree divides its heads (a ring has no head limit),
+    ``lora.target_modules`` adapt something."""
     from runtime.diffusion.checkpoint_format import read_config
     from runtime.diffusion.registry import training_class
     from runtime.train.lora import add_lora
@@ -363,7 +363,11 @@ def check_transformer(config: RunConfig, sp: int) -> None:
         message = " ".join(str(exc).split())[:300]
         raise ConfigError(f"model.path: {config.model.path}/transformer: {message}") from None
     heads = model.config.num_attention_heads
-    if heads % sp:
-        raise ConfigError(f"parallel.sp: the transformer's {heads} attention heads are not divisible by sp={sp}")
+    if heads % ulysses:
+        key = "parallel.ulysses" if config.parallel.ring > 1 else "parallel.sp"
+        raise ConfigError(
+            f"{key}: the transformer's {heads} attention heads are not divisible by the Ulysses degree {ulysses}; "
+            f"choose a divisor of {heads} and grow SP with parallel.ring"
+        )
     if config.lora.rank is not None:
         add_lora(model, config.lora)

@@ -51,7 +51,7 @@ def prepare(config: RunConfig | str) -> int:
     state = setup_parallel(config)
     inputs = check_inputs(config, state)
     quiet_loading()
-    check_transformer(config, state.sp_size)
+    check_transformer(config, state.ulysses_size)
     rules = media_rules(condition_model_class(lookup_dit(config.model.type).data["condition_model_type"]))
     dataset = build_dataset(config, inputs.dit_samples, rules, state)
     _, conditions = setup_conditions(config, state, dataset, train_device(state))
