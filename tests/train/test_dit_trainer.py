@@ -89,7 +89,7 @@ def test_sp_fsdp_hsdp_match_one_process_and_resume(files: dict[str, Path], tmp_p
         files,
         "flux",
         tmp_path / "flux_sp",
-        parallel={"sp": 2},
+        parallel={"ring": 2},  # context parallelism through the ring (Wan above: Ulysses)
         lora=flux_lora,
         train={"steps": 4},
         checkpoint={"dir": str(tmp_path / "flux_sp_ckpt"), "interval": 2},
