@@ -25,7 +25,7 @@ Example (every key with its default unless marked required)::
     dit:                         # the trainer's DiT section
       ema_decay: null            # e.g. 0.999: an EMA of the trained weights (checkpointed; the export uses it)
       condition: {}              # condition-model options, e.g. Flux's guidance embedding {guidance_scale: 3.5}
-    reference: lora_disabled     # KL reference (read when flowgrpo.kl_coef > 0): lora_disabled (the policy with its
+    reference: lora_disabled     # KL reference (flowgrpo.kl_coef > 0; dpo always): lora_disabled (the policy with its
                                  # LoRA turned off: no memory) | frozen_copy (a frozen copy of the starting weights)
     data:
       prompts: prompts.txt       # required: .txt (one prompt a line) or .jsonl ({"prompt": "..."} a line)
