@@ -7,6 +7,7 @@ ids stay global (the collator never slices them) and each rank keeps its own sli
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,6 +22,24 @@ def slice_position_embeddings(position_embeddings: tuple[torch.Tensor, ...], seq
     if not state.sp_enabled:
         return position_embeddings
     return tuple(slice_for_rank(t, seq_dim, state.sp_group) for t in position_embeddings)
+
+
+@dataclass(frozen=True)
+class RingMask:
+    """What a mask builder stands for under ring attention, instead of an ``L x L`` tensor: causal, with this
+    sliding ``window`` (None: none); documents come from the global position ids (``runtime.sp.usp``)."""
+
+    window: int | None = None
+
+
+RING_MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask")
+
+
+def _ring_mask(make_mask: Callable[..., Any], config: Any) -> RingMask:
+    name = getattr(make_mask, "__name__", repr(make_mask))
+    if name not in RING_MASK_BUILDERS:
+        raise ValueError(f"ring attention (parallel.ring > 1) supports the masks {RING_MASK_BUILDERS}, not {name}")
+    return RingMask(config.sliding_window if name == "create_sliding_window_causal_mask" else None)
 
 
 def full_sequence_mask(make_mask: Callable[..., Any]) -> Callable[..., Any]:
@@ -45,8 +64,8 @@ def full_sequence_mask(make_mask: Callable[..., Any]) -> Callable[..., Any]:
             )
         if kwargs.get("past_key_values") is not None:
             raise ValueError("sequence parallel training does not support a KV cache (past_key_values)")
-        if state.ring_enabled:
-            return None  # ring attention masks from the global position ids, block by block (runtime.sp.usp)
+        if state.ring_enabled:  # ring attention masks block by block (runtime.sp.usp): no L x L tensor
+            return _ring_mask(make_mask, kwargs["config"])
         kwargs["inputs_embeds"] = embeds[:, :1].expand(embeds.shape[0], full, *embeds.shape[2:])
         return make_mask(*args, **kwargs)
 

@@ -7,8 +7,9 @@ the layout has a ring (``parallel.ring > 1``). Per call:
    the ring rank's contiguous chunk of the sequence, for this rank's share of the heads.
 2. Ring attention (``runtime.sp.ring``) over the ring group, causal, with the packed documents found from the
    *global* position ids the model passes to every attention call (a new document starts where the position does not
-   follow the previous one, as transformers decides packing), so no ``L x L`` mask is needed: the mask builders
-   return None under a ring (``runtime.sp.positions.full_sequence_mask``).
+   follow the previous one, as transformers decides packing), so no ``L x L`` mask is needed: under a ring the
+   mask builders return a ``RingMask`` (``runtime.sp.positions.full_sequence_mask``) that only says whether the
+   layer has a sliding window (some models pass the window only through the mask, qwen2_moe for one).
 3. The inverse all-to-all back to (b, s/sp, h, d).
 
 Tokens keep the Ulysses-only layout (SP rank ``ring_rank * ulysses + ulysses_rank`` holds the ``sp_rank``-th
@@ -30,6 +31,7 @@ from runtime.parallel.collectives import gather_heads_scatter_seq
 from runtime.parallel.state import get_parallel_state
 from runtime.sp.heads import kv_repeat_factor
 from runtime.sp.overlap import seq_to_heads
+from runtime.sp.positions import RingMask
 from runtime.sp.ring import contiguous_indices, ring_attention
 
 PREFIX = "usp_"
@@ -59,6 +61,8 @@ def usp_attention(inner: str):
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
         _refuse(module, kwargs)
+        if not isinstance(attention_mask, RingMask):
+            raise ValueError(f"ring attention builds its masks itself; got a {type(attention_mask).__name__} mask")
         state = get_parallel_state()
         position_ids = kwargs.get("position_ids")
         full = query.shape[2] * state.sp_size
@@ -85,7 +89,7 @@ def usp_attention(inner: str):
             scale=scale,
             index=index,
             doc_ids=doc_ids,
-            window=kwargs.get("sliding_window"),
+            window=attention_mask.window,
         )
         # (b, h/u, s/ring, d) -> (b, s/ring, h/u, d) -> (b, s/sp, h, d)
         return gather_heads_scatter_seq(out.transpose(1, 2), head_dim=2, seq_dim=1, group=group), None

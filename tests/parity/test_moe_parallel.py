@@ -85,6 +85,7 @@ LAYOUTS = {
     "sp2": (2, {"sp_size": 2}),
     "ep2": (2, {"ep_size": 2}),
     "ep2_sp2": (4, {"ep_size": 2, "sp_size": 2}),
+    "ep2_ring2": (2, {"ep_size": 2, "sp_size": 2, "ring_size": 2}),  # ring attention (issue 24)
 }
 
 
