@@ -182,6 +182,43 @@ def test_mixgrpo_window_slides_as_the_paper_says(steps, size, window_range, stri
         assert window(s, steps, k) == (size, (expected, expected)), k
 
 
+@pytest.mark.parametrize(
+    ("steps", "size", "stride", "tau", "k", "start", "roll_back"),
+    [
+        (25, 4, 1, 25, 0.1, 13, True),  # the authors' Flux recipe with their exp_decay defaults
+        (25, 4, 1, 5, 0.3, 4, False),
+        (12, 2, 3, 4, 5.0, 0, True),  # tau falls to its floor of 1 right away
+    ],
+)
+def test_mixgrpo_exp_decay_window_follows_the_shift_interval_rule(steps, size, stride, tau, k, start, roll_back):
+    """The exponential-decay shift interval ``tau(l) = ceil(tau_0 exp(-k relu(l - l_thr)))`` (at least 1), run as the
+    authors' state machine: after each iteration count it, and once the count reaches ``tau`` of the current start,
+    move by the stride (past the last start: back to the first, or stay)."""
+    from runtime.rl.algorithms.mixgrpo import Settings, window_start
+
+    s = Settings(
+        window_size=size,
+        window_stride=stride,
+        iters_per_group=tau,
+        roll_back=roll_back,
+        sample_strategy="exp_decay",
+        decay_k=k,
+        decay_start=start,
+    )
+    hi = steps - size
+    last = (hi // stride) * stride
+    cur, count, seen = 0, 0, set()
+    for iteration in range(1, 600):
+        assert window_start(s, steps, iteration) == cur, iteration
+        seen.add(cur)
+        count += 1
+        if count >= max(1, math.ceil(tau * math.exp(-k * max(0, cur - start)))):
+            count, cur = 0, cur + stride
+            if cur > hi:
+                cur = 0 if roll_back else last
+    assert seen == set(range(0, hi + 1, stride))
+
+
 def test_mixgrpo_random_window_is_seeded_and_covers_the_range() -> None:
     from runtime.rl.algorithms.mixgrpo import Settings, window_start
 

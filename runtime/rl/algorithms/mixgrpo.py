@@ -13,17 +13,25 @@ whatever the schedule's length. The window (the paper's "sliding window" with si
                   l_k = lo + s * (p mod m)        roll_back: true (back to lo after the last position)
                   l_k = lo + s * min(p, m - 1)    roll_back: false (stays at the last position)
     random:       l_k uniform in [lo, hi], drawn from a generator seeded by (window_seed, k) alone
+    exp_decay:    as progressive, but the window stays tau(l) = ceil(tau_0 * exp(-decay_k * max(0, l - decay_start)))
+                  iterations at start l (tau_0 = iters_per_group): it moves faster through the later, low-noise
+                  steps (the paper's exponential-decay shift interval)
 
 ``l_k`` is a function of the iteration alone, so every rank and a resumed run use the same window. The window start
 is logged as ``window_start`` every iteration. (The Flash variant's higher-order ODE solver outside the window is
-not taken: the ODE steps stay Euler, bitwise the sampler's.)
+not taken: the ODE steps stay Euler, bitwise the sampler's.) The authors' code (Tencent-Hunyuan/MixGRPO,
+``grpo_states.py``) lets the start run on to ``N - 2`` with the window cut at the schedule's end; here every
+position keeps ``w`` steps (starts up to ``N - w``), so every iteration trains ``w`` steps.
 
 Config: every ``flowgrpo:`` key (same meaning; ``window_range`` bounds the starts the window slides over) under
 ``mixgrpo:``, plus (defaults: the paper's Flux recipe)::
 
     mixgrpo:
       sample_strategy: progressive  # progressive (the sliding window) | random (a seeded window per iteration)
-      iters_per_group: 25        # tau: iterations at each window position (progressive)
+                                 # | exp_decay (the sliding window, its shift interval decaying with the start)
+      iters_per_group: 25        # tau (tau_0 for exp_decay): iterations at each window position
+      decay_k: 0.1               # exp_decay: the decay rate (the authors' exp_decay_k)
+      decay_start: 13            # exp_decay: the start from which tau decays (the authors' exp_decay_thre_timestep)
       window_stride: 1           # s: steps the window moves each time (verl-omni moves by window_size)
       roll_back: true            # progressive: after the last position start again from the first
       window_seed: 0             # random: the window draws' seed (independent of the sampling seeds)
@@ -32,6 +40,7 @@ Config: every ``flowgrpo:`` key (same meaning; ``window_range`` bounds the start
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +60,8 @@ class Settings(flowgrpo.Settings):
     window_stride: int = 1
     roll_back: bool = True
     window_seed: int = 0
+    decay_k: float = 0.1
+    decay_start: int = 13
 
 
 def _renamed(rules: KeyRules) -> KeyRules:
@@ -68,8 +79,8 @@ def _renamed(rules: KeyRules) -> KeyRules:
 RULES = _renamed(flowgrpo.RULES).merged(
     KeyRules(
         positive=frozenset({f"{NAME}.iters_per_group", f"{NAME}.window_stride"}),
-        non_negative=frozenset({f"{NAME}.window_seed"}),
-        choices={f"{NAME}.sample_strategy": ("progressive", "random")},
+        non_negative=frozenset({f"{NAME}.window_seed", f"{NAME}.decay_k", f"{NAME}.decay_start"}),
+        choices={f"{NAME}.sample_strategy": ("progressive", "random", "exp_decay")},
     )
 )
 advantages = flowgrpo.advantages
@@ -90,10 +101,35 @@ def window_start(settings: Settings, num_steps: int, step: int) -> int:
     if settings.sample_strategy == "random":
         digest = hashlib.sha256(f"patchgen.rl.mixgrpo.window:{settings.window_seed}:{step}".encode()).digest()
         return lo + int.from_bytes(digest[:8], "little") % (hi - lo + 1)
-    position = (step - 1) // settings.iters_per_group
     count = (hi - lo) // settings.window_stride + 1
+    if settings.sample_strategy == "exp_decay":
+        return lo + settings.window_stride * _decayed_position(settings, lo, count, step)
+    position = (step - 1) // settings.iters_per_group
     position = position % count if settings.roll_back else min(position, count - 1)
     return lo + settings.window_stride * position
+
+
+def _decayed_position(settings: Settings, lo: int, count: int, step: int) -> int:
+    """The position index of iteration ``step`` when position ``j`` (start ``l = lo + s j``) lasts ``tau(l)``."""
+    durations = [
+        max(
+            1,
+            math.ceil(
+                settings.iters_per_group
+                * math.exp(-settings.decay_k * max(0, lo + settings.window_stride * j - settings.decay_start))
+            ),
+        )
+        for j in range(count)
+    ]
+    done = step - 1
+    if not settings.roll_back and done >= sum(durations[:-1]):
+        return count - 1
+    done %= sum(durations)  # roll_back: the sweep repeats
+    for j, duration in enumerate(durations):
+        if done < duration:
+            return j
+        done -= duration
+    raise AssertionError("unreachable: done < sum(durations)")
 
 
 def window(settings: Settings, num_steps: int, step: int) -> tuple[int, tuple[int, int]]:
@@ -111,5 +147,8 @@ def conventions(settings: Settings) -> str:
         moves = f"window random per iteration (seed {settings.window_seed})"
     else:
         end = "rolls back" if settings.roll_back else "stays at the last position"
-        moves = f"window slides by {settings.window_stride} every {settings.iters_per_group} iterations, then {end}"
+        every = f"every {settings.iters_per_group} iterations"
+        if settings.sample_strategy == "exp_decay":
+            every += f" x exp(-{settings.decay_k:g} (start - {settings.decay_start})+)"
+        moves = f"window slides by {settings.window_stride} {every}, then {end}"
     return f"{flowgrpo.conventions(settings)}, {moves}"
