@@ -169,10 +169,12 @@ def same_meaning(old: str, new: str) -> tuple[str, list[tuple[str, str]] | None]
 
 
 def _targets(stmt: ast.stmt) -> str:
+    """What a statement assigns to: its targets, an augmented one's operator, an annotated one's annotation."""
     if isinstance(stmt, ast.Assign):
         return " = ".join(canonical(ast.unparse(t)) for t in stmt.targets)
-    op = type(stmt.op).__name__ if isinstance(stmt, ast.AugAssign) else ""
-    return canonical(ast.unparse(stmt.target)) + op
+    if isinstance(stmt, ast.AugAssign):
+        return canonical(ast.unparse(stmt.target)) + type(stmt.op).__name__
+    return canonical(ast.unparse(stmt.target)) + ": " + canonical(ast.unparse(stmt.annotation))
 
 
 # ---- proposing ----------------------------------------------------------------------------------------------
@@ -323,7 +325,7 @@ def _patch_count(path: Path) -> int:
     return base + len(data.get("patch", []))
 
 
-def origin(path: Path, index: int) -> tuple[Path, int, object] | None:
+def origin(path: Path, index: int) -> tuple[Path, int, Callable[[str], str]] | None:
     """The file and [[patch]] table that state patch `index` of the spec at `path`, and the class renaming from that
     file's naming to the spec's (an inherited patch lives in the base spec); None for a patch no file states."""
     data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -488,7 +490,7 @@ class _Proposal:
     edits: list[SpecEdit]
     reason: str
     mine: bool  # the spec's own table (not inherited): it defines the edit others must agree with
-    rename: Callable[[str], str] = str  # the stating file's class names -> this spec's (`class_prefix`)
+    rename: Callable[[str], str] = lambda text: text  # the stating file's class names -> this spec's (class_prefix)
 
 
 def _proposals(
@@ -541,9 +543,9 @@ def _agree(proposals: list[_Proposal]) -> None:
             p.edits = list(base)
 
 
-def _files(proposals: list[_Proposal]) -> tuple[dict[Path, str], list[_Proposal]]:
-    """The edited texts; proposals whose file cannot be edited in place are left (and returned)."""
-    texts, failed = {}, []
+def _files(proposals: list[_Proposal]) -> dict[Path, str]:
+    """The edited texts; the proposals of a file that cannot be edited in place are left to the human."""
+    texts = {}
     by_path: dict[Path, list[SpecEdit]] = {}
     for p in proposals:
         for edit in p.edits:
@@ -553,11 +555,10 @@ def _files(proposals: list[_Proposal]) -> tuple[dict[Path, str], list[_Proposal]
         try:
             texts[path] = edited_text(path.read_text(encoding="utf-8"), edits)
         except (ValueError, KeyError, IndexError, tomllib.TOMLDecodeError) as exc:
-            failed += [p for p in proposals if any(e.path == path for e in p.edits)]
             for p in proposals:
                 if any(e.path == path for e in p.edits):
                     p.reason, p.edits = f"cannot edit {path.name} in place: {exc}", []
-    return texts, failed
+    return texts
 
 
 def _load_migrated(config: ProjectConfig, texts: dict[Path, str], scratch: Path, spec: Spec) -> Spec:
@@ -579,7 +580,7 @@ def _check(
     patch of its table (in any spec that states or inherits it) does not apply, or its rendered code reads a local
     name the old scope bound and the new one does not; then every proposal sharing it is left, and None returned.
     Otherwise: (patches applying, patches) per model, with the migrated specs."""
-    texts, _ = _files(proposals)
+    texts = _files(proposals)
     edited = [e for p in proposals for e in p.edits]
     counts, bad = {}, {}
     for model in upgrade.models:
@@ -651,7 +652,7 @@ def migrate(
             counts = _check(config, upgrade, proposals, old_source, new_source, scratch, cache)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    texts, _ = _files(proposals)
+    texts = _files(proposals)
     outcomes = tuple(Outcome(p.model, p.status, tuple(p.edits), p.reason) for p in proposals)
     statuses = [s for m in upgrade.models for s in m.patches]
     before = (sum(s.applies for s in statuses), len(statuses))
