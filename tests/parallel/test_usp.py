@@ -14,6 +14,9 @@ from runtime.sp.usp import document_ids
 from tests.dist_utils import run_distributed
 from tests.parity.dense import relative_error, sp_worker
 from tests.parity.test_dense_sp import single_process
+from tests.parity.test_vlm_sp import CASES as VLM_CASES
+from tests.parity.test_vlm_sp import VIDEO_CASE, sp_vlm_worker
+from tests.parity.test_vlm_sp import single_process as vlm_single_process
 
 TWO_HEADS = {"num_attention_heads": 2, "num_key_value_heads": 1}
 # (world, ring): the cases run there
@@ -41,6 +44,22 @@ def _check(per_rank: list[list[dict]], cases: list) -> None:
 def test_usp_dense_matches_single_process(layout: str) -> None:
     world, ring, cases = LAYOUTS[layout]
     _check(run_distributed(sp_worker, world, cases, ring, True, timeout=300), cases)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("model_type", ["qwen3_vl"])
+def test_usp_vlm_matches_single_process(model_type: str) -> None:
+    """The language model on ring 2; the ViT stays on Ulysses over the whole SP group (its heads split by sp)."""
+    per_rank = run_distributed(sp_vlm_worker, 2, model_type, 2, timeout=300)
+    for index, case in enumerate([*VLM_CASES, VIDEO_CASE]):
+        ref = vlm_single_process(model_type, *case)
+        for rank_results in per_rank:
+            got = rank_results[index]
+            assert relative_error(got["loss"], ref["loss"]) < 1e-5, case
+            assert relative_error(got["logits"], ref["logits"]) < 1e-5, case
+            assert got["grads"].keys() == ref["grads"].keys()
+            for name, grad in ref["grads"].items():
+                assert relative_error(got["grads"][name], grad) < 1e-5, (case, name)
 
 
 def test_document_ids_follow_position_restarts():

@@ -72,13 +72,14 @@ def shard(batch: dict[str, torch.Tensor], sp: int, rank: int) -> dict[str, torch
     return out
 
 
-def sp_vlm_worker(rank: int, world_size: int, model_type: str) -> list[dict]:
+def sp_vlm_worker(rank: int, world_size: int, model_type: str, ring: int = 1) -> list[dict]:
+    """SP = world size (the LM on Ulysses ``world / ring`` x ring ``ring``; the ViT on Ulysses over all of SP)."""
     import torch.distributed as dist
 
     from runtime.parallel.collectives import gather_along_dim
     from runtime.parallel.state import init_parallel_state
 
-    state = init_parallel_state(sp_size=world_size)
+    state = init_parallel_state(sp_size=world_size, ring_size=ring)
     results = []
     for case in [*CASES, VIDEO_CASE]:
         batch = full_batch(model_type, *case)
