@@ -23,6 +23,7 @@ import copy
 import dataclasses
 import difflib
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -49,7 +50,6 @@ from patchgen.cst.locate import (
 )
 from patchgen.cst.plan import PlanError, resolve_each
 from patchgen.errors import PatchgenError
-from patchgen.files import write_text_atomic
 from patchgen.generate import UnitSource, read_unit, with_patches
 from patchgen.spec import Patch, Spec, _prefix_renamer, load_spec
 from patchgen.units import units as spec_units
@@ -675,10 +675,20 @@ def spec_diff(config: ProjectConfig, texts: dict[Path, str]) -> str:
 
 
 def apply_specs(migration: Migration) -> list[Path]:
-    """Write the migrated spec files (each atomically; every one was loaded and resolved before the first write)."""
-    for path, text in sorted(migration.texts.items()):
-        write_text_atomic(path, text)
-    return sorted(migration.texts)
+    """Write the migrated spec files, all or none: each new text is staged beside its file first, then the staged
+    files are renamed over theirs (a failure while staging changes nothing). Every text was loaded and resolved."""
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for path, text in sorted(migration.texts.items()):
+            staged.append((path.with_name(f".{path.name}.patchgen-tmp"), path))
+            staged[-1][0].write_text(text, encoding="utf-8", newline="")
+    except OSError as exc:
+        for temp, _ in staged:
+            temp.unlink(missing_ok=True)
+        raise PatchgenError(f"cannot write {staged[-1][1]}: {exc.strerror}; no spec file was changed") from exc
+    for temp, path in staged:
+        os.replace(temp, path)
+    return [path for _, path in staged]
 
 
 def _cell(text: str | None) -> str:
