@@ -33,15 +33,18 @@ def rows() -> dict[str, dict]:
     return {name: with_position_ids(omni_batch(*case)) for name, case in CASES.items()}
 
 
-def sp_worker(rank: int, world_size: int) -> dict:
+def sp_worker(rank: int, world_size: int, ring: int = 1, names: tuple[str, ...] = tuple(CASES)) -> dict:
+    """SP = world size (the thinker's LM on Ulysses ``world / ring`` x ring ``ring``; the towers on Ulysses)."""
     import torch.distributed as dist
 
     from runtime.parallel.collectives import gather_along_dim
     from runtime.parallel.state import init_parallel_state
 
-    state = init_parallel_state(sp_size=world_size)
+    state = init_parallel_state(sp_size=world_size, ring_size=ring)
     results = {}
     for name, row in rows().items():
+        if name not in names:
+            continue
         _, model = omni_models()
         batch = shard(row, world_size, state.sp_rank)
         ids = batch["input_ids"]

@@ -12,6 +12,10 @@ import torch
 
 from runtime.sp.usp import document_ids
 from tests.dist_utils import run_distributed
+from tests.omni.omni import assert_grad_close
+from tests.omni.test_omni_sp import rows as omni_rows
+from tests.omni.test_omni_sp import single_process as omni_single_process
+from tests.omni.test_omni_sp import sp_worker as omni_sp_worker
 from tests.parity.dense import relative_error, sp_worker
 from tests.parity.test_dense_sp import single_process
 from tests.parity.test_vlm_sp import CASES as VLM_CASES
@@ -60,6 +64,20 @@ def test_usp_vlm_matches_single_process(model_type: str) -> None:
             assert got["grads"].keys() == ref["grads"].keys()
             for name, grad in ref["grads"].items():
                 assert relative_error(got["grads"][name], grad) < 1e-5, (case, name)
+
+
+@pytest.mark.dist
+def test_usp_omni_thinker_matches_single_process() -> None:
+    """The qwen3_omni_moe thinker's LM on ring 2 (audio, images, a video with audio spread over both ranks)."""
+    per_rank = run_distributed(omni_sp_worker, 2, 2, ("spread",), timeout=300)
+    ref = omni_single_process(omni_rows()["spread"], 2)
+    for rank_results in per_rank:
+        got = rank_results["spread"]
+        for key in ("loss", "aux", "logits"):
+            assert relative_error(got[key], ref[key]) < 1e-5, key
+        assert got["grads"].keys() == ref["grads"].keys()
+        for key, grad in ref["grads"].items():
+            assert_grad_close(got["grads"][key], grad, key, "spread")
 
 
 def test_document_ids_follow_position_restarts():
