@@ -139,6 +139,20 @@ def test_moved_anchor_is_migrated_with_the_argument_its_template_var_reproduced(
     assert code == 2 and "pass --migrate too" in err and "Traceback" not in err
 
 
+def test_an_inherited_patch_is_migrated_once_in_its_base_spec(tmp_path) -> None:
+    proj, wheel = setup(tmp_path / "proj", MOVED, [dict(template="mig/head_var", **HEAD)])
+    proj.write_spec(f'extends = "toy"\nmodule = "{TOY}"\noutput = "generated/child/modeling_toy.py"\n', "child")
+    old = FixtureSource(OLD_V, {TOY: OLD})
+    upgrade = analyze(proj.config, load_specs(proj.config, None), [wheel], old)
+    migration = migrate(proj.config, upgrade, old, WheelSource([wheel]))
+    assert {o.model: [(e.path.name, e.table, e.key) for e in o.edits] for o in migration.outcomes} == {
+        "child": [("toy.toml", 1, "anchor"), ("toy.toml", 1, "vars.hidden")],
+        "toy": [("toy.toml", 1, "anchor"), ("toy.toml", 1, "vars.hidden")],
+    }
+    assert list(migration.texts) == [proj.root / "specs" / "toy.toml"] and migration.diff.count("+++ ") == 1
+    assert (migration.before, migration.after) == ((0, 2), (2, 2))
+
+
 def test_template_reading_a_local_upstream_removed_is_left(tmp_path) -> None:
     migration = run(tmp_path, MOVED, [dict(template="mig/head_fixed", **HEAD)])
     assert edits(migration) == {} and migration.texts == {} and migration.diff == ""
