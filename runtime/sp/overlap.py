@@ -57,10 +57,12 @@ def overlap(enabled: bool) -> Iterator[None]:
         set_overlap(before)
 
 
-def _launch(x: Tensor, scatter_dim: int, size: int, group: ProcessGroup) -> tuple[Tensor, Any]:
+def _launch(x: Tensor, scatter_dim: int, size: int, group: ProcessGroup) -> tuple[Tensor, Tensor, Any]:
+    """(receive buffer, send buffer, work): the caller holds the send buffer until the wait, so no allocator can
+    hand its memory out while the transfer may still read it."""
     send = torch.stack(x.chunk(size, dim=scatter_dim)).contiguous()
     recv = torch.empty_like(send)
-    return recv, dist.all_to_all_single(recv, send, group=group, async_op=True)
+    return recv, send, dist.all_to_all_single(recv, send, group=group, async_op=True)
 
 
 def _all_to_all_async(
@@ -69,7 +71,7 @@ def _all_to_all_async(
     """Every tensor's all-to-all in flight before the first wait; same packing as collectives._all_to_all."""
     pending = [_launch(x, scatter_dim, size, group) for x in xs]
     out = []
-    for recv, work in pending:
+    for recv, _send, work in pending:
         work.wait()
         out.append(torch.cat(recv.unbind(0), dim=gather_dim))
     return tuple(out)
