@@ -18,7 +18,8 @@ collector paused while an iteration runs).
    (4 blocks, hidden 288, 8 heads) with 4096 video tokens per sample (target <= 0.6): exact and repeatable on CPU,
    unlike RSS.
 
-Run: `.venv/bin/python bench/flowgrpo.py [--repeats 14]` (CPU: the RL job runs where ``runtime.rl`` puts it).
+Run: `.venv/bin/python bench/flowgrpo.py [--repeats 14] [--dtype bf16]` (``--dtype``: the jobs'
+``train.mixed_precision``; the jobs run where ``runtime.rl`` puts them: the GPU under NCCL, else the CPU).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def save_wan_pipeline(directory: Path, config: dict[str, Any]) -> Path:
 SPLIT = "flowgrpo on wan"  # the run whose phases make the time split
 
 
-def _raw(model: str, pipeline: Path, work: Path, clip: Path, rounds: int, sampling: dict) -> dict:
+def _raw(model: str, pipeline: Path, work: Path, clip: Path, rounds: int, sampling: dict, dtype: str) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     return rl_config(
         model,
@@ -79,11 +80,11 @@ def _raw(model: str, pipeline: Path, work: Path, clip: Path, rounds: int, sampli
         rewards=[{"callable": "tests.rl.rewards:brightness"}, {"clip": str(clip), "weight": 0.1}],
         sampling=sampling,
         flowgrpo={"group_size": 4, "window_size": 2},
-        train={"steps": rounds + 1},
+        train={"steps": rounds + 1, "mixed_precision": dtype},
     )
 
 
-def algorithm_runs(work: Path, rounds: int) -> dict[str, Any]:
+def algorithm_runs(work: Path, rounds: int, dtype: str = "fp32") -> dict[str, Any]:
     """FlowGRPO on the tiny Wan T2V pipeline (the time split), and one run per algorithm on the tiny Flux pipeline
     (Diffusion-DPO takes images): the same prompts, rewards (CLIP + brightness), group size and window; DPO on 4
     random preference pairs per iteration (8 images, as the others' 2 prompts x 4 samples)."""
@@ -93,11 +94,12 @@ def algorithm_runs(work: Path, rounds: int) -> dict[str, Any]:
 
     clip = save_tiny_clip(work / "clip")
     wan = {"height": 64, "width": 64, "frames": 9, "num_inference_steps": 8, "true_cfg_scale": 2.0}
-    raw = _raw("wan", save_tiny_pipeline("wan", work / "wan"), work / "wan-run", clip, rounds, wan)
+    raw = _raw("wan", save_tiny_pipeline("wan", work / "wan"), work / "wan-run", clip, rounds, wan, dtype)
     runs = {SPLIT: start(raw)[0]}
     flux = save_tiny_pipeline("flux", work / "flux")
     for name in ALGORITHMS:
-        raw = _raw("flux", flux, work / name, clip, rounds, {"height": 64, "width": 64, "num_inference_steps": 8})
+        sampling = {"height": 64, "width": 64, "num_inference_steps": 8}
+        raw = _raw("flux", flux, work / name, clip, rounds, sampling, dtype)
         raw = for_algorithm(raw, name)
         if name == "dpo":
             del raw["rewards"]
@@ -186,7 +188,7 @@ def main() -> None:
     bench = setup(args)
     with tempfile.TemporaryDirectory(prefix="bench-flowgrpo-") as scratch:
         work = Path(scratch)
-        seconds, rows = iteration_rounds(algorithm_runs(work, bench.repeats), bench.repeats, bench.clock)
+        seconds, rows = iteration_rounds(algorithm_runs(work, bench.repeats, args.dtype), bench.repeats, bench.clock)
         split = {phase: fastest([r[f"cpu_time_{phase}"] for r in rows]) for phase in PHASES}
         total = sum(split.values())
         print("FlowGRPO iteration on tiny Wan T2V (64x64, 9 frames, 8 steps, 2 prompts x 4 samples, true CFG), one")
