@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from runtime.parallel.state import ParallelState
+from runtime.sp.layout import pad_multiple, rank_token_index
 
 IGNORE_INDEX = -100
 SEQUENCE_KEYS = ("input_ids", "labels", "mm_token_type_ids")
@@ -63,8 +64,13 @@ def pad_to_multiple(batch: dict[str, torch.Tensor], multiple: int, pad_token_id:
     return out
 
 
-def shard_row(batch: dict[str, torch.Tensor], sp_size: int, sp_rank: int) -> dict[str, torch.Tensor]:
+def shard_row(
+    batch: dict[str, torch.Tensor], sp_size: int, sp_rank: int, ring_size: int = 1
+) -> dict[str, torch.Tensor]:
     """SP rank ``sp_rank``'s inputs: the padded row's contiguous slice of each token tensor, the rest whole.
+
+    With a ring (``ring_size > 1``) the row is padded to a multiple of ``2 * sp_size`` and the rank's tokens are its
+    zigzag chunks (``runtime.sp.layout.rank_token_index``: equal causal work over the ring).
 
     With ``sp_size > 1`` the result also holds ``token_mask`` (bool, sliced like the tokens): True on the row's own
     tokens, False on the padding segment. The model takes it as a keyword; the MoE load-balancing loss counts only
@@ -73,13 +79,16 @@ def shard_row(batch: dict[str, torch.Tensor], sp_size: int, sp_rank: int) -> dic
     if not 0 <= sp_rank < sp_size:
         raise ValueError(f"need 0 <= sp_rank < sp_size, got sp_rank={sp_rank}, sp_size={sp_size}")
     check_position_ids(batch)
-    padded = pad_to_multiple(batch, sp_size)
+    padded = pad_to_multiple(batch, pad_multiple(sp_size, ring_size))
     keys = SEQUENCE_KEYS
     if sp_size > 1:
         mask = torch.zeros(padded["input_ids"].shape, dtype=torch.bool)
         mask[:, : batch["input_ids"].shape[1]] = True
         padded[TOKEN_MASK] = mask
         keys = (*SEQUENCE_KEYS, TOKEN_MASK)
+    if ring_size > 1:
+        index = rank_token_index(padded["input_ids"].shape[1], sp_size, ring_size, sp_rank)
+        return {k: v[:, index] if k in keys else v for k, v in padded.items()}  # advanced indexing copies
     chunk = padded["input_ids"].shape[1] // sp_size
     # A copy, not a view: in-place edits of one rank's slice must not reach the full row.
     return {k: v[:, sp_rank * chunk : (sp_rank + 1) * chunk].clone() if k in keys else v for k, v in padded.items()}
@@ -87,7 +96,7 @@ def shard_row(batch: dict[str, torch.Tensor], sp_size: int, sp_rank: int) -> dic
 
 def shard_for_sp(batch: dict[str, torch.Tensor], state: ParallelState) -> dict[str, torch.Tensor]:
     """This rank's model inputs: its slice of the token tensors, the global position ids, whole vision inputs."""
-    return shard_row(batch, state.sp_size, state.sp_rank)
+    return shard_row(batch, state.sp_size, state.sp_rank, state.ring_size)
 
 
 def packed_attention_kwargs(position_ids: torch.Tensor) -> dict[str, torch.Tensor | int]:

@@ -18,13 +18,21 @@ import torch.nn.functional as F
 from runtime.kernels.cross_entropy import linear_cross_entropy_sum
 from runtime.parallel.collectives import gather_along_dim, reduce_token_weighted_loss, slice_for_rank
 from runtime.parallel.state import ParallelState, get_parallel_state
+from runtime.sp.layout import rank_token_index, to_natural_order
 
 IGNORE_INDEX = -100
 
 
 def global_shift_labels(labels: torch.Tensor, group: Any, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
-    """This rank's slice of labels shifted left by one over the full sequence (last position ignored)."""
+    """This rank's slice of labels shifted left by one over the full sequence (last position ignored); under a ring
+    the rank holds zigzag chunks (``runtime.sp.layout``), so the shift happens in the row's token order."""
+    state = get_parallel_state()
     full = gather_along_dim(labels, 1, group)
+    if state.ring_enabled and group is not None:
+        natural = to_natural_order(full, 1, state.sp_size, state.ring_size)
+        shifted = F.pad(natural, (0, 1), value=ignore_index)[:, 1:]
+        index = rank_token_index(shifted.shape[1], state.sp_size, state.ring_size, state.sp_rank)
+        return shifted[:, index.to(shifted.device)]
     shifted = F.pad(full, (0, 1), value=ignore_index)[:, 1:]
     return slice_for_rank(shifted, 1, group)
 

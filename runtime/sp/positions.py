@@ -14,6 +14,7 @@ import torch
 
 from runtime.parallel.collectives import slice_for_rank
 from runtime.parallel.state import get_parallel_state
+from runtime.sp.layout import rank_token_index
 
 
 def slice_position_embeddings(position_embeddings: tuple[torch.Tensor, ...], seq_dim: int = 1):
@@ -21,6 +22,10 @@ def slice_position_embeddings(position_embeddings: tuple[torch.Tensor, ...], seq
     state = get_parallel_state()
     if not state.sp_enabled:
         return position_embeddings
+    if state.ring_enabled:  # this rank's zigzag chunks (runtime.sp.layout)
+        length = position_embeddings[0].shape[seq_dim]
+        index = rank_token_index(length, state.sp_size, state.ring_size, state.sp_rank)
+        return tuple(t.index_select(seq_dim, index.to(t.device)) for t in position_embeddings)
     return tuple(slice_for_rank(t, seq_dim, state.sp_group) for t in position_embeddings)
 
 

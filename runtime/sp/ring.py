@@ -15,8 +15,9 @@ built, never an ``L x L`` mask. A block whose pairs are all hidden (e.g. a causa
 skipped: it costs neither compute nor a kernel call.
 
 Load balance: with contiguous chunks and causal masking, ring rank ``r`` computes ``r + 1`` of the ``ring`` blocks.
-``zigzag_indices`` gives rank ``r`` chunks ``r`` and ``2 * ring - 1 - r`` of ``2 * ring``, which evens the work;
-ring attention is exact for either layout (the caller passes each token's global index).
+``zigzag_indices`` (``runtime.sp.layout``, the layout the data layer uses under a ring) gives rank ``r`` chunks ``r``
+and ``2 * ring - 1 - r`` of ``2 * ring``, which evens the work; ring attention is exact for any layout (the caller
+passes each token's global index).
 
 Backward does not store all K/V: the autograd function saves only local q, k, v, the final out and lse, and in
 backward re-circulates K/V around the ring together with the dK/dV accumulators, which finally reach their owner.
@@ -33,6 +34,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
+from runtime.sp.layout import zigzag_indices
 from runtime.sp.lse_attention import attention_with_lse, attention_with_lse_backward, merge_partials
 
 __all__ = ["ring_attention", "zigzag_indices", "contiguous_indices"]
@@ -42,18 +44,6 @@ def contiguous_indices(length: int, ring: int, rank: int) -> Tensor:
     """Global token indices of ring rank ``rank``'s chunk when the sequence is cut into ``ring`` contiguous chunks."""
     chunk = length // ring
     return torch.arange(rank * chunk, (rank + 1) * chunk)
-
-
-def zigzag_indices(length: int, ring: int, rank: int) -> Tensor:
-    """Global token indices of ring rank ``rank`` under zigzag chunking: chunks ``rank`` and ``2*ring-1-rank`` of
-    ``2*ring`` equal chunks (``length`` must divide by ``2*ring``), so causal work is equal on every rank."""
-    if length % (2 * ring):
-        raise ValueError(f"zigzag chunking needs a length divisible by 2 x ring = {2 * ring}, got {length}")
-    chunk = length // (2 * ring)
-    first, second = rank, 2 * ring - 1 - rank
-    return torch.cat(
-        [torch.arange(first * chunk, (first + 1) * chunk), torch.arange(second * chunk, (second + 1) * chunk)]
-    )
 
 
 def _allowed(

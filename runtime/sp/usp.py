@@ -12,11 +12,9 @@ the layout has a ring (``parallel.ring > 1``). Per call:
    layer has a sliding window (some models pass the window only through the mask, qwen2_moe for one).
 3. The inverse all-to-all back to (b, s/sp, h, d).
 
-Tokens keep the Ulysses-only layout (SP rank ``ring_rank * ulysses + ulysses_rank`` holds the ``sp_rank``-th
-contiguous slice), so the data layer, the RoPE slice and the loss's label shift are unchanged. Causal work is then
-unbalanced over the ring (ring rank ``r`` computes ``r + 1`` blocks; fully hidden blocks are skipped);
-``runtime.sp.ring.zigzag_indices`` is the balanced layout ring attention already supports, not yet wired into the
-data layer.
+Tokens are laid out zigzag over the ring (``runtime.sp.layout``: the data layer, the RoPE slice, the label shift and
+the VLM's visual-token scatter all follow it), so after the all-to-all ring rank ``i`` holds chunks ``i`` and
+``2 * ring - 1 - i`` of ``2 * ring`` and every ring rank does the same causal work (fully hidden blocks are skipped).
 """
 
 from __future__ import annotations
@@ -30,9 +28,10 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from runtime.parallel.collectives import gather_heads_scatter_seq
 from runtime.parallel.state import get_parallel_state
 from runtime.sp.heads import kv_repeat_factor
+from runtime.sp.layout import zigzag_indices
 from runtime.sp.overlap import seq_to_heads
 from runtime.sp.positions import RingMask
-from runtime.sp.ring import contiguous_indices, ring_attention
+from runtime.sp.ring import ring_attention
 
 PREFIX = "usp_"
 
@@ -76,7 +75,7 @@ def usp_attention(inner: str):
         # (b, h, s/sp, d) -> (b, h/u, s/ring, d): the ring rank's chunk for this rank's heads
         query, key, value = seq_to_heads((query, key, value), seq_dim=2, head_dim=1, group=group)
         ring = state.ring_size
-        index = torch.stack([contiguous_indices(full, ring, r) for r in range(ring)])
+        index = torch.stack([zigzag_indices(full, ring, r) for r in range(ring)])
         docs = document_ids(position_ids.to(query.device))
         doc_ids = torch.stack([docs[:, i] for i in index.to(docs.device)])
         scale = kwargs.get("scaling") or module.scaling

@@ -36,6 +36,7 @@ from runtime.parallel.collectives import (
     unpad,
 )
 from runtime.parallel.state import get_parallel_state
+from runtime.sp.layout import rank_token_index, to_natural_order
 
 __all__ = [
     "local_visual_tokens",
@@ -117,8 +118,12 @@ def _local_token_index(local_mask: Tensor) -> Tensor:
     """Indices, into the global (row-major over the full sequence) list of visual tokens, of this rank's ones."""
     state = get_parallel_state()
     full = gather_along_dim(local_mask.to(torch.int32), 1, state.sp_group).bool()
+    full = to_natural_order(full, 1, state.sp_size, state.ring_size)  # under a ring ranks hold zigzag chunks
     ordinal = (full.reshape(-1).cumsum(0) - 1).reshape(full.shape)
     local_len = local_mask.shape[1]
+    if state.ring_enabled:
+        index = rank_token_index(full.shape[1], state.sp_size, state.ring_size, state.sp_rank)
+        return ordinal[:, index.to(ordinal.device)][local_mask]
     return ordinal.narrow(1, state.sp_rank * local_len, local_len)[local_mask]
 
 

@@ -172,12 +172,15 @@ def pad_row(batch: dict, sp: int) -> dict:
     return out
 
 
-def shard(batch: dict, sp: int, rank: int) -> dict:
-    """SP rank ``rank``'s inputs: its slice of the padded tokens and labels; position ids and media whole."""
-    out = pad_row(batch, sp)
-    local = out["input_ids"].shape[1] // sp
+def shard(batch: dict, sp: int, rank: int, ring: int = 1) -> dict:
+    """SP rank ``rank``'s inputs: its slice of the padded tokens and labels (zigzag chunks under a ring,
+    ``runtime.sp.layout``); position ids and media whole."""
+    from runtime.sp.layout import pad_multiple, rank_token_index
+
+    out = pad_row(batch, pad_multiple(sp, ring))
+    index = rank_token_index(out["input_ids"].shape[1], sp, ring, rank)
     for key in ("input_ids", "labels"):
-        out[key] = out[key][:, rank * local : (rank + 1) * local]
+        out[key] = out[key][:, index]
     return out
 
 

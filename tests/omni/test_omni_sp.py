@@ -39,6 +39,7 @@ def sp_worker(rank: int, world_size: int, ring: int = 1, names: tuple[str, ...] 
 
     from runtime.parallel.collectives import gather_along_dim
     from runtime.parallel.state import init_parallel_state
+    from runtime.sp.layout import to_natural_order
 
     state = init_parallel_state(sp_size=world_size, ring_size=ring)
     results = {}
@@ -46,7 +47,7 @@ def sp_worker(rank: int, world_size: int, ring: int = 1, names: tuple[str, ...] 
         if name not in names:
             continue
         _, model = omni_models()
-        batch = shard(row, world_size, state.sp_rank)
+        batch = shard(row, world_size, state.sp_rank, ring)
         ids = batch["input_ids"]
         local = {
             "audio": bool((ids == TOKENS["audio_token_id"]).any()),
@@ -57,7 +58,8 @@ def sp_worker(rank: int, world_size: int, ring: int = 1, names: tuple[str, ...] 
         partial = grads(model)
         for g in partial.values():  # partial-gradient convention: the true gradient is the sum over SP ranks
             dist.all_reduce(g, group=state.sp_group)
-        logits = gather_along_dim(out.logits.detach(), 1, state.sp_group)[:, : row["input_ids"].shape[1]]
+        logits = gather_along_dim(out.logits.detach(), 1, state.sp_group)
+        logits = to_natural_order(logits, 1, world_size, ring)[:, : row["input_ids"].shape[1]]
         results[name] = {"loss": out.loss.detach(), "aux": out.aux_loss.detach(), "logits": logits, "grads": partial}
         results[name]["local"] = local
     return results

@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from runtime.sp.layout import zigzag_indices
 from runtime.sp.lse_attention import attention_with_lse, merge_partials
-from runtime.sp.ring import contiguous_indices, ring_attention, zigzag_indices
+from runtime.sp.ring import contiguous_indices, ring_attention
 from tests.dist_utils import run_distributed
 
 B, HQ, D = 2, 4, 8

@@ -70,7 +70,7 @@ def test_usp_vlm_matches_single_process(model_type: str) -> None:
 def test_usp_omni_thinker_matches_single_process() -> None:
     """The qwen3_omni_moe thinker's LM on ring 2 (audio, images, a video with audio spread over both ranks)."""
     per_rank = run_distributed(omni_sp_worker, 2, 2, ("spread",), timeout=300)
-    ref = omni_single_process(omni_rows()["spread"], 2)
+    ref = omni_single_process(omni_rows()["spread"], 4)  # padded as under a ring: to a multiple of 2 x sp
     for rank_results in per_rank:
         got = rank_results["spread"]
         for key in ("loss", "aux", "logits"):
@@ -83,3 +83,28 @@ def test_usp_omni_thinker_matches_single_process() -> None:
 def test_document_ids_follow_position_restarts():
     positions = torch.tensor([[0, 1, 2, 0, 1, 0, 0, 1, 2, 3]])
     assert document_ids(positions).tolist() == [[1, 1, 1, 2, 2, 3, 4, 4, 4, 4]]
+
+
+@pytest.mark.parametrize("sp, ring", [(2, 1), (2, 2), (4, 2), (4, 4)])
+def test_layout_covers_the_row_once_and_balances_the_ring(sp: int, ring: int) -> None:
+    from runtime.data.sp_batch import shard_row
+    from runtime.sp.layout import gathered_order, pad_multiple, rank_token_index, to_natural_order, zigzag_indices
+
+    length = 48
+    order = gathered_order(length, sp, ring)
+    assert sorted(order.tolist()) == list(range(length))
+    ulysses = sp // ring
+    for r in range(ring):  # what the Ulysses all-to-all of ring rank r assembles is its zigzag pair of chunks
+        pieces = [rank_token_index(length, sp, ring, r * ulysses + j) for j in range(ulysses)]
+        expected = zigzag_indices(length, ring, r) if ring > 1 else torch.arange(length)
+        assert torch.equal(torch.cat(pieces), expected)
+    row = torch.arange(100, 100 + length)[None]
+    assert torch.equal(to_natural_order(row[:, order], 1, sp, ring), row)
+    # shard_row pads to sp (2 x sp under a ring) with a padding segment and indexes the same way
+    padded = 45 + -45 % pad_multiple(sp, ring)
+    batch = {"input_ids": row[:, :45], "labels": row[:, :45], "position_ids": torch.arange(45)[None]}
+    got = [shard_row(batch, sp, k, ring) for k in range(sp)]
+    ids = to_natural_order(torch.cat([g["input_ids"] for g in got], 1), 1, sp, ring)
+    assert torch.equal(ids[:, :45], row[:, :45]) and ids.shape[1] == padded == (46 if (sp, ring) == (2, 1) else 48)
+    mask = to_natural_order(torch.cat([g["token_mask"] for g in got], 1), 1, sp, ring)
+    assert mask[0].tolist() == [True] * 45 + [False] * (padded - 45)

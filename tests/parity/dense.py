@@ -47,6 +47,7 @@ def sp_worker(
     from runtime.data.sp_batch import shard_for_sp
     from runtime.parallel.collectives import gather_along_dim
     from runtime.parallel.state import init_parallel_state
+    from runtime.sp.layout import to_natural_order
 
     state = init_parallel_state(sp_size=world_size, ring_size=ring)
     results = []
@@ -61,6 +62,7 @@ def sp_worker(
         for g in partial.values():  # partial-gradient convention: the true gradient is the sum over SP ranks
             dist.all_reduce(g, group=state.sp_group)
         logits = None if out.logits is None else gather_along_dim(out.logits.detach(), 1, state.sp_group)
+        logits = None if logits is None else to_natural_order(logits, 1, world_size, ring)  # zigzag under a ring
         logits = None if logits is None else logits[:, : sum(lengths)]
         results.append({"loss": out.loss.detach(), "logits": logits, "grads": partial})
     return results

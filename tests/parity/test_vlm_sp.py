@@ -61,14 +61,16 @@ def pad_row(batch: dict[str, torch.Tensor], sp: int) -> dict[str, torch.Tensor]:
     return out
 
 
-def shard(batch: dict[str, torch.Tensor], sp: int, rank: int) -> dict[str, torch.Tensor]:
+def shard(batch: dict[str, torch.Tensor], sp: int, rank: int, ring: int = 1) -> dict[str, torch.Tensor]:
     """Pad the row to a multiple of sp (pad_row), mark the real tokens (token_mask: the padding is routed by MoE
     layers but counts nowhere in the load-balancing loss), then keep this rank's slice of the tokens."""
-    out = pad_row(batch, sp)
+    from runtime.sp.layout import pad_multiple, rank_token_index
+
+    out = pad_row(batch, pad_multiple(sp, ring))
     out["token_mask"] = torch.arange(out["input_ids"].shape[1])[None] < batch["input_ids"].shape[1]
-    local = out["input_ids"].shape[1] // sp
+    index = rank_token_index(out["input_ids"].shape[1], sp, ring, rank)  # zigzag chunks under a ring
     for key in ("input_ids", "labels", "mm_token_type_ids", "token_mask"):
-        out[key] = out[key][:, rank * local : (rank + 1) * local]
+        out[key] = out[key][:, index]
     return out
 
 
@@ -78,18 +80,20 @@ def sp_vlm_worker(rank: int, world_size: int, model_type: str, ring: int = 1) ->
 
     from runtime.parallel.collectives import gather_along_dim
     from runtime.parallel.state import init_parallel_state
+    from runtime.sp.layout import to_natural_order
 
     state = init_parallel_state(sp_size=world_size, ring_size=ring)
     results = []
     for case in [*CASES, VIDEO_CASE]:
         batch = full_batch(model_type, *case)
         _, model = vlm_models(model_type)
-        out = model(**shard(batch, world_size, state.sp_rank), **forward_kwargs(model_type))
+        out = model(**shard(batch, world_size, state.sp_rank, ring), **forward_kwargs(model_type))
         out.loss.backward()
         partial = grads(model)
         for g in partial.values():  # partial-gradient convention: the true gradient is the sum over SP ranks
             dist.all_reduce(g, group=state.sp_group)
-        logits = gather_along_dim(out.logits.detach(), 1, state.sp_group)[:, : batch["input_ids"].shape[1]]
+        logits = gather_along_dim(out.logits.detach(), 1, state.sp_group)
+        logits = to_natural_order(logits, 1, world_size, ring)[:, : batch["input_ids"].shape[1]]
         results.append({"loss": out.loss.detach(), "logits": logits, "grads": partial})
     return results
 
