@@ -18,9 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.dist
-def test_sp2_matches_sp1_every_step(tmp_path: Path) -> None:
+@pytest.mark.parametrize("parallel", [{"sp": 2}, {"ring": 2}], ids=["ulysses2", "ring2"])
+def test_sp2_matches_sp1_every_step(tmp_path: Path, parallel: dict) -> None:
     reference = run_distributed(train_worker, 1, run_config(tmp_path), timeout=300)[0][:-1]
-    per_rank = run_distributed(train_worker, 2, run_config(tmp_path, parallel={"sp": 2}), timeout=300)
+    per_rank = run_distributed(train_worker, 2, run_config(tmp_path, parallel=parallel), timeout=300)
     for rank_metrics in per_rank:
         sp2 = rank_metrics[:-1]
         assert [m["step"] for m in sp2] == [1, 2, 3, 4, 5]
