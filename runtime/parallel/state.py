@@ -103,7 +103,13 @@ def check_sp_compatible(
         raise ValueError(f"sp_size must be a positive integer, got {sp_size!r}")
     if isinstance(ring_size, bool) or not isinstance(ring_size, int) or ring_size < 1 or sp_size % ring_size:
         raise ValueError(f"ring_size={ring_size!r} must be a positive integer dividing sp_size={sp_size}")
-    repeat = kv_repeat_factor(num_heads, num_kv_heads, sp_size // ring_size)
+    try:
+        repeat = kv_repeat_factor(num_heads, num_kv_heads, sp_size // ring_size)
+    except ValueError as exc:
+        if ring_size == 1:
+            raise
+        hint = f"with ring={ring_size} the Ulysses degree is sp / ring = {sp_size // ring_size}; raise the ring"
+        raise ValueError(f"{exc} ({hint})") from None
     if seq_len is not None and seq_len < sp_size:
         raise ValueError(
             f"a sequence of {seq_len} tokens cannot be split over sp={sp_size}: sp must not exceed the sequence length"

@@ -88,6 +88,8 @@ def test_head_rule_checks_ulysses_only():
     assert check_sp_compatible(2, 2, 64, 4, ring_size=2) == 1
     assert check_sp_compatible(2, 1, 64, 4, ring_size=2) == 2  # GQA: the Ulysses degree 2 repeats the one KV head
     assert check_sp_compatible(2, 2, 64, 4, ring_size=4) == 1
+    with pytest.raises(ValueError, match=r"sp=4: sp must divide the head count \(with ring=2 the Ulysses degree"):
+        check_sp_compatible(2, 2, 64, 8, ring_size=2)
     with pytest.raises(ValueError, match="must be a positive integer dividing sp_size=4"):
         check_sp_compatible(2, 2, 64, 4, ring_size=3)
     with pytest.raises(ValueError, match="ring_size=3 must divide sp_size=4"):
