@@ -45,6 +45,7 @@ Example (every key with its default unless marked required)::
     reward_ranks: null           # null: every rank scores its own samples; [0, 1]: only these global ranks load the
                                  # reward models and score the whole batch in chunks (samples sent there)
     parallel: {sp: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false, overlap: false}
+                                 # ulysses: u, ring: r (sp = u x r), as in the trainer's run config
     optim: {lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, max_grad_norm: 1.0, warmup_steps: 0,
             min_lr_ratio: 0.1}
     train: {steps: 100, nonfinite: stop, mixed_precision: auto}  # steps: RL iterations (rollout, reward, update)

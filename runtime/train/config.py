@@ -22,6 +22,7 @@ Example (every key shown with its default unless marked required)::
                                # file's directory; a directory here replaces it (absolute paths inside it allowed)
     parallel: {sp: 1, ep: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false,
                overlap: false}  # overlap: asynchronous Ulysses all-to-alls (bitwise-equal results)
+               # ulysses: u, ring: r (sp = u x r; any two of the three): ring attention past the head count
     optim: {name: adamw_torch, lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, max_grad_norm: 1.0,
             lr_scheduler_type: cosine_with_min_lr, warmup_steps: 0, min_lr_ratio: 0.1}
             # name: adamw_torch | adamw_torch_fused | adafactor | sgd (HF TrainingArguments' optim values);
