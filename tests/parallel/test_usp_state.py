@@ -39,6 +39,8 @@ def _world4_worker(rank: int, world_size: int) -> dict[str, object]:
     out["shard2_r2"] = _describe(init_parallel_state(sp_size=2, ring_size=2, dp_shard_size=2))
     out["ep2_u2r2"] = _describe(init_parallel_state(sp_size=4, ring_size=2, ep_size=2))
     out["u4"] = _describe(init_parallel_state(sp_size=4))
+    hsdp = init_parallel_state(sp_size=2, ring_size=2, dp_replicate_size=2)
+    out["hsdp_r2"] = {**_describe(hsdp), "fsdp_shape": tuple(hsdp.fsdp_mesh.shape)}
     try:
         init_parallel_state(sp_size=4, ring_size=3)
         out["error"] = "no error"
@@ -79,6 +81,10 @@ def test_usp_groups_world4(world4):
     u4 = [r["u4"] for r in world4]  # ring 1: the ulysses group is the SP group, no ring
     assert all(g["ulysses"] == (rank, [0, 1, 2, 3]) and g["ring"] == (0, None) for rank, g in enumerate(u4))
     assert all(r["error"] == "ring_size=3 must divide sp_size=4 (sp = ulysses x ring)" for r in world4)
+
+    hsdp = [r["hsdp_r2"] for r in world4]  # HSDP: parameters replicated over dp_replicate, sharded over the ring
+    assert [g["ring"] for g in hsdp] == [(0, [0, 1]), (1, [0, 1]), (0, [2, 3]), (1, [2, 3])]
+    assert all(g["fsdp_shape"] == (2, 2) and g["dp"] == [rank % 2, rank % 2 + 2] for rank, g in enumerate(hsdp))
 
 
 def test_head_rule_checks_ulysses_only():
