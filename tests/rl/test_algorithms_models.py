@@ -1,7 +1,8 @@
 """Every algorithm beyond Flow-GRPO on every generated DiT the RL job supports besides Flux (whose runs are in
 ``test_algorithms.py`` and ``test_algorithms_nft_dpo.py``): one checked iteration each (LoRA; the policy moved,
 every loss finite), a bitwise resume per algorithm on one of these DiTs (a different one each), and CogVideoX
-refused for each algorithm. Flow-GRPO itself runs on every DiT in ``test_job.py``."""
+refused for each algorithm; Diffusion-DPO (image pairs) on the other image DiTs. Flow-GRPO itself runs on every DiT
+in ``test_job.py``."""
 
 from __future__ import annotations
 
@@ -39,6 +40,30 @@ def test_algorithm_trains_on_every_dit(name: str, model: str, tiny_pipelines, tm
 def test_resume_is_bitwise_off_flux(name: str, tiny_pipelines, tmp_path: Path) -> None:
     model = RESUMED_ON[name]
     assert_resume_is_bitwise(_raw(name, model, tiny_pipelines, tmp_path), tmp_path / "ckpt")
+
+
+IMAGE_DITS = ("qwenimage", "sd3")  # Diffusion-DPO takes image pairs: the image DiTs besides Flux
+
+
+def _dpo_raw(model: str, tiny_pipelines, tmp_path: Path) -> dict:
+    """``test_dpo``'s run (4 random pairs, 2 per iteration, LoRA) on ``model``."""
+    from tests.rl.test_dpo import write_pairs
+
+    raw = rl_config(model, tiny_pipelines(model), tmp_path, optim={"lr": 1e-2})
+    for key in ("flowgrpo", "rewards"):
+        raw.pop(key)
+    raw["data"] = {"pairs": str(write_pairs(tmp_path / "pairs")), "prompts_per_step": 2}
+    raw["sampling"].pop("true_cfg_scale", None)  # dpo trains the conditional prediction
+    return {**raw, "algorithm": "dpo", "dpo": {"beta": 500.0}}
+
+
+@pytest.mark.parametrize("model", IMAGE_DITS)
+def test_dpo_trains_on_the_other_image_dits(model: str, tiny_pipelines, tmp_path: Path) -> None:
+    tiny_run(_dpo_raw(model, tiny_pipelines, tmp_path), iterations=1)
+
+
+def test_dpo_resume_is_bitwise_off_flux(tiny_pipelines, tmp_path: Path) -> None:
+    assert_resume_is_bitwise(_dpo_raw("sd3", tiny_pipelines, tmp_path), tmp_path / "ckpt")
 
 
 def test_cogvideox_is_refused_for_every_algorithm(tiny_pipelines, tmp_path: Path) -> None:
