@@ -7,16 +7,15 @@
    iteration of the timed rounds;
 2. the CPU time of one iteration of every algorithm (``runtime.rl.config.ALGORITHMS``, each with its defaults but
    the same group size and window) relative to FlowGRPO's on the same tiny Flux pipeline (Diffusion-DPO takes
-   images, not video), prompts and rewards.
-
-Both from one set of interleaved rounds: one iteration of every run per round (the order reversed every round),
-each run's fastest round after a warm-up iteration (``runtime.kernels.timing.interleaved``; the cyclic garbage
-collector paused while an iteration runs).
-
+   images, not video), prompts and rewards; DPO on random preference pairs;
 3. activation memory per rank of the training side's recomputation (bytes saved for backward by one window step of
    one sample, true CFG on: the batch doubles) at sp=2 vs sp=1, worst rank over gloo ranks, on a Wan-shaped model
    (4 blocks, hidden 288, 8 heads) with 4096 video tokens per sample (target <= 0.6): exact and repeatable on CPU,
    unlike RSS.
+
+1 and 2 come from one set of interleaved rounds: one iteration of every run per round (the order reversed every
+round), each run's fastest round after a warm-up iteration (``runtime.kernels.timing.interleaved``; the cyclic
+garbage collector paused while an iteration runs).
 
 Run: `.venv/bin/python bench/flowgrpo.py [--repeats 14] [--dtype bf16]` (``--dtype``: the jobs'
 ``train.mixed_precision``; the jobs run where ``runtime.rl`` puts them: the GPU under NCCL, else the CPU).
