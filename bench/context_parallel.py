@@ -4,17 +4,20 @@
    repeatable, unlike RSS) of a long-sequence DiT at ring=2 against one process, beside Ulysses sp=2 (target
    <= 0.6): Wan (self-attention) and Flux (joint attention with replicated text), gloo ranks in ``--dtype``;
 2. the Ulysses all-to-all overlap (``parallel.overlap``, ``runtime/sp/overlap.py``) at sp=2 under gloo: a DiT and a
-   dense LM forward+backward step with overlap off and on, interleaved rounds timed in wall seconds (what overlap
-   saves is waiting, which CPU time does not count; ``runtime.kernels.timing``), the ratio that of the fastest
-   rounds, worst rank. Off runs the synchronous code path
-   itself (one bool check per attention call), so "off costs nothing" is a statement about the code, and the
-   on/off ratio is the overlap's effect.
+   dense LM forward+backward step with overlap off and on, interleaved rounds (``runtime.kernels.timing``), each
+   sample ending at a barrier (the group's step time), timed in wall seconds (the effect: what overlap saves is
+   waiting, which CPU time does not count; on a shared machine it moves with the load, printed beside it) and in
+   user CPU seconds (the cost of the asynchronous path); the ratio is that of the fastest rounds (beside it the
+   ratio of the medians, to show the spread), worst rank. Off runs the synchronous code path itself (one bool check
+   per attention call), so "off costs nothing" is a statement about the code.
 
 Run: `.venv/bin/python bench/context_parallel.py [--device cpu] [--dtype fp32|bf16] [--repeats 9]`.
 """
 
 from __future__ import annotations
 
+import os
+import statistics
 from typing import Any
 
 import torch
@@ -43,7 +46,10 @@ def _memory_worker(rank: int, world: int, model_type: str, ring: int, dtype: tor
 
 
 def _timing_worker(rank: int, world: int, repeats: int, device: str, dtype: torch.dtype) -> dict[str, float]:
-    """{model: on/off ratio, model off s, model on s} of this rank's fastest rounds."""
+    """{"<model> <clock>": on/off ratio, "<model> <clock> off|on": seconds} of this rank's fastest rounds, for the
+    wall clock (the overlap's effect: what it saves is waiting, which CPU time does not count) and the user CPU clock
+    (the cost of the asynchronous path: the same work, so ~1)."""
+    import torch.distributed as dist
     from harness import Clock
 
     from runtime.data.sp_batch import shard_for_sp
@@ -53,7 +59,6 @@ def _timing_worker(rank: int, world: int, repeats: int, device: str, dtype: torc
 
     torch.set_num_threads(1)
     state = init_parallel_state(sp_size=world)
-    clock = Clock(torch.device(device), wall=True)  # the overlap saves waiting, which CPU time does not count
     _, dit = _pair("wan", CONFIGS["wan"])
     _cast(dit, dtype)
     dit_inputs = _on(_inputs("wan", (16, 16), frames=4), torch.device(device), dtype)  # 1024 tokens
@@ -73,6 +78,8 @@ def _timing_worker(rank: int, world: int, repeats: int, device: str, dtype: torc
             with overlap(enabled):
                 run().backward()
             model.zero_grad(set_to_none=True)
+            # a sample ends when the slowest rank is done: the group's step time, and the next sample starts together
+            dist.barrier(group=state.sp_group)
 
         return go
 
@@ -81,9 +88,13 @@ def _timing_worker(rank: int, world: int, repeats: int, device: str, dtype: torc
         ("wan", dit, lambda: dit(**dit_inputs)[0].float().square().mean()),
         ("qwen3", lm, lambda: lm(**lm_batch).loss),
     ):
-        samples = interleaved({"off": step(model, run, False), "on": step(model, run, True)}, repeats, clock)
-        result[name] = fastest_ratio(samples["on"], samples["off"])
-        result[f"{name} off"], result[f"{name} on"] = fastest(samples["off"]), fastest(samples["on"])
+        for clock_name, clock in (("wall", Clock(device, wall=True)), ("cpu", Clock(device))):
+            jobs = {"off": step(model, run, False), "on": step(model, run, True)}
+            samples = interleaved(jobs, repeats, clock)
+            key = f"{name} {clock_name}"
+            result[key] = fastest_ratio(samples["on"], samples["off"])
+            result[f"{key} off"], result[f"{key} on"] = fastest(samples["off"]), fastest(samples["on"])
+            result[f"{key} median"] = statistics.median(samples["on"]) / statistics.median(samples["off"])
     return result
 
 
@@ -103,13 +114,16 @@ def main() -> None:
     from tests.dist_utils import run_distributed
 
     per_rank = run_distributed(_timing_worker, 2, bench.repeats, bench.device.type, bench.dtype, timeout=1800)
-    print("Ulysses all-to-all overlap at sp=2 (gloo), forward+backward, on / off, worst rank (wall time)")
+    load = os.getloadavg()[0]
+    print(f"Ulysses all-to-all overlap at sp=2 (gloo), fwd+bwd, on / off, worst rank (load average {load:.1f})")
     for name, what in (("wan", "Wan, 1024 tokens"), ("qwen3", "dense LM, 2048 packed tokens")):
-        worst = max(per_rank, key=lambda r: r[name])
-        print(
-            f"  {what:28s} off {worst[f'{name} off'] * 1e3:7.1f} ms  on {worst[f'{name} on'] * 1e3:7.1f} ms  "
-            f"ratio {worst[name]:5.3f}"
-        )
+        for clock, unit in (("wall", "wall"), ("cpu", "user CPU")):
+            key = f"{name} {clock}"
+            worst = max(per_rank, key=lambda r: r[key])
+            print(
+                f"  {what:28s} {unit:8s} off {worst[f'{key} off'] * 1e3:7.1f} ms  on {worst[f'{key} on'] * 1e3:7.1f} "
+                f"ms  ratio {worst[key]:5.3f} (medians: {worst[f'{key} median']:5.3f})"
+            )
 
 
 if __name__ == "__main__":
