@@ -11,7 +11,7 @@
    ratio of the medians, to show the spread), worst rank. Off runs the synchronous code path itself (one bool check
    per attention call), so "off costs nothing" is a statement about the code.
 
-Run: `.venv/bin/python bench/context_parallel.py [--device cpu] [--dtype fp32|bf16] [--repeats 9]`.
+Run: `.venv/bin/python bench/context_parallel.py [--device cpu] [--dtype fp32|bf16] [--repeats 15]`.
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ def _timing_worker(rank: int, world: int, repeats: int, device: str, dtype: torc
 
 
 def main() -> None:
-    bench = setup(bench_args(__doc__, repeats=9).parse_args())
+    bench = setup(bench_args(__doc__, repeats=15).parse_args())
     print(f"context parallelism ({bench.label})")
     tokens = MEMORY_TOKENS[0] * MEMORY_TOKENS[1] * MEMORY_TOKENS[2]
     for model_type in MEMORY_CONFIGS:
