@@ -2,9 +2,9 @@
 
 Each rank runs every case twice, overlap off then on, with the same weights and inputs: loss, output and every
 parameter's partial gradient must be equal bit for bit (all-to-alls only move elements). The synchronous path is
-itself held to the single process by tests/parity and tests/dit/test_sp.py. Cases: a packed dense LM with GQA (KV
-repeat at sp=4 is not needed for the overlap: sp=2 divides both head counts), Wan (self-attention) and Flux (joint
-attention with replicated text), each with gradient checkpointing on (recomputation repeats the all-to-alls).
+itself held to the single process by tests/parity and tests/dit/test_sp.py. Cases: a packed dense LM with GQA, Wan
+(self-attention) and Flux (joint attention with replicated text), each with gradient checkpointing on (recomputation
+repeats the all-to-alls).
 """
 
 from __future__ import annotations
