@@ -272,7 +272,9 @@ def ulysses_to_heads(
     """Before attention: this rank's sharded tokens x all heads (+ a replicated segment) -> every token x this rank's
     heads, in the stated layout. The sharded tokens are all-to-all'ed and unpadded, the replicated segment keeps
     this rank's heads. A key mask ``(b, 1, 1, s)`` keeps its replicated columns and takes the sharded tokens as
-    valid (Qwen-Image and HunyuanVideo build their joint masks that way). Identity when ``split`` is None.
+    valid (Qwen-Image and HunyuanVideo build their joint masks that way). Under a ring the all-to-all runs over the
+    Ulysses group, the queries keep this ring rank's span (``TokenShard.span``, padding included) and only the sharded
+    keys/values are all-gathered over the ring group and unpadded. Identity when ``split`` is None.
     """
     if split is None:
         return query, key, value, attention_mask
