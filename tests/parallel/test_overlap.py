@@ -4,7 +4,7 @@ Each rank runs every case twice, overlap off then on, with the same weights and 
 parameter's partial gradient must be equal bit for bit (all-to-alls only move elements). The synchronous path is
 itself held to the single process by tests/parity and tests/dit/test_sp.py. Cases: a packed dense LM with GQA, Wan
 (self-attention) and Flux (joint attention with replicated text), each with gradient checkpointing on (recomputation
-repeats the all-to-alls).
+repeats the all-to-alls); at ulysses=2 and at ulysses=2 x ring=2 (the all-to-alls within the Ulysses group).
 """
 
 from __future__ import annotations
@@ -48,25 +48,25 @@ def _differences(off: dict, on: dict) -> list[str]:
     return bad
 
 
-def _engaged(state) -> bool:
+def _engaged(group) -> bool:
     """The switch really selects the asynchronous function (else the parity below would compare a path to itself)."""
     from runtime.sp.overlap import overlap, seq_to_heads
 
     x = torch.randn(1, 4, 3, 2, requires_grad=True)
     with overlap(True):
-        (on,) = seq_to_heads([x], seq_dim=2, head_dim=1, group=state.sp_group)
+        (on,) = seq_to_heads([x], seq_dim=2, head_dim=1, group=group)
     with overlap(False):
-        (off,) = seq_to_heads([x], seq_dim=2, head_dim=1, group=state.sp_group)
+        (off,) = seq_to_heads([x], seq_dim=2, head_dim=1, group=group)
     return type(on.grad_fn).__name__ == "_AllToAllManyBackward" and type(off.grad_fn).__name__ == "_AllToAllBackward"
 
 
-def overlap_worker(rank: int, world_size: int) -> dict[str, list[str]]:
+def overlap_worker(rank: int, world_size: int, ring: int) -> dict[str, list[str]]:
     from runtime.parallel.state import init_parallel_state
     from runtime.sp.overlap import overlap
 
-    state = init_parallel_state(sp_size=world_size)
+    state = init_parallel_state(sp_size=world_size, ring_size=ring)
     runs = {"qwen3": lambda: _lm(state), **{name: (lambda name=name: _dit(name)) for name in DIT_CASES}}
-    result = {"engaged": _engaged(state)}
+    result = {"engaged": _engaged(state.ulysses_group)}
     for name, run in runs.items():
         with overlap(False):
             off = run()
@@ -78,6 +78,7 @@ def overlap_worker(rank: int, world_size: int) -> dict[str, list[str]]:
 
 
 @pytest.mark.dist
-def test_overlap_is_bitwise_equal_to_synchronous() -> None:
-    for rank, result in enumerate(run_distributed(overlap_worker, 2, timeout=300)):
+@pytest.mark.parametrize("world, ring", [(2, 1), (4, 2)], ids=["ulysses2", "ulysses2_ring2"])
+def test_overlap_is_bitwise_equal_to_synchronous(world: int, ring: int) -> None:
+    for rank, result in enumerate(run_distributed(overlap_worker, world, ring, timeout=300)):
         assert result == {"engaged": True, "qwen3": [], **{name: [] for name in DIT_CASES}}, rank
