@@ -132,6 +132,9 @@ class ParallelState:
     sp_size: int = 1
     ep_size: int = 1
     ring_size: int = 1  # sp_size = ulysses_size x ring_size
+    # issue the Ulysses all-to-alls asynchronously (runtime/sp/overlap.py; bitwise-equal results): a property of the
+    # run's layout, so it lives here rather than in a module flag
+    overlap: bool = False
     device_type: str = field(default_factory=_default_device_type)
     mesh: DeviceMesh | None = field(default=None, repr=False)
     # The derived meshes are built collectively in init_parallel_state (every rank must take part), so they are
@@ -263,13 +266,15 @@ def init_parallel_state(
     backend: str | None = None,
     ep_size: int = 1,
     ring_size: int = 1,
+    overlap: bool = False,
 ) -> ParallelState:
     """Set up torch.distributed (from the torchrun env, if not already done), build the meshes, install the handle.
 
     ``dp_shard_size=None`` takes whatever the world size leaves over. Without torchrun env vars and without an
     initialised process group this is a single process: the sizes must all be 1 and no mesh is built. Calling it
     again builds fresh meshes (new process groups) for the new layout; the old ones stay valid but unused.
-    ``ring_size`` (dividing ``sp_size``) splits SP into Ulysses ``sp_size // ring_size`` x ring ``ring_size``.
+    ``ring_size`` (dividing ``sp_size``) splits SP into Ulysses ``sp_size // ring_size`` x ring ``ring_size``;
+    ``overlap`` issues the Ulysses all-to-alls asynchronously.
     """
     world_size = dist.get_world_size() if _dist_ready() else int(os.environ.get("WORLD_SIZE", "1"))
     # Validate before any collective call so that a bad layout fails identically on every rank instead of hanging.
@@ -283,7 +288,7 @@ def init_parallel_state(
         dist.init_process_group(backend)
 
     if not _dist_ready():
-        state = ParallelState()
+        state = ParallelState(overlap=overlap)
     else:
         device_type = "cuda" if torch.cuda.is_available() and "nccl" in str(dist.get_backend()) else "cpu"
         mesh = init_device_mesh(
@@ -310,6 +315,7 @@ def init_parallel_state(
             sp_size=sp_size,
             ep_size=ep_size,
             ring_size=ring_size,
+            overlap=overlap,
             device_type=device_type,
             mesh=mesh,
             dp_mesh=dp_mesh,

@@ -14,12 +14,12 @@ All-to-alls only move elements; packing and unpacking are the same ``stack``/``c
 (``runtime.parallel.collectives``), so results are bitwise identical with overlap on and off (tested). Off is the
 default and runs exactly the synchronous code path: the switch costs one bool check per attention call.
 
-The switch is process-wide (``parallel.overlap`` in the run config, applied by ``setup_parallel``); the parallel
-layout itself lives in ``ParallelState``, which this module does not own.
+The switch is ``ParallelState.overlap`` (``parallel.overlap`` in the run config, applied by ``setup_parallel``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -30,31 +30,20 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 
 from runtime.parallel.collectives import _check_divisible, gather_seq_scatter_heads
+from runtime.parallel.state import get_parallel_state, parallel_state
 
-__all__ = ["overlap", "overlap_enabled", "seq_to_heads", "set_overlap"]
-
-_enabled = False
-
-
-def set_overlap(enabled: bool) -> None:
-    """Turn the asynchronous Ulysses all-to-alls on or off for this process."""
-    global _enabled
-    _enabled = bool(enabled)
+__all__ = ["overlap", "overlap_enabled", "seq_to_heads"]
 
 
 def overlap_enabled() -> bool:
-    return _enabled
+    return get_parallel_state().overlap
 
 
 @contextmanager
 def overlap(enabled: bool) -> Iterator[None]:
-    """The switch set to ``enabled`` inside the block, restored after it (tests, benches)."""
-    before = _enabled
-    set_overlap(enabled)
-    try:
+    """The current parallel state with its switch set to ``enabled`` inside the block (tests, benches)."""
+    with parallel_state(dataclasses.replace(get_parallel_state(), overlap=bool(enabled))):
         yield
-    finally:
-        set_overlap(before)
 
 
 def _launch(x: Tensor, scatter_dim: int, size: int, group: ProcessGroup) -> tuple[Tensor, Tensor, Any]:
@@ -96,7 +85,7 @@ def seq_to_heads(
 
     All tensors must have the same number of dims; each keeps its own shape otherwise.
     """
-    if not _enabled or group is None or dist.get_world_size(group) == 1:
+    if not overlap_enabled() or group is None or dist.get_world_size(group) == 1:
         return tuple(gather_seq_scatter_heads(t, seq_dim=seq_dim, head_dim=head_dim, group=group) for t in tensors)
     size = dist.get_world_size(group)
     for t in tensors:

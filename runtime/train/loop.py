@@ -30,7 +30,6 @@ from runtime.models.registry import lookup
 from runtime.moe.sharding import shard_experts
 from runtime.parallel.fsdp import apply_fsdp, clip_grad_norm_
 from runtime.parallel.state import ParallelState, init_parallel_state
-from runtime.sp.overlap import set_overlap
 from runtime.train.compile import compile_blocks
 from runtime.train.config import ConfigError, RunConfig
 from runtime.train.data import (
@@ -65,10 +64,14 @@ class RunResult:
 
 def setup_parallel(config: RunConfig) -> ParallelState:
     p = config.parallel
-    set_overlap(p.overlap)
     try:
         return init_parallel_state(
-            sp_size=p.sp, dp_replicate_size=p.dp_replicate, dp_shard_size=p.dp_shard, ep_size=p.ep, ring_size=p.ring
+            sp_size=p.sp,
+            dp_replicate_size=p.dp_replicate,
+            dp_shard_size=p.dp_shard,
+            ep_size=p.ep,
+            ring_size=p.ring,
+            overlap=p.overlap,
         )
     except ValueError as exc:
         raise ConfigError(f"parallel: {exc}") from None
