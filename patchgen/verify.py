@@ -28,9 +28,10 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from patchgen.config import load_config, with_pins
+from patchgen.config import ProjectConfig, load_config, with_pins
 from patchgen.errors import PatchgenError
 from patchgen.project import load_specs, outputs, owned_paths
+from patchgen.spec import Spec
 from patchgen.upgrade import Upgrade, analyze
 from patchgen.upstream import UpstreamSource, Wheel, normalize_name
 from patchgen.wheels import pip_reason
@@ -258,11 +259,17 @@ def scratch_tree(
     kept |= {s.name for s in specs if normalize_name(s.package) not in packages}
     for spec in specs:
         if spec.name not in kept:
-            for i, output in enumerate(spec.outputs):
-                for path in owned_paths(config, output, record=i == 0):
-                    path.unlink(missing_ok=True)
-            spec.path.unlink()
+            _remove(config, spec)
     return sorted(kept)
+
+
+def _remove(config: ProjectConfig, spec: Spec) -> None:
+    """A spec and its generated module, diff and record (package `__init__.py` files stay: others share them)."""
+    for i, output in enumerate(spec.outputs):
+        for path in owned_paths(config, output, record=i == 0):
+            if path.name != "__init__.py":
+                path.unlink(missing_ok=True)
+    spec.path.unlink()
 
 
 def regenerate(dest: Path, wheels: list[Wheel], baseline: UpstreamSource, models: list[str]) -> tuple[Upgrade, list]:
@@ -284,10 +291,7 @@ def regenerate(dest: Path, wheels: list[Wheel], baseline: UpstreamSource, models
             done.append(model)
         else:
             failed.append(model.spec.name)
-            for i, output in enumerate(model.spec.outputs):
-                for path in owned_paths(config, output, record=i == 0):
-                    path.unlink(missing_ok=True)
-            model.spec.path.unlink()
+            _remove(config, model.spec)
     return result, [done, failed]
 
 
