@@ -2,14 +2,15 @@
 # Made by patchgen 0.1.0 from specs/cogvideox.toml; to change it, edit the spec or a
 # template and run `patchgen regen cogvideox`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
-# spec: specs/cogvideox.toml sha256=5471ea466c6126b5de81a5191e053d82530959674c48391805e074a55e200888
-# templates: sha256=66e629bf04e3bc4f1e4c2801a8ed69c8dad5068924cb4ceecb356def79bdcc41
+# spec: specs/cogvideox.toml sha256=be64ce913f6d6f8b0db3771cd3dacc96cace2850783812e28f89a7f9f5d7f004
+# templates: sha256=5374456e3893a7f22aa607fe1a43d2e55be0c9ad8ca19417f47e0067025cb802
 # engine: patchgen==0.1.0 sha256=60952a6e46e344f34db865b89fb46bc16c5b5ad888d4fbd7708ea25404291038
-# body: sha256=abb887d78d2ac2fb5ec1e63562148bc20b47458901822da64403d75563eb0f37
+# body: sha256=3f7a3e3ce637de9cf0b20a14fc8ebd5f6f5b4219591eff8904e31cf08345549b
 # patches:
 #   #4 core/add_parameter @ CogVideoXAttnProcessor2_0.__call__: diffusers' Attention passes a processor only the kwargs its signature names: the processor takes the split
 #   #5 dit/ulysses_to_heads @ CogVideoXAttnProcessor2_0.__call__: joint attention over [text, video] in (b, h, s, d): video tokens all-to-all to this rank's heads, text (first) keeps this rank's heads
 #   #6 dit/ulysses_to_sequence @ CogVideoXAttnProcessor2_0.__call__: and back: video tokens to this rank's slice, the text output gathered over heads
+#   #7 dit/ring_attention @ CogVideoXAttnProcessor2_0.__call__: under a ring: ring attention over the video K/V, the text K/V attended once as extra K/V
 # ---- end of patchgen provenance ----
 # Copyright 2026 The HuggingFace Team. All rights reserved.
 #
@@ -40,9 +41,10 @@ from diffusers.utils.import_utils import is_torch_npu_available, is_torch_xla_ve
 from diffusers.utils.torch_utils import is_torch_version, maybe_allow_in_graph
 # patchgen companion (1 stmt): upstream definitions this module does not redefine
 from diffusers.models.attention_processor import Attention
-# patchgen imports (2 stmt): names the patches below use
+# patchgen imports (3 stmt): names the patches below use
 from runtime.diffusion.sp import attention_split, ulysses_to_heads
 from runtime.diffusion.sp import ulysses_to_sequence
+from runtime.diffusion.sp_ring import ring_dispatch
 
 
 class CogVideoXAttnProcessor2_0:
@@ -102,7 +104,8 @@ class CogVideoXAttnProcessor2_0:
         dit_attn = attention_split(dit_sp, replicated="first", dims="bhsd", site="specs/cogvideox.toml patch 5 (dit/ulysses_to_heads in CogVideoXAttnProcessor2_0.__call__)")
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
-        hidden_states = F.scaled_dot_product_attention(
+        # patchgen #7 dit/ring_attention (1 stmt): under a ring: ring attention over the video K/V, the text K/V attended once as extra K/V
+        hidden_states = ring_dispatch(dit_attn, F.scaled_dot_product_attention)(
             query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False
         )
         # patchgen #6 dit/ulysses_to_sequence (1 stmt): and back: video tokens to this rank's slice, the text output gathered over heads

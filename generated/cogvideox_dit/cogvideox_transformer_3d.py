@@ -2,16 +2,16 @@
 # Made by patchgen 0.1.0 from specs/cogvideox.toml; to change it, edit the spec or a
 # template and run `patchgen regen cogvideox`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/cogvideox_transformer_3d.py sha256=57b4d152bb38af4f90d2aab8df28fa2260c2b474dafdb4e7f144e43a4023259b
-# spec: specs/cogvideox.toml sha256=5471ea466c6126b5de81a5191e053d82530959674c48391805e074a55e200888
-# templates: sha256=66e629bf04e3bc4f1e4c2801a8ed69c8dad5068924cb4ceecb356def79bdcc41
+# spec: specs/cogvideox.toml sha256=be64ce913f6d6f8b0db3771cd3dacc96cace2850783812e28f89a7f9f5d7f004
+# templates: sha256=5374456e3893a7f22aa607fe1a43d2e55be0c9ad8ca19417f47e0067025cb802
 # engine: patchgen==0.1.0 sha256=60952a6e46e344f34db865b89fb46bc16c5b5ad888d4fbd7708ea25404291038
-# body: sha256=75cc503a6179a7fdff64c4fdc5164982cbad5a40be9eaebf0cf2404f8498d1c7
+# body: sha256=44e6f617a96abf50d07acffcfe970d24e51ef413b35e7136f13a56db5671bae1
 # patches:
 #   #1 dit/shard_tokens @ CogVideoXTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens (position embeddings already added)
 #   #2 dit/shard_rotary @ CogVideoXTransformer3DModel.forward: this rank's slice of the pipeline's RoPE tables (video tokens only; None without RoPE)
 #   #3 dit/carry_split @ CogVideoXTransformer3DModel.forward: RoPE is optional: the split reaches the processor through the kwargs the blocks pass it
-#   #7 dit/gather_tokens @ CogVideoXTransformer3DModel.forward: gather the projected tokens and drop the padding before unpatchify
-#   #8 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+#   #8 dit/gather_tokens @ CogVideoXTransformer3DModel.forward: gather the projected tokens and drop the padding before unpatchify
+#   #9 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
 # Copyright 2025 The CogVideoX team, Tsinghua University & ZhipuAI and The HuggingFace Team.
 # All rights reserved.
@@ -485,7 +485,7 @@ class CogVideoXTransformer3DModel(ModelMixin, AttentionMixin, ConfigMixin, PeftA
         # 4. Final block
         hidden_states = self.norm_out(hidden_states, temb=emb)
         hidden_states = self.proj_out(hidden_states)
-        # patchgen #7 dit/gather_tokens (1 stmt): gather the projected tokens and drop the padding before unpatchify
+        # patchgen #8 dit/gather_tokens (1 stmt): gather the projected tokens and drop the padding before unpatchify
         hidden_states = gather_tokens(hidden_states, dit_sp)
 
         # 5. Unpatchify
@@ -506,7 +506,7 @@ class CogVideoXTransformer3DModel(ModelMixin, AttentionMixin, ConfigMixin, PeftA
         return Transformer2DModelOutput(sample=output)
 
 
-# patchgen #8 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+# patchgen #9 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 class CogVideoXTransformer3DModelConfig(PatchgenDiTConfig):
     """CogVideoXTransformer3DModel's __init__ parameters as a transformers config (model_type "cogvideox")."""
 

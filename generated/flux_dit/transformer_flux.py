@@ -2,17 +2,18 @@
 # Made by patchgen 0.1.0 from specs/flux.toml; to change it, edit the spec or a
 # template and run `patchgen regen flux`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_flux.py sha256=19c283790c6ecce114759c47daf98b448292dec9c5070ad04eda1580fbf31770
-# spec: specs/flux.toml sha256=ac9be642072af9da428ab0aee84cbba9261ba2ffc80d6dcf260c520e2326f125
-# templates: sha256=d64b9a5c7bb6b7c71282e0e4adc16eda50789c64cfa29183bcfa551b8c090f14
+# spec: specs/flux.toml sha256=5b29df8992d96a506a9a5bcc5cc3ce479f7463735f31c458e7e441149ef02f8b
+# templates: sha256=8f4a712231fe50d5bab052f27349d5ff4f5c75a93c88bc88bbeb608d2cd7b4e7
 # engine: patchgen==0.1.0 sha256=60952a6e46e344f34db865b89fb46bc16c5b5ad888d4fbd7708ea25404291038
-# body: sha256=1d881d8ac9f97b226ec66bb5a7294a2f10430729934a37e0f1e2c61599b38b58
+# body: sha256=7a5b05e327dc2f4181d6378ce13abd0e73dbcd4ddafcefe4bdf75e59beafc332
 # patches:
 #   #1 dit/shard_tokens @ FluxTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens and their RoPE; text tokens and positions stay whole
 #   #2 dit/shard_rotary @ FluxTransformer2DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
 #   #3 dit/ulysses_to_heads @ FluxAttnProcessor.__call__: joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
 #   #4 dit/ulysses_to_sequence @ FluxAttnProcessor.__call__: and back: image tokens to this rank's slice, the text output gathered over heads
-#   #5 dit/gather_tokens @ FluxTransformer2DModel.forward: gather the projected image tokens and drop the padding
-#   #6 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+#   #5 dit/ring_attention @ FluxAttnProcessor.__call__: under a ring: ring attention over the image K/V, the text K/V attended once as extra K/V
+#   #6 dit/gather_tokens @ FluxTransformer2DModel.forward: gather the projected image tokens and drop the padding
+#   #7 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
 # Copyright 2025 Black Forest Labs, The HuggingFace Team and The InstantX Team. All rights reserved.
 #
@@ -54,11 +55,12 @@ from diffusers.models.embeddings import (
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.normalization import AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle
-# patchgen imports (6 stmt): names the patches below use
+# patchgen imports (7 stmt): names the patches below use
 from runtime.diffusion.sp import shard_tokens, token_shard
 from runtime.diffusion.sp import shard_rotary
 from runtime.diffusion.sp import attention_split, ulysses_to_heads
 from runtime.diffusion.sp import ulysses_to_sequence
+from runtime.diffusion.sp_ring import ring_dispatch
 from runtime.diffusion.sp import gather_tokens
 from runtime.diffusion.shell import DiTPreTrainedModel, PatchgenDiTConfig, PatchgenDiTShell
 
@@ -144,7 +146,8 @@ class FluxAttnProcessor:
         dit_attn = attention_split(image_rotary_emb, replicated="first", dims="bshd", site="specs/flux.toml patch 3 (dit/ulysses_to_heads in FluxAttnProcessor.__call__)")
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
-        hidden_states = dispatch_attention_fn(
+        # patchgen #5 dit/ring_attention (1 stmt): under a ring: ring attention over the image K/V, the text K/V attended once as extra K/V
+        hidden_states = ring_dispatch(dit_attn, dispatch_attention_fn)(
             query,
             key,
             value,
@@ -847,7 +850,7 @@ class FluxTransformer2DModel(
 
         hidden_states = self.norm_out(hidden_states, temb)
         output = self.proj_out(hidden_states)
-        # patchgen #5 dit/gather_tokens (1 stmt): gather the projected image tokens and drop the padding
+        # patchgen #6 dit/gather_tokens (1 stmt): gather the projected image tokens and drop the padding
         output = gather_tokens(output, dit_sp)
 
         if not return_dict:
@@ -856,7 +859,7 @@ class FluxTransformer2DModel(
         return Transformer2DModelOutput(sample=output)
 
 
-# patchgen #6 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+# patchgen #7 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 class FluxTransformer2DModelConfig(PatchgenDiTConfig):
     """FluxTransformer2DModel's __init__ parameters as a transformers config (model_type "flux")."""
 

@@ -2,18 +2,19 @@
 # Made by patchgen 0.1.0 from specs/hunyuanvideo.toml; to change it, edit the spec or a
 # template and run `patchgen regen hunyuanvideo`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_hunyuan_video.py sha256=c5de2f401716dad9d63a701dac70ae348debfc81640c33cb300c34f402b9f681
-# spec: specs/hunyuanvideo.toml sha256=2d34aa51b34a5b658e521011e005f8e309a0502c79f22493f2355e7af6bcc45f
-# templates: sha256=2fbaafe2386a1511a4e57f386cd97e2a44dd0e9340c6a6de209af797624f9cea
+# spec: specs/hunyuanvideo.toml sha256=c784f55eac49798f96cd0a4ab462502c5af64200a851661c18ab3931c5076bdb
+# templates: sha256=c9b5f849f4a03e9ed08bd7922fd86f9a718cfc53015b48df3f0e381cbe3d9a66
 # engine: patchgen==0.1.0 sha256=60952a6e46e344f34db865b89fb46bc16c5b5ad888d4fbd7708ea25404291038
-# body: sha256=5a261d5ca2c22bbee8bb7c26ad063b8dcffa52945ac81628f2ff522856583697
+# body: sha256=b83af0e4aa2bb7f57118e56a505bc254c2a868cf458fbf2d54a6b6c4b69cf0bb
 # patches:
 #   #1 dit/refuse_under_sp @ HunyuanVideoTransformer3DModel.forward: I2V token replacement indexes the first frame's tokens globally: refuse SP instead of modulating the wrong tokens
 #   #2 dit/shard_tokens @ HunyuanVideoTransformer3DModel.forward: each SP rank runs the blocks on its slice of the video tokens and their RoPE; the text (refined before the split) stays whole
 #   #3 dit/shard_rotary @ HunyuanVideoTransformer3DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
 #   #4 dit/ulysses_to_heads @ HunyuanVideoAttnProcessor2_0.__call__: joint attention over [video, text]: video tokens all-to-all to this rank's heads, text (last) keeps this rank's heads
 #   #5 dit/ulysses_to_sequence @ HunyuanVideoAttnProcessor2_0.__call__: and back: video tokens to this rank's slice, the text output gathered over heads
-#   #6 dit/gather_tokens @ HunyuanVideoTransformer3DModel.forward: gather the projected tokens and drop the padding before unpatchify
-#   #7 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+#   #6 dit/ring_attention @ HunyuanVideoAttnProcessor2_0.__call__: under a ring: ring attention over the video K/V, the text K/V (key mask honoured) attended once as extra K/V
+#   #7 dit/gather_tokens @ HunyuanVideoTransformer3DModel.forward: gather the projected tokens and drop the padding before unpatchify
+#   #8 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
 # Copyright 2025 The Hunyuan Team and The HuggingFace Team. All rights reserved.
 #
@@ -54,12 +55,13 @@ from diffusers.models.embeddings import (
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.normalization import AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle, FP32LayerNorm
-# patchgen imports (7 stmt): names the patches below use
+# patchgen imports (8 stmt): names the patches below use
 from runtime.diffusion.sp import refuse_under_sp
 from runtime.diffusion.sp import shard_tokens, token_shard
 from runtime.diffusion.sp import shard_rotary
 from runtime.diffusion.sp import attention_split, ulysses_to_heads
 from runtime.diffusion.sp import ulysses_to_sequence
+from runtime.diffusion.sp_ring import ring_dispatch
 from runtime.diffusion.sp import gather_tokens
 from runtime.diffusion.shell import DiTPreTrainedModel, PatchgenDiTConfig, PatchgenDiTShell
 
@@ -157,7 +159,8 @@ class HunyuanVideoAttnProcessor2_0:
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
         # 5. Attention
-        hidden_states = dispatch_attention_fn(
+        # patchgen #6 dit/ring_attention (1 stmt): under a ring: ring attention over the video K/V, the text K/V (key mask honoured) attended once as extra K/V
+        hidden_states = ring_dispatch(dit_attn, dispatch_attention_fn)(
             query,
             key,
             value,
@@ -1150,7 +1153,7 @@ class HunyuanVideoTransformer3DModel(
         # 5. Output projection
         hidden_states = self.norm_out(hidden_states, temb)
         hidden_states = self.proj_out(hidden_states)
-        # patchgen #6 dit/gather_tokens (1 stmt): gather the projected tokens and drop the padding before unpatchify
+        # patchgen #7 dit/gather_tokens (1 stmt): gather the projected tokens and drop the padding before unpatchify
         hidden_states = gather_tokens(hidden_states, dit_sp)
 
         hidden_states = hidden_states.reshape(
@@ -1165,7 +1168,7 @@ class HunyuanVideoTransformer3DModel(
         return Transformer2DModelOutput(sample=hidden_states)
 
 
-# patchgen #7 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+# patchgen #8 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 class HunyuanVideoTransformer3DModelConfig(PatchgenDiTConfig):
     """HunyuanVideoTransformer3DModel's __init__ parameters as a transformers config (model_type "hunyuanvideo")."""
 

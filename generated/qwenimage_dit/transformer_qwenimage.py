@@ -2,17 +2,18 @@
 # Made by patchgen 0.1.0 from specs/qwenimage.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwenimage`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_qwenimage.py sha256=cea921e2dd8bba5fcd86ae99054d7320b2773cc653c04c218983d54e737e2cc5
-# spec: specs/qwenimage.toml sha256=c271a5b9b8d1c88200bf88749dd629cf1210cc94c2acb6568c6d95fce8eea087
-# templates: sha256=d64b9a5c7bb6b7c71282e0e4adc16eda50789c64cfa29183bcfa551b8c090f14
+# spec: specs/qwenimage.toml sha256=e7345eceb1126a6c1b726715ebb40b1aea33158b59c62ad09ec352b48eb7620c
+# templates: sha256=8f4a712231fe50d5bab052f27349d5ff4f5c75a93c88bc88bbeb608d2cd7b4e7
 # engine: patchgen==0.1.0 sha256=60952a6e46e344f34db865b89fb46bc16c5b5ad888d4fbd7708ea25404291038
-# body: sha256=13301c4a035db84c3c157968f5541265ad9b8f7fcf1efb57d13072c66c1f3629
+# body: sha256=14f245a68fc25cd9d41c5b1fe944599b638de874f83e51c96ae65077c9ffdf4f
 # patches:
 #   #1 dit/shard_tokens @ QwenImageTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole
 #   #2 dit/shard_rotary @ QwenImageTransformer2DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
 #   #3 dit/ulysses_to_heads @ QwenDoubleStreamAttnProcessor2_0.__call__: joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
 #   #4 dit/ulysses_to_sequence @ QwenDoubleStreamAttnProcessor2_0.__call__: and back: image tokens to this rank's slice, the text output gathered over heads
-#   #5 dit/gather_tokens @ QwenImageTransformer2DModel.forward: gather the projected image tokens and drop the padding
-#   #6 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+#   #5 dit/ring_attention @ QwenDoubleStreamAttnProcessor2_0.__call__: under a ring: ring attention over the image K/V, the text K/V (key mask honoured) attended once as extra K/V
+#   #6 dit/gather_tokens @ QwenImageTransformer2DModel.forward: gather the projected image tokens and drop the padding
+#   #7 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
 # Copyright 2025 Qwen-Image Team, The HuggingFace Team. All rights reserved.
 #
@@ -51,11 +52,12 @@ from diffusers.models.embeddings import TimestepEmbedding, Timesteps
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.normalization import AdaLayerNormContinuous, RMSNorm
-# patchgen imports (6 stmt): names the patches below use
+# patchgen imports (7 stmt): names the patches below use
 from runtime.diffusion.sp import shard_tokens, token_shard
 from runtime.diffusion.sp import shard_rotary
 from runtime.diffusion.sp import attention_split, ulysses_to_heads
 from runtime.diffusion.sp import ulysses_to_sequence
+from runtime.diffusion.sp_ring import ring_dispatch
 from runtime.diffusion.sp import gather_tokens
 from runtime.diffusion.shell import DiTPreTrainedModel, PatchgenDiTConfig, PatchgenDiTShell
 
@@ -572,7 +574,8 @@ class QwenDoubleStreamAttnProcessor2_0:
         dit_attn = attention_split(image_rotary_emb, replicated="first", dims="bshd", site="specs/qwenimage.toml patch 3 (dit/ulysses_to_heads in QwenDoubleStreamAttnProcessor2_0.__call__)")
         joint_query, joint_key, joint_value, attention_mask = ulysses_to_heads(dit_attn, joint_query, joint_key, joint_value, attention_mask)
 
-        joint_hidden_states = dispatch_attention_fn(
+        # patchgen #5 dit/ring_attention (1 stmt): under a ring: ring attention over the image K/V, the text K/V (key mask honoured) attended once as extra K/V
+        joint_hidden_states = ring_dispatch(dit_attn, dispatch_attention_fn)(
             joint_query,
             joint_key,
             joint_value,
@@ -1004,7 +1007,7 @@ class QwenImageTransformer2DModel(
         # Use only the image part (hidden_states) from the dual-stream blocks
         hidden_states = self.norm_out(hidden_states, temb)
         output = self.proj_out(hidden_states)
-        # patchgen #5 dit/gather_tokens (1 stmt): gather the projected image tokens and drop the padding
+        # patchgen #6 dit/gather_tokens (1 stmt): gather the projected image tokens and drop the padding
         output = gather_tokens(output, dit_sp)
 
         if not return_dict:
@@ -1013,7 +1016,7 @@ class QwenImageTransformer2DModel(
         return Transformer2DModelOutput(sample=output)
 
 
-# patchgen #6 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+# patchgen #7 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 class QwenImageTransformer2DModelConfig(PatchgenDiTConfig):
     """QwenImageTransformer2DModel's __init__ parameters as a transformers config (model_type "qwenimage")."""
 

@@ -2,14 +2,15 @@
 # Made by patchgen 0.1.0 from specs/sd3.toml; to change it, edit the spec or a
 # template and run `patchgen regen sd3`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
-# spec: specs/sd3.toml sha256=1688e3a0f0764e2ce76eda2b2490ef43dea7e1022442edd018591bd702c8ce08
-# templates: sha256=adc000cb558585fb79ef58b0bd7fb5ebb016571d9b50efb3f6ca8ea114a180e6
+# spec: specs/sd3.toml sha256=34fdad8151d34e7d9719d3dd47dea54ae566f2f02c7ea54f5f25a0a025f67947
+# templates: sha256=b6b17fbde880be606b1593b9a52b6d75c04c1eb914e774e4a9b1bcc638faab55
 # engine: patchgen==0.1.0 sha256=60952a6e46e344f34db865b89fb46bc16c5b5ad888d4fbd7708ea25404291038
-# body: sha256=7272bcde60395d995a51b7869a0fb805df2ce8639036019565a4cce8bac99eed
+# body: sha256=a0ec1078d0cbc2ef65185aa43f742a20bfc3cdfd3e8779f93d0ce853afa391bd
 # patches:
 #   #4 core/add_parameter @ JointAttnProcessor2_0.__call__: diffusers' Attention passes a processor only the kwargs its signature names: the processor takes the split
 #   #5 dit/ulysses_to_heads @ JointAttnProcessor2_0.__call__: joint attention over [image, text] in (b, h, s, d): image tokens all-to-all to this rank's heads, text (last) keeps this rank's heads; attn2 has no text
 #   #6 dit/ulysses_to_sequence @ JointAttnProcessor2_0.__call__: and back: image tokens to this rank's slice, the text output gathered over heads
+#   #7 dit/ring_attention @ JointAttnProcessor2_0.__call__: under a ring: ring attention over the image K/V, the text K/V attended once as extra K/V
 # ---- end of patchgen provenance ----
 # Copyright 2026 The HuggingFace Team. All rights reserved.
 #
@@ -40,9 +41,10 @@ from diffusers.utils.import_utils import is_torch_npu_available, is_torch_xla_ve
 from diffusers.utils.torch_utils import is_torch_version, maybe_allow_in_graph
 # patchgen companion (1 stmt): upstream definitions this module does not redefine
 from diffusers.models.attention_processor import Attention
-# patchgen imports (2 stmt): names the patches below use
+# patchgen imports (3 stmt): names the patches below use
 from runtime.diffusion.sp import attention_split, ulysses_to_heads
 from runtime.diffusion.sp import ulysses_to_sequence
+from runtime.diffusion.sp_ring import ring_dispatch
 
 
 class JointAttnProcessor2_0:
@@ -112,7 +114,8 @@ class JointAttnProcessor2_0:
         dit_attn = attention_split(dit_sp, replicated="last", dims="bhsd", site="specs/sd3.toml patch 5 (dit/ulysses_to_heads in JointAttnProcessor2_0.__call__)")
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
-        hidden_states = F.scaled_dot_product_attention(query, key, value, dropout_p=0.0, is_causal=False)
+        # patchgen #7 dit/ring_attention (1 stmt): under a ring: ring attention over the image K/V, the text K/V attended once as extra K/V
+        hidden_states = ring_dispatch(dit_attn, F.scaled_dot_product_attention)(query, key, value, dropout_p=0.0, is_causal=False)
         # patchgen #6 dit/ulysses_to_sequence (1 stmt): and back: image tokens to this rank's slice, the text output gathered over heads
         hidden_states = ulysses_to_sequence(dit_attn, hidden_states)
         hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)

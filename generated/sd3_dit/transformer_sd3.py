@@ -2,16 +2,16 @@
 # Made by patchgen 0.1.0 from specs/sd3.toml; to change it, edit the spec or a
 # template and run `patchgen regen sd3`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_sd3.py sha256=0c9bcbf6c19c4eeb9c438332157d233f8191253125438e660054700e466c42d8
-# spec: specs/sd3.toml sha256=1688e3a0f0764e2ce76eda2b2490ef43dea7e1022442edd018591bd702c8ce08
-# templates: sha256=adc000cb558585fb79ef58b0bd7fb5ebb016571d9b50efb3f6ca8ea114a180e6
+# spec: specs/sd3.toml sha256=34fdad8151d34e7d9719d3dd47dea54ae566f2f02c7ea54f5f25a0a025f67947
+# templates: sha256=b6b17fbde880be606b1593b9a52b6d75c04c1eb914e774e4a9b1bcc638faab55
 # engine: patchgen==0.1.0 sha256=60952a6e46e344f34db865b89fb46bc16c5b5ad888d4fbd7708ea25404291038
-# body: sha256=58f69bf62be7cb7c54b37c70b37e582088532649626521c40d3422c2a6a7d095
+# body: sha256=f2e8d70b8cd7df382ce4f37d70e7cbf6105f60b72895a8e1d380d48e03b541d3
 # patches:
 #   #1 dit/refuse_under_sp @ SD3Transformer2DModel.forward: ControlNet residuals cover every image token: refuse SP instead of adding them to the wrong tokens
 #   #2 dit/shard_tokens @ SD3Transformer2DModel.forward: each SP rank runs the blocks on its slice of the patchified image tokens (position embeddings already added)
 #   #3 dit/carry_split @ SD3Transformer2DModel.forward: SD3 has no RoPE: the split reaches the joint attention through the kwargs the blocks pass its processor
-#   #7 dit/gather_tokens @ SD3Transformer2DModel.forward: gather the projected image tokens and drop the padding before unpatchify
-#   #8 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+#   #8 dit/gather_tokens @ SD3Transformer2DModel.forward: gather the projected image tokens and drop the padding before unpatchify
+#   #9 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
 # Copyright 2025 Stability AI, The HuggingFace Team and The InstantX Team. All rights reserved.
 #
@@ -317,7 +317,7 @@ class SD3Transformer2DModel(
 
         hidden_states = self.norm_out(hidden_states, temb)
         hidden_states = self.proj_out(hidden_states)
-        # patchgen #7 dit/gather_tokens (1 stmt): gather the projected image tokens and drop the padding before unpatchify
+        # patchgen #8 dit/gather_tokens (1 stmt): gather the projected image tokens and drop the padding before unpatchify
         hidden_states = gather_tokens(hidden_states, dit_sp)
 
         # unpatchify
@@ -339,7 +339,7 @@ class SD3Transformer2DModel(
         return Transformer2DModelOutput(sample=output)
 
 
-# patchgen #8 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+# patchgen #9 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 class SD3Transformer2DModelConfig(PatchgenDiTConfig):
     """SD3Transformer2DModel's __init__ parameters as a transformers config (model_type "sd3")."""
 

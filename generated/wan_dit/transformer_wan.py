@@ -2,17 +2,18 @@
 # Made by patchgen 0.1.0 from specs/wan.toml; to change it, edit the spec or a
 # template and run `patchgen regen wan`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_wan.py sha256=74741d74c9fa4b9d02be83de9840b37a732080a795aa2d19037c03e312c76907
-# spec: specs/wan.toml sha256=969c9bc484e22bfb0226b58e36d78b0a2da9ae9648c3fdb85a1e037a34087a60
-# templates: sha256=d64b9a5c7bb6b7c71282e0e4adc16eda50789c64cfa29183bcfa551b8c090f14
+# spec: specs/wan.toml sha256=56f0eac6807eed3edd66a369e7e33c27e7bae0bab31e04d09900a8cb843a5117
+# templates: sha256=8f4a712231fe50d5bab052f27349d5ff4f5c75a93c88bc88bbeb608d2cd7b4e7
 # engine: patchgen==0.1.0 sha256=60952a6e46e344f34db865b89fb46bc16c5b5ad888d4fbd7708ea25404291038
-# body: sha256=a11eb07f4799ddc1f8fb71334afdd3b4a2809f814c3297e9111b709d90b664b7
+# body: sha256=19f2246b68f85d0cb3ebabd0a908a1320e072bef673eaabeb29acda2c819c319
 # patches:
 #   #1 dit/shard_tokens @ WanTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables
 #   #2 dit/shard_rotary @ WanTransformer3DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
 #   #3 dit/ulysses_to_heads @ WanAttnProcessor.__call__: self-attention (the call with RoPE) sees every token: all-to-all to this rank's heads
 #   #4 dit/ulysses_to_sequence @ WanAttnProcessor.__call__: and back to this rank's tokens x all heads
-#   #5 dit/gather_tokens @ WanTransformer3DModel.forward: gather the projected tokens (out_channels x patch, not the hidden size) and drop the padding before unpatchify
-#   #6 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+#   #5 dit/ring_attention @ WanAttnProcessor.__call__: under a ring the self-attention runs ring attention over the ring group (K/V passed around, padding hidden)
+#   #6 dit/gather_tokens @ WanTransformer3DModel.forward: gather the projected tokens (out_channels x patch, not the hidden size) and drop the padding before unpatchify
+#   #7 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
 # Copyright 2025 The Wan Team and The HuggingFace Team. All rights reserved.
 #
@@ -47,11 +48,12 @@ from diffusers.models.embeddings import PixArtAlphaTextProjection, TimestepEmbed
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.normalization import FP32LayerNorm
-# patchgen imports (6 stmt): names the patches below use
+# patchgen imports (7 stmt): names the patches below use
 from runtime.diffusion.sp import shard_tokens, token_shard
 from runtime.diffusion.sp import shard_rotary
 from runtime.diffusion.sp import attention_split, ulysses_to_heads
 from runtime.diffusion.sp import ulysses_to_sequence
+from runtime.diffusion.sp_ring import ring_dispatch
 from runtime.diffusion.sp import gather_tokens
 from runtime.diffusion.shell import DiTPreTrainedModel, PatchgenDiTConfig, PatchgenDiTShell
 
@@ -166,7 +168,8 @@ class WanAttnProcessor:
         dit_attn = attention_split(rotary_emb, replicated="none", dims="bshd", site="specs/wan.toml patch 3 (dit/ulysses_to_heads in WanAttnProcessor.__call__)")
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
-        hidden_states = dispatch_attention_fn(
+        # patchgen #5 dit/ring_attention (1 stmt): under a ring the self-attention runs ring attention over the ring group (K/V passed around, padding hidden)
+        hidden_states = ring_dispatch(dit_attn, dispatch_attention_fn)(
             query,
             key,
             value,
@@ -745,7 +748,7 @@ class WanTransformer3DModel(
 
         hidden_states = (self.norm_out(hidden_states.float()) * (1 + scale) + shift).type_as(hidden_states)
         hidden_states = self.proj_out(hidden_states)
-        # patchgen #5 dit/gather_tokens (1 stmt): gather the projected tokens (out_channels x patch, not the hidden size) and drop the padding before unpatchify
+        # patchgen #6 dit/gather_tokens (1 stmt): gather the projected tokens (out_channels x patch, not the hidden size) and drop the padding before unpatchify
         hidden_states = gather_tokens(hidden_states, dit_sp)
 
         hidden_states = hidden_states.reshape(
@@ -760,7 +763,7 @@ class WanTransformer3DModel(
         return Transformer2DModelOutput(sample=output)
 
 
-# patchgen #6 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+# patchgen #7 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 class WanTransformer3DModelConfig(PatchgenDiTConfig):
     """WanTransformer3DModel's __init__ parameters as a transformers config (model_type "wan")."""
 

@@ -19,13 +19,11 @@ upstream's code path and stays bitwise equal to it):
    embeddings) are left alone: their queries are this rank's tokens, their keys/values are replicated, so they are
    exact without any communication.
    Under a ring (``parallel.ring`` > 1, SP = ulysses x ring) the all-to-all runs within the Ulysses group and
-   leaves this rank the contiguous span of ``ulysses x local`` tokens its ring rank owns; the queries keep that span
-   (padding included: no real token attends to it), and only the sharded keys/values are all-gathered over the ring
-   group (backward: reduce-scatter of dK, dV) and unpadded. The replicated text K/V are never gathered, so every
-   query sees each text token exactly once. Why a gather and not a K/V ring with log-sum-exp merging: the attention
-   call stays the model's own (any diffusers backend, no spec or template change), and the sum of what the ring
-   would send is the same, (ring-1)/ring of K/V per rank. The cost: the kernel saves the gathered K/V for backward
-   (every token, this rank's heads), so a ring divides the per-rank memory of everything but K/V by ``ring``.
+   leaves this rank the contiguous span of ``ulysses x local`` tokens its ring rank owns, in queries, keys and values
+   (padding included), and the attention call itself becomes ``runtime.sp.ring``'s ``ring_attention`` over the ring
+   group (``runtime/diffusion/sp_ring.py``, the ``dit/ring_attention`` patch): K/V blocks pass around the ring while
+   the current block is attended, the padding keys are hidden, the replicated text K/V are its ``extra_kv`` (seen
+   once by every query), and backward keeps only the local q/k/v/out/lse.
 3. ``gather_tokens`` after the output projection all-gathers the tokens and drops the padding: every rank returns
    the full prediction, as upstream does.
 
@@ -273,8 +271,8 @@ def ulysses_to_heads(
     heads, in the stated layout. The sharded tokens are all-to-all'ed and unpadded, the replicated segment keeps
     this rank's heads. A key mask ``(b, 1, 1, s)`` keeps its replicated columns and takes the sharded tokens as
     valid (Qwen-Image and HunyuanVideo build their joint masks that way). Under a ring the all-to-all runs over the
-    Ulysses group, the queries keep this ring rank's span (``TokenShard.span``, padding included) and only the sharded
-    keys/values are all-gathered over the ring group and unpadded. Identity when ``split`` is None.
+    Ulysses group and queries, keys and values keep this ring rank's span (``TokenShard.span``, padding included):
+    the call that follows is ``runtime.diffusion.sp_ring``'s ring attention. Identity when ``split`` is None.
     """
     if split is None:
         return query, key, value, attention_mask
@@ -299,10 +297,8 @@ def ulysses_to_heads(
         group=shard.ulysses_group,
     )
 
-    def one(x: Tensor, local: Tensor, is_query: bool) -> Tensor:
-        if shard.ring_size > 1 and not is_query:  # this ring rank's span -> every token (padded)
-            local = gather_along_dim(local, 1, shard.ring_group)
-        if shard.ring_size == 1 or not is_query:
+    def one(x: Tensor, local: Tensor) -> Tensor:
+        if shard.ring_size == 1:  # under a ring the span keeps its padding: ring_attention hides it
             local = unpad(local, 1, shard.pad)
         if not count:
             return layout.from_bshd(local)
@@ -316,12 +312,10 @@ def ulysses_to_heads(
                 f"{tuple(attention_mask.shape)}"
             )
         fill = True if attention_mask.dtype == torch.bool else 0.0
-        tokens = attention_mask.new_full((*attention_mask.shape[:-1], shard.tokens), fill)
+        tokens = attention_mask.new_full((*attention_mask.shape[:-1], shard.span), fill)
         kept = attention_mask.narrow(-1, rep_start, count)
         attention_mask = torch.cat([kept, tokens] if layout.replicated == "first" else [tokens, kept], dim=-1)
-    query, key, value = (
-        one(x, local, i == 0) for i, (x, local) in enumerate(zip((query, key, value), sharded, strict=True))
-    )
+    query, key, value = (one(x, local) for x, local in zip((query, key, value), sharded, strict=True))
     return query, key, value, attention_mask
 
 

@@ -47,13 +47,21 @@ def contiguous_indices(length: int, ring: int, rank: int) -> Tensor:
 
 
 def _allowed(
-    q_index: Tensor, k_index: Tensor, q_doc: Tensor | None, k_doc: Tensor | None, causal: bool, window: int | None
+    q_index: Tensor,
+    k_index: Tensor,
+    q_doc: Tensor | None,
+    k_doc: Tensor | None,
+    causal: bool,
+    window: int | None,
+    k_valid: Tensor | None = None,
 ) -> Tensor | None:
     """(b or 1, 1, sq, sk) bool "may attend", or None when every pair may. ``window``: a key is visible only when
-    fewer than ``window`` tokens before the query (transformers' sliding-window rule)."""
-    allowed = None
+    fewer than ``window`` tokens before the query (transformers' sliding-window rule). ``k_valid``: (b or 1, sk),
+    False for a key no query may see (padding)."""
+    allowed = None if k_valid is None else k_valid[:, None, None, :]
     if causal:
-        allowed = (k_index[None, :] <= q_index[:, None])[None, None]
+        causal_ok = (k_index[None, :] <= q_index[:, None])[None, None]
+        allowed = causal_ok if allowed is None else allowed & causal_ok
     if window is not None:
         near = (k_index[None, :] > q_index[:, None] - window)[None, None]
         allowed = near if allowed is None else allowed & near
@@ -101,6 +109,8 @@ class _RingAttention(torch.autograd.Function):
         extra_v: Tensor | None,
         index: Tensor,
         docs: Tensor | None,
+        kv_valid: Tensor | None,
+        extra_valid: Tensor | None,
         group: ProcessGroup,
         causal: bool,
         scale: float,
@@ -109,15 +119,19 @@ class _RingAttention(torch.autograd.Function):
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         repeat = q.shape[1] // k.shape[1]
         q_doc = None if docs is None else docs[rank]
+        extra_allowed = None if extra_valid is None else extra_valid[:, None, None, :]
         out = lse = None
         if extra_k is not None:
-            out, lse = attention_with_lse(q, _repeat(extra_k, repeat), _repeat(extra_v, repeat), scale=scale)
+            out, lse = attention_with_lse(
+                q, _repeat(extra_k, repeat), _repeat(extra_v, repeat), scale=scale, allowed=extra_allowed
+            )
         held = [k, v]
         for step in range(size):
             pending = _exchange(held, group) if step < size - 1 else None
             owner = (rank - step) % size
             k_doc = None if docs is None else docs[owner]
-            allowed = _allowed(index[rank], index[owner], q_doc, k_doc, causal, window)
+            k_valid = None if kv_valid is None else kv_valid[owner]
+            allowed = _allowed(index[rank], index[owner], q_doc, k_doc, causal, window, k_valid)
             if allowed is None or bool(allowed.any()):
                 o, s = attention_with_lse(
                     q, _repeat(held[0], repeat), _repeat(held[1], repeat), scale=scale, allowed=allowed
@@ -127,13 +141,13 @@ class _RingAttention(torch.autograd.Function):
                 _wait(pending[1])
                 held = pending[0]
         out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, extra_k, extra_v, out, lse, index, docs)
+        ctx.save_for_backward(q, k, v, extra_k, extra_v, out, lse, index, docs, kv_valid, extra_allowed)
         ctx.group, ctx.causal, ctx.scale, ctx.repeat, ctx.window = group, causal, scale, repeat, window
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, extra_k, extra_v, out, lse, index, docs = ctx.saved_tensors
+        q, k, v, extra_k, extra_v, out, lse, index, docs, kv_valid, extra_allowed = ctx.saved_tensors
         group, repeat, scale = ctx.group, ctx.repeat, ctx.scale
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         grad_out = grad_out.contiguous()
@@ -143,7 +157,14 @@ class _RingAttention(torch.autograd.Function):
         d_extra_k = d_extra_v = None
         if extra_k is not None:
             gq, gk, gv = attention_with_lse_backward(
-                grad_out, q, _repeat(extra_k, repeat), _repeat(extra_v, repeat), out, lse, scale=scale
+                grad_out,
+                q,
+                _repeat(extra_k, repeat),
+                _repeat(extra_v, repeat),
+                out,
+                lse,
+                scale=scale,
+                allowed=extra_allowed,
             )
             dq += gq
             d_extra_k, d_extra_v = _fold(gk, repeat).to(extra_k.dtype), _fold(gv, repeat).to(extra_v.dtype)
@@ -154,7 +175,8 @@ class _RingAttention(torch.autograd.Function):
             pending = _exchange(held, group) if step < size - 1 else None
             owner = (rank - step) % size
             k_doc = None if docs is None else docs[owner]
-            allowed = _allowed(index[rank], index[owner], q_doc, k_doc, ctx.causal, ctx.window)
+            k_valid = None if kv_valid is None else kv_valid[owner]
+            allowed = _allowed(index[rank], index[owner], q_doc, k_doc, ctx.causal, ctx.window, k_valid)
             if step > 0:  # the dK/dV of the block now held arrive from the previous rank
                 _wait(dkv_pending[1])
                 dkv = dkv_pending[0]
@@ -177,7 +199,8 @@ class _RingAttention(torch.autograd.Function):
                 held = pending[0]
         _wait(dkv_pending[1])
         dk, dv = dkv_pending[0]
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_extra_k, d_extra_v, None, None, None, None, None, None
+        grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_extra_k, d_extra_v)
+        return (*grads, None, None, None, None, None, None, None, None)
 
 
 def _local_attention(
@@ -190,17 +213,24 @@ def _local_attention(
     scale: float,
     extra_kv: tuple[Tensor, Tensor] | None,
     window: int | None,
+    k_valid: Tensor | None,
+    extra_valid: Tensor | None,
 ) -> Tensor:
     """``ring_attention`` without a ring: SDPA over the local tokens (and ``extra_kv`` first), same masking."""
-    allowed = _allowed(index, index, docs, docs, causal, window)
+    allowed = _allowed(index, index, docs, docs, causal, window, k_valid)
     repeat = q.shape[1] // k.shape[1]
     keys, values = _repeat(k, repeat), _repeat(v, repeat)
     if extra_kv is not None:
         keys = torch.cat([_repeat(extra_kv[0], repeat), keys], 2)
         values = torch.cat([_repeat(extra_kv[1], repeat), values], 2)
-        if allowed is not None:
-            shape = (*allowed.shape[:-1], extra_kv[0].shape[2])
-            allowed = torch.cat([torch.ones(shape, dtype=torch.bool, device=q.device), allowed], -1)
+        if allowed is not None or extra_valid is not None:
+            local = allowed if allowed is not None else torch.ones(1, 1, 1, k.shape[2], dtype=torch.bool)
+            seen = torch.ones(1, 1, 1, extra_kv[0].shape[2], dtype=torch.bool)
+            if extra_valid is not None:
+                seen = extra_valid[:, None, None, :]
+            batch, rows = max(local.shape[0], seen.shape[0]), max(local.shape[2], seen.shape[2])
+            parts = [x.to(q.device).expand(batch, 1, rows, x.shape[-1]) for x in (seen, local)]
+            allowed = torch.cat(parts, -1)
     return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, scale=scale)
 
 
@@ -216,6 +246,8 @@ def ring_attention(
     doc_ids: Tensor | None = None,
     extra_kv: tuple[Tensor, Tensor] | None = None,
     window: int | None = None,
+    kv_valid: Tensor | None = None,
+    extra_valid: Tensor | None = None,
 ) -> Tensor:
     """Attention of this rank's queries over the keys of every rank of the ring ``group``: (b, hq, s, d).
 
@@ -223,16 +255,19 @@ def ring_attention(
     ``index``: (ring, s) global token index of every rank's tokens (same for every rank; default: contiguous
     chunks), used for causality. ``doc_ids``: (ring, b, s) document id of every rank's tokens (packed sequences: a
     query sees only keys of its own document), or None. ``extra_kv``: a (b, hkv, se, d) pair every query sees once,
-    unmasked. ``window``: sliding-window size (transformers' rule), or None. With ``group=None`` (no ring) this is
-    plain attention over the local tokens.
+    unmasked unless ``extra_valid`` ((b or 1, se) bool) hides some of its keys. ``kv_valid``: (ring, b or 1, s) bool,
+    False for a rank's key no query may see (e.g. padding), or None. ``window``: sliding-window size (transformers'
+    rule), or None. With ``group=None`` (no ring) this is plain attention over the local tokens.
     """
     size = 1 if group is None else dist.get_world_size(group)
     if index is None:
         index = torch.stack([contiguous_indices(size * q.shape[2], size, r) for r in range(size)])
     index = index.to(q.device)
     if group is None:
-        return _local_attention(
-            q, k, v, index[0], None if doc_ids is None else doc_ids[0], causal, scale, extra_kv, window
-        )
+        docs = None if doc_ids is None else doc_ids[0]
+        valid = None if kv_valid is None else kv_valid[0]
+        return _local_attention(q, k, v, index[0], docs, causal, scale, extra_kv, window, valid, extra_valid)
     extra_k, extra_v = extra_kv if extra_kv is not None else (None, None)
-    return _RingAttention.apply(q, k, v, extra_k, extra_v, index, doc_ids, group, causal, scale, window)
+    return _RingAttention.apply(
+        q, k, v, extra_k, extra_v, index, doc_ids, kv_valid, extra_valid, group, causal, scale, window
+    )

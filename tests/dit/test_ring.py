@@ -2,12 +2,12 @@
 1e-5 relative (tests/dit/test_sp.py's comparison), gradient checkpointing on.
 
 * ring=2 (world 2): every DiT spec's tiny case, not its variants (self-attention, replicated text first or last, a
-  key mask, no RoPE, (b, h, s, d)): the replicated text is attended once per query while only the image K/V are
-  gathered over the ring;
+  key mask over padded text, no RoPE, (b, h, s, d)): the attention call is ``runtime.sp.ring.ring_attention`` (the
+  ``dit/ring_attention`` patch), the image K/V blocks pass around the ring and the replicated text K/V are attended
+  once per query as its ``extra_kv``;
 * ring=4 and ulysses=2 x ring=2 (world 4): Wan and Flux, plus Wan with 2 heads, where SP=4 is twice the head count.
 
-Every token count is indivisible by 2 and 4, so the last ring rank's queries hold padding the gathered keys must not
-show.
+Every token count is indivisible by 2 and 4, so the last ring rank's span holds padding keys the ring must hide.
 """
 
 from __future__ import annotations
@@ -61,3 +61,30 @@ def test_ring2_matches_single_process() -> None:
 @pytest.mark.parametrize("ring", [4, 2], ids=["ring4", "ulysses2_ring2"])
 def test_sp4_past_the_heads_matches_single_process(ring: int) -> None:
     _compare(run_distributed(ring_worker, 4, ring, WORLD4, timeout=300), WORLD4, run=_run)
+
+
+def test_ring_attention_masks_without_a_ring() -> None:
+    """``ring_attention``'s ``kv_valid`` (padding keys) and ``extra_valid`` (padded text keys) on its no-ring path, in
+    float64 against softmax(q k^T * scale) v over the joined [text, local] keys with the same mask, written out."""
+    import torch
+
+    from runtime.sp.ring import ring_attention
+
+    gen = torch.Generator().manual_seed(0)
+    b, h, s, text, d, scale = 2, 3, 6, 4, 8, 0.3
+
+    def rand(length: int) -> torch.Tensor:
+        return torch.randn(b, h, length, d, dtype=torch.float64, generator=gen)
+
+    q, k, v, text_k, text_v = rand(text + s), rand(s), rand(s), rand(text), rand(text)
+    kv_valid = (torch.arange(s) < 4).view(1, 1, s)  # the last 2 local keys are padding
+    text_valid = torch.ones(b, text, dtype=torch.bool)
+    text_valid[1, -2:] = False  # the second sample's last 2 text tokens are padding
+    out = ring_attention(
+        q, k, v, group=None, causal=False, scale=scale, extra_kv=(text_k, text_v), kv_valid=kv_valid,
+        extra_valid=text_valid,
+    )  # fmt: skip
+    seen = torch.cat([text_valid, kv_valid[0].expand(b, s)], 1)[:, None, None, :]
+    scores = (q @ torch.cat([text_k, k], 2).transpose(-1, -2) * scale).masked_fill(~seen, float("-inf"))
+    expected = scores.softmax(-1) @ torch.cat([text_v, v], 2)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
