@@ -103,6 +103,19 @@ def _reset_parallel_state() -> None:
     except ImportError:  # pragma: no cover - the runtime is part of this repository
         return
     set_parallel_state(None)
+    _clear_dtensor_caches()
+
+
+def _clear_dtensor_caches() -> None:
+    """DTensor caches sharding propagation by spec, and a DeviceMesh compares equal to any mesh of the same layout
+    whatever its process groups: a pooled rank's next call with an equal mesh would get output specs holding the
+    previous call's mesh, whose groups that call destroyed ("Could not resolve the process group registered under
+    the name 15"). A fresh rank has empty caches; so does a pooled one after this."""
+    from torch.distributed.tensor._redistribute import _gen_transform_infos
+    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+    _clear_sharding_prop_cache()
+    _gen_transform_infos.cache_clear()
 
 
 def _kill(procs: list[Any]) -> None:
