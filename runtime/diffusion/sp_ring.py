@@ -86,7 +86,10 @@ def _ring_call(
     q_text, q_span = query.narrow(2, text_start, count), query.narrow(2, span_start, span)
     k_text, k_span = key.narrow(2, text_start, count), key.narrow(2, span_start, span)
     v_text, v_span = value.narrow(2, text_start, count), value.narrow(2, span_start, span)
-    position = torch.arange(shard.ring_size * span, device=query.device).view(shard.ring_size, 1, span)
+    kv_valid = None  # every ring rank's span keys: only those past the real tokens (padding) are hidden
+    if shard.pad:
+        kv_valid = torch.arange(shard.ring_size * span, device=query.device).view(shard.ring_size, 1, span)
+        kv_valid = kv_valid < shard.tokens
     out = ring_attention(
         torch.cat([q_text, q_span], 2) if count else q_span,
         k_span,
@@ -95,7 +98,7 @@ def _ring_call(
         causal=False,
         scale=scale if scale is not None else 1.0 / math.sqrt(query.size(-1)),
         extra_kv=(k_text, v_text) if count else None,
-        kv_valid=position < shard.tokens,
+        kv_valid=kv_valid,
         extra_valid=_text_valid(layout.site, attn_mask, text_start, count),
     )
     text, local = out.narrow(2, 0, count), out.narrow(2, count, span)
