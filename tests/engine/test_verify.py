@@ -13,7 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from patchgen.verify import COPIED, FAILING, NO_TEST, NOT_REGENERATED, PROVEN, Outcome, classify, mentioned, read_junit
+from patchgen.verify import (
+    COPIED,
+    FAILING,
+    NO_TEST,
+    NOT_REGENERATED,
+    PROVEN,
+    Outcome,
+    classify,
+    mentioned,
+    read_junit,
+    unmet_requirements,
+)
 from patchgen.wheels import CACHE_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +104,27 @@ def test_junit_outcomes(tmp_path: Path) -> None:
         Outcome("tests/dit/test_x.py::test_c", "skipped"),
         Outcome("tests.dit.test_y", "error", "boom"),
     ]
+
+
+def _dist(site: Path, name: str, version: str, *requires: str) -> None:
+    info = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    lines = [f"Name: {name}", f"Version: {version}", *(f"Requires-Dist: {r}" for r in requires)]
+    (info / "METADATA").write_text("Metadata-Version: 2.1\n" + "\n".join(lines) + "\n")
+
+
+def test_requirements_of_the_scratch_packages_are_checked_against_the_layered_ones(tmp_path: Path) -> None:
+    scratch, project = tmp_path / "scratch", tmp_path / "project"
+    _dist(scratch, "newpkg", "2.0", "dep-a>=0.23.1,<0.24", "dep-b", "dep-c>=1", 'dep-d; extra == "dev"')
+    _dist(scratch, "dep-c", "1.1")
+    _dist(project, "dep-a", "0.22.2")
+    _dist(project, "dep-c", "0.5")  # shadowed by the scratch venv's own dep-c 1.1, as on sys.path
+    assert unmet_requirements([scratch, project], ["newpkg"]) == [
+        "dep-a<0.24,>=0.23.1 (of newpkg; 0.22.2 installed)",
+        "dep-b (of newpkg; not installed)",
+    ]
+    _dist(scratch, "dep-a", "0.23.3")
+    assert unmet_requirements([scratch, project], ["newpkg"]) == ["dep-b (of newpkg; not installed)"]
 
 
 def _tree_hash(root: Path) -> str:
