@@ -10,9 +10,11 @@ plus (joint attention) the replicated text segment for the same heads. The call 
 ``ring_attention`` (the project's one ring: K/V blocks passed to the next ring rank while the current block is
 attended, partials merged by log-sum-exp, a backward that keeps only the local q/k/v/out/lse and re-circulates K/V):
 
-* queries: the text queries followed by the span's queries. The text queries are replicated on every ring rank (as
-  their projections are), so each ring rank computes them in full; their output is identical across the ring, and
-  their gradients are partial like every other replicated tensor's (the SP group sums the parameter gradients);
+* queries: this ring rank's share of the text queries (the text is replicated: each ring rank takes a contiguous
+  ``1/ring`` of its queries, zero-padded), followed by the span's queries. The text output is all-gathered over the
+  ring group afterwards, so every ring rank holds the same bits (a replicated stream must be bitwise replicated:
+  ``sp_layout.check_layout`` checks it, and every rank's later blocks compute the same text from it); backward
+  reduce-scatters the ranks' partial gradients of each share;
 * ring keys/values: the span's. Padding keys (past the real token count, in the last ring ranks' spans) are hidden
   by ``kv_valid``; padding queries see real keys, and their output is dropped by ``ulysses_to_sequence``;
 * ``extra_kv``: the text keys/values, seen exactly once by every query, never sent around the ring; the key mask's
@@ -30,6 +32,7 @@ import torch
 from torch import Tensor
 
 from runtime.diffusion.sp import AttentionSplit
+from runtime.parallel.collectives import gather_along_dim, pad_and_slice, unpad
 from runtime.sp.ring import ring_attention
 
 __all__ = ["ring_dispatch"]
@@ -90,6 +93,8 @@ def _ring_call(
     if shard.pad:
         kv_valid = torch.arange(shard.ring_size * span, device=query.device).view(shard.ring_size, 1, span)
         kv_valid = kv_valid < shard.tokens
+    if count:  # this ring rank's share of the text queries (zero-padded: a padding query's output is dropped)
+        q_text, text_pad = pad_and_slice(q_text, 2, shard.ring_group)
     out = ring_attention(
         torch.cat([q_text, q_span], 2) if count else q_span,
         k_span,
@@ -101,6 +106,11 @@ def _ring_call(
         kv_valid=kv_valid,
         extra_valid=_text_valid(layout.site, attn_mask, text_start, count),
     )
-    text, local = out.narrow(2, 0, count), out.narrow(2, count, span)
-    joined = torch.cat([text, local] if layout.replicated == "first" else [local, text], 2) if count else local
+    local = out.narrow(2, out.size(2) - span, span)
+    if not count:
+        return layout.from_bshd(local.transpose(1, 2))
+    # every ring rank's text rows: the text output is then bitwise the same on every ring rank (backward: the
+    # reduce-scatter sums the ranks' partial gradients of each share)
+    text = unpad(gather_along_dim(out.narrow(2, 0, out.size(2) - span), 2, shard.ring_group), 2, text_pad)
+    joined = torch.cat([text, local] if layout.replicated == "first" else [local, text], 2)
     return layout.from_bshd(joined.transpose(1, 2))

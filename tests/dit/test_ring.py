@@ -7,7 +7,8 @@
   once per query as its ``extra_kv``;
 * ring=4 and ulysses=2 x ring=2 (world 4): Wan and Flux, plus Wan with 2 heads, where SP=4 is twice the head count.
 
-Every token count is indivisible by 2 and 4, so the last ring rank's span holds padding keys the ring must hide.
+Every attention call checks that the text stream is bitwise the same on every rank (``_EveryCall``). Every token
+count is indivisible by 2 and 4, so the last ring rank's span holds padding keys the ring must hide.
 """
 
 from __future__ import annotations
@@ -24,11 +25,21 @@ RING2 = [(name, None) for name in sorted(CASES) if CASES[name].variant is None] 
 WORLD4 = [("wan", None), ("flux", None), ("wan", 2)]
 
 
+class _EveryCall(set):
+    """The model's set of layout-checked attention sites, never holding one: under SP every attention call then runs
+    ``sp_layout.check_layout``, which fails unless the replicated (text) segment is bitwise equal on every SP rank
+    (the ring must leave the text stream replicated, not merely close, for every later block)."""
+
+    def add(self, site: object) -> None:
+        pass
+
+
 def _run(name: str, heads: int | None) -> dict:
     case = CASES[name]
     if heads is not None:
         case = dataclasses.replace(case, config={**case.config, "num_attention_heads": heads})
     model = shell(case)
+    model.__dict__["_patchgen_sp_checked_sites"] = _EveryCall()  # read by runtime.diffusion.sp.token_shard
     model.gradient_checkpointing_enable()
     model.train()
     out, loss, grads = loss_and_grads(model, inputs(case))
