@@ -134,10 +134,10 @@ def _tree_hash(root: Path) -> str:
     return digest.hexdigest()
 
 
-def _venv_state() -> tuple[str, str]:
-    """The project venv's diffusers version and its RECORD (which files it installed, with their hashes)."""
+def _venv_state() -> tuple[str, str, str]:
+    """The project venv's transformers and diffusers versions and diffusers' RECORD (its files, with hashes)."""
     dist = importlib.metadata.distribution("diffusers")
-    return dist.version, dist.read_text("RECORD") or ""
+    return importlib.metadata.version("transformers"), dist.version, dist.read_text("RECORD") or ""
 
 
 def test_verify_proves_flux_on_diffusers_0_42_1_and_changes_nothing_in_the_project(tmp_path: Path) -> None:
