@@ -51,11 +51,15 @@ def test_usp_dense_matches_single_process(layout: str) -> None:
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("model_type, world", [("qwen3_vl", 2), ("qwen3_vl", 4)], ids=["ring2", "ulysses2_ring2"])
-def test_usp_vlm_matches_single_process(model_type: str, world: int) -> None:
-    """The language model on ring 2 (world 4: Ulysses 2 x ring 2); the ViT stays on Ulysses over the whole SP group
-    (its heads split by sp)."""
-    per_rank = run_distributed(sp_vlm_worker, world, model_type, 2, timeout=300)
+@pytest.mark.parametrize(
+    "model_type, world, ring",
+    [("qwen3_vl", 2, 2), ("qwen3_vl", 4, 2), ("qwen3_vl", 4, 4)],
+    ids=["ring2", "ulysses2_ring2", "ring4"],
+)
+def test_usp_vlm_matches_single_process(model_type: str, world: int, ring: int) -> None:
+    """The language model on the ring (world 4: Ulysses 2 x ring 2, or ring 4); the ViT stays on Ulysses over the
+    whole SP group (its heads split by sp)."""
+    per_rank = run_distributed(sp_vlm_worker, world, model_type, ring, timeout=300)
     for index, case in enumerate([*VLM_CASES, VIDEO_CASE]):
         ref = vlm_single_process(model_type, *case)
         for rank_results in per_rank:

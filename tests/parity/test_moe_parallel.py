@@ -87,6 +87,7 @@ LAYOUTS = {
     "ep2_sp2": (4, {"ep_size": 2, "sp_size": 2}),
     "ep2_ring2": (2, {"ep_size": 2, "sp_size": 2, "ring_size": 2}),  # ring attention (issue 24)
     "ep2_ulysses2_ring2": (4, {"ep_size": 2, "sp_size": 4, "ring_size": 2}),
+    "ep2_ring4": (4, {"ep_size": 2, "sp_size": 4, "ring_size": 4}),
 }
 
 
