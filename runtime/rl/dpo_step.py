@@ -1,7 +1,8 @@
 """Diffusion-DPO's offline iteration on the shared job (``runtime/rl/algorithms/dpo.py`` states the objective): this
-replica's preference pairs, their latents, one ``(t, eps)`` per pair shared by its two images, the policy's and the
-frozen reference's velocities, and one update through the loop's ``_update`` (clipping, the non-finite guard, the
-EMA, the policy-moved check). No rollout, no reward.
+replica's preference pairs, their latents (images, or a video model's first ``sampling.frames`` frames), one
+``(t, eps)`` per pair shared by its two images, the policy's and the frozen reference's velocities, and one update
+through the loop's ``_update`` (clipping, the non-finite guard, the EMA, the policy-moved check). No rollout, no
+reward.
 
 Draws. ``(t, eps)`` of global pair ``q = dp_rank * B + i`` at iteration ``k`` come from
 ``diffusionnft.forward_draws`` (a generator seeded by ``(model.seed, k, q)`` alone, the forward-process algorithms'
@@ -25,7 +26,7 @@ from runtime.flowgrpo.trainer import select_rows
 from runtime.kernels.timing import Clock
 from runtime.rl.algorithms.diffusionnft import forward_draws, noised
 from runtime.rl.loop import PolicyUnchangedError, RLRun, _replica_mean, _update
-from runtime.rl.pairs import encode_images
+from runtime.rl.pairs import encode_media
 from runtime.rl.policy import lora_disabled
 from runtime.train.finite import micro_batches
 
@@ -50,11 +51,11 @@ def _reference_velocity(run: RLRun, batch: dict, xt: torch.Tensor, t: torch.Tens
 
 
 def _latents(run: RLRun, pairs: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chosen and the rejected images' latents ``[B, ...]`` at the configured size."""
+    """The chosen and the rejected images' (videos') latents ``[B, ...]`` at the configured size (and frame count)."""
     s, cm = run.config.sampling, run.policy.adapter.condition_model
     wheres = [p.where for p in pairs]
-    chosen = encode_images(cm, [p.chosen for p in pairs], wheres, s.height, s.width)
-    rejected = encode_images(cm, [p.rejected for p in pairs], wheres, s.height, s.width)
+    chosen = encode_media(cm, [p.chosen for p in pairs], wheres, s.height, s.width, s.frames)
+    rejected = encode_media(cm, [p.rejected for p in pairs], wheres, s.height, s.width, s.frames)
     return chosen, rejected
 
 

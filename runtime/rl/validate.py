@@ -156,7 +156,8 @@ def check_rl_inputs(config: Any, state: ParallelState) -> CheckedRLInputs:
     check_outputs(config)
     key = "data.prompts" if config.data.pairs is None else "data.pairs"
     try:  # dpo's pairs (runtime/rl/pairs.py) take the prompts' place: the sampler and the checkpoint treat them alike
-        prompts = read_prompts(config.data.prompts) if config.data.pairs is None else read_pairs(config.data.pairs)
+        pairs, frames = config.data.pairs, config.sampling.frames  # a video model's pairs: videos of >= frames
+        prompts = read_prompts(config.data.prompts) if pairs is None else read_pairs(pairs, frames)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{key}: {exc}") from None
     try:

@@ -68,9 +68,6 @@ def test_config_errors_name_the_key(tiny_pipelines, tmp_path: Path) -> None:
     assert "rewards: dpo learns from preference pairs" in _error({**raw, "rewards": [{"callable": "m:f"}]})
     assert "reference: lora_disabled needs a LoRA run" in _error({**raw, "lora": {"rank": None}})
     assert "dpo.t_max: expected t_min < t_max" in _error({**raw, "dpo": {"t_min": 0.6, "t_max": 0.5}})
-    assert "model.type: dpo takes image pairs (PNG/JPEG); 'wan' is a video model" in _error(
-        {**raw, "model": {"type": "wan", "path": "p"}}
-    )
     online = rl_config("flux", tiny_pipelines("flux"), tmp_path)
     online["data"] = {**online["data"], "pairs": raw["data"]["pairs"]}
     assert "data.pairs: preference pairs are dpo's data; flowgrpo samples data.prompts" in _error(online)

@@ -1,8 +1,9 @@
 """Diffusion-DPO (Wallace et al. 2023, arXiv:2311.12908) for flow-matching models: offline preference pairs
-(prompt, chosen image ``w``, rejected image ``l``), a frozen reference policy, no rollout and no reward.
+(prompt, chosen image or video ``w``, rejected ``l``), a frozen reference policy, no rollout and no reward.
 
-Both images of a pair are noised with the same ``t`` and noise ``eps`` (rectified flow: ``x_t = (1 - t) x0 + t eps``,
-target ``v = eps - x0``); ``e`` is the per-sample mean squared flow-matching error of a policy::
+Both images (videos) of a pair are noised with the same ``t`` and noise ``eps`` (rectified flow:
+``x_t = (1 - t) x0 + t eps``, target ``v = eps - x0``); ``e`` is the per-sample mean squared flow-matching error of
+a policy::
 
     e_w = ||v_theta(x_t^w) - v^w||^2,   e_w_ref = ||v_ref(x_t^w) - v^w||^2   (likewise for l)
     d = (e_w - e_w_ref) - (e_l - e_l_ref)
@@ -26,9 +27,12 @@ Config (``data.pairs`` replaces ``data.prompts``; no ``rewards``; ``reference`` 
       micro_batch_size: null     # pairs per forward
 
 Each iteration (``runtime/rl/dpo_step.py``, the loop's ``OFFLINE`` path): this replica's pairs from the seeded
-sampler, their images encoded by the model's VAE, ``(t, eps)`` per pair from a generator seeded by
-``(model.seed, iteration, global pair)`` (SP ranks and a resumed run draw alike), the policy's and the reference's
-velocities, one optimizer update with the job's guards. Image models only (a video model is a config error).
+sampler, their images (a video model: the first ``sampling.frames`` frames of their videos) encoded by the model's
+VAE, ``(t, eps)`` per pair from a generator seeded by ``(model.seed, iteration, global pair)`` (SP ranks and a resumed
+run draw alike), the policy's and the reference's velocities, one optimizer update with the job's guards. Every
+flow-matching DiT of the job: image pairs for the image models (Flux, SD3, Qwen-Image), video pairs for the video
+models (Wan, HunyuanVideo; ``runtime/rl/pairs.py`` refuses a video shorter than ``sampling.frames``); CogVideoX is
+refused as for every algorithm (v-prediction).
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ RULES = KeyRules(
 
 def check(config: Any) -> None:
     """What the section's types and ranges do not say, and the shared keys DPO reads differently: its data is
-    ``data.pairs``, it has no reward, full fine-tuning needs a frozen copy as reference, images only."""
+    ``data.pairs``, it has no reward, full fine-tuning needs a frozen copy as reference."""
     errors = ConfigErrors()
     s: Settings = config.algo
     if not s.t_min < s.t_max:
@@ -97,19 +101,7 @@ def check(config: Any) -> None:
         errors.add("sampling.true_cfg_scale: dpo trains the conditional prediction; remove sampling.true_cfg_scale")
     if config.model is not None and config.model.architecture is not None:
         errors.add(f"model.architecture: dpo trains generated DiTs (model.type), not {config.model.architecture!r}")
-    elif config.model is not None and _video_model(config.model.type):
-        errors.add(f"model.type: dpo takes image pairs (PNG/JPEG); {config.model.type!r} is a video model")
     errors.raise_if_any()
-
-
-def _video_model(model_type: str | None) -> bool:
-    """Whether ``model_type`` is a generated DiT of videos (an unknown type is the shared checks' error)."""
-    from runtime.diffusion.conditions import condition_model_class
-    from runtime.diffusion.registry import dit_model_types, lookup_dit
-
-    if model_type not in dit_model_types():
-        return False
-    return bool(condition_model_class(lookup_dit(model_type).data["condition_model_type"]).video)
 
 
 def conventions(settings: Settings) -> str:
