@@ -84,10 +84,8 @@ def _check_video(path: Path, key: str, value: str, frames: int) -> None:
 def _media(root: MediaRoot, record: dict, key: str, frames: int | None) -> Path:
     value = record.get(key)
     if not isinstance(value, str) or not value:
-        kind = "an image" if frames is None else "a video"
-        raise LineError(
-            f'"{key}": expected {kind} path (a string), e.g. {EXAMPLE if frames is None else VIDEO_EXAMPLE}'
-        )
+        kind, example = ("an image", EXAMPLE) if frames is None else ("a video", VIDEO_EXAMPLE)
+        raise LineError(f'"{key}": expected {kind} path (a string), e.g. {example}')
     path = root.resolve(value, key)
     if not path.is_file():
         raise LineError(f'"{key}": {value!r}: no such file (paths are relative to {root.directory})')
@@ -99,14 +97,15 @@ def _media(root: MediaRoot, record: dict, key: str, frames: int | None) -> Path:
 
 
 def _pair(root: MediaRoot, record: Any, where: str, frames: int | None) -> Pair:
+    example = EXAMPLE if frames is None else VIDEO_EXAMPLE
     if not isinstance(record, dict):
-        raise LineError(f"expected an object such as {EXAMPLE}")
+        raise LineError(f"expected an object such as {example}")
     unknown = sorted(set(record) - {"prompt", "chosen", "rejected"})
     if unknown:
-        raise LineError(f"unknown key {unknown[0]!r}; a pair has prompt, chosen and rejected, e.g. {EXAMPLE}")
+        raise LineError(f"unknown key {unknown[0]!r}; a pair has prompt, chosen and rejected, e.g. {example}")
     text = record.get("prompt")
     if not isinstance(text, str) or not text.strip():
-        raise LineError(f'"prompt": expected a non-empty string, e.g. {EXAMPLE}')
+        raise LineError(f'"prompt": expected a non-empty string, e.g. {example}')
     if len(text) > MAX_PROMPT_CHARS:
         raise LineError(f'"prompt": {len(text)} characters; at most {MAX_PROMPT_CHARS}')
     chosen, rejected = _media(root, record, "chosen", frames), _media(root, record, "rejected", frames)

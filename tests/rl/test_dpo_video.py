@@ -105,7 +105,8 @@ def test_video_dpo_resumes_bitwise(tiny_pipelines, tmp_path: Path) -> None:
 
 def test_pairs_of_the_wrong_media_are_one_line_errors(tiny_pipelines, tmp_path: Path) -> None:
     """Checked before the model is built, one line each naming the pair file and line: a video shorter than
-    ``sampling.frames`` (through the run's checks), an image for a video model, a video for an image model."""
+    ``sampling.frames`` (through the run's checks), an image for a video model, a video for an image model, a file
+    PyAV cannot read."""
     from runtime.rl.pairs import read_pairs
     from runtime.train.config import ConfigError
     from tests.rl.test_dpo import write_pairs
@@ -118,9 +119,13 @@ def test_pairs_of_the_wrong_media_are_one_line_errors(tiny_pipelines, tmp_path: 
     assert str(info.value).startswith(expected) and "\n" not in str(info.value), str(info.value)
 
     images, videos = write_pairs(tmp_path / "images", 1), Path(raw["data"]["pairs"])
+    broken = tmp_path / "run" / "pairs" / "broken.jsonl"
+    (broken.parent / "junk.mp4").write_bytes(b"not a video")
+    broken.write_text(json.dumps({"prompt": "a", "chosen": "junk.mp4", "rejected": "l0.mp4"}) + "\n")
     for path, frames, words in (
         (images, FRAMES, "\"chosen\": 'w0.png' is an image; the model generates videos"),
         (videos, None, "\"chosen\": 'w0.mp4' is not a PNG or JPEG file"),
+        (broken, FRAMES, f'"chosen": cannot read video {broken.parent / "junk.mp4"}: '),
     ):
         with pytest.raises(ValueError) as info:
             read_pairs(path, frames)

@@ -88,7 +88,9 @@ def check(config: Any) -> None:
             '{"prompt", "chosen", "rejected"}, docs/flowgrpo.md) instead'
         )
     elif data is not None and data.pairs is None:
-        errors.add('data.pairs: required key missing (a JSONL of {"prompt", "chosen", "rejected"} image pairs)')
+        errors.add(
+            'data.pairs: required key missing (a JSONL of {"prompt", "chosen", "rejected"} image or video pairs)'
+        )
     if config.rewards:
         errors.add("rewards: dpo learns from preference pairs and scores nothing; remove rewards")
     if config.reward_ranks is not None:
