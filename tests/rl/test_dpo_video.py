@@ -103,20 +103,19 @@ def test_video_dpo_resumes_bitwise(tiny_pipelines, tmp_path: Path) -> None:
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_pairs_of_the_wrong_media_are_one_line_errors(tiny_pipelines, tmp_path: Path) -> None:
+def test_pairs_of_the_wrong_media_are_one_line_errors(tiny_pipelines, tmp_path: Path, capsys) -> None:
     """Checked before the model is built, one line each naming the pair file and line: a video shorter than
-    ``sampling.frames`` (through the run's checks), an image for a video model, a video for an image model, a file
-    PyAV cannot read."""
+    ``sampling.frames`` (through ``python -m runtime.rl``: exit 2), an image for a video model, a video for an image
+    model, a file PyAV cannot read."""
     from runtime.rl.pairs import read_pairs
-    from runtime.train.config import ConfigError
+    from tests.rl.test_cli import _run
     from tests.rl.test_dpo import write_pairs
 
     short = write_video_pairs(tmp_path / "short", count=1, frames=FRAMES - 2)
     raw = video_dpo_raw("wan", tiny_pipelines, tmp_path / "run")
-    with pytest.raises(ConfigError) as info:
-        start({**raw, "data": {**raw["data"], "pairs": str(short)}})
+    code, _, err = _run(tmp_path, {**raw, "data": {**raw["data"], "pairs": str(short)}}, capsys)
     expected = f"data.pairs: {short}:1: \"chosen\": 'w0.mp4' has {FRAMES - 2} frames; the model needs {FRAMES}"
-    assert str(info.value).startswith(expected) and "\n" not in str(info.value), str(info.value)
+    assert code == 2 and expected in err and err.count("\n") == 1 and "Traceback" not in err, err
 
     images, videos = write_pairs(tmp_path / "images", 1), Path(raw["data"]["pairs"])
     broken = tmp_path / "run" / "pairs" / "broken.jsonl"
