@@ -1,8 +1,8 @@
 """Every algorithm beyond Flow-GRPO on every generated DiT the RL job supports besides Flux (whose runs are in
 ``test_algorithms.py`` and ``test_algorithms_nft_dpo.py``): one checked iteration each (LoRA; the policy moved,
 every loss finite), a bitwise resume per algorithm on one of these DiTs (a different one each), and CogVideoX
-refused for each algorithm; Diffusion-DPO (image pairs) on the other image DiTs. Flow-GRPO itself runs on every DiT
-in ``test_job.py``."""
+refused for each algorithm; Diffusion-DPO on the other image DiTs (its video pairs: ``test_dpo_video.py``).
+Flow-GRPO itself runs on every DiT in ``test_job.py``."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def test_resume_is_bitwise_off_flux(name: str, tiny_pipelines, tmp_path: Path) -
     assert_resume_is_bitwise(_raw(name, model, tiny_pipelines, tmp_path), tmp_path / "ckpt")
 
 
-IMAGE_DITS = ("qwenimage", "sd3")  # Diffusion-DPO takes image pairs: the image DiTs besides Flux
+IMAGE_DITS = ("qwenimage", "sd3")  # Diffusion-DPO here: the image DiTs besides Flux (video pairs: test_dpo_video.py)
 
 
 def _dpo_raw(model: str, tiny_pipelines, tmp_path: Path) -> dict:
