@@ -25,7 +25,7 @@ from runtime.flowgrpo.scheduler import FlowMatchSchedule
 from runtime.flowgrpo.trainer import select_rows
 from runtime.kernels.timing import Clock
 from runtime.rl.algorithms.diffusionnft import forward_draws, noised
-from runtime.rl.loop import PolicyUnchangedError, RLRun, _replica_mean, _update
+from runtime.rl.loop import RLRun, _replica_mean, _update, backward_micro_batch
 from runtime.rl.pairs import encode_media
 from runtime.rl.policy import lora_disabled
 from runtime.train.finite import micro_batches
@@ -88,15 +88,9 @@ def offline_iteration(run: RLRun, step: int) -> dict[str, Any]:
         v_w, v_l = velocity_at(adapter, module, sub, xt_w, t), velocity_at(adapter, module, sub, xt_l, t)
         ref_w, ref_l = _reference_velocity(run, sub, xt_w, t), _reference_velocity(run, sub, xt_l, t)
         loss, step_stats = algo.objective(s, v_w, v_l, ref_w, ref_l, target_w.to(v_w.dtype), target_l.to(v_l.dtype))
-        scaled = loss * (len(rows) * share)
-        if not scaled.requires_grad:
-            raise PolicyUnchangedError(
-                f"step {step}: the loss depends on no trainable parameter, so no update can change the "
-                f"policy: the trained modules are not on the forward's path (check lora.target_modules)"
-            )
-        scaled.backward()
-        total += scaled.detach().double().cpu()
-        micro_losses.append(scaled.detach())
+        scaled = backward_micro_batch(loss, len(rows) * share, step)
+        total += scaled.double().cpu()
+        micro_losses.append(scaled)
         micro_names.append([pairs[r].where for r in rows.tolist()])
         for key, value in step_stats.items():  # pair-weighted: the batch mean whatever the micro-batch sizes
             stats[key] = stats.get(key, 0.0) + float(value) * len(rows) / b

@@ -238,6 +238,19 @@ def _reference_mean(run: RLRun, batch, x, step_index, prev, levels) -> torch.Ten
     return out[1]
 
 
+def backward_micro_batch(loss: torch.Tensor, weight: float, step: int) -> torch.Tensor:
+    """Backpropagate one micro-batch's ``loss x weight`` (its share of the step's mean) and return it detached;
+    refused in one line when no trained parameter is on the loss's path (no update could change the policy)."""
+    scaled = loss * weight
+    if not scaled.requires_grad:
+        raise PolicyUnchangedError(
+            f"step {step}: the loss depends on no trainable parameter, so no update can change the "
+            f"policy: the trained modules are not on the forward's path (check lora.target_modules)"
+        )
+    scaled.backward()
+    return scaled.detach()
+
+
 def _update(
     run: RLRun,
     params: list[torch.Tensor],
@@ -331,15 +344,9 @@ def _train(
                 loss, step_stats = run.algo.step_objective(
                     s, log_prob, old, advantages[rows].to(device), kl_terms, **extra
                 )
-                scaled = loss * (len(rows) * share)
-                if not scaled.requires_grad:
-                    raise PolicyUnchangedError(
-                        f"step {step}: the loss depends on no trainable parameter, so no update can change the "
-                        f"policy: the trained modules are not on the forward's path (check lora.target_modules)"
-                    )
-                scaled.backward()
-                total += scaled.detach().double().cpu()
-                micro_losses.append(scaled.detach())
+                scaled = backward_micro_batch(loss, len(rows) * share, step)
+                total += scaled.double().cpu()
+                micro_losses.append(scaled)
                 micro_names.append([names[r] for r in rows.tolist()])
                 step_stats["ratio_mean"] = torch.exp(log_prob.detach() - old).mean()
                 for key, value in step_stats.items():
@@ -411,15 +418,9 @@ def _train_forward(
                 loss, step_stats = algo.objective(
                     s, v, old_v[j][rows.to(v.device)], target.to(v.dtype), weights[rows].to(v.device)
                 )
-                scaled = loss * (len(rows) * share)
-                if not scaled.requires_grad:
-                    raise PolicyUnchangedError(
-                        f"step {step}: the loss depends on no trainable parameter, so no update can change the "
-                        f"policy: the trained modules are not on the forward's path (check lora.target_modules)"
-                    )
-                scaled.backward()
-                total += scaled.detach().double().cpu()
-                micro_losses.append(scaled.detach())
+                scaled = backward_micro_batch(loss, len(rows) * share, step)
+                total += scaled.double().cpu()
+                micro_losses.append(scaled)
                 micro_names.append([names[r] for r in rows.tolist()])
                 for key, value in step_stats.items():
                     stats.setdefault(key, []).append(float(value))

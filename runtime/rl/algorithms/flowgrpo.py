@@ -97,6 +97,28 @@ def window(settings: Settings, num_steps: int) -> tuple[int, tuple[int, int]]:
     return settings.window_size, (int(lo), int(hi))
 
 
+def rules_as(section: str) -> KeyRules:
+    """Flow-GRPO's key rules under another algorithm's section name (GRPO-Guard and MixGRPO extend its settings)."""
+
+    def rename(key: str) -> str:
+        return f"{section}.{key.split('.', 1)[1]}"
+
+    return KeyRules(
+        frozenset(map(rename, RULES.positive)),
+        frozenset(map(rename, RULES.non_negative)),
+        frozenset(map(rename, RULES.unit_interval)),
+        {rename(k): v for k, v in RULES.choices.items()},
+    )
+
+
+def check_as(section: str, config: Any) -> None:
+    """Flow-GRPO's checks, each message naming ``section`` (the extending algorithm's config section)."""
+    try:
+        check(config)
+    except ConfigError as exc:
+        raise ConfigError(*(m.replace("flowgrpo.", f"{section}.") for m in exc.messages)) from None
+
+
 def check(config: Any) -> None:
     """What the section's types and ranges do not say (called by ``parse_rl_config``)."""
     s: Settings = config.algo

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from runtime.rl.algorithms import flowgrpo
-from runtime.train.config import ConfigError, KeyRules
+from runtime.train.config import ConfigError
 
 if TYPE_CHECKING:
     import torch
@@ -61,29 +61,14 @@ class Settings(flowgrpo.Settings):
     grad_reweight: bool = True
 
 
-def _renamed(rules: KeyRules) -> KeyRules:
-    def rename(key: str) -> str:
-        return f"{NAME}.{key.split('.', 1)[1]}"
-
-    return KeyRules(
-        frozenset(map(rename, rules.positive)),
-        frozenset(map(rename, rules.non_negative)),
-        frozenset(map(rename, rules.unit_interval)),
-        {rename(k): v for k, v in rules.choices.items()},
-    )
-
-
-RULES = _renamed(flowgrpo.RULES)
+RULES = flowgrpo.rules_as(NAME)
 window = flowgrpo.window
 advantages = flowgrpo.advantages
 
 
 def check(config: Any) -> None:
     """Flow-GRPO's checks under this section's name, and the SDE type the rescaling is defined for."""
-    try:
-        flowgrpo.check(config)
-    except ConfigError as exc:
-        raise ConfigError(*(m.replace("flowgrpo.", f"{NAME}.") for m in exc.messages)) from None
+    flowgrpo.check_as(NAME, config)
     if config.algo.sde_type != "sde":
         raise ConfigError(
             f"{NAME}.sde_type: GRPO-Guard rescales by the 'sde' step's std; found {config.algo.sde_type!r}; "

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runtime.rl.algorithms import flowgrpo
-from runtime.train.config import ConfigError, KeyRules
+from runtime.train.config import KeyRules
 
 __all__ = ["RULES", "Settings", "check", "conventions", "step_objective", "window", "window_start"]
 
@@ -64,19 +64,7 @@ class Settings(flowgrpo.Settings):
     decay_start: int = 13
 
 
-def _renamed(rules: KeyRules) -> KeyRules:
-    def rename(key: str) -> str:
-        return f"{NAME}.{key.split('.', 1)[1]}"
-
-    return KeyRules(
-        frozenset(map(rename, rules.positive)),
-        frozenset(map(rename, rules.non_negative)),
-        frozenset(map(rename, rules.unit_interval)),
-        {rename(k): v for k, v in rules.choices.items()},
-    )
-
-
-RULES = _renamed(flowgrpo.RULES).merged(
+RULES = flowgrpo.rules_as(NAME).merged(
     KeyRules(
         positive=frozenset({f"{NAME}.iters_per_group", f"{NAME}.window_stride"}),
         non_negative=frozenset({f"{NAME}.window_seed", f"{NAME}.decay_k", f"{NAME}.decay_start"}),
@@ -89,10 +77,7 @@ step_objective = flowgrpo.step_objective
 
 def check(config: Any) -> None:
     """Flow-GRPO's checks under this section's name."""
-    try:
-        flowgrpo.check(config)
-    except ConfigError as exc:
-        raise ConfigError(*(m.replace("flowgrpo.", f"{NAME}.") for m in exc.messages)) from None
+    flowgrpo.check_as(NAME, config)
 
 
 def window_start(settings: Settings, num_steps: int, step: int) -> int:
