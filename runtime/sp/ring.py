@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
+from runtime.sp.heads import repeat_kv_heads
 from runtime.sp.layout import zigzag_indices
 from runtime.sp.lse_attention import attention_with_lse, attention_with_lse_backward, merge_partials
 
@@ -86,10 +87,6 @@ def _wait(requests: list[Any]) -> None:
         request.wait()
 
 
-def _repeat(x: Tensor, repeat: int) -> Tensor:
-    return x if repeat == 1 else x.repeat_interleave(repeat, dim=1)
-
-
 def _fold(grad: Tensor, repeat: int) -> Tensor:
     """The gradient of repeated KV heads summed back onto the original heads."""
     if repeat == 1:
@@ -123,7 +120,11 @@ class _RingAttention(torch.autograd.Function):
         out = lse = None
         if extra_k is not None:
             out, lse = attention_with_lse(
-                q, _repeat(extra_k, repeat), _repeat(extra_v, repeat), scale=scale, allowed=extra_allowed
+                q,
+                repeat_kv_heads(extra_k, repeat),
+                repeat_kv_heads(extra_v, repeat),
+                scale=scale,
+                allowed=extra_allowed,
             )
         held = [k, v]
         for step in range(size):
@@ -134,7 +135,7 @@ class _RingAttention(torch.autograd.Function):
             allowed = _allowed(index[rank], index[owner], q_doc, k_doc, causal, window, k_valid)
             if allowed is None or bool(allowed.any()):
                 o, s = attention_with_lse(
-                    q, _repeat(held[0], repeat), _repeat(held[1], repeat), scale=scale, allowed=allowed
+                    q, repeat_kv_heads(held[0], repeat), repeat_kv_heads(held[1], repeat), scale=scale, allowed=allowed
                 )
                 out, lse = (o.to(s.dtype), s) if out is None else merge_partials(out, lse, o, s)
             if pending is not None:
@@ -159,8 +160,8 @@ class _RingAttention(torch.autograd.Function):
             gq, gk, gv = attention_with_lse_backward(
                 grad_out,
                 q,
-                _repeat(extra_k, repeat),
-                _repeat(extra_v, repeat),
+                repeat_kv_heads(extra_k, repeat),
+                repeat_kv_heads(extra_v, repeat),
                 out,
                 lse,
                 scale=scale,
@@ -184,8 +185,8 @@ class _RingAttention(torch.autograd.Function):
                 gq, gk, gv = attention_with_lse_backward(
                     grad_out,
                     q,
-                    _repeat(held[0], repeat),
-                    _repeat(held[1], repeat),
+                    repeat_kv_heads(held[0], repeat),
+                    repeat_kv_heads(held[1], repeat),
                     out,
                     lse,
                     scale=scale,
@@ -219,10 +220,10 @@ def _local_attention(
     """``ring_attention`` without a ring: SDPA over the local tokens (and ``extra_kv`` first), same masking."""
     allowed = _allowed(index, index, docs, docs, causal, window, k_valid)
     repeat = q.shape[1] // k.shape[1]
-    keys, values = _repeat(k, repeat), _repeat(v, repeat)
+    keys, values = repeat_kv_heads(k, repeat), repeat_kv_heads(v, repeat)
     if extra_kv is not None:
-        keys = torch.cat([_repeat(extra_kv[0], repeat), keys], 2)
-        values = torch.cat([_repeat(extra_kv[1], repeat), values], 2)
+        keys = torch.cat([repeat_kv_heads(extra_kv[0], repeat), keys], 2)
+        values = torch.cat([repeat_kv_heads(extra_kv[1], repeat), values], 2)
         if allowed is not None or extra_valid is not None:
             local = allowed if allowed is not None else torch.ones(1, 1, 1, k.shape[2], dtype=torch.bool)
             seen = torch.ones(1, 1, 1, extra_kv[0].shape[2], dtype=torch.bool)

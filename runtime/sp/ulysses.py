@@ -15,20 +15,12 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from runtime.parallel.collectives import gather_heads_scatter_seq
 from runtime.parallel.state import get_parallel_state
-from runtime.sp.heads import kv_repeat_factor
+from runtime.sp.heads import kv_repeat_factor, repeat_kv_heads
 from runtime.sp.overlap import seq_to_heads
 from runtime.sp.usp import PREFIX as USP_PREFIX
 from runtime.sp.usp import usp_attn_implementation
 
 PREFIX = "ulysses_"
-
-
-def repeat_kv_heads(x: torch.Tensor, repeat: int) -> torch.Tensor:
-    """(b, kv, s, d) -> (b, kv * repeat, s, d), each head repeated in place (GQA grouping is preserved)."""
-    if repeat == 1:
-        return x
-    b, kv, s, d = x.shape
-    return x[:, :, None].expand(b, kv, repeat, s, d).reshape(b, kv * repeat, s, d)
 
 
 class _HeadShard:

@@ -27,7 +27,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from runtime.parallel.collectives import gather_heads_scatter_seq
 from runtime.parallel.state import get_parallel_state
-from runtime.sp.heads import kv_repeat_factor
+from runtime.sp.heads import kv_repeat_factor, repeat_kv_heads
 from runtime.sp.layout import zigzag_indices
 from runtime.sp.overlap import seq_to_heads
 from runtime.sp.positions import RingMask
@@ -70,8 +70,7 @@ def usp_attention(inner: str):
             raise ValueError(f"ring attention needs the global (b, {full}) text position ids, got {got}")
         group, ulysses = state.ulysses_group, state.ulysses_size
         repeat = kv_repeat_factor(query.shape[1], key.shape[1], ulysses)
-        if repeat > 1:
-            key, value = key.repeat_interleave(repeat, 1), value.repeat_interleave(repeat, 1)
+        key, value = repeat_kv_heads(key, repeat), repeat_kv_heads(value, repeat)
         # (b, h, s/sp, d) -> (b, h/u, s/ring, d): the ring rank's chunk for this rank's heads
         query, key, value = seq_to_heads((query, key, value), seq_dim=2, head_dim=1, group=group)
         ring = state.ring_size
