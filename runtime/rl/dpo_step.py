@@ -15,7 +15,6 @@ loop's trainers; FSDP2 sums over ranks, SP ranks' partial gradients add up to th
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Any
 
@@ -25,10 +24,9 @@ from runtime.flowgrpo.scheduler import FlowMatchSchedule
 from runtime.flowgrpo.trainer import select_rows
 from runtime.kernels.timing import Clock
 from runtime.rl.algorithms.diffusionnft import forward_draws, noised
-from runtime.rl.loop import RLRun, _replica_mean, _update, backward_micro_batch
+from runtime.rl.loop import RLRun, StepLosses, _replica_mean, _update
 from runtime.rl.pairs import encode_media
 from runtime.rl.policy import lora_disabled
-from runtime.train.finite import micro_batches
 
 __all__ = ["offline_iteration", "velocity_at"]
 
@@ -76,8 +74,7 @@ def offline_iteration(run: RLRun, step: int) -> dict[str, Any]:
     share = 1.0 / (b * state.dp_size)
     lr = run.optimizer.param_groups[0]["lr"]
     stats: dict[str, float] = {}
-    micro_losses, micro_names = [], []
-    total = torch.zeros((), dtype=torch.float64)
+    losses = StepLosses()
     run.optimizer.zero_grad(set_to_none=True)
     module.train()
     for start in range(0, b, mb):
@@ -88,18 +85,14 @@ def offline_iteration(run: RLRun, step: int) -> dict[str, Any]:
         v_w, v_l = velocity_at(adapter, module, sub, xt_w, t), velocity_at(adapter, module, sub, xt_l, t)
         ref_w, ref_l = _reference_velocity(run, sub, xt_w, t), _reference_velocity(run, sub, xt_l, t)
         loss, step_stats = algo.objective(s, v_w, v_l, ref_w, ref_l, target_w.to(v_w.dtype), target_l.to(v_l.dtype))
-        scaled = backward_micro_batch(loss, len(rows) * share, step)
-        total += scaled.double().cpu()
-        micro_losses.append(scaled)
-        micro_names.append([pairs[r].where for r in rows.tolist()])
+        losses.backward(loss, len(rows) * share, step, [pairs[r].where for r in rows.tolist()])
         for key, value in step_stats.items():  # pair-weighted: the batch mean whatever the micro-batch sizes
             stats[key] = stats.get(key, 0.0) + float(value) * len(rows) / b
     norm, _ = _update(
         run,
         policy.trainable,
         f"step {step}",
-        total,
-        functools.partial(micro_batches, micro_losses, micro_names),
+        losses,
         check_moved=True,
         signal=lambda: True,  # a preference pair always pulls (the loss's gradient is never 0 at d = 0)
         unmoved=f"step {step}: the update changed no trainable parameter",

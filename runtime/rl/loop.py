@@ -29,7 +29,6 @@ Guards (each one line, exit 2 through ``python -m runtime.rl``):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import math
 import time
@@ -238,25 +237,38 @@ def _reference_mean(run: RLRun, batch, x, step_index, prev, levels) -> torch.Ten
     return out[1]
 
 
-def backward_micro_batch(loss: torch.Tensor, weight: float, step: int) -> torch.Tensor:
-    """Backpropagate one micro-batch's ``loss x weight`` (its share of the step's mean) and return it detached;
-    refused in one line when no trained parameter is on the loss's path (no update could change the policy)."""
-    scaled = loss * weight
-    if not scaled.requires_grad:
-        raise PolicyUnchangedError(
-            f"step {step}: the loss depends on no trainable parameter, so no update can change the "
-            f"policy: the trained modules are not on the forward's path (check lora.target_modules)"
-        )
-    scaled.backward()
-    return scaled.detach()
+@dataclass
+class StepLosses:
+    """The micro-batch losses of one update, as the update needs them: their float64 sum (the non-finite guard's
+    input) and each one with the samples it came from (the guard's message names them)."""
+
+    total: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
+    losses: list[torch.Tensor] = field(default_factory=list)
+    names: list[list[str]] = field(default_factory=list)
+
+    def backward(self, loss: torch.Tensor, weight: float, step: int, names: list[str]) -> None:
+        """Backpropagate one micro-batch's ``loss x weight`` (its share of the step's mean) and record it; refused in
+        one line when no trained parameter is on the loss's path (no update could change the policy)."""
+        scaled = loss * weight
+        if not scaled.requires_grad:
+            raise PolicyUnchangedError(
+                f"step {step}: the loss depends on no trainable parameter, so no update can change the "
+                f"policy: the trained modules are not on the forward's path (check lora.target_modules)"
+            )
+        scaled.backward()
+        self.total += scaled.detach().double().cpu()
+        self.losses.append(scaled.detach())
+        self.names.append(names)
+
+    def sources(self) -> Any:
+        return micro_batches(self.losses, self.names)
 
 
 def _update(
     run: RLRun,
     params: list[torch.Tensor],
     where: str,
-    total: torch.Tensor,
-    sources: Callable[[], Any],
+    losses: StepLosses,
     *,
     check_moved: bool,
     signal: Callable[[], bool],
@@ -268,7 +280,9 @@ def _update(
     (the gradient norm, whether the update was applied)."""
     c = run.config
     norm = clip_grad_norm_(params, c.optim.max_grad_norm or math.inf)
-    if not guard_update(where, total.float(), norm, run.optimizer, mode=c.train.nonfinite, sources=sources):
+    if not guard_update(
+        where, losses.total.float(), norm, run.optimizer, mode=c.train.nonfinite, sources=losses.sources
+    ):
         run.skipped_nonfinite += 1
         return float(norm), False
     before = _fingerprint(params) if check_moved else None
@@ -314,8 +328,7 @@ def _train(
         if epoch > 0:  # later epochs shuffle the samples (seeded: a resumed run shuffles alike)
             order = torch.randperm(b, generator=torch.Generator().manual_seed(c.model.seed * 7919 + step * 31 + epoch))
         run.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), dtype=torch.float64)
-        micro_losses, micro_names = [], []
+        losses = StepLosses()
         for j in range(k):
             for start in range(0, b, mb):
                 rows = order[start : start + mb]
@@ -344,10 +357,7 @@ def _train(
                 loss, step_stats = run.algo.step_objective(
                     s, log_prob, old, advantages[rows].to(device), kl_terms, **extra
                 )
-                scaled = backward_micro_batch(loss, len(rows) * share, step)
-                total += scaled.double().cpu()
-                micro_losses.append(scaled)
-                micro_names.append([names[r] for r in rows.tolist()])
+                losses.backward(loss, len(rows) * share, step, [names[r] for r in rows.tolist()])
                 step_stats["ratio_mean"] = torch.exp(log_prob.detach() - old).mean()
                 for key, value in step_stats.items():
                     stats.setdefault(key, []).append(float(value))
@@ -355,8 +365,7 @@ def _train(
             run,
             params,
             f"step {step} (inner epoch {epoch})",
-            total,
-            functools.partial(micro_batches, micro_losses, micro_names),
+            losses,
             check_moved=not changed_checked,
             signal=lambda: bool(_gather(advantages[None].abs().max().reshape(1, 1), state).max() > 0),
             unmoved=f"step {step}: the update changed no trainable parameter although the advantages were not all 0",
@@ -400,8 +409,7 @@ def _train_forward(
         if epoch > 0:
             order = torch.randperm(b, generator=torch.Generator().manual_seed(c.model.seed * 7919 + step * 31 + epoch))
         run.optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros((), dtype=torch.float64)
-        micro_losses, micro_names = [], []
+        losses = StepLosses()
         for j, (t_all, eps_all) in enumerate(draws):
             for start in range(0, b, mb):
                 rows = order[start : start + mb]
@@ -418,18 +426,14 @@ def _train_forward(
                 loss, step_stats = algo.objective(
                     s, v, old_v[j][rows.to(v.device)], target.to(v.dtype), weights[rows].to(v.device)
                 )
-                scaled = backward_micro_batch(loss, len(rows) * share, step)
-                total += scaled.double().cpu()
-                micro_losses.append(scaled)
-                micro_names.append([names[r] for r in rows.tolist()])
+                losses.backward(loss, len(rows) * share, step, [names[r] for r in rows.tolist()])
                 for key, value in step_stats.items():
                     stats.setdefault(key, []).append(float(value))
         norm, applied = _update(
             run,
             params,
             f"step {step} (inner epoch {epoch})",
-            total,
-            functools.partial(micro_batches, micro_losses, micro_names),
+            losses,
             check_moved=not changed_checked,
             signal=lambda: bool(_gather((weights - 0.5).abs().max().reshape(1, 1).double(), state).max() > 0),
             unmoved=f"step {step}: the update changed no trainable parameter",
