@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: test demo regen check bench lint venv clean
+.PHONY: test test-portability demo regen check bench lint venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,15 @@ test: $(STAMP)
 	# --full regenerates every body from its inputs: a header whose hashes were recomputed after an edit fails here.
 	$(BIN)/patchgen check --full
 	$(BIN)/pytest
+
+# The numerics-sensitive suites under every CPU capability this machine can run (default, avx2, avx512): each selects
+# other vectorised kernels, i.e. the summation orders of other CPUs. Not part of `make test` (about 2 x its time).
+NUMERICS := tests/parity tests/rl tests/flowgrpo tests/dit tests/parallel tests/fidelity
+test-portability: $(STAMP)
+	set -e; for cap in $$(env -u ATEN_CPU_CAPABILITY $(BIN)/python -m tests.cpu_capabilities); do \
+		echo "== ATEN_CPU_CAPABILITY=$$cap =="; \
+		ATEN_CPU_CAPABILITY=$$cap $(BIN)/pytest -p no:cacheprovider $(NUMERICS); \
+	done
 
 demo: $(STAMP)
 	$(BIN)/python -m runtime.demo
