@@ -21,10 +21,12 @@ Files get their mode from the umask, like any file the user writes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import filecmp
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import stat
 from collections.abc import Callable, Iterator
@@ -53,15 +55,30 @@ def package_inits(generated_dir: Path, target: Path) -> dict[Path, str]:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """One file outside a project's outputs (e.g. a report): a temp file beside it, renamed over it."""
-    temp = path.with_name(f".{path.name}.patchgen-tmp")
+    temp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_durable(temp, text.encode("utf-8"))
+        temp = stage_beside(path, text.encode("utf-8"))
         os.replace(temp, path)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
+        if temp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
         raise PatchgenError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+
+def stage_beside(path: Path, data: bytes) -> Path:
+    """A new file beside `path` holding `data`, to be renamed over it. Its name is fresh (random) and it is created
+    exclusively (`_write_durable`): whatever someone planted beside the file (a symlink at a predictable staging
+    name) is neither followed nor reused."""
+    for _ in range(100):
+        temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.patchgen-tmp")
+        try:
+            _write_durable(temp, data)
+            return temp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free staging name", str(path.parent))
 
 
 def write_atomic(files: dict[Path, str], confinement: Confinement) -> None:
@@ -230,7 +247,8 @@ def _roll_forward(root: Path, journal: dict) -> None:
 def _roll_back(root: Path, journal: dict) -> None:
     """Restore every target from its backup and remove what the commit created; safe to repeat after a kill."""
     txn = root / TXN_DIR
-    _write_durable(txn / ROLLBACK, b"")
+    if not os.path.lexists(txn / ROLLBACK):  # already there when a killed rollback is resumed
+        _write_durable(txn / ROLLBACK, b"")
     _fsync_dir(txn)
     for entry in reversed(journal["entries"]):
         target = root / entry["target"]
@@ -264,8 +282,9 @@ def _finish(txn: Path) -> None:
 
 
 def _write_durable(path: Path, data: bytes) -> None:
-    """Create `path` with `data`, fsynced; mode 0666 minus the umask (never mkstemp's 0600)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    """Create `path` with `data`, fsynced; mode 0666 minus the umask (never mkstemp's 0600). The file must not
+    exist (O_EXCL) and a symlink there is not followed (O_NOFOLLOW): a write never lands in a planted file."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
     try:
         view = memoryview(data)
         while view:

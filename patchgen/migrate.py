@@ -40,6 +40,7 @@ from patchgen.cst.locate import (
 )
 from patchgen.cst.plan import resolve_each
 from patchgen.errors import PatchgenError
+from patchgen.files import stage_beside
 from patchgen.generate import UnitSource, read_unit, with_patches
 from patchgen.migrate_rules import propose
 from patchgen.spec import Spec, load_spec
@@ -305,14 +306,13 @@ def apply_specs(migration: Migration) -> list[Path]:
     """Write the migrated spec files, all or none: each new text is staged beside its file first, then the staged
     files are renamed over theirs (a failure while staging changes nothing). Every text was loaded and resolved."""
     staged: list[tuple[Path, Path]] = []
-    try:
-        for path, text in sorted(migration.texts.items()):
-            staged.append((path.with_name(f".{path.name}.patchgen-tmp"), path))
-            staged[-1][0].write_text(text, encoding="utf-8", newline="")
-    except OSError as exc:
-        for temp, _ in staged:
-            temp.unlink(missing_ok=True)
-        raise PatchgenError(f"cannot write {staged[-1][1]}: {exc.strerror}; no spec file was changed") from exc
+    for path, text in sorted(migration.texts.items()):
+        try:  # a fresh name, created exclusively: nothing planted beside the spec is followed
+            staged.append((stage_beside(path, text.encode("utf-8")), path))
+        except OSError as exc:
+            for temp, _ in staged:
+                temp.unlink(missing_ok=True)
+            raise PatchgenError(f"cannot write {path}: {exc.strerror}; no spec file was changed") from exc
     for temp, path in staged:
         os.replace(temp, path)
     return [path for _, path in staged]
