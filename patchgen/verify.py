@@ -2,39 +2,32 @@
 
 A scratch tree (a copy of specs/, templates/, patchgen/, runtime/, tests/, generated/ and pyproject.toml) holds the
 specs being verified and their ancestors only, so the spec-driven suites parametrize over exactly those models. It is
-regenerated from the release's wheel and tested by a scratch virtual environment: its own site-packages hold the
-target wheel and whichever of its requirements the project venv does not meet (pip, --no-deps), and a .pth line
-layers the project venv's site-packages under them (a plain path: the project's editable install is not loaded, so
-`patchgen`, `runtime` and `generated` are imported from the scratch tree). One pytest run writes a JUnit file; each
-test is given to the model(s) its name mentions, and a test that names no model to every verified model.
+regenerated from the release's wheel and tested by a scratch virtual environment (`patchgen.scratch_env`): its own
+site-packages hold the target wheel and those of its unmet requirements whose wheel sha256 the project records, and a
+.pth line layers the project venv's site-packages under them (a plain path: the project's editable install is not
+loaded, so `patchgen`, `runtime` and `generated` are imported from the scratch tree). One pytest run writes a JUnit
+file; each test is given to the model(s) its name mentions, and a test that names no model to every verified model.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.metadata
 import os
 import re
 import shutil
-import site
 import subprocess
-import sys
-import sysconfig
 import tempfile
-import venv
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from patchgen.config import ProjectConfig, load_config, with_pins
 from patchgen.errors import PatchgenError
 from patchgen.project import load_specs, outputs, owned_paths
+from patchgen.scratch_env import make_env
 from patchgen.spec import Spec
 from patchgen.upgrade import Upgrade, analyze
 from patchgen.upstream import UpstreamSource, Wheel, normalize_name
-from patchgen.wheels import pip_reason
 
 COPIED = ("pyproject.toml", "specs", "templates", "patchgen", "runtime", "tests", "generated")
 SUITES = {  # the spec-driven parity suites of each upstream package's models
@@ -171,74 +164,6 @@ def read_junit(path: Path) -> list[Outcome]:
 # ---- the scratch environment ----------------------------------------------------------------------------------
 
 
-def project_site_packages() -> list[str]:
-    """The running interpreter's (the project venv's) site-packages directories."""
-    return list(dict.fromkeys(p for p in (*site.getsitepackages(), sysconfig.get_path("purelib")) if Path(p).is_dir()))
-
-
-def unmet_requirements(site_dirs: list[Path | str], owners: list[str] | None = None) -> list[str]:
-    """Requirements (no extras) of the distributions `owners` (default: every one in `site_dirs[0]`) that the
-    distributions found along `site_dirs` (first one wins, as on sys.path) do not meet."""
-    paths = [str(p) for p in site_dirs]
-    found: dict[str, importlib.metadata.Distribution] = {}
-    for dist in importlib.metadata.distributions(path=paths):
-        found.setdefault(normalize_name(dist.metadata["Name"] or ""), dist)
-    if owners is None:
-        owners = [normalize_name(d.metadata["Name"] or "") for d in importlib.metadata.distributions(path=paths[:1])]
-    unmet = []
-    for owner in owners:
-        for text in found[owner].requires or [] if owner in found else []:
-            try:
-                req = Requirement(text)
-            except InvalidRequirement:
-                continue
-            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-                continue
-            have = found.get(normalize_name(req.name))
-            if have is None or not req.specifier.contains(have.version, prereleases=True):
-                got = f"{have.version} installed" if have else "not installed"
-                unmet.append(f"{req} (of {owner}; {got})")
-    return unmet
-
-
-def _requirement_of(line: str) -> str:
-    return line.split(" (of ", 1)[0]
-
-
-def make_env(env: Path, wheels: list[Wheel], cache: Path) -> tuple[Path, list[str], list[str]]:
-    """A venv at `env` with the wheels (and their unmet requirements) over the project venv; returns its python,
-    what it installed, and the requirements still unmet."""
-    venv.EnvBuilder(with_pip=False, symlinks=True).create(env)
-    python = env / "bin" / "python"
-    own = Path(
-        subprocess.run(
-            [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    )
-    layered = [own, *project_site_packages()]
-    _pip_target(own, [str(w.path) for w in wheels], cache)
-    missing = [_requirement_of(line) for line in unmet_requirements(layered)]
-    if missing:
-        try:
-            _pip_target(own, missing, cache)
-        except PatchgenError:
-            pass  # e.g. offline with no such wheel in the cache: they are reported as unmet, the tests say the rest
-    (own / "_patchgen_layer.pth").write_text("".join(f"{p}\n" for p in layered[1:]), encoding="utf-8")
-    installed = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions(path=[str(own)]))
-    return python, installed, unmet_requirements(layered)
-
-
-def _pip_target(target: Path, what: list[str], cache: Path) -> None:
-    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--only-binary=:all:", "--no-input", "--quiet"]
-    command += ["--disable-pip-version-check", "--upgrade", "--target", str(target), "--find-links", str(cache), *what]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900)
-    if result.returncode != 0:
-        raise PatchgenError(f"cannot install {', '.join(what)} into the scratch venv: {pip_reason(result)}")
-
-
 # ---- the scratch tree ------------------------------------------------------------------------------------------
 
 
@@ -340,7 +265,7 @@ def verify(
         dest.mkdir()
         scratch_tree(root, dest, models, packages, spec_edits)
         result, (done, failed) = regenerate(dest, wheels, baseline, models)
-        python, installed, unmet = make_env(Path(tmp) / "venv", wheels, cache)
+        python, installed, unmet = make_env(Path(tmp) / "venv", wheels, cache, config.wheel_sha256)
         suites = sorted({s for p in packages for s in SUITES.get(p, ()) if (dest / s).is_dir()})
         outcomes, problem = run_suites(python, dest, suites, timeout) if done else ([], "")
     names = {}

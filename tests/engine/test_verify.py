@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from patchgen.scratch_env import unmet_requirements
 from patchgen.verify import (
     COPIED,
     FAILING,
@@ -23,7 +24,6 @@ from patchgen.verify import (
     classify,
     mentioned,
     read_junit,
-    unmet_requirements,
 )
 from patchgen.wheels import CACHE_DIR
 
