@@ -18,7 +18,17 @@ PACKAGE_DIR = Path(__file__).parent
 # module of the package can (spec parsing, upstream reading, file writing included), so all of them are hashed into
 # every header: the list is derived, never maintained by hand (a test checks it covers every module generation
 # imports).
-FRONT_ENDS = ("cli.py", "migrate.py", "migrate_rules.py", "report.py", "spec_edits.py", "upgrade.py", "verify.py")
+FRONT_ENDS = (
+    "cli.py",
+    "migrate.py",
+    "migrate_rules.py",
+    "report.py",
+    "scratch_env.py",
+    "spec_edits.py",
+    "upgrade.py",
+    "verify.py",
+    "verify_edits.py",
+)
 
 
 def _engine_files() -> tuple[str, ...]:

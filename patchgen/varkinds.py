@@ -2,7 +2,10 @@
 
 Spec values are data: each one is validated against its kind before rendering, and what reaches the template is
 code that cannot add a statement (names, dotted names, one normalized expression, numbers, a quoted string literal,
-or one of the words the template itself declared).
+or one of the words the template itself declared). An `expr` is also code that cannot *do* anything: its grammar
+(`expr_problem`) has no calls (but two named, read-only methods), no lambdas, comprehensions, walrus, f-strings or
+dunder names, because a rendered value runs when the generated module is imported or called (a parameter default
+runs at import; `upgrade --verify` imports regenerated modules without a human having read them).
 """
 
 from __future__ import annotations
@@ -26,10 +29,40 @@ DESCRIPTIONS = {
     "bool": "true or false",
     "identifier": "a Python name (letters, digits, _; not a keyword)",
     "dotted": "a dotted Python name such as config.vision_config",
-    "expr": "exactly one Python expression",
+    "expr": "exactly one Python expression of names, attributes, constants, subscripts, slices, tuples, lists, "
+    "operators and `a if c else b` (no calls but kwargs.get(<constant>) and <config>.get_text_config(); no "
+    "lambdas, comprehensions, f-strings or dunder names)",
     "str": "a string (rendered as a quoted literal)",
     "word": "one of the template's declared choices",
 }
+
+
+# The only calls an expr may make, each because a template default or a spec needs it, both read-only: method name
+# -> (the one receiver name it may be called on, None for any receiver the grammar allows; most constant arguments).
+ALLOWED_METHODS = {
+    "get": ("kwargs", 2),  # a function's **kwargs: moe/global_aux_loss reads kwargs.get("token_mask")
+    "get_text_config": (None, 0),  # transformers' PretrainedConfig: specs/qwen3_omni_moe.toml's vocab size
+}
+_EXPR_NODES = (
+    ast.Expression,
+    ast.Name,
+    ast.Attribute,
+    ast.Constant,
+    ast.Subscript,
+    ast.Slice,
+    ast.Tuple,
+    ast.List,
+    ast.UnaryOp,
+    ast.BinOp,
+    ast.BoolOp,
+    ast.Compare,
+    ast.IfExp,
+    ast.expr_context,
+    ast.operator,
+    ast.unaryop,
+    ast.boolop,
+    ast.cmpop,
+)
 
 
 class VarError(ValueError):
@@ -63,6 +96,41 @@ def is_dotted(text: str) -> bool:
     return all(is_identifier(part) for part in text.split("."))
 
 
+def _dunder(name: str) -> bool:
+    return name.startswith("__")
+
+
+def expr_problem(tree: ast.AST) -> str | None:
+    """Why a parsed expr value is outside the grammar (None when it is inside): what it may hold is listed in
+    DESCRIPTIONS["expr"]; a call only as ALLOWED_METHODS says, with constant positional arguments."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = f".{func.attr}" if isinstance(func, ast.Attribute) else getattr(func, "id", type(func).__name__)
+            receiver, most = ALLOWED_METHODS.get(name[1:], ("", -1)) if name.startswith(".") else ("", -1)
+            if most < 0 or receiver is not None and getattr(func.value, "id", None) != receiver:
+                return f"it calls {name}(...)"
+            if node.keywords or len(node.args) > most or not all(isinstance(a, ast.Constant) for a in node.args):
+                return f"{name}(...) takes at most {most} constant positional argument(s)"
+        elif isinstance(node, ast.Name) and _dunder(node.id) or isinstance(node, ast.Attribute) and _dunder(node.attr):
+            return f"it names {node.id if isinstance(node, ast.Name) else node.attr}"
+        elif not isinstance(node, _EXPR_NODES):
+            return f"it holds a {type(node).__name__}"
+    return None
+
+
+def _prepare_expr(value: str) -> str:
+    try:
+        tree = ast.parse(value.strip(), mode="eval")
+        normalized = ast.unparse(tree)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        raise VarError(f"{DESCRIPTIONS['expr']}, found {_found(value)}") from None
+    problem = expr_problem(tree)
+    if problem is not None:
+        raise VarError(f"{DESCRIPTIONS['expr']}, found {_found(value)}: {problem}")
+    return normalized
+
+
 def type_name(value: Any) -> str:
     names = {str: "string", int: "integer", float: "float", bool: "boolean", list: "array", dict: "table"}
     return names.get(type(value), type(value).__name__)
@@ -94,10 +162,7 @@ def prepare_scalar(scalar: str, value: Any, choices: tuple[str, ...] = ()) -> An
         if scalar == "word" and value in choices:
             return value
         if scalar == "expr":
-            try:
-                return ast.unparse(ast.parse(value.strip(), mode="eval"))
-            except (SyntaxError, ValueError, RecursionError, MemoryError):
-                pass
+            return _prepare_expr(value)
     expected = DESCRIPTIONS[scalar]
     if scalar == "word":
         expected = f"one of {list(choices)}"

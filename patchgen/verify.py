@@ -28,6 +28,7 @@ from patchgen.scratch_env import make_env
 from patchgen.spec import Spec
 from patchgen.upgrade import Upgrade, analyze
 from patchgen.upstream import UpstreamSource, Wheel, normalize_name
+from patchgen.verify_edits import check_spec_edits
 
 COPIED = ("pyproject.toml", "specs", "templates", "patchgen", "runtime", "tests", "generated")
 SUITES = {  # the spec-driven parity suites of each upstream package's models
@@ -254,6 +255,7 @@ def verify(
     run their parity suites there; nothing under `root` changes."""
     packages = {w.package for w in wheels}
     config = load_config(root)
+    check_spec_edits(config, spec_edits or {})  # what runs before review may come from migration's edits only
     specs = load_specs(config, None)
     every = [s.name for s in specs if normalize_name(s.package) in packages]
     unknown = sorted(set(models or []) - set(every))

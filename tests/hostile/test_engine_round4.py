@@ -9,14 +9,226 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
+import subprocess
+import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
 
+from patchgen.config import load_config
+from patchgen.errors import PatchgenError
 from patchgen.files import write_text_atomic
-from tests.engine.helpers import run_cli
-from tests.engine.test_migrate import HEAD, MOVED, NEW_V, setup
+from patchgen.templates import load_template
+from patchgen.upstream import read_wheel
+from patchgen.wheels import wheel_cache
+from tests.engine.helpers import (
+    PLAIN,
+    REPO,
+    TOY,
+    VERSION,
+    FixtureSource,
+    build_wheel,
+    make_project,
+    run_cli,
+    spec_toml,
+)
+from tests.engine.test_migrate import HEAD, MOVED, NEW_V, OLD, OLD_V, run, setup
+
+FROM = ("--from", f"fixturepkg=={VERSION}")
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def refused(root: Path, capsys, *args: str) -> str:
+    """Run the CLI: exit 2, one line on stderr, nothing on stdout, no file changed."""
+    before = tree(root)
+    code, out, err = run_cli(root, capsys, *args)
+    assert code == 2 and out == "" and err.startswith("error: ") and err.count("\n") == 1, (code, out, err)
+    assert "Traceback" not in err and tree(root) == before
+    return err
+
+
+# ---- 1. the scratch venv of --verify installs only wheels whose sha256 the project records ------------------------
+
+
+def _wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = (), files: dict | None = None) -> Path:
+    """A small pure-Python wheel that pip installs (its RECORD lists every file with its hash)."""
+    stem = name.replace("-", "_")
+    dist = f"{stem}-{version}.dist-info"
+    members = dict(files or {f"{stem}/__init__.py": f"VERSION = {version!r}\n"})
+    members[f"{dist}/METADATA"] = "".join(
+        [f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", *(f"Requires-Dist: {r}\n" for r in requires)]
+    )
+    members[f"{dist}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = []
+    for member, text in members.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{member},sha256={digest},{len(text.encode())}\n")
+    members[f"{dist}/RECORD"] = "".join(record) + f"{dist}/RECORD,,\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{stem}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, text in members.items():
+            archive.writestr(member, text)
+    return path
+
+
+def _sha(path: Path) -> frozenset[str]:
+    return frozenset({hashlib.sha256(path.read_bytes()).hexdigest()})
+
+
+def test_verify_never_installs_an_unrecorded_wheel_planted_in_the_wheel_cache(tmp_path, monkeypatch) -> None:
+    """The release needs three packages the project venv lacks: one recorded with its hash (installed), one whose
+    cached wheel is not the recorded file, one recorded nowhere (planted: a .pth runs at every interpreter start)."""
+    from patchgen.verify import make_env
+
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # nothing from a registry in this test
+    cache, marker = tmp_path / "cache", tmp_path / "planted-code-ran"
+    needs = ("round4-good>=1", "round4-tampered==1.0", "round4-planted")
+    target = read_wheel(_wheel(tmp_path / "given", "round4-release", "2.0", needs))
+    good = _wheel(cache, "round4_good", "1.5")
+    genuine = _wheel(tmp_path / "elsewhere", "round4_tampered", "1.0")
+    tampered = _wheel(cache, "round4_tampered", "1.0", files={"round4_tampered/__init__.py": "EVIL = 1\n"})
+    pth = f"import pathlib; pathlib.Path({str(marker)!r}).write_text('ran')\n"
+    _wheel(cache, "round4_planted", "1.0", files={"round4_planted.pth": pth, "round4_planted/__init__.py": ""})
+    trusted = {
+        "round4_release==2.0": _sha(target.path),
+        "round4_good==1.5": _sha(good),
+        "round4_tampered==1.0": _sha(genuine),
+    }
+    assert _sha(tampered) != _sha(genuine)
+    python, installed, unmet = make_env(tmp_path / "venv", [target], cache, trusted)
+    subprocess.run([python, "-c", "pass"], check=True, timeout=120)  # an interpreter start: .pth files run
+    assert not marker.exists()
+    assert sorted(i.replace("-", "_") for i in installed) == ["round4_good==1.5", "round4_release==2.0"], installed
+    text = "\n".join(unmet)
+    assert "round4-planted (of round4_release; not installed" in text and "round4-tampered==1.0" in text, text
+    assert "[tool.patchgen.wheel_sha256]" in text
+
+
+# ---- 2. an expr value is data: a small grammar without calls ------------------------------------------------------
+
+PARAMETER = dict(template="core/add_parameter", scope="Counter.add", why="a new parameter")
+
+
+def test_an_expr_var_holding_a_call_is_refused_at_regen_in_one_line(tmp_path, capsys) -> None:
+    """`core/add_parameter` renders its default into a signature: evaluated when the generated module is imported."""
+    planted = tmp_path / "pwned"
+    call = f"__import__('pathlib').Path({str(planted)!r}).write_text('x')"
+    patch = {**PARAMETER, "vars": dict(name="scale", default=call)}
+    proj = make_project(tmp_path / "proj", spec_toml(PLAIN, "generated/plain/m.py", ["Counter"], [patch]))
+    build_wheel(wheel_cache(proj.root), VERSION)
+    err = refused(proj.root, capsys, "regen", "--all", *FROM)
+    assert "specs/toy.toml: patch 1 (core/add_parameter): vars.default must be exactly one Python expression" in err
+    assert "no calls" in err and "__import__" in err, err
+    assert not planted.exists() and not (proj.root / "generated").exists()
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "__import__('os').system('true')",
+        "open('/etc/passwd').read()",
+        "getattr(self, 'x')",
+        "self.config.get_text_config(__import__('os'))",  # a whitelisted method, an argument that is code
+        "kwargs.get(key=1)",
+        "kwargs.get(*args)",
+        "requests.get('http://x')",  # .get on anything but kwargs
+        "self.config.get_text_config(1)",
+        "self.helper()",  # a method that is not whitelisted
+        "(lambda: 1)",
+        "[x for x in y]",
+        "(y := 1)",
+        "f'{x}'",
+        "x.__class__",
+        "__builtins__",
+        "{1: 2}",
+        "*x",
+        "(yield)",
+    ],
+)
+def test_an_expr_var_outside_the_grammar_is_refused_when_the_spec_loads(tmp_path, value) -> None:
+    patch = {**PARAMETER, "vars": dict(name="scale", default=value)}
+    proj = make_project(tmp_path / "proj", spec_toml(PLAIN, "generated/plain/m.py", ["Counter"], [patch]))
+    with pytest.raises(PatchgenError, match=r"patch 1 \(core/add_parameter\): vars.default must be exactly one") as e:
+        proj.spec()
+    assert "\n" not in str(e.value)
+
+
+def _expr_values() -> set[str]:
+    """Every expr value the project's specs give and every default its templates declare."""
+    templates = REPO / "templates"
+    kinds: dict[str, set[str]] = {}
+    values: set[str] = set()
+    for path in sorted(templates.rglob("*.py.j2")):
+        template = load_template(templates, path.relative_to(templates).as_posix()[: -len(".py.j2")])
+        kinds[template.name] = {v.name for v in template.vars if v.kind.scalar == "expr"}
+        values |= {v.default for v in template.vars if v.kind.scalar == "expr" and not v.required}
+    for spec in sorted((REPO / "specs").glob("*.toml")):
+        for patch in tomllib.loads(spec.read_text()).get("patch", []):
+            for name, value in patch.get("vars", {}).items():
+                if name in kinds.get(patch["template"], ()):
+                    values |= set(value) if isinstance(value, list) else {value}
+    return values
+
+
+def test_every_expr_value_the_project_uses_is_in_the_grammar(tmp_path) -> None:
+    values = _expr_values()
+    assert "self.config.get_text_config().vocab_size" in values and 'kwargs.get("token_mask")' in values
+    for value in sorted(values):  # each one as a spec value (the templates' defaults load with them)
+        patch = {**PARAMETER, "vars": dict(name="scale", default=value)}
+        text = spec_toml(PLAIN, "generated/plain/m.py", ["Counter"], [patch])
+        make_project(tmp_path / f"p{len(os.listdir(tmp_path))}", text).spec()
+
+
+def _migrated_texts(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A real migration's spec texts (rule 1: the anchor and the var that follows the changed argument)."""
+    migration = run(tmp_path, MOVED, [dict(template="mig/head_var", **HEAD)])
+    root = tmp_path / "proj"
+    return root, {p.relative_to(root).as_posix(): t for p, t in migration.texts.items()}
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (
+            lambda t: (
+                t + '\n[[patch]]\ntemplate = "fx/insert_code"\nscope = "Net.forward"\n'
+                'before = "out = head(hidden)"\nvars = { code = "probe" }\nwhy = "added"\n'
+            ),
+            "patch 2",
+        ),
+        (lambda t: t.replace('keep = ["Net"]', 'keep = ["Net", "head"]'), "key 'keep'"),
+        (lambda t: t.replace('template = "mig/head_var"', 'template = "mig/head_fixed"'), "patch 1: key 'template'"),
+    ],
+)
+def test_verify_refuses_spec_edits_beyond_what_migration_changes(tmp_path, change, named) -> None:
+    """`--migrate --verify` imports code regenerated from specs nobody reviewed yet: that is safe because migration
+    changes only anchors, scopes and var values (data of checked kinds); a text changing more is refused up front."""
+    from patchgen.verify import verify
+
+    root, texts = _migrated_texts(tmp_path)
+    ((relpath, text),) = texts.items()
+    cache = wheel_cache(root)
+    wheel = read_wheel(next(cache.glob(f"*{NEW_V}*.whl")))
+    bad = {relpath: change(text)}
+    with pytest.raises(PatchgenError, match=rf"{relpath}: .*{named}.*anchor, before, after, through, scope, vars"):
+        verify(root, [wheel], FixtureSource(OLD_V, {TOY: OLD}), cache, spec_edits=bad)
+
+
+def test_verify_accepts_what_migration_changes(tmp_path) -> None:
+    from patchgen.verify_edits import check_spec_edits
+
+    root, texts = _migrated_texts(tmp_path)
+    assert texts and "vars = { hidden = " in next(iter(texts.values()))
+    check_spec_edits(load_config(root), texts)
+
 
 # ---- 3. staging files are created exclusively, never through a planted symlink -----------------------------------
 
