@@ -36,7 +36,7 @@ from tests.engine.helpers import (
     run_cli,
     spec_toml,
 )
-from tests.engine.test_migrate import HEAD, MOVED, NEW_V, OLD, OLD_V, run, setup
+from tests.engine.test_migrate import HEAD, MOVED, NEW_V, OLD, OLD_V, edits, left, run, setup
 
 FROM = ("--from", f"fixturepkg=={VERSION}")
 
@@ -228,6 +228,15 @@ def test_verify_accepts_what_migration_changes(tmp_path) -> None:
     root, texts = _migrated_texts(tmp_path)
     assert texts and "vars = { hidden = " in next(iter(texts.values()))
     check_spec_edits(load_config(root), texts)
+
+
+def test_migration_never_writes_a_call_into_an_expr_var(tmp_path) -> None:
+    """Rule 1 sets an expr var to the release's new argument: when that argument is a call, the edit is left."""
+    new = OLD.replace("out = head(hidden[:keep])", "out = head(trim(hidden))")
+    migration = run(tmp_path, new, [dict(template="mig/head_var", **HEAD)])
+    assert edits(migration) == {}
+    assert "vars.hidden must be exactly one Python expression" in left(migration)[1]
+    assert "it calls trim(...)" in left(migration)[1]
 
 
 # ---- 3. staging files are created exclusively, never through a planted symlink -----------------------------------
