@@ -21,6 +21,7 @@ size and work (`patchgen.sandbox`), so it cannot exhaust the machine either.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import re
@@ -179,6 +180,12 @@ def parse_template(name: str, path: Path, text: str) -> Template:
     imports = meta.get("imports", [])
     if not isinstance(imports, list) or not all(isinstance(i, str) for i in imports):
         raise PatchgenError(f"{path}: 'imports' must be a list of import statements (strings)")
+    for number, line in enumerate(imports):
+        if not _is_import(line):
+            raise PatchgenError(
+                f"{path}: imports[{number}] = {line!r} must be one import statement on one line "
+                f"(`import a.b` or `from a.b import c`)"
+            )
     declared = meta.get("vars", {})
     if not isinstance(declared, dict):
         raise PatchgenError(f"{path}: 'vars' must be a table of variable declarations")
@@ -191,6 +198,15 @@ def parse_template(name: str, path: Path, text: str) -> Template:
     return Template(
         name, path, op, meta["doc"], variables, tuple(imports), body, hashlib.sha256(text.encode()).hexdigest()
     )
+
+
+def _is_import(line: str) -> bool:
+    """One `import`/`from ... import` statement: the rewrite inserts each line into the module as it is."""
+    try:
+        body = ast.parse(line).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return "\n" not in line.strip() and len(body) == 1 and isinstance(body[0], ast.Import | ast.ImportFrom)
 
 
 def template_path(templates_dir: Path, name: str) -> Path:

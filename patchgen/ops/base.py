@@ -10,6 +10,7 @@ free of it: `patchgen check` proves freshness from hashes in well under a second
 
 from __future__ import annotations
 
+import ast
 import importlib
 import textwrap
 from dataclasses import dataclass, field
@@ -140,14 +141,32 @@ def patch_label(patch: Patch) -> str:
     return f"#{patch.index} {patch.template.name}"
 
 
+def syntax_problem(code: str, exc: Exception) -> str:
+    """`line L, column C: <message> in '<the rendered line>'`, one line, for code libcst cannot parse. Python's parser
+    words it (libcst's message lists every token it expected, over several lines, with a caret drawing)."""
+    try:
+        ast.parse(code)
+        line, column = getattr(exc, "raw_line", 1), getattr(exc, "raw_column", 0) + 1
+        message = " ".join(str(getattr(exc, "message", exc)).split())  # Python accepts it: libcst is older
+    except SyntaxError as err:
+        line, column, message = err.lineno or 1, err.offset or 1, err.msg
+    except (ValueError, RecursionError, MemoryError) as err:
+        line, column, message = 1, 1, type(err).__name__
+    lines = code.splitlines()
+    text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    message = message if len(message) <= 200 else message[:197] + "..."
+    return f"line {line}, column {column}: {message} in {text if len(text) <= 80 else text[:77] + '...'!r}"
+
+
 def parse_statements(code: str, patch: Patch) -> list:
     """Rendered code -> statements; comments above the first statement stay with it."""
+    code = textwrap.dedent(code)
     try:
-        module = cst.parse_module(textwrap.dedent(code))
+        module = cst.parse_module(code)
     except cst.ParserSyntaxError as exc:
-        raise PlanError(
-            patch, f"rendered template is not valid Python: {exc}\n--- rendered ---\n{code}", kind=RENDER_ERROR
-        ) from exc
+        where = getattr(patch.template, "path", patch.template.name)
+        message = f"template {where} renders invalid Python: {syntax_problem(code, exc)}"
+        raise PlanError(patch, message, kind=RENDER_ERROR) from exc
     body = list(module.body)
     if not body:
         raise PlanError(patch, "rendered template is empty", kind=RENDER_ERROR)

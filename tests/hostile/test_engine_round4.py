@@ -268,6 +268,39 @@ def test_write_text_atomic_does_not_write_through_a_symlink_planted_at_the_stagi
     assert os.path.islink(report.parent / ".REPORT.md.patchgen-tmp")  # left alone, not followed
 
 
+# ---- 4. a template rendering invalid Python: one line, not libcst's parser dump ------------------------------------
+
+
+def test_a_template_rendering_invalid_python_is_one_line(tmp_path, capsys) -> None:
+    bad = dict(
+        template="fx/bad_syntax",
+        scope="ToyModel.forward",
+        before="return [h / norm for h in hidden]",
+        vars=dict(cond="ready"),
+        why="x",
+    )
+    proj = make_project(tmp_path / "proj", spec_toml(patches=[bad]))
+    build_wheel(wheel_cache(proj.root), VERSION)
+    err = refused(proj.root, capsys, "regen", "--all", *FROM)
+    template = proj.root / "templates" / "fx" / "bad_syntax.py.j2"
+    assert f"specs/toy.toml: patch 1 (fx/bad_syntax) in scope 'ToyModel.forward': template {template}" in err
+    assert "renders invalid Python: line 1, column 9: expected ':' in 'if ready'" in err, err
+    assert "parser error" not in err and "expected one of" not in err
+
+
+def test_a_template_import_that_is_not_one_import_statement_is_one_line(tmp_path, capsys) -> None:
+    proj = make_project(tmp_path / "proj")
+    (proj.root / "templates" / "fx" / "bad_import.py.j2").write_text(
+        '{#\nop = "insert"\ndoc = "d"\nimports = ["import os", "from x import ("]\n#}\npass\n'
+    )
+    patch = dict(template="fx/bad_import", scope="ToyModel.forward", before="return [h / norm for h in hidden]")
+    proj.write_spec(spec_toml(patches=[{**patch, "why": "x"}]))
+    build_wheel(wheel_cache(proj.root), VERSION)
+    err = refused(proj.root, capsys, "regen", "--all", *FROM)
+    assert "bad_import.py.j2: imports[1] = 'from x import (' must be one import statement" in err, err
+    assert "internal error" not in err
+
+
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch) -> None:
     """No network: the fixture projects' wheels are in their caches."""
