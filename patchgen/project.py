@@ -26,6 +26,7 @@ from patchgen.files import PACKAGE_INIT, package_inits, recover, write_atomic
 from patchgen.header import body_hash, parse_inputs, split
 from patchgen.journal import Confinement
 from patchgen.model import module_of, sidecar_path
+from patchgen.output_package import check_output_package
 from patchgen.provenance import engine_sha256, templates_sha256, unified_diff
 from patchgen.spec import MAX_EXTENDS_DEPTH, Spec, companion_output, load_spec, read_toml
 from patchgen.upstream import PinnedSource, UpstreamSource, normalize_name
@@ -52,9 +53,7 @@ def load_specs(config: ProjectConfig, models: list[str] | None) -> list[Spec]:
         raise PatchgenError(
             f"unknown model(s) {unknown}: no {config.specs_dir.name}/<model>.toml; available: {', '.join(available)}"
         )
-    specs = []
-    for name in models or available:
-        specs.append(load_spec(config.spec_path(name), config.templates_dir))
+    specs = [load_spec(config.spec_path(name), config.templates_dir) for name in models or available]
     for spec in specs:
         check_limits(spec)
         check_output(config, spec)
@@ -124,13 +123,13 @@ def check_output(config: ProjectConfig, spec: Spec) -> None:
     inside the generated dir."""
     for output in spec.outputs:
         check_output_path(config, spec.path, output)
-        target, inside = config.root / output, config.generated_dir.resolve()
-        resolved = target.resolve()
+        resolved, inside = (config.root / output).resolve(), config.generated_dir.resolve()
         if not resolved.is_relative_to(inside):
             raise PatchgenError(
                 f"{spec.path}: key 'output' = {output!r}: resolves to {resolved} (through a symlink), outside the "
                 f"generated directory {inside}"
             )
+    check_output_package(spec.path, spec.output)  # not a diffusers pipelines name (patchgen.output_package)
 
 
 def check_output_path(config: ProjectConfig, path: Path, output: str) -> None:

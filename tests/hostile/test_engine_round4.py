@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import os
 import subprocess
 import tomllib
@@ -22,6 +23,7 @@ import pytest
 from patchgen.config import load_config
 from patchgen.errors import PatchgenError
 from patchgen.files import write_text_atomic
+from patchgen.project import load_specs
 from patchgen.templates import load_template
 from patchgen.upstream import read_wheel
 from patchgen.wheels import wheel_cache
@@ -299,6 +301,33 @@ def test_a_template_import_that_is_not_one_import_statement_is_one_line(tmp_path
     err = refused(proj.root, capsys, "regen", "--all", *FROM)
     assert "bad_import.py.j2: imports[1] = 'from x import (' must be one import statement" in err, err
     assert "internal error" not in err
+
+
+# ---- 5. an output package named like a diffusers pipelines package is refused at regen ----------------------------
+
+needs_diffusers = pytest.mark.skipif(importlib.util.find_spec("diffusers") is None, reason="diffusers not installed")
+
+
+@needs_diffusers
+@pytest.mark.parametrize("folder", ["wan", "flux", "dit", "stable_diffusion_3", "pipeline_utils"])
+def test_an_output_package_named_like_a_diffusers_pipelines_package_is_refused(tmp_path, capsys, folder) -> None:
+    """diffusers records a pipeline component's library from the second-to-last part of its class's module path:
+    `generated.wan.transformer_wan` is recorded as `wan`, i.e. diffusers.pipelines.wan, and cannot be loaded again."""
+    proj = make_project(tmp_path / "proj", spec_toml(output=f"generated/{folder}/transformer_x.py"))
+    build_wheel(wheel_cache(proj.root), VERSION)
+    err = refused(proj.root, capsys, "regen", "--all", *FROM)
+    assert f"specs/toy.toml: key 'output' = 'generated/{folder}/transformer_x.py'" in err, err
+    assert f"diffusers.pipelines.{folder}" in err and f"generated/{folder}_dit/transformer_x.py" in err, err
+
+
+@needs_diffusers
+def test_output_packages_that_only_share_a_transformers_model_name_are_accepted(tmp_path) -> None:
+    """transformers never reads a class's module path (its own model folders are `transformers.models.<type>`), so
+    `generated/qwen3/` is harmless; the project's specs all pass."""
+    for folder in ("qwen3", "llama", "wan_dit", "models", "diffusers", "transformers"):
+        proj = make_project(tmp_path / folder, spec_toml(output=f"generated/{folder}/modeling_x.py"))
+        load_specs(proj.config, None)
+    assert len(load_specs(load_config(REPO), None)) >= 17
 
 
 @pytest.fixture(autouse=True)
