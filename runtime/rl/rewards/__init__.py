@@ -2,9 +2,9 @@
 
 Contract of one reward (every kind): ``reward(samples, prompts) -> [B]`` float values, one per sample, computed from
 that sample alone (never from its batch); ``samples`` are pixels in [-1, 1], ``(B, 3, H, W)`` images or
-``(B, 3, F, H, W)`` videos, ``prompts`` the samples' prompt strings. A reward that raises, returns the wrong count or
-a non-finite value fails the iteration with one line naming the reward (``RewardError``, exit 2): nothing is
-trained on it.
+``(B, 3, F, H, W)`` videos, ``prompts`` the samples' prompt strings. A reward that raises (``sys.exit`` included),
+returns the wrong count or a non-finite value fails the iteration with one line naming the reward (``RewardError``,
+exit 2): nothing is trained on it.
 
 Config (``rewards:``, a list; each item names exactly one kind, plus ``weight`` (default 1.0) and ``name``)::
 
@@ -19,6 +19,7 @@ The combined reward is ``sum_k weight_k * reward_k``; the metrics keep each rewa
 from __future__ import annotations
 
 import importlib
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,9 +55,8 @@ class Reward:
             values = self.fn(samples, list(prompts))
         except RewardError as exc:
             raise RewardError(f"reward {self.name!r}: {exc}") from None
-        except Exception as exc:  # a user's reward: any failure is reported as this reward's, in one line
-            message = " ".join(str(exc).split())[:300]
-            raise RewardError(f"reward {self.name!r} failed: {type(exc).__name__}: {message}") from None
+        except (Exception, SystemExit) as exc:  # a user's reward: any failure is this reward's, in one line
+            raise RewardError(f"reward {self.name!r} failed: {_described(exc)}") from None
         try:
             out = torch.as_tensor(values, dtype=torch.float32).detach().cpu().reshape(-1)
         except (TypeError, ValueError, RuntimeError) as exc:
@@ -83,21 +83,40 @@ class RewardMix:
         return [r.name for r in self.rewards]
 
 
+_DOTTED = re.compile(r"(?!\d)\w+(\.(?!\d)\w+)*")  # identifiers joined by dots
+_FORM = "expected package.module:function (an importable module by its dotted name, not a file path)"
+
+
 def import_target(target: str, key: str) -> Any:
-    """``module:attr`` (or ``module.attr``) imported; a ``ConfigError`` naming ``key`` otherwise."""
+    """``module:attr`` (or ``module.attr``) imported; a one-line ``ConfigError`` naming ``key`` otherwise: a target
+    that is no dotted module name (a file path, a relative import), a module that fails to import (whatever it
+    raises, ``sys.exit`` included: the config is what names it), a missing attribute."""
     module_name, sep, attr = target.partition(":")
     if not sep:
         module_name, _, attr = target.rpartition(".")
-    if not module_name or not attr:
-        raise ConfigError(f"{key}: {target!r} is not an import path (expected module:function)")
+    if not _DOTTED.fullmatch(module_name) or not _DOTTED.fullmatch(attr) or "." in attr:
+        raise ConfigError(f"{key}: {target!r} is not an import path; {_FORM}")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"{key}: cannot import {module_name!r}: {exc}") from None
+        raise ConfigError(f"{key}: cannot import {module_name!r}: {_one_line(exc)}") from None
+    except (Exception, SystemExit) as exc:  # the module's own code failed while it was imported
+        raise ConfigError(f"{key}: importing {module_name!r} failed: {_described(exc)}") from None
     try:
         return getattr(module, attr)
     except AttributeError:
         raise ConfigError(f"{key}: {module_name!r} has no {attr!r}") from None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+def _described(exc: BaseException) -> str:
+    """``exc`` as one line: ``SystemExit(0)`` says it called ``sys.exit``, which ends no run here."""
+    if isinstance(exc, SystemExit):
+        return f"it raised SystemExit({exc.code!r}) (sys.exit); a reward returns its values instead"
+    return f"{type(exc).__name__}: {_one_line(exc)}"
 
 
 def _build_one(index: int, spec: dict[str, Any]) -> Reward:
@@ -127,8 +146,8 @@ def _build_one(index: int, spec: dict[str, Any]) -> Reward:
         if isinstance(fn, type):
             try:
                 fn = fn(**kwargs)
-            except Exception as exc:
-                raise ConfigError(f"{key}.kwargs: {target}({kwargs!r}) failed: {exc}") from None
+            except (Exception, SystemExit) as exc:
+                raise ConfigError(f"{key}.kwargs: {target}({kwargs!r}) failed: {_described(exc)}") from None
         elif kwargs:
             raise ConfigError(f"{key}.kwargs: {target} is a function; kwargs build a class")
         if not callable(fn):

@@ -9,20 +9,23 @@ Contract (version 1). The request body::
                                                      # for videos a list of PNG frames per sample instead
 
 The answer must be status 200 with the body ``{"rewards": [0.7, ...]}``: one finite number per sample, in order.
-Anything else fails the iteration with one line naming the reward (``RewardError``): no answer within ``timeout``
-seconds (default 60), a refused connection, another status, a body that is not JSON, a missing ``rewards`` list,
-the wrong count, a value that is not a finite number. Nothing is trained on a failed iteration.
+Anything else fails the iteration with one line naming the reward (``RewardError``): no complete answer within
+``timeout`` seconds (default 60; a deadline for the whole request: connect, send, headers and body), a refused
+connection, another status (2xx other than 200 and redirects included: a redirect is not followed), a body that is
+not JSON, a missing ``rewards`` list, the wrong count, a value that is not a finite number. Nothing is trained on a
+failed iteration.
 """
 
 from __future__ import annotations
 
 import base64
+import http.client
 import io
 import json
 import math
 import socket
 import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +34,7 @@ import numpy as np
 import PIL.Image
 import torch
 
+from runtime.rl.rewards.transport import DeadlineExceeded, RedirectRefused, post
 from runtime.train.config import ConfigError
 
 __all__ = ["DEFAULT_TIMEOUT", "HttpReward", "encode_png", "to_uint8"]
@@ -72,30 +76,47 @@ class HttpReward:
     def from_spec(cls, url: str, spec: dict[str, Any], key: str) -> HttpReward:
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"{key}.http: {url!r} is not an http(s) URL")
+        try:
+            parts = urllib.parse.urlsplit(url)
+            host, _ = parts.hostname, parts.port  # a port that is not a number raises here
+        except ValueError as exc:
+            raise ConfigError(f"{key}.http: {url!r}: {exc}; expected http://HOST:PORT/PATH") from None
+        if not host:
+            raise ConfigError(f"{key}.http: {url!r} names no host; expected http://HOST:PORT/PATH")
         timeout = spec.get("timeout", DEFAULT_TIMEOUT)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 3600:
             raise ConfigError(f"{key}.timeout: expected seconds in (0, 3600], found {timeout!r}")
         return cls(url, float(timeout))
 
     def _answer(self, body: bytes) -> bytes:
-        request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        late = f"did not answer within {self.timeout:g} s (rewards[].timeout: the whole request's deadline)"
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                data = response.read(MAX_ANSWER_BYTES + 1)
+            answer = post(self.url, body, headers, self.timeout, MAX_ANSWER_BYTES)
+        except DeadlineExceeded:
+            raise _Failed(late) from None
+        except RedirectRefused as exc:
+            to = f" to {exc.location}" if exc.location else ""
+            raise _Failed(
+                f"answered HTTP {exc.status} {exc.reason} (a redirect{to}: not followed; set rewards[].http to the "
+                f"URL that answers with status 200)"
+            ) from None
         except urllib.error.HTTPError as exc:
             raise _Failed(f"answered HTTP {exc.code} {exc.reason}") from None
         except TimeoutError:
-            raise _Failed(f"did not answer within {self.timeout:g} s (rewards[].timeout)") from None
+            raise _Failed(late) from None
         except urllib.error.URLError as exc:
             reason = exc.reason
             if isinstance(reason, TimeoutError | socket.timeout):
-                raise _Failed(f"did not answer within {self.timeout:g} s (rewards[].timeout)") from None
+                raise _Failed(late) from None
             raise _Failed(f"cannot be reached: {reason}") from None
-        except OSError as exc:
-            raise _Failed(f"connection failed: {exc}") from None
-        if len(data) > MAX_ANSWER_BYTES:
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            raise _Failed(f"connection failed: {type(exc).__name__}: {exc}") from None
+        if answer.status != 200:
+            raise _Failed(f"answered HTTP {answer.status} {answer.reason}; the contract is status 200")
+        if len(answer.body) > MAX_ANSWER_BYTES:
             raise _Failed(f"answered more than {MAX_ANSWER_BYTES} bytes")
-        return data
+        return answer.body
 
     def __call__(self, samples: torch.Tensor, prompts: Sequence[str]) -> list[float]:
         from runtime.rl.rewards import RewardError
@@ -115,5 +136,6 @@ class HttpReward:
             if bad is not None or not all(math.isfinite(v) for v in values):
                 raise _Failed(f"answered a reward that is not a finite number: {bad if bad is not None else values}")
         except _Failed as exc:
-            raise RewardError(f"HTTP reward at {self.url} {exc}") from None
+            message = " ".join(str(exc).split())[:400]  # a server's words are one line here
+            raise RewardError(f"HTTP reward at {self.url} {message}") from None
         return [float(v) for v in values]
