@@ -2,7 +2,7 @@
 
 Generated MoE models keep upstream's experts class, whose forward dispatches on `config._experts_implementation`.
 `patchgen_grouped` (sorted tokens + grouped matmuls) and `patchgen_triton` (GPU) are the training kernels; both
-run expert parallelism when the experts were sharded by `runtime.moe.sharding.shard_experts`. `eager` stays
+run expert parallelism when the experts were sharded by `runtime.parallel.expert_parallel.apply_ep`. `eager` stays
 upstream's own loop: the numerical reference and the parity baseline.
 """
 
@@ -56,6 +56,14 @@ def _experts_kernel(impl: str) -> Callable[..., torch.Tensor]:
 
     forward.__name__ = f"{impl}_experts_forward"
     return forward
+
+
+def check_ep_kernel(model: torch.nn.Module) -> None:
+    """Expert parallelism needs one of our kernels: upstream's experts loop knows nothing of sharded experts."""
+    register_experts_kernels()
+    impl = getattr(model.config, "_experts_implementation", None)
+    if impl not in KERNELS:
+        raise ValueError(f"expert parallelism needs experts_implementation in {sorted(KERNELS)}, found {impl!r}")
 
 
 def register_experts_kernels() -> None:

@@ -81,29 +81,18 @@ def _shard_and_wrap(
 ) -> tuple[nn.Module, nn.Module | None, Any, nn.Module]:
     """The reference (a frozen copy before sharding), FSDP2 (or checkpointing alone), the EMA and what checkpoints
     save: the same for every kind of policy."""
-    from runtime.parallel.fsdp import apply_fsdp
+    from runtime.parallel.parallelize import ParallelPlan, parallelize
     from runtime.train.dit import checkpointed
-    from runtime.train.precision import autocast_forward, fsdp_dtypes
 
     reference = None
     needs = config.algo.kl_coef > 0 or getattr(config.algo, "needs_reference", False)  # dpo: always
     if needs and config.reference == "frozen_copy":
         reference = copy.deepcopy(module).requires_grad_(False).eval()
-    module.to(device)
-    precision = config.train.mixed_precision  # the trainer's rule (runtime/train/precision.py)
-    if state.world_size > 1:
-        dtypes = fsdp_dtypes(precision, state)
-        module = apply_fsdp(module, state, activation_checkpointing=config.parallel.activation_checkpointing, **dtypes)
-        if reference is not None:
-            reference = apply_fsdp(reference.to(device), state, **dtypes)
-    else:
-        autocast_forward(module, precision, state)
-        if reference is not None:
-            autocast_forward(reference, precision, state)
-        if config.parallel.activation_checkpointing:
-            module.gradient_checkpointing_enable()
-        if reference is not None:
-            reference.to(device)
+    precision = config.train.mixed_precision  # the trainer's rule (runtime/parallel/precision.py)
+    plan = ParallelPlan(mixed_precision=precision, activation_checkpointing=config.parallel.activation_checkpointing)
+    module = parallelize(module, state, plan, device)  # LoRA is in already: a DiT has no expert parallelism
+    if reference is not None:  # sharded like the policy; frozen, so never recomputed
+        reference = parallelize(reference, state, ParallelPlan(mixed_precision=precision), device)
     if not any(p.requires_grad for p in module.parameters()):
         raise ConfigError("lora: the policy has no trainable parameter; nothing would be trained")
     ema = None

@@ -23,9 +23,9 @@ import torch.distributed as dist
 
 from runtime.checkpoint.identity import model_identity
 from runtime.diffusion.cache import CacheError
-from runtime.parallel.fsdp import apply_fsdp, block_modules
+from runtime.parallel.fsdp import block_modules
+from runtime.parallel.parallelize import parallelize
 from runtime.parallel.state import ParallelState
-from runtime.train.compile import compile_blocks
 from runtime.train.config import ConfigError, RunConfig
 from runtime.train.dit_data import (
     CachedConditions,
@@ -37,8 +37,7 @@ from runtime.train.dit_data import (
     sample_keys,
 )
 from runtime.train.dit_step import latent_tokens, noise_generators, weighted_flow_matching_loss
-from runtime.train.job import Job, StepWork, all_reduce_sum, to_device, train_device
-from runtime.train.precision import autocast_forward, fsdp_dtypes
+from runtime.train.job import Job, StepWork, all_reduce_sum, parallel_plan, to_device, train_device
 from runtime.train.samples import ValidationSampler
 
 __all__ = ["build_dit_job", "check_pipeline_dir", "load_condition_model_for", "setup_conditions"]
@@ -179,16 +178,7 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
 
         torch.manual_seed(config.model.seed)  # the adapter's initial A: identical on every rank
         peft_config = add_lora(model, config.lora)
-    model.to(device)
-    if config.train.compile:  # per block, before FSDP2 and checkpointing wrap the blocks (runtime/train/compile.py)
-        compile_blocks(model)
-    precision = config.train.mixed_precision  # bf16: FSDP2's policy, or autocast in one process (precision.py)
-    if state.world_size > 1:
-        checkpointing = config.parallel.activation_checkpointing
-        model = apply_fsdp(model, state, activation_checkpointing=checkpointing, **fsdp_dtypes(precision, state))
-    elif config.parallel.activation_checkpointing:
-        model.gradient_checkpointing_enable()
-    autocast_forward(model, precision, state)
+    model = parallelize(model, state, parallel_plan(config), device)  # LoRA first: a DiT has no expert parallelism
     ema = None
     if config.dit.ema_decay is not None:
         from runtime.train.ema import EMA

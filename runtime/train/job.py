@@ -11,10 +11,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runtime.parallel.parallelize import ParallelPlan
 from runtime.parallel.state import ParallelState
+from runtime.train.config import RunConfig
 from runtime.train.metrics import MetricsLogger
 
-__all__ = ["Job", "StepWork", "all_reduce_sum", "to_device", "train_device"]
+__all__ = ["Job", "StepWork", "all_reduce_sum", "parallel_plan", "to_device", "train_device"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,15 @@ class Job:
     # Called on every rank after each step is logged (DiTs: validation samples, ``runtime/train/samples.py``)
     after_step: Callable[[int, MetricsLogger], None] | None = None
     samples_per_step: int | None = None  # samples of the global batch (DiTs), for the console's samples/s
+
+
+def parallel_plan(config: RunConfig) -> ParallelPlan:
+    """What the trainer asks of ``parallelize`` (``runtime/parallel/parallelize.py``), text and DiT alike."""
+    return ParallelPlan(
+        mixed_precision=config.train.mixed_precision,
+        activation_checkpointing=config.parallel.activation_checkpointing,
+        compile=config.train.compile,
+    )
 
 
 def all_reduce_sum(value: torch.Tensor, group) -> torch.Tensor:

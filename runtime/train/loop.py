@@ -27,10 +27,11 @@ from runtime.checkpoint.identity import model_identity
 from runtime.checkpoint.verify import CheckpointError
 from runtime.data.sp_batch import packed_attention_kwargs, shard_for_sp
 from runtime.models.registry import lookup
-from runtime.moe.sharding import shard_experts
-from runtime.parallel.fsdp import apply_fsdp, clip_grad_norm_
+from runtime.moe.dispatch import check_ep_kernel
+from runtime.parallel.expert_parallel import check_ep
+from runtime.parallel.fsdp import clip_grad_norm_
+from runtime.parallel.parallelize import parallelize
 from runtime.parallel.state import ParallelState, init_parallel_state
-from runtime.train.compile import compile_blocks
 from runtime.train.config import ConfigError, RunConfig
 from runtime.train.data import (
     build_loader,
@@ -42,12 +43,11 @@ from runtime.train.data import (
 )
 from runtime.train.evaluate import TextEvaluator, build_eval_loader, eval_due, read_eval_samples
 from runtime.train.finite import check_mode, guard_update, micro_batches
-from runtime.train.job import Job, StepWork, all_reduce_sum, to_device, train_device
+from runtime.train.job import Job, StepWork, all_reduce_sum, parallel_plan, to_device, train_device
 from runtime.train.lora import adapter_modules, add_text_lora, lora_identity
 from runtime.train.metrics import MetricsLogger, StepMetrics, detect_peak_tflops, flops_per_token
 from runtime.train.model import build_model
 from runtime.train.optim import build_optimizer, build_scheduler
-from runtime.train.precision import autocast_forward, fsdp_dtypes
 from runtime.train.schedule_keys import schedule_change, schedule_record
 from runtime.train.validate import CheckedInputs, check_inputs
 
@@ -106,24 +106,20 @@ def build_text_job(config: RunConfig, state: ParallelState, inputs: CheckedInput
     loader = build_loader(config, state, model, processor, inputs.samples)
     names = sample_names(inputs.samples) if loader.num_dropped == 0 else None  # loader.samples[i] is samples[i]
     device = train_device(state)
-    model.to(device)  # before EP/FSDP sharding, so shards and buffers live on the training device
-
     if state.ep_enabled:
         try:
-            shard_experts(model, state)
+            check_ep_kernel(model)
+            check_ep(model, state)
         except ValueError as exc:
             raise ConfigError(f"parallel.ep: {exc}") from None
-    # LoRA (runtime/train/lora.py): after EP, so the experts' adapters see their sharded weights; before FSDP
-    lora = add_text_lora(model, config, state) if config.lora.rank is not None else None
-    if config.train.compile:  # per block, before FSDP2 and checkpointing wrap the blocks (runtime/train/compile.py)
-        compile_blocks(model)
-    precision = config.train.mixed_precision  # bf16: FSDP2's policy, or autocast in one process (precision.py)
-    if state.world_size > 1:
-        checkpointing = config.parallel.activation_checkpointing
-        model = apply_fsdp(model, state, activation_checkpointing=checkpointing, **fsdp_dtypes(precision, state))
-    elif config.parallel.activation_checkpointing:
-        model.gradient_checkpointing_enable()
-    autocast_forward(model, precision, state)
+    peft_configs = []  # LoRA (runtime/train/lora.py): parallelize injects it between EP and FSDP2
+
+    def add_lora(module: torch.nn.Module) -> None:
+        peft_configs.append(add_text_lora(module, config, state))
+
+    adapters = add_lora if config.lora.rank is not None else None
+    model = parallelize(model, state, parallel_plan(config), device, adapters=adapters)
+    lora = peft_configs[0] if peft_configs else None
 
     def export() -> None:
         tokenizer, out = config.data.processor or processor, Path(config.export.dir)

@@ -188,7 +188,7 @@ def _parameter_candidates(model: torch.nn.Module, limit: int = 4) -> list[str]:
 
 
 def add_text_lora(model: torch.nn.Module, config: RunConfig, state: Any) -> Any:
-    """The adapter of a text, vision-language or omni model (the trainer's text job): after ``shard_experts`` (the
+    """The adapter of a text, vision-language or omni model (the trainer's text job): after ``apply_ep`` (the
     experts' adapters see their sharded weights) and before FSDP; returns the peft config."""
     from runtime.models.registry import lookup
 
@@ -218,7 +218,7 @@ def adapter_identity(config: Any) -> dict[str, Any]:
 
 
 def shard_expert_adapters(model: torch.nn.Module, ep_mesh: Any) -> int:
-    """Under expert parallelism, after ``shard_experts`` and ``add_lora``: the adapters of expert weights become
+    """Under expert parallelism, after ``apply_ep`` and ``add_lora``: the adapters of expert weights become
     DTensors replicated on the 1-D ``ep_mesh`` (see the module docstring), and the outermost wrapper of each experts
     module is flagged ``ep_sharded`` so that ``apply_fsdp`` shards it, experts and adapter together, over the
     expert-data-parallel mesh (gathered before peft's forward reads them). Returns the number of wrappers."""

@@ -1,5 +1,5 @@
 """One forward+backward of each family's generated tiny model at SP=2, eager and with every block compiled
-(``runtime.train.compile.compile_blocks``) then FSDP2 over the two ranks (``apply_fsdp``, as the trainer does), on the
+(``runtime.parallel.compile.apply_compile``) then FSDP2 over the two ranks (``apply_fsdp``, as the trainer), on the
 same rank with the same weights and inputs; and what dynamo saw.
 
 Families: dense (qwen3, packed row), MoE with EP (qwen3_moe, grouped experts, ep=2 over the two SP ranks), VLM
@@ -42,17 +42,17 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _step(family: str, state: Any, compiled: bool, backend: str) -> dict[str, Any]:
+    from runtime.parallel.compile import apply_compile
     from runtime.parallel.fsdp import apply_fsdp
-    from runtime.train.compile import compile_blocks
     from tests.gpu_readiness.bf16 import _inputs, _loss, _model
 
     model = _model(family)
     if family == "moe":
-        from runtime.moe.sharding import shard_experts
+        from runtime.parallel.expert_parallel import apply_ep
 
-        shard_experts(model, state)
+        apply_ep(model, state)
     if compiled:
-        compile_blocks(model, backend=backend)
+        apply_compile(model, backend=backend)
     apply_fsdp(model, state)  # FSDP2 over the SP ranks, as the trainer: compiled blocks under its hooks
     loss = _loss(family, model, _inputs(family, state.sp_size, state.sp_rank))
     loss.backward()

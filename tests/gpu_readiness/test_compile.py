@@ -1,4 +1,4 @@
-"""``train.compile``: every family's blocks compiled (``compile_blocks``) under FSDP2 at SP=2 on CPU: graph breaks
+"""``train.compile``: every family's blocks compiled (``apply_compile``) under FSDP2 at SP=2 on CPU: graph breaks
 counted by dynamo and named, host syncs listed, compiled vs eager loss and gradients within 1e-5 (fp32).
 
 Backends: inductor (C++ on CPU) for dense and DiT; ``aot_eager`` for the VLM and MoE-with-EP, whose graph breaks
@@ -68,11 +68,11 @@ def test_moe_block_without_ep_compiles_without_host_sync() -> None:
     import torch._dynamo
     from torch._dynamo.utils import counters
 
-    from runtime.train.compile import compile_blocks
+    from runtime.parallel.compile import apply_compile
     from tests.gpu_readiness.bf16 import _inputs, _model
 
     model = _model("moe").to(torch.bfloat16)
-    compile_blocks(model, backend="aot_eager")
+    apply_compile(model, backend="aot_eager")
     torch._dynamo.reset()
     counters.clear()
     model(**_inputs("moe", 1, 0)).loss.backward()

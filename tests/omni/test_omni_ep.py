@@ -98,16 +98,18 @@ def parallel_worker(rank: int, world: int) -> dict:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from runtime.moe.sharding import shard_experts
+    from runtime.moe.dispatch import register_experts_kernels
+    from runtime.parallel.expert_parallel import apply_ep
     from runtime.parallel.fsdp import apply_fsdp
     from runtime.parallel.state import init_parallel_state
 
+    register_experts_kernels()  # our kernels, in transformers' ExpertsInterface
     state = init_parallel_state(ep_size=2, sp_size=2)
     model = _model("patchgen_grouped")
     calls = {"audio": 0, "vision": 0}
     model.audio_tower.layers[0].register_forward_hook(lambda *_: calls.__setitem__("audio", calls["audio"] + 1))
     model.visual.blocks[0].register_forward_hook(lambda *_: calls.__setitem__("vision", calls["vision"] + 1))
-    shard_experts(model, state)
+    apply_ep(model, state)
     apply_fsdp(model, state)
     from torch.distributed.fsdp import FSDPModule
 

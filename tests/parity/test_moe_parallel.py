@@ -62,13 +62,15 @@ def _parallel_run(rank: int, model_type: str, layout: dict) -> dict:
     import torch.distributed as dist
 
     from runtime.data.sp_batch import shard_for_sp
-    from runtime.moe.sharding import shard_experts
+    from runtime.moe.dispatch import register_experts_kernels
+    from runtime.parallel.expert_parallel import apply_ep
     from runtime.parallel.fsdp import apply_fsdp
     from runtime.parallel.state import init_parallel_state
 
+    register_experts_kernels()  # our kernels, in transformers' ExpertsInterface
     state = init_parallel_state(**layout)
     model = _model(model_type, "patchgen_grouped")
-    shard_experts(model, state)
+    apply_ep(model, state)
     apply_fsdp(model, state)
     rows = _rows(state.dp_size)
     tokens = sum(int((r["labels"][:, 1:] != -100).sum()) for r in rows)

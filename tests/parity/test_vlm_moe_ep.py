@@ -87,13 +87,15 @@ def _parallel_run(rank: int, model_type: str, layout: dict) -> dict:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from runtime.moe.sharding import shard_experts
+    from runtime.moe.dispatch import register_experts_kernels
+    from runtime.parallel.expert_parallel import apply_ep
     from runtime.parallel.fsdp import apply_fsdp
     from runtime.parallel.state import init_parallel_state
 
+    register_experts_kernels()  # our kernels, in transformers' ExpertsInterface
     state = init_parallel_state(**layout)
     model = _model(model_type, "patchgen_grouped")
-    shard_experts(model, state)
+    apply_ep(model, state)
     apply_fsdp(model, state)
     rows = _rows(model_type, state.dp_size)
     batch = shard(rows[state.dp_rank], state.sp_size, state.sp_rank)

@@ -1,4 +1,4 @@
-"""``train.compile: true``: every transformer block compiled on its own, as torchtitan does.
+"""``compile: true``: every transformer block compiled on its own, as torchtitan does.
 
 Per block (the ``_no_split_modules`` blocks FSDP2 shards and checkpointing wraps) rather than the whole model: one
 graph serves every block of a kind (dynamo inlines the module, so the parameters are graph inputs, not constants),
@@ -13,10 +13,10 @@ from torch import nn
 
 from runtime.parallel.fsdp import block_modules
 
-__all__ = ["compile_blocks"]
+__all__ = ["apply_compile"]
 
 
-def compile_blocks(model: nn.Module, backend: str = "inductor") -> list[nn.Module]:
+def apply_compile(model: nn.Module, backend: str = "inductor") -> list[nn.Module]:
     """Compile every block of ``model`` in place (call before FSDP2 and activation checkpointing are applied)."""
     blocks = block_modules(model)
     for block in blocks:

@@ -2,7 +2,10 @@
 
 The plan is data in the generated modeling file (template `moe/ep_plan`): parameter-name suffix -> dim. Each
 matching parameter becomes a DTensor sharded on the ep mesh (rank r holds experts [r*E/ep, (r+1)*E/ep)), so
-FSDP2 can shard it further over the expert-data-parallel mesh and DCP / export see the global shape.
+FSDP2 can shard it further over the expert-data-parallel mesh and DCP / export see the global shape. The sharded
+modules are flagged ``ep_sharded``: the experts kernels (``runtime/moe/dispatch.py``) then dispatch tokens over the
+ep group; a kernel that cannot (upstream's eager loop) is refused before this runs
+(``runtime.moe.dispatch.check_ep_kernel``).
 """
 
 from __future__ import annotations
@@ -10,8 +13,9 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
-from runtime.moe.dispatch import KERNELS, register_experts_kernels
 from runtime.parallel.state import ParallelState
+
+__all__ = ["apply_ep", "check_ep", "expert_modules"]
 
 
 def expert_modules(model: nn.Module) -> list[nn.Module]:
@@ -28,24 +32,28 @@ def expert_modules(model: nn.Module) -> list[nn.Module]:
     return list(owners.values())
 
 
-def shard_experts(model: nn.Module, state: ParallelState) -> list[nn.Module]:
+def check_ep(model: nn.Module, state: ParallelState) -> None:
+    """Refuse, before anything is sharded, a model without an EP plan or whose experts do not split over ep."""
+    for module in expert_modules(model):
+        for attr in _planned(model, module):
+            experts = module._parameters[attr].shape[0]
+            if experts % state.ep_size:
+                raise ValueError(f"{experts} experts cannot be split over ep={state.ep_size}")
+
+
+def apply_ep(model: nn.Module, state: ParallelState) -> list[nn.Module]:
     """Replace every planned parameter by this rank's experts (a DTensor on the ep mesh); no communication.
 
     Every rank must hold the same full parameters beforehand (same seed, or the same checkpoint).
     """
     if not state.ep_enabled:
         return []
-    register_experts_kernels()
-    impl = getattr(model.config, "_experts_implementation", None)
-    if impl not in KERNELS:
-        raise ValueError(f"expert parallelism needs experts_implementation in {sorted(KERNELS)}, found {impl!r}")
+    check_ep(model, state)
     mesh = state.ep_mesh["ep"]
     modules = expert_modules(model)
     for module in modules:
         for attr in _planned(model, module):
             full = module._parameters[attr]
-            if full.shape[0] % state.ep_size:
-                raise ValueError(f"{full.shape[0]} experts cannot be split over ep={state.ep_size}")
             local = full.detach().chunk(state.ep_size, dim=0)[state.ep_rank].clone()
             dtensor = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
             module._parameters[attr] = nn.Parameter(dtensor, requires_grad=full.requires_grad)
