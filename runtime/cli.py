@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runtime import launcher_options
+from runtime.launcher_options import LauncherOptionError
 from runtime.train.config import ConfigError, ConfigLoader, locate_error, locate_errors
 from runtime.train.overrides import Override, OverrideError, parse_overrides
 
@@ -32,6 +34,7 @@ from runtime.train.overrides import Override, OverrideError, parse_overrides
 LAUNCHER_FLAGS = ("--standalone", "--virtual-local-rank", "--virtual_local_rank")
 # torchrun options that name what to run: the command sets them itself.
 _NOT_LAUNCHER = ("-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path")
+_NOT_LAUNCHER_DESTS = frozenset({"module", "no_python", "run_path"})  # theirs, by argparse dest (any spelling)
 USER_ERROR = 2  # the exit code of a user error (a bad config, input or launcher option)
 RANK_ERROR_GRACE = 5.0  # seconds a rank other than 0 waits before printing a user error (``print_errors``)
 
@@ -52,21 +55,36 @@ class Invocation:
 
 
 def parse_command_line(argv: Sequence[str]) -> Invocation:
-    """``[LAUNCHER OPTIONS] CONFIG.yaml [--section.key=VALUE ...]``; ``-h``/``--help`` anywhere asks for help."""
+    """``[LAUNCHER OPTIONS] CONFIG.yaml [--section.key=VALUE ...]``; ``-h``/``--help`` anywhere asks for help.
+    Launcher options are read as torchrun reads them (``runtime/launcher_options.py``: abbreviations, ``=VALUE``,
+    ``-r0``), so an abbreviation of an option the command sets itself is refused like the option."""
     argv = list(argv)
     if any(arg in ("-h", "--help") for arg in argv):
         return Invocation(help=True)
     launcher: list[str] = []
     while argv and argv[0].startswith("-"):
         option = argv.pop(0)
-        name = option.partition("=")[0]
-        if name in _NOT_LAUNCHER:
-            raise UsageError(f"{option}: the command sets what the ranks run; give only launcher options")
+        try:
+            dest, _ = launcher_options.match(option)
+            if dest == "help":
+                return Invocation(help=True)
+            if dest in _NOT_LAUNCHER_DESTS:
+                exact = option.partition("=")[0] in _NOT_LAUNCHER
+                read = "" if exact else f" torchrun reads it as {launcher_options.spelling(dest)}:"
+                raise UsageError(f"{option}:{read} the command sets what the ranks run; give only launcher options")
+            dest, value = launcher_options.resolve(option)
+        except LauncherOptionError as exc:
+            raise UsageError(str(exc)) from None
         launcher.append(option)
-        if name not in LAUNCHER_FLAGS and "=" not in option:
+        if dest not in launcher_options.TORCHRUN_FLAGS and value is None:
             if not argv:
                 raise UsageError(f"{option}: expected a value")
-            launcher.append(argv.pop(0))
+            value = argv.pop(0)
+            launcher.append(value)
+        try:
+            launcher_options.check_value(dest, value)
+        except LauncherOptionError as exc:
+            raise UsageError(str(exc)) from None
     if not argv:
         raise UsageError("expected a config file")
     config, rest = argv[0], argv[1:]
@@ -194,7 +212,7 @@ def run_command(
     """The whole command line of an entry point: help, parse, load (no torch), then launch or ``run`` the config.
     ``load`` and ``run`` raise ``ConfigError`` for user errors, whose every message is printed (rank 0) with exit
     code 2; an error ``run`` finds (while setting up, or a guard that stops the run) is named by where its key was
-    set (``locate`` finds a key's line in the config file). The process group ``run`` made is always destroyed."""
+    set (``locate`` finds a key's line in the config file). The process groups ``run`` made are always freed."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         invocation = parse_command_line(argv)
@@ -232,19 +250,24 @@ def run_command(
         except UsageError as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return USER_ERROR
+    failure: BaseException | None = None
     try:
         run(config)
     except ConfigError as exc:
+        failure = exc
         print_errors(locate_errors(exc, Path(invocation.config), invocation.overrides, locate))
         return USER_ERROR
+    except BaseException as exc:
+        failure = exc
+        raise
     finally:
-        _destroy_process_group()
+        _teardown(failure)
     return 0
 
 
-def _destroy_process_group() -> None:
+def _teardown(failure: BaseException | None) -> None:
+    """Free the process groups and their threads before exit (``runtime.parallel.teardown``: why)."""
     if "torch.distributed" in sys.modules:  # nothing to tear down when the run never imported torch
-        import torch.distributed as dist
+        from runtime.parallel.teardown import shutdown
 
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        shutdown(failure=failure)
