@@ -178,6 +178,8 @@ def launch(module: str, launcher: Sequence[str], script_args: Sequence[str]) -> 
 
     parser.error = refuse  # one line instead of argparse's usage text
     args = parser.parse_args([*launcher, "-m", module, *script_args])
+    if args.run_path or args.no_python or args.training_script != module:  # parse_command_line refused these already
+        refuse(f"{' '.join(launcher)}: the command sets what the ranks run; give only launcher options")
     # The agent's own log of a failure (each rank's exit code, the SIGTERMs it sends the others) is said by the one
     # line below; its warnings at start (OMP_NUM_THREADS) still show.
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)

@@ -180,3 +180,12 @@ def test_standalone_abbreviation_is_a_flag_not_swallowing_the_config(config: Pat
 
 def test_help_by_abbreviation(capsys) -> None:
     assert parse_command_line(["--he"]).help
+
+
+@pytest.mark.parametrize("launcher", [["--run-pat", "x"], ["--no-pyt"], ["--nproc-per-node", "1", "--no_py"]])
+def test_launch_itself_refuses_what_names_the_script(launcher: list[str]) -> None:
+    """Behind parse_command_line: torchrun's own parser's reading is checked before any rank starts."""
+    from runtime.cli import launch
+
+    with pytest.raises(UsageError, match="the command sets what the ranks run"):
+        launch("runtime.train", launcher, ["cfg.yaml"])
