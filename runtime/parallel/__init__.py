@@ -12,7 +12,6 @@ from runtime.parallel.collectives import (
 from runtime.parallel.fsdp import apply_activation_checkpointing, apply_fsdp, clip_grad_norm_
 from runtime.parallel.state import (
     ParallelState,
-    check_sp_compatible,
     get_parallel_state,
     init_parallel_state,
     parallel_state,
@@ -23,7 +22,6 @@ __all__ = [
     "ParallelState",
     "apply_activation_checkpointing",
     "apply_fsdp",
-    "check_sp_compatible",
     "clip_grad_norm_",
     "gather_along_dim",
     "gather_heads_scatter_seq",

@@ -119,7 +119,7 @@ def _tokenize_one(tokenize, located: LocatedSample, *args: Any) -> Any:
 def check_sp(model: torch.nn.Module, config: RunConfig, sp: int) -> None:
     """Ulysses SP splits the LM's heads (its Ulysses degree ``sp / parallel.ring`` only: the ring splits the
     sequence), and a VLM's ViT heads too (the ViT runs Ulysses over the whole SP group, ring or not)."""
-    from runtime.parallel.state import check_sp_compatible
+    from runtime.sp.heads import check_sp_compatible
 
     text = model.config.get_text_config()
     ring = config.parallel.ring or 1

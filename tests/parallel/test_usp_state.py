@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 
 from runtime.parallel.collectives import gather_along_dim
-from runtime.parallel.state import ParallelState, check_sp_compatible, init_parallel_state
+from runtime.parallel.state import ParallelState, init_parallel_state
+from runtime.sp.heads import check_sp_compatible
 from runtime.train.config import ConfigError, ParallelConfig
 from tests.dist_utils import run_distributed
 
