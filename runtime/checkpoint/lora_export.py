@@ -33,8 +33,8 @@ from runtime.checkpoint.export import (
     export_config,
     export_hf,
 )
+from runtime.checkpoint.lora_weights import ADAPTER, adapter_modules
 from runtime.parallel.state import ParallelState, get_parallel_state
-from runtime.train.lora import ADAPTER, adapter_modules
 
 __all__ = ["export_lora", "plain_peft_model"]
 

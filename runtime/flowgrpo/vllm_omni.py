@@ -159,7 +159,7 @@ def plan_weight_sync(names: Any, state: dict[str, torch.Tensor], peft_config: An
     """The sync of ``state`` (our module's full state dict, peft's names for a LoRA run) into the engine whose
     naming ``names`` (an ``EngineNames``) states. Raises ``ValueError`` naming our parameters the engine does not
     have (nothing is sent then: a partial sync would leave the engine on another policy than the trainer's)."""
-    from runtime.train.lora import ADAPTER, merged_state_dict
+    from runtime.checkpoint.lora_weights import ADAPTER, merged_state_dict
 
     if peft_config is None:
         missing = [k for k in state if names.resolve(names.full_weight(k)[0]) is False]

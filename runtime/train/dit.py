@@ -236,7 +236,7 @@ def warn_small_buckets(buckets: Any, batch_size: int, video: bool) -> None:
 def checkpointed(model: torch.nn.Module, ema: Any, lora: bool) -> torch.nn.Module | None:
     """What DCP saves: the model (full fine-tuning) or only the adapter modules (LoRA), plus the EMA when kept."""
     if lora:
-        from runtime.train.lora import adapter_modules
+        from runtime.checkpoint.lora_weights import adapter_modules
 
         trained = adapter_modules(model)
         return trained if ema is None else ema.wrap(trained)
@@ -307,7 +307,7 @@ def export(config: RunConfig, state: ParallelState, model: torch.nn.Module, ema:
     """The diffusers export (``runtime/checkpoint/diffusers_export.py``): EMA weights when kept, the LoRA file or
     (fused, or full fine-tuning) the whole pipeline directory."""
     from runtime.checkpoint.diffusers_export import export_dit, full_state_dict
-    from runtime.train.lora import lora_metadata, lora_state_dict, merged_state_dict
+    from runtime.checkpoint.lora_weights import lora_metadata, lora_state_dict, merged_state_dict
 
     weights = full_state_dict(model)
     if ema is not None:

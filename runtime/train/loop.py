@@ -24,6 +24,7 @@ import torch
 from runtime.checkpoint.dcp import load_checkpoint, save_checkpoint
 from runtime.checkpoint.export import export_hf
 from runtime.checkpoint.identity import model_identity
+from runtime.checkpoint.lora_weights import adapter_modules
 from runtime.checkpoint.verify import CheckpointError
 from runtime.data.sp_batch import packed_attention_kwargs, shard_for_sp
 from runtime.models.registry import lookup
@@ -44,7 +45,7 @@ from runtime.train.data import (
 from runtime.train.evaluate import TextEvaluator, build_eval_loader, eval_due, read_eval_samples
 from runtime.train.finite import check_mode, guard_update, micro_batches
 from runtime.train.job import Job, StepWork, all_reduce_sum, parallel_plan, to_device, train_device
-from runtime.train.lora import adapter_modules, add_text_lora, lora_identity
+from runtime.train.lora import add_text_lora, lora_identity
 from runtime.train.metrics import MetricsLogger, StepMetrics, detect_peak_tflops, flops_per_token
 from runtime.train.model import build_model
 from runtime.train.optim import build_optimizer, build_scheduler

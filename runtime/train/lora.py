@@ -1,6 +1,7 @@
 """LoRA through peft: adapters on the modules whose names match ``target_modules`` (and on the parameters named in
-``target_parameters``), everything else frozen; the adapter's weights in the forms an export needs; and, under
-expert parallelism, the experts' adapters laid out so the grouped expert kernels read ``W + delta`` of their experts.
+``target_parameters``), everything else frozen; and, under expert parallelism, the experts' adapters laid out so
+the grouped expert kernels read ``W + delta`` of their experts. The adapter's weights in the forms checkpoints and
+exports need are ``runtime/checkpoint/lora_weights.py``'s.
 
 ``target_modules`` follows peft: a list of names matches every module whose qualified name ends with one of them
 (``to_q`` matches ``blocks.0.attn1.to_q``; ``attn1.to_q`` only self-attention), a string is a regular expression that
@@ -39,26 +40,21 @@ from typing import Any
 import torch
 
 from runtime.checkpoint.identity import model_identity
+from runtime.checkpoint.lora_weights import ADAPTER
 from runtime.train.config import ConfigError, LoraConfig, RunConfig
 
 __all__ = [
-    "ADAPTER",
     "DIT_TARGET_MODULES",
     "TEXT_TARGET_MODULES",
     "adapter_identity",
-    "adapter_modules",
     "add_lora",
     "add_text_lora",
     "lora_identity",
-    "lora_metadata",
-    "lora_state_dict",
-    "merged_state_dict",
     "peft_lora_config",
     "shard_expert_adapters",
     "text_default_targets",
 ]
 
-ADAPTER = "default"
 # ``lora.target_modules: null`` on a DiT: the attention projections every diffusers attention block has
 DIT_TARGET_MODULES = ("to_q", "to_k", "to_v", "to_out.0")
 # ... on a text, vision-language or omni model: its language model's attention projections
@@ -244,51 +240,3 @@ def shard_expert_adapters(model: torch.nn.Module, ep_mesh: Any) -> int:
             wrapper.ep_sharded = True
         count += 1
     return count
-
-
-def adapter_modules(model: torch.nn.Module) -> torch.nn.Module:
-    """The modules holding the trained (adapter) parameters, gathered under one module with the adapters'
-    qualified names ("/" for "."): what a LoRA run checkpoints. The frozen base weights are left out (they come
-    from ``model.path`` again on resume), so a checkpoint holds the adapter and its optimizer state only. The
-    modules are shared, not copied: FSDP2's sharded parameters are saved and loaded in place."""
-    owners = {}
-    for name, param in model.named_parameters():
-        if param.requires_grad:
-            module_name = name.rpartition(".")[0]
-            owners[module_name.replace(".", "/")] = model.get_submodule(module_name)
-    return torch.nn.ModuleDict(owners)
-
-
-def lora_metadata(config: Any) -> dict[str, Any]:
-    """The peft config as JSON data: diffusers' ``load_lora_weights`` rebuilds the same adapter from it (rank,
-    alpha, target modules), rather than guessing alpha from the weights."""
-    data = config.to_dict()
-    return {k: sorted(v) if isinstance(v, set) else v for k, v in data.items()}
-
-
-def lora_state_dict(full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The adapter's tensors of a full state dict, keyed as diffusers' LoRA files are (adapter name dropped):
-    ``blocks.0.attn1.to_q.lora_A.weight``."""
-    suffix = f".{ADAPTER}."
-    return {k.replace(suffix, "."): v for k, v in full.items() if ".lora_A." in k or ".lora_B." in k}
-
-
-def merged_state_dict(full: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
-    """A full state dict with the adapter merged into its base weights (``W + scaling * B @ A``, in float32 and cast
-    back), under the plain model's key names. Linear adapters only (a DiT's); transformers models merge through
-    peft (``runtime/checkpoint/export.py``), which also merges adapted parameters."""
-    out: dict[str, torch.Tensor] = {}
-    for key, value in full.items():
-        if ".lora_A." in key or ".lora_B." in key:
-            continue
-        if ".base_layer." not in key:
-            out[key] = value
-            continue
-        module, _, leaf = key.rpartition(".base_layer.")
-        plain = f"{module}.{leaf}"
-        if leaf == "weight":
-            a = full[f"{module}.lora_A.{ADAPTER}.weight"].float()
-            b = full[f"{module}.lora_B.{ADAPTER}.weight"].float()
-            value = (value.float() + scaling * (b @ a)).to(value.dtype)
-        out[plain] = value
-    return out

@@ -104,7 +104,7 @@ class ValidationSampler:
         """The transformer's weights as the export writes them: full (gathered on rank 0), EMA when kept, LoRA
         merged. Other ranks get an empty dict."""
         from runtime.checkpoint.diffusers_export import full_state_dict
-        from runtime.train.lora import merged_state_dict
+        from runtime.checkpoint.lora_weights import merged_state_dict
 
         weights = full_state_dict(self.model)
         if self.ema is not None:

@@ -125,7 +125,7 @@ def test_full_weight_sync_lands_on_engine_parameters(wheel, model_type) -> None:
 def test_lora_sync_binds_every_adapted_module(wheel, model_type) -> None:
     """Every LoRA-adapted module reaches the engine: as a LoRA on a module its LoRA manager binds (under the
     engine's module name), or merged into the base weight through load_weights. None is dropped."""
-    from runtime.train.lora import merged_state_dict
+    from runtime.checkpoint.lora_weights import merged_state_dict
 
     names = _engine(wheel, model_type)
     model, peft = _policy(model_type, lora=True)
