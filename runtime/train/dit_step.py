@@ -21,7 +21,6 @@ single-process ones (``runtime/diffusion/sp.py``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -52,13 +51,3 @@ def weighted_flow_matching_loss(
     per_sample = (prediction.float() - target.float()).pow(2).flatten(1).mean(dim=1)
     weights = condition_model.loss_weight(inputs.sigmas, seq_len).to(per_sample.device)
     return (weights * per_sample).sum() / denominator
-
-
-def micro_batch_position(micro_batch: int, dp_rank: int, dp_size: int) -> int:
-    return micro_batch * dp_size + dp_rank
-
-
-def stack_check(latents: Sequence[torch.Tensor]) -> None:
-    shapes = {tuple(x.shape) for x in latents}
-    if len(shapes) != 1:
-        raise ValueError(f"a micro-batch mixes latent shapes {sorted(shapes)}; its samples must share a bucket")
