@@ -34,9 +34,9 @@ Example (every key with its default unless marked required)::
       negative_prompt: ""        # the negative branch of true CFG
       seed: 0                    # the prompt order (a seeded permutation per epoch)
     sampling:
-      height: 512                # required: pixels (multiples of the model's pixel multiple)
-      width: 512                 # required
-      frames: null               # video models: required (e.g. 81); image models: null
+      height: 512                # required: pixels (multiples of the model's pixel multiple), at most 16384
+      width: 512                 # required, at most 16384; frames x height x width at most 2**30
+      frames: null               # video models: required (e.g. 81), at most 1024; image models: null
       num_inference_steps: 10
       true_cfg_scale: 1.0        # > 1: true classifier-free guidance with data.negative_prompt (Wan, Qwen-Image)
       batch_size: null           # samples per rollout forward and per VAE decode; null: all of the replica's at once
@@ -267,8 +267,31 @@ def _check_shared(config: RLConfig) -> None:
         errors.add("checkpoint.interval: set checkpoint.dir to say where checkpoints go")
     if config.sampling.true_cfg_scale < 1:
         errors.add(f"sampling.true_cfg_scale: expected >= 1 (1: off), found {config.sampling.true_cfg_scale}")
+    errors.add(*sampling_size_errors(config.sampling))
     errors.add(*report_to_errors(config.log.report_to))  # known trackers, installed (find_spec: nothing imported)
     errors.raise_if_any()
+
+
+def sampling_size_errors(sampling: SamplingConfig) -> list[str]:
+    """The sampled size's limits, the DiT trainer's bucket limits (``runtime/data/dit/buckets.py``): beyond them a run
+    exhausts the machine (or overflows a size computation) instead of sampling. One message per key."""
+    from runtime.data.dit.buckets import MAX_BUCKET_FRAMES, MAX_BUCKET_PIXELS, MAX_BUCKET_SIDE
+
+    errors = [
+        f"sampling.{key}: {value}: more than {MAX_BUCKET_SIDE} pixels (the limit)"
+        for key, value in (("height", sampling.height), ("width", sampling.width))
+        if value > MAX_BUCKET_SIDE
+    ]
+    frames = sampling.frames or 1
+    if frames > MAX_BUCKET_FRAMES:
+        errors.append(f"sampling.frames: {frames}: more than {MAX_BUCKET_FRAMES} frames (the limit)")
+    pixels = frames * sampling.height * sampling.width
+    if not errors and pixels > MAX_BUCKET_PIXELS:
+        errors.append(
+            f"sampling: {frames} x {sampling.height} x {sampling.width} pixels per sample, more than "
+            f"{MAX_BUCKET_PIXELS} (2**30, the limit)"
+        )
+    return errors
 
 
 _LIST_ENTRY = re.compile(r"^([A-Za-z_]\w*)\[(\d+)\]")
