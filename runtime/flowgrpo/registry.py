@@ -156,7 +156,7 @@ def registered_diffusion_models() -> list[tuple[str, str]]:
 # Modules whose import registers the built-in adapters; imported on the first lookup (keeps diffusers lazy). A module
 # may also define register_adapters(), called after its import: the generated DiTs come last, so an architecture with
 # an adapter of its own (SD3's) keeps it.
-_BUILTIN_ADAPTER_MODULES = ("runtime.flowgrpo.sd3", "runtime.flowgrpo.mot", "runtime.flowgrpo.dit")
+_BUILTIN_ADAPTER_MODULES = ("runtime.flowgrpo.sd3", "runtime.flowgrpo.bagel.adapter", "runtime.flowgrpo.dit")
 _builtins_loaded = False
 
 

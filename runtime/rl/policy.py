@@ -190,7 +190,7 @@ def export_nondiffusers(config: Any, state: ParallelState, policy: Policy) -> No
     from runtime.checkpoint.diffusers_export import full_state_dict
     from runtime.checkpoint.export import _write_marker, check_export_target
     from runtime.checkpoint.lora_weights import merged_state_dict
-    from runtime.flowgrpo.mot import BAGEL_WEIGHTS_NAME, to_bagel_keys
+    from runtime.flowgrpo.bagel.checkpoint import BAGEL_WEIGHTS_NAME, to_bagel_keys
     from runtime.flowgrpo.nondiffusers import WEIGHTS_NAME
 
     weights = full_state_dict(policy.module)

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from peft import LoraConfig
 from safetensors.torch import load_file, save_file
 
-from runtime.flowgrpo.mot import (
+from runtime.flowgrpo.bagel import (
     BAGEL_KEY_MAP,
     BagelMoT,
     BagelMoTFlowGRPO,

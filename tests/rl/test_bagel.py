@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.flowgrpo.mot import BagelMoT, save_tiny_bagel
+from runtime.flowgrpo.bagel import BagelMoT, save_tiny_bagel
 from tests.rl.common import PROMPTS, write_prompts
 
 LORA = {"rank": 4, "alpha": 4, "target_modules": ["q_proj_moe_gen", "v_proj_moe_gen", "llm2vae"]}
