@@ -56,7 +56,12 @@ def _rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
 
 
 def _run_task(fn, rank: int, world_size: int, port: int, args: tuple, init_group: bool, timeout: float) -> tuple:
-    """One call on one rank: (rank, True, pickled result) or (rank, False, traceback)."""
+    """One call on one rank: (rank, True, pickled result) or (rank, False, traceback). The call's process groups
+    are destroyed and its layout handle and DTensor caches dropped (runtime.parallel.teardown), so the next call
+    sees what a fresh rank would; the groups themselves are freed by the collector, or by ``shutdown`` at exit."""
+    from runtime.parallel.teardown import release_process_groups
+
+    failure: BaseException | None = None
     try:
         os.environ.update(_rank_env(rank, world_size, port))
         if init_group:
@@ -64,26 +69,32 @@ def _run_task(fn, rank: int, world_size: int, port: int, args: tuple, init_group
         # Plain pickle bytes, not tensors: torch's queue would pass tensors as shared-memory handles that die with
         # the process that made them.
         return rank, True, pickle.dumps(fn(rank, world_size, *args))
-    except BaseException:
+    except BaseException as exc:
+        failure = exc
         return rank, False, traceback.format_exc()
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        release_process_groups(failure=failure, collect=False)
 
 
 def _worker(fn, rank: int, world_size: int, port: int, args: tuple, init_group: bool, timeout: float, results) -> None:
     """A one-shot rank (calls that create their own process group: init_group=False)."""
+    from runtime.parallel.teardown import shutdown
+
     torch.set_num_threads(1)
     results.put(_run_task(fn, rank, world_size, port, args, init_group, timeout))
+    shutdown(None)  # free the groups (join their threads) before the interpreter exits
 
 
 def _pool_worker(rank: int, world_size: int, tasks, results) -> None:
     """A pooled rank: runs calls until it receives None. Each call gets the caller's environment and working
     directory, as a freshly spawned rank would; process state a call changed is reset after it."""
+    from runtime.parallel.teardown import shutdown
+
     torch.set_num_threads(1)
     while True:
         task = tasks.get()
         if task is None:
+            shutdown(None)  # free every call's groups (join their threads) before the interpreter exits
             return
         fn, port, args, timeout, environ, cwd = task
         os.environ.clear()
@@ -93,29 +104,7 @@ def _pool_worker(rank: int, world_size: int, tasks, results) -> None:
         try:
             results.put(_run_task(fn, rank, world_size, port, args, True, timeout))
         finally:
-            _reset_parallel_state()
             torch.set_default_dtype(dtype)
-
-
-def _reset_parallel_state() -> None:
-    try:
-        from runtime.parallel.state import set_parallel_state
-    except ImportError:  # pragma: no cover - the runtime is part of this repository
-        return
-    set_parallel_state(None)
-    _clear_dtensor_caches()
-
-
-def _clear_dtensor_caches() -> None:
-    """DTensor caches sharding propagation by spec, and a DeviceMesh compares equal to any mesh of the same layout
-    whatever its process groups: a pooled rank's next call with an equal mesh would get output specs holding the
-    previous call's mesh, whose groups that call destroyed ("Could not resolve the process group registered under
-    the name 15"). A fresh rank has empty caches; so does a pooled one after this."""
-    from torch.distributed.tensor._redistribute import _gen_transform_infos
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-
-    _clear_sharding_prop_cache()
-    _gen_transform_infos.cache_clear()
 
 
 def _kill(procs: list[Any]) -> None:

@@ -17,6 +17,7 @@ from runtime.models.registry import causal_lm_class
 from runtime.models.tiny import random_packed_batch, tiny_config
 from runtime.parallel.collectives import gather_along_dim
 from runtime.parallel.state import ParallelState, init_parallel_state, parallel_state
+from runtime.parallel.teardown import torn_down
 
 
 def forward_backward(model_type: str, batch: dict[str, torch.Tensor]) -> tuple[torch.nn.Module, torch.Tensor, ...]:
@@ -58,10 +59,8 @@ def main(model_type: str = "qwen3", lengths: tuple[int, ...] = (29, 42, 17)) -> 
         print(f"relative logits difference:        {relative(logits, ref_logits):.2e}")
         print(f"max relative gradient difference:  {worst:.2e} ({worst_name})")
         print("PASS" if max(worst, relative(loss, ref_loss)) < 1e-5 else "FAIL (tolerance 1e-5)")
-    if dist.is_initialized():  # an undestroyed gloo group can abort the interpreter at exit under load
-        dist.barrier()
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main()
+    with torn_down():  # barrier, destroy and free the groups (their threads) before the interpreter exits
+        main()
