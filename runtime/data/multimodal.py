@@ -77,11 +77,15 @@ class MultimodalSample:
 
 def load_image(path: str | Path):
     """An RGB PIL image, fully read (the file is closed); ValueError naming the file if it cannot be read."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import UnidentifiedImageError
+
+    from runtime.data.images import ImageTooLarge, open_image
 
     try:
-        with Image.open(path) as image:
+        with open_image(path) as image:
             return image.convert("RGB")
+    except ImageTooLarge as e:
+        raise ValueError(f"cannot read image {e}") from None
     except (OSError, UnidentifiedImageError) as e:
         raise ValueError(f"cannot read image {path}: {e}") from None
 

@@ -56,11 +56,13 @@ def _check_image(path: Path, key: str, value: str) -> None:
             f'"{key}": {value!r} is not a PNG or JPEG file ({", ".join(IMAGE_SUFFIXES)}); the model generates '
             f"images, so a pair is two images, e.g. {EXAMPLE}"
         )
-    from PIL import Image
+    from runtime.data.images import ImageTooLarge, open_image
 
     try:
-        with Image.open(path) as image:  # the header only: a truncated or foreign file is refused here
+        with open_image(path) as image:  # the header only: a truncated or foreign file is refused here
             image.verify()
+    except ImageTooLarge as exc:
+        raise LineError(f'"{key}": cannot read image {exc}') from None
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, ... for broken files
         raise LineError(f'"{key}": cannot read image {value!r}: {exc}') from None
 
@@ -140,11 +142,13 @@ def _frames(path: Path, where: str, frames: int | None) -> list[Any]:
             return load_frames(_video_sample(path, where), frames)
         except ValueError as exc:  # changed on disk since the check
             raise ConfigError(str(exc)) from None
-    from PIL import Image
+    from runtime.data.images import ImageTooLarge, open_image
 
     try:
-        with Image.open(path) as image:
+        with open_image(path) as image:
             return [image.convert("RGB")]
+    except ImageTooLarge as exc:
+        raise ConfigError(f"{where}: cannot read image {exc}") from None
     except Exception as exc:  # changed on disk since the check
         raise ConfigError(f"{where}: cannot read image {path}: {exc}") from None
 

@@ -99,11 +99,13 @@ def check_media_dir(config: RunConfig) -> None:
 
 def verify_image(path: Path, where: str) -> None:
     """Open ``path`` and check its structure without decoding the pixels (PIL ``verify``)."""
-    from PIL import Image
+    from runtime.data.images import ImageTooLarge, open_image
 
     try:
-        with Image.open(path) as image:
+        with open_image(path) as image:
             image.verify()
+    except ImageTooLarge as exc:
+        raise ConfigError(f"data.path: {where}: cannot read image {exc}") from None
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, struct.error, ... for broken files
         raise ConfigError(f"data.path: {where}: cannot read image {path}: {exc}") from None
 

@@ -44,22 +44,25 @@ def _import_av(sample: MediaSample) -> Any:
 
 
 def _open_image(path: Path, sample: MediaSample) -> Any:
-    from PIL import Image
+    from runtime.data.images import ImageTooLarge, open_image
 
     try:
-        image = Image.open(path)
-        image.load()
+        with open_image(path) as image:
+            return image.convert("RGB")
+    except ImageTooLarge as exc:
+        raise MediaError(f"{sample.where}: cannot read image {exc}") from None
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError, ... for broken files
         raise MediaError(f"{sample.where}: cannot read image {path}: {exc}") from None
-    return image.convert("RGB")
 
 
 def _image_size(path: Path, sample: MediaSample) -> tuple[int, int]:
-    from PIL import Image
+    from runtime.data.images import ImageTooLarge, open_image
 
     try:
-        with Image.open(path) as image:
+        with open_image(path) as image:
             return image.size
+    except ImageTooLarge as exc:
+        raise MediaError(f"{sample.where}: cannot read image {exc}") from None
     except Exception as exc:
         raise MediaError(f"{sample.where}: cannot read image {path}: {exc}") from None
 
