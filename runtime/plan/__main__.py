@@ -1,19 +1,35 @@
 """``python -m runtime.plan cfg.yaml [more.yaml ...] --gpus 64 [8 ...] --gpu-mem 80``: per-rank memory of the
 configured layout and the smallest layout that fits (see ``runtime/plan/__init__.py``). ``--help`` and a bad plan
-file cost no torch import; a user error is one line and exit code 2."""
+file cost no torch import. User errors (a bad argument, every problem of every plan file) are each one ``error:``
+line, all reported at once, with exit code 2."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from runtime.plan.config import ConfigError, PlanConfig, read_plan
 
 GIB = 2**30
+MAX_GPUS = 2**20  # device counts: ten times the largest clusters (the layout search stays in seconds below it)
+MAX_GPU_COUNTS = 64  # --gpus values of one command
+MAX_GPU_MEM = 2**20  # GiB per device (a thousand times today's largest)
+USAGE = "python -m runtime.plan cfg.yaml [more.yaml ...] [--gpus N [N ...]] [--gpu-mem GIB] [--table]"
+USER_ERROR = 2
+
+
+class UsageError(Exception):
+    """A command line argparse cannot read (reported in one line, not argparse's usage block)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]  # argparse exits with its usage block
+        raise UsageError(message)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="python -m runtime.plan",
         description="Per-rank memory (parameters, gradients, optimizer, gathered parameters, activations) of a "
         "training step of a real-size model under an FSDP2/HSDP/SP/EP/activation-checkpointing layout, computed on "
@@ -78,27 +94,53 @@ def _report(plan: PlanConfig, gpus_list: list[int], gpu_mem: float, table: bool)
     return lines
 
 
+def argument_errors(gpus: list[int], gpu_mem: float) -> list[str]:
+    """Every bad ``--gpus`` / ``--gpu-mem`` value, one line each (a NaN memory fits everything, a trillion devices
+    never finishes the layout search)."""
+    errors = (
+        [f"--gpus: at most {MAX_GPU_COUNTS} device counts, found {len(gpus)}"] if len(gpus) > MAX_GPU_COUNTS else []
+    )
+    errors += [f"--gpus: {g}: expected a device count in [1, {MAX_GPUS}]" for g in gpus if not 1 <= g <= MAX_GPUS]
+    if not (math.isfinite(gpu_mem) and 0 < gpu_mem <= MAX_GPU_MEM):
+        errors.append(f"--gpu-mem: {gpu_mem:g}: expected the GiB of one device, a finite number in (0, {MAX_GPU_MEM}]")
+    return errors
+
+
+def _say_errors(messages: list[str]) -> None:
+    for message in messages:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    if any(g < 1 for g in args.gpus) or args.gpu_mem <= 0:
-        print("--gpus and --gpu-mem must be positive", file=sys.stderr)
-        return 2
     try:
-        plans = [read_plan(path) for path in args.configs]
-    except ConfigError as exc:
-        print(exc, file=sys.stderr)
-        return 2
+        args = _parser().parse_args(argv)
+    except UsageError as exc:
+        _say_errors([f"{exc} (usage: {USAGE}; --help for more)"])
+        return USER_ERROR
+    errors = argument_errors(args.gpus, args.gpu_mem)
+    plans = []
+    for path in args.configs:
+        try:
+            plans.append(read_plan(path))
+        except ConfigError as exc:
+            errors.extend(exc.messages)
+    if errors:
+        _say_errors(errors)
+        return USER_ERROR
     if args.table:
         print("| model | parameters | tokens per micro-batch | GPUs | smallest layout that fits | GiB per rank |")
         print("|---|---|---|---|---|---|")
+    failed = False
     for path, plan in zip(args.configs, plans, strict=True):
         try:
             lines = _report(plan, args.gpus, args.gpu_mem, args.table)
-        except (ValueError, TypeError, KeyError) as exc:
-            print(f"{path}: model: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
-            return 2
+        except (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, RuntimeError) as exc:
+            # what only building the model finds (e.g. heads that do not divide the hidden size)
+            _say_errors([f"{path}: model: {' '.join(str(exc).split())[:300]}"])
+            failed = True
+            continue
         print("\n".join(lines), flush=True)
-    return 0
+    return USER_ERROR if failed else 0
 
 
 if __name__ == "__main__":

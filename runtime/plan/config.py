@@ -1,7 +1,8 @@
 """A plan file: the model (type + the published config's numbers), the workload of one micro-batch, the layout.
 
 YAML, read and checked with the run config's own machinery (``runtime.train.config``: size, depth, unknown keys,
-types and ranges, each a one-line error naming the key). No torch is imported here.
+types and ranges; ``runtime.plan.model_check``: ``model.type`` and ``model.config`` as the trainer checks them), every
+error of a file at once, each a one-line error naming the file, the key's line and the key. No torch is imported here.
 """
 
 from __future__ import annotations
@@ -9,7 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from runtime.train.config import ConfigError, KeyRules, ParallelConfig, build_section, read_config_file
+from runtime.plan.model_check import model_problems
+from runtime.train.config import (
+    ConfigError,
+    ConfigErrors,
+    KeyRules,
+    ParallelConfig,
+    collect_section,
+    locate_errors,
+    read_config_file,
+)
 
 __all__ = ["ConfigError", "PlanConfig", "PlanModel", "Workload", "read_plan"]
 
@@ -61,17 +71,22 @@ SECTIONS = {"model": PlanModel, "workload": Workload, "parallel": ParallelConfig
 
 
 def read_plan(path: str | Path) -> PlanConfig:
-    """The checked plan file; a ``ConfigError`` (one line naming the file and key) otherwise."""
+    """The checked plan file; a ``ConfigError`` otherwise, with every error of the file (``messages``), each one line
+    naming the file, the key's line and the key."""
+    path = Path(path)
     raw = read_config_file(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping with keys {', '.join(SECTIONS)}")
-    unknown = sorted(set(raw) - set(SECTIONS))
-    if unknown:
-        raise ConfigError(f"{path}: {unknown[0]}: unknown section; expected one of {', '.join(SECTIONS)}")
-    if "model" not in raw or "workload" not in raw:
-        raise ConfigError(f"{path}: needs the sections model and workload")
-    try:
-        sections = {name: build_section(cls, raw[name], name, RULES) for name, cls in SECTIONS.items() if name in raw}
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+    errors = ConfigErrors()
+    for name in sorted(set(raw) - set(SECTIONS), key=str):
+        errors.add(f"{name}: unknown section; expected one of {', '.join(SECTIONS)}")
+    errors.add(*(f"{name}: required section missing" for name in ("model", "workload") if name not in raw))
+    sections = {
+        name: collect_section(cls, raw[name], name, RULES, errors) for name, cls in SECTIONS.items() if name in raw
+    }
+    if "model" in sections:
+        model = sections["model"]
+        errors.run(lambda: errors.add(*model_problems(model.type, model.config or {})))
+    if errors.messages:  # each message with the file and its key's line, in the order of the lines
+        raise locate_errors(ConfigError(*errors.messages), path)
     return PlanConfig(**sections)

@@ -22,6 +22,7 @@ caching allocator's fragmentation).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from runtime.plan.footprint import Footprint
@@ -87,7 +88,9 @@ def per_rank(fp: Footprint, layout: Layout) -> Memory:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in increasing order, in O(sqrt(n)) (``--gpus`` goes up to a million)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def valid(fp: Footprint, layout: Layout) -> str | None:
@@ -109,7 +112,8 @@ def candidates(fp: Footprint, gpus: int) -> list[Layout]:
     found = []
     for sp in _divisors(gpus):
         for dp_shard in _divisors(gpus // sp):
-            for ep in _divisors(dp_shard * sp) if fp.experts else [1]:
+            # ep divides both the expert count and dp_shard x sp (``valid``): only those are tried
+            for ep in _divisors(math.gcd(fp.experts, dp_shard * sp)) if fp.experts else [1]:
                 for checkpointing in (False, True):
                     layout = Layout(gpus // (sp * dp_shard), dp_shard, sp, ep, checkpointing)
                     if valid(fp, layout) is None:

@@ -81,8 +81,7 @@ from typing import Any
 
 import yaml
 
-from runtime.train.model_keys import SHARED_MODELING_MODULES, config_class_keys, keys_read_by, unknown_config_keys
-from runtime.train.model_limits import size_problem
+from runtime.train.model_keys import model_config_problems, model_type_problem
 from runtime.train.overrides import Override, apply_overrides, override_of
 from runtime.train.tracking.requirements import missing_backend
 
@@ -651,17 +650,9 @@ def _registry_entry(config: RunConfig) -> Any:
 
 def _check_model_type(config: RunConfig) -> None:
     """A model type with a generated class (``runtime/models/registry.py``: generated ``*.model.json`` records)."""
-    from runtime.models.registry import REGISTRY
-
-    kind = config.model.type
-    if kind is None or kind in REGISTRY:
-        return
-    close = difflib.get_close_matches(str(kind), sorted(REGISTRY), n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ConfigError(
-        f"model.type: no generated model for model_type {kind!r}{hint} (known: {', '.join(sorted(REGISTRY))}). Add "
-        f"a spec with a [model] table under specs/ and run `patchgen regen`"
-    )
+    problem = model_type_problem(config.model.type)
+    if problem:
+        raise ConfigError(problem)
 
 
 def _check_family_keys(config: RunConfig) -> None:
@@ -738,14 +729,8 @@ def _check_model_config(config: RunConfig) -> None:
     entry = _registry_entry(config)
     if not model.config or entry is None or entry.family == "dit":
         return  # an unknown type: _check_model_type names the known ones; DiTs: _check_dit
-    known = config_class_keys(model.type)
     errors = ConfigErrors()
-    if known is not None:
-        read = frozenset(keys_read_by([entry.module, *SHARED_MODELING_MODULES]))
-        errors.add(*unknown_config_keys(known, model.config, read=read))
-    found = size_problem(model.config)
-    if found:
-        errors.add(f"model.config.{found[0]}: {found[1]}")
+    errors.add(*model_config_problems(model.type, entry.module, model.config))
     errors.raise_if_any()
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from runtime.train.config_source import ConfigKeys, source_path, static_config_keys, transformers_config_name
+from runtime.train.model_limits import size_problems
 
 # RotaryEmbeddingConfigMixin.convert_rope_params_to_dict moves these into rope_parameters (transformers 5).
 _LEGACY_ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
@@ -129,3 +130,32 @@ def unknown_config_key(
     keys = imported_config_keys(config_class)
     found = unknown_config_keys(keys, overrides, prefix, parent and imported_config_keys(parent), read)
     return found[0] if found else None
+
+
+def model_type_problem(model_type: Any) -> str | None:
+    """Why ``model_type`` cannot be trained or planned (no generated class), with the closest known type; None when
+    the registry has it (``runtime/models/registry.py``: the generated ``*.model.json`` records, nothing imported)."""
+    from runtime.models.registry import REGISTRY
+
+    if model_type is None or model_type in REGISTRY:
+        return None
+    close = difflib.get_close_matches(str(model_type), sorted(REGISTRY), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return (
+        f"model.type: no generated model for model_type {model_type!r}{hint} (known: {', '.join(sorted(REGISTRY))}). "
+        f"Add a spec with a [model] table under specs/ and run `patchgen regen`"
+    )
+
+
+def model_config_problems(model_type: str, module: str, overrides: dict[str, Any]) -> list[str]:
+    """Every problem of ``model.config`` of a transformers model: keys its config class (or the modeling code of
+    ``module``) does not know, and sizes outside ``runtime/train/model_limits.py``'s bounds, one line each. Shared by
+    the trainer and ``python -m runtime.plan`` so that both refuse the same typo (``hiden_size``) and the same
+    sizes; read from source, no torch."""
+    found: list[str] = []
+    known = config_class_keys(model_type)
+    if known is not None:
+        read = frozenset(keys_read_by([module, *SHARED_MODELING_MODULES]))
+        found.extend(unknown_config_keys(known, overrides, read=read))
+    found.extend(f"model.config.{key}: {what}" for key, what in size_problems(overrides))
+    return found

@@ -38,23 +38,30 @@ def size_kind(name: str) -> str | None:
     return None
 
 
-def size_problem(values: Mapping[str, Any], prefix: str = "") -> tuple[str, str] | None:
-    """The first size key of ``values`` (nested mappings included) outside its bounds, as (dotted key, what is
-    wrong); None when every size is within them."""
+def size_problems(values: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """Every size key of ``values`` (nested mappings included) outside its bounds, as (dotted key, what is wrong):
+    all of them, so that a config's errors are reported at once."""
+    found: list[tuple[str, str]] = []
     for name, value in values.items():
         key = f"{prefix}{name}"
         if isinstance(value, Mapping):
-            found = size_problem(value, f"{key}.")
-            if found:
-                return found
+            found.extend(size_problems(value, f"{key}."))
             continue
         kind = size_kind(str(name))
         if kind is None or value is None or isinstance(value, bool) or not isinstance(value, int | float):
             continue
         limit, what = (MAX_LAYERS, "a layer count") if kind == "layers" else (MAX_SIZE, "a size")
         if not isinstance(value, int) or not 1 <= value <= limit:
-            return key, f"expected an integer in [1, {limit}] ({what}; the limit is {limit}), found {value!r:.40}"
-    return None
+            found.append(
+                (key, f"expected an integer in [1, {limit}] ({what}; the limit is {limit}), found {value!r:.40}")
+            )
+    return found
+
+
+def size_problem(values: Mapping[str, Any], prefix: str = "") -> tuple[str, str] | None:
+    """The first of ``size_problems``; None when every size is within the bounds."""
+    found = size_problems(values, prefix)
+    return found[0] if found else None
 
 
 def physical_memory() -> int | None:
