@@ -31,12 +31,28 @@ class Override:
 
 
 def parse_value(text: str, key: str, loader: type = yaml.SafeLoader) -> Any:
+    """The value of override ``--key`` read as YAML, held to the config file's caps on nesting and on values once
+    aliases are expanded (``runtime.train.config.read_config_file``), counted where the value lands in the config:
+    a value 60000 lists deep is a one-line error, not a RecursionError."""
+    from runtime.train.config import MAX_CONFIG_DEPTH, _shape_problem  # config imports this module
+
     try:
-        return yaml.load(text, Loader=loader)  # a SafeLoader (subclass): no arbitrary objects
+        value = yaml.load(text, Loader=loader)  # a SafeLoader (subclass): no arbitrary objects
     except yaml.YAMLError as exc:
         raise OverrideError(
-            f"override --{key}: not a YAML value: {getattr(exc, 'problem', exc)} in {text!r}"
+            f"override --{key}: not a YAML value: {getattr(exc, 'problem', exc)} in {text!r:.200}"
         ) from None
+    except RecursionError:  # deeper than Python's recursion limit, which is above MAX_CONFIG_DEPTH
+        raise OverrideError(
+            f"override --{key}: nested more than {MAX_CONFIG_DEPTH} levels deep, the limit for a run config"
+        ) from None
+    placed = value
+    for part in reversed(key.split(".")):  # as deep as the same value written in the file
+        placed = {part: placed}
+    problem = _shape_problem(placed)
+    if problem:
+        raise OverrideError(f"override --{key}: {problem}")
+    return value
 
 
 def parse_overrides(args: Sequence[str], loader: type = yaml.SafeLoader) -> list[Override]:

