@@ -38,7 +38,8 @@ from tests.engine.helpers import (
     run_cli,
     spec_toml,
 )
-from tests.engine.test_migrate import HEAD, MOVED, NEW_V, OLD, OLD_V, edits, left, run, setup
+from tests.engine.test_migrate import HEAD, MOVED, NEW_V, OLD, OLD_V, edits, left, run
+from tests.engine.test_migrate import setup as migration_project
 
 FROM = ("--from", f"fixturepkg=={VERSION}")
 
@@ -245,7 +246,7 @@ def test_migration_never_writes_a_call_into_an_expr_var(tmp_path) -> None:
 
 
 def test_apply_specs_does_not_write_through_a_symlink_planted_at_the_staging_name(tmp_path, capsys) -> None:
-    proj, _ = setup(tmp_path / "proj", MOVED, [dict(template="mig/head_var", **HEAD)])
+    proj, _ = migration_project(tmp_path / "proj", MOVED, [dict(template="mig/head_var", **HEAD)])
     outside = tmp_path / "outside.txt"
     outside.write_text("precious\n")
     spec = proj.root / "specs" / "toy.toml"
