@@ -357,6 +357,7 @@ def load_checkpoint(
     state = _dcp_state(model, optimizer)
     with _single_process_is_intended():
         reader = SafeFileSystemReader(path)
+        reader.check_metadata()  # before dcp.load, which logs a failed read's traceback before it fails
         try:
             dcp.load(
                 state,

@@ -20,6 +20,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
+from runtime.checkpoint.verify import CheckpointError
+
 # (module, name) of every global a DCP FileSystemWriter's .metadata refers to (torch 2.13), besides torch dtypes.
 _METADATA_GLOBALS = {
     ("torch.distributed.checkpoint.metadata", name)
@@ -59,20 +61,44 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 class SafeFileSystemReader(FileSystemReader):
-    """``FileSystemReader`` whose metadata unpickling resolves only DCP's own metadata classes."""
+    """``FileSystemReader`` whose metadata unpickling resolves only DCP's own metadata classes. The metadata read
+    once is kept: ``load_checkpoint`` reads it before ``dcp.load`` (``read_metadata``), so a refused or missing
+    ``.metadata`` is one ``CheckpointError`` and ``dcp.load`` never starts (it logs each failed read with its
+    traceback, then tries a per-rank ``__0.metadata`` that a ``FileSystemWriter`` never writes)."""
 
     refused: MetadataUnpicklingError | None = None  # why the metadata was refused, for the caller's message
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = self._get_metadata_path(kwargs.get("rank"))
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._read: dict[Any, Metadata] = {}  # rank (None: the global metadata) -> what was read
+
+    def check_metadata(self) -> None:
+        """Read the checkpoint's metadata now; ``CheckpointError`` (one line naming the checkpoint) when it is refused
+        (verified, yet not DCP metadata: written by something else), missing or unreadable."""
         try:
-            with self.fs.create_stream(path, "rb") as f:
-                metadata = _MetadataUnpickler(f).load()
-            if not isinstance(metadata, Metadata):
-                raise MetadataUnpicklingError(f"it holds a {type(metadata).__name__}, not DCP metadata")
+            self.read_metadata()
         except MetadataUnpicklingError as exc:
-            self.refused = self.refused or exc
-            raise
+            raise CheckpointError(f"checkpoint {self.path}: refusing its .metadata: {exc}") from None
+        except Exception as exc:  # missing (a marker that does not list it), not a pickle at all
+            why = " ".join(str(exc).split())[:300]
+            raise CheckpointError(
+                f"checkpoint {self.path}: cannot read its .metadata ({type(exc).__name__}: {why})"
+            ) from None
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        rank = kwargs.get("rank")
+        metadata = self._read.get(rank)
+        if metadata is None:
+            path = self._get_metadata_path(rank)
+            try:
+                with self.fs.create_stream(path, "rb") as f:
+                    metadata = _MetadataUnpickler(f).load()
+                if not isinstance(metadata, Metadata):
+                    raise MetadataUnpicklingError(f"it holds a {type(metadata).__name__}, not DCP metadata")
+            except MetadataUnpicklingError as exc:
+                self.refused = self.refused or exc
+                raise
+            self._read[rank] = metadata
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
