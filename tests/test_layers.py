@@ -14,7 +14,6 @@ MAX_LINES = 400
 OVERSIZE = {
     "runtime/train/config.py",
     "runtime/rl/loop.py",
-    "runtime/moe/experts.py",
     "patchgen/spec.py",
     "patchgen/project.py",
     "patchgen/upgrade.py",

@@ -77,7 +77,7 @@ def choose_backend(
     known: tuple[str, ...],
 ) -> str:
     """The backend ``grouped_linear`` runs when none is named (see the module docstring). The caller hands in its
-    own ``grouped_linear``, fixed rule and backend names, so this module does not import ``runtime.moe.experts``."""
+    own ``grouped_linear``, fixed rule and backend names, so this module does not import ``runtime.moe.grouped``."""
     backends = eligible_backends(x, weight, pick_backend)
     pinned = os.environ.get(ENV)
     if pinned:

@@ -32,7 +32,8 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from runtime.moe.experts import experts_forward, sort_by_expert
+from runtime.moe.experts import experts_forward
+from runtime.moe.sort import sort_by_expert
 
 __all__ = ["all_to_all_uneven", "ep_experts_forward", "local_expert_range"]
 

@@ -7,7 +7,7 @@ import torch
 
 from runtime.moe import grouped_linear
 from runtime.moe.autotune import ENV, MIN_MACS, measured
-from runtime.moe.experts import pick_backend
+from runtime.moe.grouped import pick_backend
 
 
 def _problem(experts: int, rows_each: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from runtime.kernels.moe_triton import triton_unavailable_reason
 from runtime.moe import experts_forward, grouped_linear, local_expert_range
-from runtime.moe.experts import pick_backend
+from runtime.moe.grouped import pick_backend
 
 E, K, H, INTER = 8, 2, 32, 16
 
