@@ -7,14 +7,16 @@ Rule: a user error is one ``error:`` line and exit code 2, in seconds; a metric 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.train.common import run_config
+from tests.train.common import run_config, run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,3 +79,56 @@ def test_an_alias_bomb_override_is_capped_like_the_file(tmp_path: Path) -> None:
         parse_overrides([f"--model.config={bomb}"], ConfigLoader)
     message = str(caught.value)
     assert message.startswith("override --model.config: more than 100000 values") and "\n" not in message
+
+
+# ---------------------------------------------------------------------------------- MLflow server at a closed port
+
+
+def _closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_mlflow_server_at_a_closed_port_fails_in_seconds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the start-up probe MLflow's client retries for about 270 s before it gives up. Timed: the tracker's
+    start (the run's own start-up before it, a tiny model's build, is not what is measured: it is load-dependent)."""
+    from runtime.train.tracking import run_log
+
+    uri = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    spent: list[float] = []
+
+    def timed_open(*args, **kwargs):
+        started = time.monotonic()
+        try:
+            return opener(*args, **kwargs)
+        finally:
+            spent.append(time.monotonic() - started)
+
+    opener = run_log.open_tracker
+    monkeypatch.setattr(run_log, "open_tracker", timed_open)
+    raw = run_config(tmp_path, train={"steps": 1}, log={"report_to": ["mlflow"]})
+    code, stderr = run_main(raw, tmp_path)
+    seconds = sum(spent)
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1, (code, stderr[-2000:])
+    config = tmp_path / "run.yaml"
+    assert lines[0].startswith(f"error: {config}:"), lines  # the line of log.report_to in the file
+    assert "log.report_to: mlflow could not start a run: " in lines[0], lines
+    assert uri in lines[0] and "MLFLOW_TRACKING_URI" in lines[0], lines
+    assert seconds < 15, seconds
+
+
+def test_mlflow_probe_is_quick_and_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tracker alone (no model): a refused connection is reported in well under a second of probing."""
+    from runtime.train.config import ConfigError, LogConfig
+    from runtime.train.tracking.run_log import RunLog
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{_closed_port()}/")
+    log = LogConfig(dir=str(tmp_path / "log"), report_to=["mlflow"], project="p", progress=False)
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as caught:
+        RunLog(log, total_steps=1, enabled=True)
+    assert time.monotonic() - started < 10
+    assert "\n" not in str(caught.value) and "refused" in str(caught.value), caught.value

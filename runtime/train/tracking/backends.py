@@ -12,14 +12,21 @@
 MLflow 3 keeps its file store in maintenance mode and refuses it unless ``MLFLOW_ALLOW_FILE_STORE=true``; the
 database stores (``sqlite:///...``) need the full ``mlflow`` package, which ``mlflow-skinny`` (our extra) is not.
 So for a ``file:`` store (the default) the backend opts in to the file store (``MLFLOW_ALLOW_FILE_STORE``, when the
-environment does not already say), and any other URI (a server, a database) is used as given.
+environment does not already say), and any other URI (a server, a database) is used as given. A server
+(``http(s)://``) is first reached with one plain TCP connect of at most ``PROBE_SECONDS`` (through the proxy the
+environment names for it, if any): MLflow's client retries a refused connection for about 270 s
+(``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` 7 with ``MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR`` 2) before it says anything, and
+those retries are left as they are for the calls of a running run, where a server that hiccups should be waited for.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -127,12 +134,38 @@ def mlflow_uri(log_dir: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or (log_dir / "mlruns").resolve().as_uri()
 
 
+PROBE_SECONDS = 5.0  # a tracking server that does not accept a TCP connection in this long is not there
+
+
+def probe_server(uri: str, timeout: float = PROBE_SECONDS) -> None:
+    """Connect once to the host of an ``http(s)://`` tracking URI (or to the proxy the environment names for it);
+    a ``ConnectionError`` naming the URI if that fails, in at most ``timeout`` seconds. Other URIs: nothing to do."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https"):
+        return
+    target = parts
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(parts.hostname or ""):
+        target = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    try:
+        address = (target.hostname or "", target.port or (443 if target.scheme == "https" else 80))
+        with socket.create_connection(address, timeout=timeout):
+            pass
+    except (OSError, ValueError) as exc:  # refused, unreachable, unknown host, timed out; a port that is no number
+        via = f" through the proxy {proxy}" if target is not parts else ""
+        raise ConnectionError(
+            f"cannot connect to the MLflow tracking server {uri} (MLFLOW_TRACKING_URI){via} within {timeout:g} s: "
+            f"{getattr(exc, 'strerror', None) or exc}"
+        ) from None
+
+
 class MlflowTracker:
     def __init__(self, log_dir: Path, project: str, run_name: str, run_config: Mapping[str, Any]) -> None:
         self.log_dir = log_dir.resolve()
         uri = mlflow_uri(log_dir)
         if uri.startswith("file:") or "://" not in uri:
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # see the module docstring
+        probe_server(uri)  # seconds, not MLflow's 270 s of retries, when no server is there
         from mlflow.entities import Metric, Param
         from mlflow.tracking import MlflowClient
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH, MAX_PARAMS_TAGS_PER_BATCH
