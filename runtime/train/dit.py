@@ -263,7 +263,7 @@ def dit_forward_backward(
     batches = [next(sampler) for _ in range(config.train.micro_batches)]
     global_samples = sum(len(b) for b in batches) * state.dp_size  # every rank takes equally many, equally big
     loss_share = torch.zeros((), device=device, dtype=torch.float32)
-    tokens = 0
+    tokens, flops = 0, 0.0
     micro_losses = []
     for micro, batch in enumerate(batches):
         try:
@@ -282,13 +282,14 @@ def dit_forward_backward(
         loss_share += loss.detach()
         micro_losses.append(loss.detach())
         tokens += seq_len * len(batch)
-    totals = all_reduce_sum(
-        torch.stack([loss_share.double(), torch.tensor(tokens, dtype=torch.float64, device=device)]), state.dp_group
-    )
+        flops += dit_flops_per_token(model, seq_len) * seq_len * len(batch)  # this bucket's, not the largest's
+    mine = torch.tensor([tokens, flops], dtype=torch.float64, device=device)
+    totals = all_reduce_sum(torch.cat([loss_share.double()[None], mine]), state.dp_group)
     return StepWork(
         loss=totals[0].float(),
         count=int(totals[1]),
         processed=int(totals[1]),
+        flops=float(totals[2]),
         micro_losses=micro_losses,
         describe=lambda: [[describe_sample(i, conditions) for i in batch] for batch in batches],
     )

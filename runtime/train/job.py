@@ -25,11 +25,13 @@ class StepWork:
 
     loss: torch.Tensor  # the global loss of the step (every DP replica's share added up)
     count: int  # its denominator: valid target tokens (text) or latent tokens (DiT) of the global batch
-    processed: int  # tokens the whole job processed in the step (tokens/s and TFLOP/s)
+    processed: int  # tokens the whole job processed in the step (tokens/s; TFLOP/s when ``flops`` is None)
     # This rank's loss of each micro-batch, and what each was made of (sample file:line, cache shard), described
     # only when the non-finite guard names a step's data (``runtime/train/finite.py``).
     micro_losses: Sequence[torch.Tensor] = ()
     describe: Callable[[], list[list[str]]] = field(default=lambda: [])
+    # model FLOPs of the step, whole job, from its real documents (None: ``Job.flops_per_token`` x ``processed``)
+    flops: float | None = None
 
 
 @dataclass

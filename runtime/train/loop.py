@@ -46,7 +46,14 @@ from runtime.train.evaluate import TextEvaluator, build_eval_loader, eval_due, r
 from runtime.train.finite import check_mode, guard_update, micro_batches
 from runtime.train.job import Job, StepWork, all_reduce_sum, parallel_plan, to_device, train_device
 from runtime.train.lora import add_text_lora, lora_identity
-from runtime.train.metrics import MetricsLogger, StepMetrics, detect_peak_tflops, flops_per_token
+from runtime.train.metrics import (
+    MetricsLogger,
+    StepMetrics,
+    detect_peak_tflops,
+    flops_per_token,
+    step_flops,
+    tflops_per_device,
+)
 from runtime.train.model import build_model
 from runtime.train.optim import build_optimizer, build_scheduler
 from runtime.train.schedule_keys import schedule_change, schedule_record
@@ -290,7 +297,8 @@ def train_step(
     if applied and job.after_optimizer_step is not None:
         job.after_optimizer_step()
     elapsed = time.perf_counter() - started
-    tflops = job.flops_per_token * work.processed / elapsed / state.world_size / 1e12
+    flops = job.flops_per_token * work.processed if work.flops is None else work.flops
+    tflops = tflops_per_device(flops, elapsed, state.world_size)
     return StepMetrics(
         step=step,
         loss=work.loss.item(),
@@ -361,11 +369,15 @@ def text_forward_backward(
         aux += row_aux / len(rows)
         micro_losses.append(out.loss.detach())
     loss = all_reduce_sum(loss_share, state.dp_group) + aux  # SP ranks already agree; DP shares add up
-    processed = sum(row["input_ids"].numel() for row in rows) * state.dp_size
+    # the real tokens and model FLOPs of every DP replica's rows (each packed document attends only to itself)
+    text_config = model.config.get_text_config()
+    mine = [sum(row["input_ids"].numel() for row in rows), step_flops(text_config, rows)]
+    processed, flops = all_reduce_sum(torch.tensor(mine, dtype=torch.float64, device=device), state.dp_group).tolist()
     return StepWork(
         loss=loss,
         count=int(tokens),
-        processed=processed,
+        processed=int(processed),
+        flops=flops,
         micro_losses=micro_losses,
         describe=lambda: describe_rows(loader, position, len(rows), names, state.dp_rank),
     )

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -23,13 +24,9 @@ def detect_peak_tflops() -> float | None:
     return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
 
-def flops_per_token(config: Any, seq_len: int) -> float:
-    """Training FLOPs per token: 6 x (non-embedding matmul params) + attention scores (causal, fwd+bwd).
-
-    The matmul term counts q/k/v/o, the gated MLP (for MoE: the top-k experts and the router) and the LM head;
-    the attention term is
-    6 * layers * seq_len * heads * head_dim (half of the full 12x because of the causal mask).
-    """
+def _matmul_params(config: Any) -> int:
+    """Non-embedding matmul parameters a token runs through: q/k/v/o, the gated MLP (for MoE: the top-k experts and
+    the router) per layer, and the LM head."""
     hidden, layers = config.hidden_size, config.num_hidden_layers
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
@@ -39,8 +36,46 @@ def flops_per_token(config: Any, seq_len: int) -> float:
         mlp = 3 * hidden * config.moe_intermediate_size * top_k + hidden * config.num_experts
     else:
         mlp = 3 * hidden * config.intermediate_size
-    params = layers * (attn + mlp) + hidden * config.vocab_size
-    return 6.0 * params + 6.0 * layers * seq_len * heads * head_dim
+    return layers * (attn + mlp) + hidden * config.vocab_size
+
+
+def causal_lm_flops(config: Any, lengths: Iterable[int]) -> float:
+    """Training FLOPs (fwd+bwd) of documents of ``lengths`` tokens: 6 x matmul params per token, and causal
+    attention scores inside each document, 6 x layers x heads x head_dim x L**2 for a document of L tokens (half of
+    the full 12x because of the causal mask; packed documents do not attend to each other)."""
+    hidden, heads = config.hidden_size, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    per_pair = 6.0 * config.num_hidden_layers * heads * head_dim
+    lengths = list(lengths)
+    return 6.0 * _matmul_params(config) * sum(lengths) + per_pair * sum(n * n for n in lengths)
+
+
+def flops_per_token(config: Any, seq_len: int) -> float:
+    """Training FLOPs per token of one document of ``seq_len`` tokens (``causal_lm_flops``)."""
+    return causal_lm_flops(config, [seq_len]) / seq_len
+
+
+def document_lengths(position_ids: torch.Tensor) -> list[int]:
+    """The lengths of the documents packed in one row, from its position ids (``(L,)``, ``(1, L)``, or a
+    multimodal ``(C, 1, L)`` whose first channel is the text row): each document restarts its positions at 0
+    (``runtime/data/packing.py``)."""
+    text = position_ids[0] if position_ids.ndim == 3 else position_ids
+    text = text.reshape(-1).cpu()
+    starts = torch.nonzero(text == 0).flatten().tolist()
+    if not starts or starts[0] != 0:
+        starts = [0, *starts]
+    return [end - start for start, end in zip(starts, [*starts[1:], text.numel()], strict=True)]
+
+
+def step_flops(config: Any, rows: Sequence[Mapping[str, Any]]) -> float:
+    """Training FLOPs of packed ``rows`` (their real tokens, not the token budget): ``causal_lm_flops`` of every
+    document of every row."""
+    return sum(causal_lm_flops(config, document_lengths(row["position_ids"])) for row in rows)
+
+
+def tflops_per_device(flops: float, seconds: float, devices: int) -> float:
+    """Model TFLOP/s per device of a step of ``flops`` (the whole job's) that took ``seconds`` on ``devices``."""
+    return flops / seconds / devices / 1e12
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 import yaml
 
 from tests.train.common import run_config, run_main
@@ -132,3 +134,45 @@ def test_mlflow_probe_is_quick_and_one_line(tmp_path: Path, monkeypatch: pytest.
         RunLog(log, total_steps=1, enabled=True)
     assert time.monotonic() - started < 10
     assert "\n" not in str(caught.value) and "refused" in str(caught.value), caught.value
+
+
+# ------------------------------------------------------------------------------ TFLOP/s from the real tokens
+
+
+def test_step_flops_count_the_real_tokens_of_packed_rows_not_the_budget() -> None:
+    """Two packed rows of a 128-token budget: one holds documents of 100 and 20 tokens, one a document of 50. The
+    FLOPs of the step are those of 170 tokens, with causal attention inside each document, written out here."""
+    from runtime.train.metrics import flops_per_token, step_flops, tflops_per_device
+
+    config = SimpleNamespace(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=256,
+    )
+    budget = 128
+    rows = [
+        {"position_ids": torch.cat([torch.arange(100), torch.arange(20)])},
+        {"position_ids": torch.arange(50)[None]},  # (1, L)
+    ]
+    # 6 x matmul params per token: q/k/v/o (64 x 16 x (2 x 4 + 2 x 2)), the gated MLP (3 x 64 x 128) per layer, the
+    # LM head (64 x 256); causal attention fwd+bwd: 6 x layers x heads x head_dim per token pair of one document.
+    params = 2 * (64 * 16 * (2 * 4 + 2 * 2) + 3 * 64 * 128) + 64 * 256
+    expected = 6 * params * (100 + 20 + 50) + 6 * 2 * 4 * 16 * (100**2 + 20**2 + 50**2)
+    assert step_flops(config, rows) == pytest.approx(expected, rel=1e-12)
+    by_budget = flops_per_token(config, budget) * (120 + 50)  # what the console showed: attention over the budget
+    assert abs(by_budget - expected) / expected > 0.05
+    assert tflops_per_device(expected, 0.5, 4) == pytest.approx(expected / 0.5 / 4 / 1e12, rel=1e-12)
+
+
+def test_step_flops_of_a_multimodal_row() -> None:
+    """A VLM row's position ids are (4, 1, L) with the text positions first: documents restart at 0 there."""
+    from runtime.train.metrics import document_lengths
+
+    text = torch.cat([torch.arange(7), torch.arange(5), torch.arange(3)])
+    position_ids = torch.stack([text, text * 0 + 1, text * 0 + 2, text * 0 + 3])[:, None]
+    assert document_lengths(position_ids) == [7, 5, 3]
+    assert document_lengths(text) == [7, 5, 3]
