@@ -28,7 +28,7 @@ Example (every key shown with its default unless marked required)::
             # name: adamw_torch | adamw_torch_fused | adafactor | sgd (HF TrainingArguments' optim values);
             # lr_scheduler_type: cosine_with_min_lr | cosine | linear | constant | constant_with_warmup
     train: {steps: 100, micro_batches: 1, loss_chunk_size: null, nonfinite: stop,  # nonfinite: stop | skip
-            compile: false,    # compile: torch.compile every transformer block (runtime/train/compile.py)
+            compile: false,    # compile: torch.compile every transformer block (runtime/parallel/compile.py)
             mixed_precision: auto}  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32; bf16: bf16 parameters and
                                     # compute, fp32 gradient reduction, fp32 master weights and optimizer state
     checkpoint: {dir: null, interval: 0, resume: auto, save_total_limit: 2}
@@ -199,7 +199,7 @@ class TrainConfig:
     # a non-finite loss or gradient norm: "stop" the run (exit 2, naming the step and its samples) or "skip" the
     # optimizer step (counted in the metrics as `skipped_nonfinite`); never an update with a non-finite value
     nonfinite: str = "stop"
-    compile: bool = False  # torch.compile each transformer block, as torchtitan (runtime/train/compile.py)
+    compile: bool = False  # torch.compile each transformer block, as torchtitan (runtime/parallel/compile.py)
     # auto: bf16 parameters/compute with fp32 gradient reduction and fp32 master weights on GPU, fp32 on CPU;
     # bf16 / fp32: that, on any device (accelerate's --mixed_precision, torchtitan's mixed_precision_param)
     mixed_precision: str = "auto"
