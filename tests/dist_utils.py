@@ -58,7 +58,7 @@ def _rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
 def _run_task(fn, rank: int, world_size: int, port: int, args: tuple, init_group: bool, timeout: float) -> tuple:
     """One call on one rank: (rank, True, pickled result) or (rank, False, traceback). The call's process groups
     are destroyed and its layout handle and DTensor caches dropped (runtime.parallel.teardown), so the next call
-    sees what a fresh rank would; the groups themselves are freed by the collector, or by ``shutdown`` at exit."""
+    sees what a fresh rank would; the groups themselves are freed at the latest by ``shutdown`` when the rank exits."""
     from runtime.parallel.teardown import release_process_groups
 
     failure: BaseException | None = None

@@ -5,11 +5,12 @@ of ``runtime.demos.sp_parity`` after printing PASS, on a loaded 2-core machine):
 *unregisters* the groups. A gloo group's worker threads (``pt_gloo_runloop``) and its transport thread
 (``gloo_tcp_loop``) live as long as the ``ProcessGroup`` object, and every ``DeviceMesh`` keeps its groups in
 ``_pg_registry``. Our layout handle (``runtime.parallel.state._STATE``) holds the meshes, the meshes form reference
-cycles (a sub-mesh points at its root, the root at its flattened sub-meshes) and DTensor's sharding caches hold
-meshes too, so the groups and their threads outlived ``destroy_process_group`` into interpreter finalization. A
-gloo worker thread drops its last finished work (its tensors) *after* it has woken the caller; when that happens
-after the main thread began finalizing, freeing a tensor's Python object asks for the GIL, CPython 3.11 ends that
-thread with ``pthread_exit``, the forced unwind meets a ``noexcept`` frame and ``std::terminate`` aborts the process.
+cycles (a sub-mesh points at its root, the root at its flattened sub-meshes) and torch's DTensor caches hold meshes
+too, so the groups and their threads outlived ``destroy_process_group`` into interpreter finalization. A gloo
+worker thread destroys a finished work (and the tensors it holds) only *after* it has woken the caller; when that
+happens once the main thread is in ``Py_FinalizeEx``, the core dump's stack reads ``ProcessGroupGloo::runLoop`` ->
+``~AsyncAllreduceWork`` -> ``TensorImpl::decref_pyobject`` -> ``gil_scoped_acquire`` -> ``take_gil`` ->
+``PyThread_exit_thread`` -> ``pthread_exit`` -> forced unwind through the (noexcept) destructor -> ``std::terminate``.
 Exiting with a collective still in flight aborts the same way. The fix is not to get there: ``shutdown`` drops
 every reference we and torch's caches hold, collects the cycles while the interpreter is whole, so each group's
 destructor joins its threads, and checks that none is left (docs/architecture.md, "Process teardown").
