@@ -26,6 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 LINUX_THREADS = pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads thread names from /proc")
 
 
+# The thread checks run on fresh ranks (``init_group=False``; ``init_parallel_state`` makes the group from the env, as
+# under torchrun): a pooled rank also holds what earlier tests of the session left referencing their groups.
+
+
 def _sp_step() -> torch.Tensor:
     """A layout with meshes and one collective on the SP group: what sp_parity does before it ends."""
     state = init_parallel_state(sp_size=2)
@@ -44,7 +48,7 @@ def _destroy_then_shutdown(rank: int, world_size: int) -> tuple[list[str], list[
 @LINUX_THREADS
 @pytest.mark.dist
 def test_destroy_process_group_alone_leaves_gloo_threads_shutdown_joins_them() -> None:
-    for after_destroy, after_shutdown in run_distributed(_destroy_then_shutdown, 2):
+    for after_destroy, after_shutdown in run_distributed(_destroy_then_shutdown, 2, init_group=False):
         assert any("gloo" in name for name in after_destroy), after_destroy
         assert after_shutdown == []
 
@@ -77,7 +81,7 @@ def _command_rank(rank: int, world_size: int, fail: bool) -> tuple[int | str, li
 def test_run_command_frees_the_groups_on_success_and_failure(fail: bool) -> None:
     """Every entry point (runtime.train, runtime.rl, runtime.train.prepare) ends through run_command; after it no
     gloo thread is left, and after a failure the frames of its traceback no longer hold the run's objects."""
-    for code, threads, holder_freed, handle_reset in run_distributed(_command_rank, 2, fail):
+    for code, threads, holder_freed, handle_reset in run_distributed(_command_rank, 2, fail, init_group=False):
         assert code == ("a run that fails after its collectives" if fail else 0)
         assert threads == []
         assert holder_freed and handle_reset
