@@ -11,7 +11,9 @@ aborted.
     python bench/teardown_stress.py --root /tmp/old --runs 20  # the same against another checkout (before a fix)
 
 Scenarios: ``sp_parity`` (``torchrun -m runtime.demos.sp_parity``, `make demo` section 2) and ``train`` (``torchrun -m
-runtime.train`` on tiny qwen3, sp=2, 3 steps, as runtime/demos/train_text.py writes it). Logs of the runs that were
+runtime.train`` on tiny qwen3, sp=2, 3 steps, as runtime/demos/train_text.py writes it); ``inflight`` (not run by
+default) is the race at its widest, a rank that exits with gloo collectives in flight (without ``shutdown`` most such
+runs abort; that is how the cause was found and shown, see runtime/parallel/teardown.py). Logs of the runs that were
 not ok go to ``--keep``; ``--cores`` lets the ranks dump core there too (``gdb python core`` then ``bt``: the C++
 stack of an abort). Every process this starts is ended before it returns.
 """
@@ -75,11 +77,35 @@ def train_config(work: Path) -> Path:
     return path
 
 
+# The mechanism alone, at its widest: exit with gloo collectives in flight, the groups held by the layout handle as
+# in every job. It ends through the checkout's teardown when it has one; a checkout from before it just exits.
+INFLIGHT = """\
+import torch
+import torch.distributed as dist
+
+from runtime.parallel.state import init_parallel_state
+
+torch.set_num_threads(1)
+state = init_parallel_state(sp_size=2)
+works = [dist.all_reduce(torch.randn(1 << 16), group=state.sp_group, async_op=True) for _ in range(8)]
+del works, state
+try:
+    from runtime.parallel.teardown import shutdown
+except ImportError:
+    pass
+else:
+    shutdown(None)
+print("PASS", flush=True)
+"""
+
+
 def scenarios(work: Path) -> dict[str, tuple[list[str], str | None]]:
     """Name -> (the torchrun arguments after ``--nproc-per-node 2``, a line the output must hold)."""
+    (work / "inflight.py").write_text(INFLIGHT)
     return {
         "sp_parity": (["-m", "runtime.demos.sp_parity"], "PASS"),
         "train": (["-m", "runtime.train", str(train_config(work))], None),
+        "inflight": ([str(work / "inflight.py")], "PASS"),
     }
 
 
@@ -163,14 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20, help="runs per scenario (default 20)")
     parser.add_argument("--load", type=int, default=2, help="busy-loop processes beside the runs (default 2)")
-    parser.add_argument("--scenarios", default="sp_parity,train", help="comma-separated: sp_parity, train")
+    parser.add_argument("--scenarios", default="sp_parity,train", help="comma-separated: sp_parity, train, inflight")
     parser.add_argument("--root", type=Path, default=ROOT, help="the checkout whose runtime runs (default: this one)")
     parser.add_argument("--keep", type=Path, default=None, help="where logs of runs that were not ok go")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take (default 600)")
     parser.add_argument("--cores", action="store_true", help="let the ranks dump core into --keep")
     args = parser.parse_args(argv)
     names = [n for n in args.scenarios.split(",") if n]
-    unknown = sorted(set(names) - {"sp_parity", "train"})
+    unknown = sorted(set(names) - {"sp_parity", "train", "inflight"})
     if unknown or args.runs < 1 or args.load < 0:
         parser.error(f"bad --scenarios ({', '.join(unknown)}) or --runs/--load" if unknown else "--runs/--load")
     keep = args.keep or Path(tempfile.mkdtemp(prefix="teardown-stress-logs-"))
