@@ -81,6 +81,7 @@ from typing import Any
 
 import yaml
 
+from runtime.train.config_shape import MAX_CONFIG_DEPTH, shape_problem
 from runtime.train.model_keys import model_config_problems, model_type_problem
 from runtime.train.overrides import Override, apply_overrides, override_of
 from runtime.train.tracking.requirements import missing_backend
@@ -324,8 +325,6 @@ _UNIT_INTERVAL = {"optim.min_lr_ratio", "lora.dropout"}  # ratios: [0, 1]
 MAX_INT = 2**63 - 1
 # A run config is a page of YAML: anything larger or deeper is not one (and would only cost time to parse).
 MAX_CONFIG_BYTES = 1 << 20
-MAX_CONFIG_DEPTH = 32
-MAX_CONFIG_VALUES = 100_000
 
 # Attention implementations a training forward can use (transformers' AttentionInterface on 5.14.1 plus eager; the
 # runtime's own `ulysses_<name>` wrappers are chosen by the runtime under SP, never named in a config), and the
@@ -783,23 +782,6 @@ def _read_text(path: Path) -> str:
         raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8") from None
 
 
-def _shape_problem(value: Any) -> str | None:
-    """What is wrong with the shape of a loaded config: mappings and lists nested more than ``MAX_CONFIG_DEPTH``
-    levels, or more than ``MAX_CONFIG_VALUES`` values once YAML aliases are expanded (an alias bomb is a few lines
-    that expand to billions). Stops counting at the limits."""
-    count, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        count += 1
-        if count > MAX_CONFIG_VALUES:
-            return f"more than {MAX_CONFIG_VALUES} values once its aliases are expanded, the limit for a run config"
-        if isinstance(item, dict | list):
-            if level > MAX_CONFIG_DEPTH:
-                return f"nested more than {MAX_CONFIG_DEPTH} levels deep, the limit for a run config"
-            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return None
-
-
 def read_config_file(path: str | Path) -> Any:
     """The YAML data of a run config file, refused in one line (``ConfigError`` naming the file) when it is not a
     readable UTF-8 file of at most ``MAX_CONFIG_BYTES``, not YAML, or too deep or too large once expanded."""
@@ -817,7 +799,7 @@ def read_config_file(path: str | Path) -> Any:
         ) from None
     except ValueError as exc:  # a value YAML parses but Python cannot hold (e.g. an integer of 5000 digits)
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())[:200]}") from None
-    problem = _shape_problem(raw)
+    problem = shape_problem(raw)
     if problem:
         raise ConfigError(f"{path}: {problem}")
     return raw

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from runtime.train.config_shape import MAX_CONFIG_DEPTH, shape_problem
+
 _KEY = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
 
 
@@ -34,8 +36,6 @@ def parse_value(text: str, key: str, loader: type = yaml.SafeLoader) -> Any:
     """The value of override ``--key`` read as YAML, held to the config file's caps on nesting and on values once
     aliases are expanded (``runtime.train.config.read_config_file``), counted where the value lands in the config:
     a value 60000 lists deep is a one-line error, not a RecursionError."""
-    from runtime.train.config import MAX_CONFIG_DEPTH, _shape_problem  # config imports this module
-
     try:
         value = yaml.load(text, Loader=loader)  # a SafeLoader (subclass): no arbitrary objects
     except yaml.YAMLError as exc:
@@ -49,7 +49,7 @@ def parse_value(text: str, key: str, loader: type = yaml.SafeLoader) -> Any:
     placed = value
     for part in reversed(key.split(".")):  # as deep as the same value written in the file
         placed = {part: placed}
-    problem = _shape_problem(placed)
+    problem = shape_problem(placed)
     if problem:
         raise OverrideError(f"override --{key}: {problem}")
     return value

@@ -341,7 +341,8 @@ def _main(path: Path) -> tuple[int, str]:
 
 
 def test_config_file_that_cannot_be_read_is_one_line(tmp_path: Path, nothing_built) -> None:
-    from runtime.train.config import MAX_CONFIG_BYTES, MAX_CONFIG_DEPTH, MAX_CONFIG_VALUES
+    from runtime.train.config import MAX_CONFIG_BYTES
+    from runtime.train.config_shape import MAX_CONFIG_DEPTH, MAX_CONFIG_VALUES
 
     text = yaml.safe_dump(run_config(tmp_path)).encode()
     bad = tmp_path / "latin1.yaml"

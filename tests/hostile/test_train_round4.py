@@ -46,7 +46,7 @@ def _deep(levels: int) -> str:
 
 @pytest.mark.parametrize("levels", [33, 60000], ids=["past-the-cap", "60000-deep"])
 def test_a_deeply_nested_override_is_one_error_line(tmp_path: Path, levels: int) -> None:
-    from runtime.train.config import MAX_CONFIG_DEPTH
+    from runtime.train.config_shape import MAX_CONFIG_DEPTH
 
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(run_config(tmp_path)))
@@ -57,7 +57,8 @@ def test_a_deeply_nested_override_is_one_error_line(tmp_path: Path, levels: int)
 
 
 def test_an_override_within_the_cap_is_read() -> None:
-    from runtime.train.config import MAX_CONFIG_DEPTH, ConfigLoader
+    from runtime.train.config import ConfigLoader
+    from runtime.train.config_shape import MAX_CONFIG_DEPTH
     from runtime.train.overrides import parse_overrides
 
     (item,) = parse_overrides([f"--model.config.x={_deep(MAX_CONFIG_DEPTH - 4)}"], ConfigLoader)

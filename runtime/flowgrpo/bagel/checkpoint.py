@@ -11,13 +11,10 @@ ids and ``bagel_prompt_ids`` lays a prompt out as BAGEL's ``prepare_prompts`` do
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
-
-if TYPE_CHECKING:
-    from runtime.flowgrpo.bagel.model import BagelMoT
 
 __all__ = [
     "BAGEL_KEY_MAP",
@@ -107,12 +104,12 @@ def to_bagel_keys(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_bagel_checkpoint(model: BagelMoT, path: str, merge_adapters: bool = False) -> None:
+def save_bagel_checkpoint(model: torch.nn.Module, path: str, merge_adapters: bool = False) -> None:
     """The base weights (LoRA merged or left out) under BAGEL's names, as one safetensors file."""
     save_file(to_bagel_keys(model.base_state_dict(merge_adapters)), path, metadata={"format": "pt"})
 
 
-def load_bagel_checkpoint(model: BagelMoT, path: str, strict: bool = True) -> tuple[list[str], list[str]]:
+def load_bagel_checkpoint(model: torch.nn.Module, path: str, strict: bool = True) -> tuple[list[str], list[str]]:
     """Load an ``ema.safetensors``-style file into ``model`` (before adding adapters); returns ``(missing,
     unexpected)`` in our names / the checkpoint's names; ``strict`` raises when either is non-empty."""
     mapped, unexpected = from_bagel_keys(load_file(path))
