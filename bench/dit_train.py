@@ -52,7 +52,7 @@ LONG_CLIP = (65, 256, 256)  # -> 17 x 32 x 32 latents -> 17 x 16 x 16 = 4352 tok
 def make_pipeline(root: Path) -> Path:
     from diffusers import WanTransformer3DModel
 
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
     pipe = save_tiny_pipeline("wan", root / "pipe")
     torch.manual_seed(0)
@@ -89,7 +89,7 @@ def trainer_step(raw: dict, bench) -> tuple[Callable[[], None], int, float]:
     from runtime.train.dit import build_dit_job
     from runtime.train.loop import setup_parallel, train_step
     from runtime.train.optim import build_optimizer, build_scheduler
-    from runtime.train.validate import check_inputs
+    from runtime.train.preflight import check_inputs
 
     config = parse_config(raw)
     state = setup_parallel(config)
@@ -119,7 +119,7 @@ def _memory_worker(rank: int, world: int, raw: dict, dtype: torch.dtype) -> int:
     from runtime.train.config import parse_config
     from runtime.train.dit import build_dit_job
     from runtime.train.loop import setup_parallel
-    from runtime.train.validate import check_inputs
+    from runtime.train.preflight import check_inputs
 
     config = parse_config(raw)
     state = setup_parallel(config)

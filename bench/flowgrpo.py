@@ -87,7 +87,7 @@ def algorithm_runs(work: Path, rounds: int, dtype: str = "fp32") -> dict[str, An
     """FlowGRPO on the tiny Wan T2V pipeline (the time split), and one run per algorithm on the tiny Flux pipeline
     (Diffusion-DPO takes images): the same prompts, rewards (CLIP + brightness), group size and window; DPO on 4
     random preference pairs per iteration (8 images, as the others' 2 prompts x 4 samples)."""
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
     from runtime.rl.rewards.models import save_tiny_clip
     from tests.rl.test_dpo import write_pairs
 

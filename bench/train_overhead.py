@@ -28,7 +28,7 @@ from harness import (
 
 from runtime.data.sp_batch import shard_for_sp
 from runtime.models.registry import causal_lm_class
-from runtime.models.tiny import random_packed_batch, tiny_config
+from runtime.models.tiny_configs import random_packed_batch, tiny_config
 
 BENCH = dict(
     hidden_size=256,

@@ -10,7 +10,7 @@ then renamed into place); an existing non-empty directory is refused unless ``--
 holds anything the command would not write. A bad argument is one line on stderr and exit code 2. The builders are
 the ones the tests and demos use (``runtime.data.tokenization.build_test_tokenizer``,
 ``runtime.data.processor.build_test_processor``, ``runtime.data.omni_processor.build_omni_test_processor``,
-``runtime.diffusion.tiny.save_tiny_pipeline``).
+``runtime.diffusion.tiny_pipelines.save_tiny_pipeline``).
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def write_pipeline(case: str, directory: str | os.PathLike, seed: int = 0, overw
         raise TinyError(f"unknown tiny pipeline {case!r}; known: {', '.join(cases)}")
     if not 0 <= seed < 1 << 63:
         raise TinyError(f"--seed: {seed} is outside [0, 2**63)")
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
     return _write(directory, lambda tmp: save_tiny_pipeline(case, tmp, seed), overwrite)
 

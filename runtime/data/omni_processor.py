@@ -22,7 +22,7 @@ from runtime.data.corpus import corpus_path
 from runtime.data.processor import token_ids
 from runtime.data.tokenization import build_test_tokenizer
 from runtime.models.registry import lookup
-from runtime.models.tiny import tiny_config_dict
+from runtime.models.tiny_configs import tiny_config_dict
 
 # The tokenizer attributes Qwen3OmniMoeProcessor reads, and the strings of the published checkpoints.
 OMNI_SPECIAL_TOKENS = {

@@ -19,7 +19,7 @@ import transformers
 from runtime.data.corpus import corpus_path
 from runtime.data.tokenization import build_test_tokenizer
 from runtime.models.registry import REGISTRY, lookup
-from runtime.models.tiny import tiny_vision_config
+from runtime.models.tiny_configs import tiny_vision_config
 
 VISION_START, VISION_END = "<|vision_start|>", "<|vision_end|>"
 IMAGE_PAD, VIDEO_PAD = "<|image_pad|>", "<|video_pad|>"

@@ -96,7 +96,7 @@ def mixgrpo_window(work: Path, pipeline: Path, clip: Path) -> bool:
 
 def main() -> bool:
     from runtime.checkpoint.diffusers_export import pipeline_class
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
     from runtime.rl.rewards.models import save_tiny_clip
 
     started = time.perf_counter()

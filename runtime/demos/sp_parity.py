@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from runtime.data.sp_batch import shard_for_sp
 from runtime.models.registry import causal_lm_class
-from runtime.models.tiny import random_packed_batch, tiny_config
+from runtime.models.tiny_configs import random_packed_batch, tiny_config
 from runtime.parallel.collectives import gather_along_dim
 from runtime.parallel.state import ParallelState, init_parallel_state, parallel_state
 from runtime.parallel.teardown import torn_down

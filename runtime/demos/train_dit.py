@@ -51,7 +51,7 @@ def wan(work: Path) -> bool:
     import diffusers
 
     from runtime.data.dit.synthetic import write_synthetic_clips, write_video
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
     pipe_dir = save_tiny_pipeline("wan", work / "wan")
     data = write_synthetic_clips(work / "clips", 8, 9, 32, 32, seed=0, frame_folders_every=4)
@@ -100,7 +100,7 @@ def flux(work: Path) -> bool:
     import diffusers
 
     from runtime.data.dit.synthetic import write_synthetic_images
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
     pipe_dir = save_tiny_pipeline("flux", work / "flux")
     data = write_synthetic_images(work / "images", 8, 32, 48, seed=1)
@@ -143,7 +143,7 @@ def hunyuanvideo(work: Path) -> bool:
     import diffusers
 
     from runtime.data.dit.synthetic import write_synthetic_clips
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
     pipe_dir = save_tiny_pipeline("hunyuanvideo", work / "hunyuanvideo")
     data = write_synthetic_clips(work / "hv-clips", 8, 9, 32, 32, seed=2, frame_folders_every=4)

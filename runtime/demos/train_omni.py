@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from runtime.demos.train_text import losses, torchrun
-from runtime.models.tiny import tiny_config_dict
+from runtime.models.tiny_configs import tiny_config_dict
 
 MODEL_TYPE = "qwen3_omni_moe_thinker"
 STEPS, SAMPLES = 6, 10

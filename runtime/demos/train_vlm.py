@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from runtime.demos.train_text import losses, torchrun
-from runtime.models.tiny import tiny_vision_config, tiny_vlm_text_config
+from runtime.models.tiny_configs import tiny_vision_config, tiny_vlm_text_config
 
 STEPS, SAMPLES = 24, 48
 # the test processor's tokenizer has 512 tokens; M-RoPE sections (2, 3, 3) fill head_dim / 2 = 8

@@ -3,5 +3,5 @@
 One loop (``loop.py``) shared by the algorithms; an algorithm is one module under ``algorithms/`` owning its config
 section, its rollout-window choice and its per-step objective (``flowgrpo`` today). The policy, data, rewards and
 metrics live beside the loop: ``policy.py``, ``prompts.py``, ``rewards/``, ``metrics.py``; ``config.py`` and
-``validate.py`` refuse bad input before anything is built. See docs/flowgrpo.md.
+``preflight.py`` refuse bad input before anything is built. See docs/flowgrpo.md.
 """

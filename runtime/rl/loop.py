@@ -49,9 +49,9 @@ from runtime.parallel.state import ParallelState
 from runtime.rl.config import RLConfig, algorithm_module
 from runtime.rl.metrics import RLMetricsLogger
 from runtime.rl.policy import Policy, build_policy, lora_disabled
+from runtime.rl.preflight import CheckedRLInputs, check_rl_inputs
 from runtime.rl.prompts import Prompt, PromptSampler
 from runtime.rl.rewards import RewardError, RewardMix, build_rewards, reward_names
-from runtime.rl.validate import CheckedRLInputs, check_rl_inputs
 from runtime.train.config import ConfigError
 from runtime.train.finite import check_mode, guard_update, micro_batches
 from runtime.train.schedule_keys import schedule_record

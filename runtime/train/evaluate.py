@@ -40,7 +40,7 @@ def read_eval_samples(config: RunConfig) -> list[LocatedSample] | None:
     """The samples of ``eval.path`` (None without an eval set), checked as ``data.path`` is; errors name eval.path."""
     if config.eval.path is None:
         return None
-    from runtime.train.validate import check_data
+    from runtime.train.preflight import check_data
 
     held_out = dataclasses.replace(config, data=dataclasses.replace(config.data, path=config.eval.path))
     try:

@@ -56,8 +56,8 @@ from runtime.train.metrics import (
 )
 from runtime.train.model import build_model
 from runtime.train.optim import build_optimizer, build_scheduler
+from runtime.train.preflight import CheckedInputs, check_inputs
 from runtime.train.schedule_keys import schedule_change, schedule_record
-from runtime.train.validate import CheckedInputs, check_inputs
 
 IGNORE_INDEX = -100
 

@@ -44,7 +44,7 @@ def prepare(config: RunConfig | str) -> int:
     from runtime.train.dit import check_transformer, quiet_loading, setup_conditions
     from runtime.train.dit_data import build_dataset, media_rules
     from runtime.train.loop import setup_parallel, train_device
-    from runtime.train.validate import check_inputs
+    from runtime.train.preflight import check_inputs
 
     if isinstance(config, str):
         config = load(config)

@@ -21,7 +21,7 @@ def warmup_cosine(step: int, warmup: int = 2, total: int = TOTAL_STEPS) -> float
 def build(model_type: str = "qwen3", seed: int = 0, state=None, **config_overrides):
     """(config, model, AdamW, LambdaLR); with a multi-rank ``state`` the model is sharded by ``apply_fsdp`` first."""
     from runtime.models.registry import causal_lm_class
-    from runtime.models.tiny import tiny_config
+    from runtime.models.tiny_configs import tiny_config
 
     config = tiny_config(model_type, **config_overrides)
     torch.manual_seed(seed)
@@ -37,7 +37,7 @@ def build(model_type: str = "qwen3", seed: int = 0, state=None, **config_overrid
 
 
 def batch(step: int, rank: int = 0, world_size: int = 1, vocab_size: int = 97) -> dict[str, torch.Tensor]:
-    from runtime.models.tiny import random_packed_batch
+    from runtime.models.tiny_configs import random_packed_batch
 
     return random_packed_batch(LENGTHS, vocab_size, seed=1000 + step * world_size + rank)
 

@@ -10,7 +10,7 @@ import transformers
 
 from runtime.checkpoint.export import export_hf
 from runtime.models.registry import causal_lm_class
-from runtime.models.tiny import tiny_config
+from runtime.models.tiny_configs import tiny_config
 
 
 def test_hf_moe_checkpoint_round_trip(tmp_path: Path) -> None:

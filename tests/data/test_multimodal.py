@@ -29,7 +29,7 @@ from runtime.data.synthetic_vlm import write_synthetic_vlm_dataset
 from runtime.data.tokenization import IM_END, tokenize_sample
 from runtime.data.video import video_inputs, video_replacement
 from runtime.models.registry import causal_lm_class, lookup
-from runtime.models.tiny import tiny_config
+from runtime.models.tiny_configs import tiny_config
 from runtime.parallel.state import ParallelState
 from tests.parity.test_vlm_sp import shard as reference_shard
 

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.diffusion.tiny import save_tiny_pipeline
+from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
 
 @pytest.fixture(autouse=True, scope="package")

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from runtime.models.registry import GeneratedModel, lookup, model_types
-from runtime.models.tiny import random_vlm_batch, tiny_config
+from runtime.models.tiny_configs import random_vlm_batch, tiny_config
 
 FAMILIES = ("causal_lm", "vlm", "omni")
 MODELS = [model_type for family in FAMILIES for model_type in model_types(family)]

@@ -15,7 +15,7 @@ def _one_intra_op_thread():
 @pytest.fixture(scope="session")
 def tiny_pipelines(tmp_path_factory: pytest.TempPathFactory):
     """tiny case name -> directory of a tiny random diffusers pipeline, built once per session on first use."""
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
     root = tmp_path_factory.mktemp("flowgrpo_pipelines")
     built = {}

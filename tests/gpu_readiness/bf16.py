@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from runtime.models.tiny import random_packed_batch, tiny_config
+from runtime.models.tiny_configs import random_packed_batch, tiny_config
 
 FAMILIES = {"dense": "qwen3", "moe": "qwen3_moe", "vlm": "qwen3_vl", "dit": "wan"}
 MODES = ("fp32", "autocast", "bf16")

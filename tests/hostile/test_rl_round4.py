@@ -235,7 +235,7 @@ def test_a_path_like_callable_target_is_one_line(target: str) -> None:
 
 @pytest.fixture(scope="module")
 def flux_pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
     return save_tiny_pipeline("flux", tmp_path_factory.mktemp("round4") / "flux")
 

@@ -122,7 +122,7 @@ def test_images_over_the_pil_limit_are_one_error(tmp_path: Path, small_pil_limit
     from runtime.data.dit.media import load_frames, probe
     from runtime.data.multimodal import load_image
     from runtime.rl.pairs import read_pairs
-    from runtime.train.validate import verify_image
+    from runtime.train.preflight import verify_image
 
     big = _image(tmp_path / "big.png", size)
     _image(tmp_path / "small.png", 20)

@@ -187,7 +187,7 @@ def test_omni_audio_paths_stay_inside_the_data_directory(tmp_path: Path, nothing
 def test_media_dir_opts_in_to_another_directory(tmp_path: Path) -> None:
     """With ``data.media_dir`` paths resolve against it, absolute ones are allowed, and all must stay inside it."""
     from runtime.train.config import parse_config
-    from runtime.train.validate import check_data
+    from runtime.train.preflight import check_data
 
     outside = _image(tmp_path / "outside" / "secret.png")
     _image(tmp_path / "outside" / "b.png")

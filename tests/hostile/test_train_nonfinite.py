@@ -43,7 +43,7 @@ def _build_and_run(config: Any) -> tuple[Any, dict[str, torch.Tensor], BaseExcep
     """The trainer's own steps (``train``, with the job kept): (job, parameters before the run, the error, result)."""
     from runtime.parallel.state import set_parallel_state
     from runtime.train.loop import build_text_job, run_job, setup_parallel
-    from runtime.train.validate import check_inputs
+    from runtime.train.preflight import check_inputs
 
     with torch.random.fork_rng(devices=[]):
         try:
@@ -317,7 +317,7 @@ def test_nan_shard_leaves_the_transformer_as_loaded(wan, tmp_path: Path) -> None
     from runtime.train.dit import build_dit_job
     from runtime.train.finite import NonFiniteError
     from runtime.train.loop import run_job, setup_parallel
-    from runtime.train.validate import check_inputs
+    from runtime.train.preflight import check_inputs
 
     cache = _filled_cache(wan, tmp_path)
     shard, tensors = _shard(cache)

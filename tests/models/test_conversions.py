@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from transformers.conversion_mapping import USER_REGISTERED_MAPPINGS, get_checkpoint_conversion_mapping
 
 from runtime.models.registry import REGISTRY, lookup
-from runtime.models.tiny import tiny_config
+from runtime.models.tiny_configs import tiny_config
 
 TRANSFORMERS_MODELS = sorted(m.model_type for m in REGISTRY.values() if m.upstream.startswith("transformers."))
 

@@ -9,7 +9,7 @@ import torch
 from patchgen.config import load_config
 from patchgen.project import load_specs
 from runtime.models.registry import REGISTRY, lookup
-from runtime.models.tiny import tiny_config
+from runtime.models.tiny_configs import tiny_config
 
 SPECS = {spec.name: spec for spec in load_specs(load_config(), None)}
 

@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from runtime.models.registry import lookup
-from runtime.models.tiny import tiny_config, tiny_config_dict
+from runtime.models.tiny_configs import tiny_config, tiny_config_dict
 
 MODEL_TYPE = "qwen3_omni_moe_thinker"
 TINY = tiny_config_dict(MODEL_TYPE)  # the spec's [model.tiny]

@@ -17,7 +17,7 @@ from runtime.data.omni_packing import pack_omni_row
 from runtime.data.omni_processor import build_omni_test_processor, load_omni_processor, omni_token_ids
 from runtime.data.synthetic_omni import write_synthetic_omni_dataset
 from runtime.models.registry import lookup
-from runtime.models.tiny import tiny_config
+from runtime.models.tiny_configs import tiny_config
 from tests.omni.omni import MODEL_TYPE
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.models.tiny import tiny_config_dict
+from runtime.models.tiny_configs import tiny_config_dict
 from tests.omni.omni import MODEL_TYPE
 
 

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.models.registry import causal_lm_class
-from runtime.models.tiny import random_packed_batch, tiny_config
+from runtime.models.tiny_configs import random_packed_batch, tiny_config
 from runtime.parallel.fsdp import apply_activation_checkpointing, apply_fsdp, block_modules, clip_grad_norm_
 from runtime.parallel.state import ParallelState, init_parallel_state, set_parallel_state
 from runtime.sp.heads import check_sp_compatible

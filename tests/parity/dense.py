@@ -6,7 +6,7 @@ import torch
 import transformers
 
 from runtime.models.registry import causal_lm_class
-from runtime.models.tiny import random_packed_batch, tiny_config
+from runtime.models.tiny_configs import random_packed_batch, tiny_config
 
 VOCAB = tiny_config("qwen3").vocab_size
 

@@ -21,7 +21,7 @@ MOE_MODELS = model_types("causal_lm", capability="moe")
 
 def _model(model_type: str, experts_implementation: str):
     from runtime.models.registry import causal_lm_class
-    from runtime.models.tiny import tiny_config
+    from runtime.models.tiny_configs import tiny_config
 
     config = tiny_config(model_type, experts_implementation=experts_implementation)
     torch.manual_seed(0)
@@ -34,7 +34,7 @@ def _model(model_type: str, experts_implementation: str):
 
 
 def _rows(n: int) -> list[dict]:
-    from runtime.models.tiny import random_packed_batch
+    from runtime.models.tiny_configs import random_packed_batch
 
     return [random_packed_batch(LENGTHS[i], 97, seed=10 + i) for i in range(n)]
 

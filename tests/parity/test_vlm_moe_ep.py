@@ -34,7 +34,7 @@ PACKED_KEYS = {
 
 def _model(model_type: str, experts_implementation: str):
     from runtime.models.registry import causal_lm_class
-    from runtime.models.tiny import tiny_config
+    from runtime.models.tiny_configs import tiny_config
 
     config = tiny_config(model_type, experts_implementation=experts_implementation)
     torch.manual_seed(0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from runtime.models.registry import lookup
-from runtime.models.tiny import random_vlm_batch, tiny_config
+from runtime.models.tiny_configs import random_vlm_batch, tiny_config
 
 # Two images in one row: 4x6 and 2x4 patches (6 and 2 LM tokens after the 2x2 merge), text around them.
 GRIDS = ((1, 4, 6), (1, 2, 4))

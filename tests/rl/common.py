@@ -26,7 +26,7 @@ SAMPLING = {
 @pytest.fixture(scope="session")
 def tiny_pipelines(tmp_path_factory: pytest.TempPathFactory):
     """tiny case name -> directory of a tiny random diffusers pipeline, built once per session on first use."""
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
     root = tmp_path_factory.mktemp("rl_pipelines")
     built: dict[str, Path] = {}

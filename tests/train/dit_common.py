@@ -14,7 +14,7 @@ FLUX_BUCKETS = [[32, 48], [32, 32]]  # 2x3 and 2x2 packed tokens
 def make_files(root: Path) -> dict[str, Path]:
     """Tiny Wan T2V and Flux pipelines, 8 clips (MP4 and frame folders) and 8 images of two sizes."""
     from runtime.data.dit.synthetic import write_synthetic_clips, write_synthetic_images
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
     images = write_synthetic_images(root / "images", 4, 32, 48, seed=1)
     square = write_synthetic_images(root / "images" / "square", 4, 40, 40, seed=2)  # media stay inside images/

@@ -205,7 +205,7 @@ def test_cache_keys_follow_content_and_shards_are_atomic(tmp_path: Path) -> None
 
 
 def test_user_errors_exit_2_with_one_line(tmp_path: Path) -> None:
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
     from tests.train.common import run_main
 
     pipe = save_tiny_pipeline("wan", tmp_path / "pipe")

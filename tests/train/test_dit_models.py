@@ -39,7 +39,7 @@ def _one_intra_op_thread():
 @pytest.fixture(scope="module")
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from runtime.data.dit.synthetic import write_synthetic_clips, write_synthetic_images
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
     root = tmp_path_factory.mktemp("dit_models")
     out: dict[str, Path] = {name: save_tiny_pipeline(name, root / name) for name in NAMES}

@@ -34,7 +34,7 @@ def _one_intra_op_thread():
 
 def _flux_files(root: Path) -> dict[str, Path]:
     from runtime.data.dit.synthetic import write_synthetic_images
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
     images = write_synthetic_images(root / "images", 4, 32, 48, seed=1)
     return {"flux": save_tiny_pipeline("flux", root / "flux"), "images": images, "root": root}
@@ -136,7 +136,7 @@ def test_wan_video_samples_are_mp4_of_the_bucket_size_at_the_end(tmp_path: Path)
     from diffusers import WanPipeline
 
     from runtime.data.dit.synthetic import write_synthetic_clips, write_video
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
     files = {
         "wan": save_tiny_pipeline("wan", tmp_path / "wan"),

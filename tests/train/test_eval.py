@@ -51,7 +51,7 @@ def _train(raw: dict) -> dict[str, Any]:
     from runtime.parallel.state import set_parallel_state
     from runtime.train.config import parse_config
     from runtime.train.loop import build_text_job, run_job, setup_parallel
-    from runtime.train.validate import check_inputs
+    from runtime.train.preflight import check_inputs
 
     config = parse_config(raw)
     with torch.random.fork_rng(devices=[]):

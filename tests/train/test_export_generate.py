@@ -111,7 +111,7 @@ def test_vlm_processor_directory_gives_the_same_stop_tokens(tmp_path: Path, mode
     import transformers
 
     from runtime.checkpoint.generation import export_generation_config, set_config_token_ids, special_token_ids
-    from runtime.models.tiny import tiny_config_dict
+    from runtime.models.tiny_configs import tiny_config_dict
     from runtime.tiny import write_processor
 
     directory = write_processor(model_type, tmp_path / "proc")

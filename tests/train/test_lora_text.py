@@ -179,7 +179,7 @@ def _job_gradients(raw: dict) -> tuple[float, dict[str, torch.Tensor]]:
     from runtime.parallel.state import set_parallel_state
     from runtime.train.config import parse_config
     from runtime.train.loop import build_text_job, setup_parallel
-    from runtime.train.validate import check_inputs
+    from runtime.train.preflight import check_inputs
 
     config = parse_config(raw)
     try:

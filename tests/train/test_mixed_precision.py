@@ -65,7 +65,7 @@ def _train(raw: dict) -> dict[str, Any]:
     from runtime.train.data import is_dit
     from runtime.train.loop import build_text_job, setup_parallel, train_step
     from runtime.train.optim import build_optimizer, build_scheduler
-    from runtime.train.validate import check_inputs
+    from runtime.train.preflight import check_inputs
 
     config = parse_config(raw)
     with torch.random.fork_rng(devices=[]):
@@ -177,7 +177,7 @@ def test_bf16_text_in_one_process_matches_fp32(tmp_path: Path) -> None:
 def dit_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A tiny Wan pipeline and 8 synthetic clips."""
     from runtime.data.dit.synthetic import write_synthetic_clips
-    from runtime.diffusion.tiny import save_tiny_pipeline
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
     root = tmp_path_factory.mktemp("dit")
     return {

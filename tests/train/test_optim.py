@@ -161,7 +161,7 @@ def test_trainer_steps_with_the_named_optimizer_and_schedule(tmp_path: Path, nam
     from runtime.parallel.state import set_parallel_state
     from runtime.train.config import parse_config
     from runtime.train.loop import build_text_job, run_job, setup_parallel
-    from runtime.train.validate import check_inputs
+    from runtime.train.preflight import check_inputs
 
     raw = run_config(
         tmp_path, optim={"name": name, "lr_scheduler_type": scheduler, "warmup_steps": 2}, train={"steps": 4}

@@ -102,7 +102,7 @@ def test_processor_loads_in_transformers(tmp_path: Path, model_type: str) -> Non
 
     import transformers
 
-    from runtime.models.tiny import tiny_config_dict
+    from runtime.models.tiny_configs import tiny_config_dict
 
     out = tmp_path / "proc"
     assert main(["processor", model_type, str(out)]) == 0

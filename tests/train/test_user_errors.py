@@ -203,7 +203,7 @@ def _images_of_line(data: Path, lineno: int) -> list[Path]:
 
 def test_late_image_decode_failure_names_file_and_line(tmp_path: Path) -> None:
     """Only the first lines' images are opened up front; one that fails to decode later is the same one-line error."""
-    from runtime.train.validate import VERIFIED_IMAGE_LINES
+    from runtime.train.preflight import VERIFIED_IMAGE_LINES
 
     raw = vlm_run_config(tmp_path, train={"steps": 1})
     data = Path(raw["data"]["path"])
@@ -219,7 +219,7 @@ def test_model_path_with_missing_or_unexpected_keys(tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
     from runtime.models.registry import causal_lm_class
-    from runtime.models.tiny import tiny_config
+    from runtime.models.tiny_configs import tiny_config
     from runtime.train.config import ConfigError, ModelConfig
     from runtime.train.model import build_model
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from runtime.models.tiny import tiny_vision_config, tiny_vlm_text_config
+from runtime.models.tiny_configs import tiny_vision_config, tiny_vlm_text_config
 
 
 def vlm_model_config(model_type: str) -> dict:

@@ -125,7 +125,7 @@ class CogVideoXConditionModel(ConditionModel):
         from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler
         from transformers import T5Config, T5EncoderModel
 
-        from runtime.diffusion.tiny import tiny_tokenizer
+        from runtime.diffusion.tiny_pipelines import tiny_tokenizer
 
         tokenizer = tiny_tokenizer()
         t5 = T5Config(

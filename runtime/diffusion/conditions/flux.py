@@ -43,7 +43,7 @@ class FluxConditionModel(ConditionModel):
         from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
         from transformers import T5Config, T5EncoderModel
 
-        from runtime.diffusion.tiny import tiny_clip_text, tiny_tokenizer
+        from runtime.diffusion.tiny_pipelines import tiny_clip_text, tiny_tokenizer
 
         tokenizer, tokenizer_2 = tiny_tokenizer(model_max_length=77), tiny_tokenizer()
         t5 = T5Config(

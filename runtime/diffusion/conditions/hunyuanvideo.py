@@ -114,7 +114,7 @@ class HunyuanVideoConditionModel(ConditionModel):
         from diffusers import AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler
         from transformers import LlamaConfig, LlamaModel
 
-        from runtime.diffusion.tiny import tiny_clip_text, tiny_tokenizer
+        from runtime.diffusion.tiny_pipelines import tiny_clip_text, tiny_tokenizer
 
         tokenizer, tokenizer_2 = tiny_tokenizer(), tiny_tokenizer(model_max_length=77)
         llama = LlamaConfig(

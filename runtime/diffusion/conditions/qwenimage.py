@@ -39,8 +39,8 @@ class QwenImageConditionModel(ConditionModel):
         from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler
         from transformers import Qwen2_5_VLForConditionalGeneration
 
-        from runtime.diffusion.tiny import tiny_tokenizer
-        from runtime.models.tiny import tiny_config as tiny_transformers_config
+        from runtime.diffusion.tiny_pipelines import tiny_tokenizer
+        from runtime.models.tiny_configs import tiny_config as tiny_transformers_config
 
         tokenizer = tiny_tokenizer()
         text_config = tiny_transformers_config("qwen2_5_vl", text_config={"vocab_size": len(tokenizer)})

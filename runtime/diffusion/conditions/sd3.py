@@ -122,7 +122,7 @@ class SD3ConditionModel(ConditionModel):
         from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
         from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-        from runtime.diffusion.tiny import tiny_tokenizer
+        from runtime.diffusion.tiny_pipelines import tiny_tokenizer
 
         clip_width = config["pooled_projection_dim"] // 2  # the two CLIP projections are concatenated
 

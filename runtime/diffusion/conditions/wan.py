@@ -54,7 +54,7 @@ class WanConditionModel(ConditionModel):
         from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler
         from transformers import UMT5Config, UMT5EncoderModel
 
-        from runtime.diffusion.tiny import tiny_clip_vision, tiny_tokenizer
+        from runtime.diffusion.tiny_pipelines import tiny_clip_vision, tiny_tokenizer
 
         tokenizer = tiny_tokenizer()
         umt5 = UMT5Config(

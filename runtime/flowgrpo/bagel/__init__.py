@@ -10,7 +10,7 @@ The package, one responsibility a module:
 * ``adapter.py``: ``BagelMoTFlowGRPO``, the sampler as BAGEL's own (its shifted ``linspace(1, 0, N + 1)``
   schedule, its 3-branch CFG run as one batch, ``bagel_guidance``'s combination, renormalisation and interval
   gating); importing it registers the adapter;
-* ``tiny.py``: ``save_tiny_bagel``, a tiny random checkpoint directory for tests, demos and the docs.
+* ``tiny_checkpoint.py``: ``save_tiny_bagel``, a tiny random checkpoint directory for tests, demos and the docs.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from runtime.flowgrpo.bagel.checkpoint import (
     to_bagel_keys,
 )
 from runtime.flowgrpo.bagel.model import BagelMoT
-from runtime.flowgrpo.bagel.tiny import save_tiny_bagel
+from runtime.flowgrpo.bagel.tiny_checkpoint import save_tiny_bagel
 
 __all__ = [
     "BagelMoT",

@@ -98,7 +98,7 @@ def save_tiny_clip(directory: str | Path, seed: int = 0) -> Path:
     demos and benchmarks: the reward loads it through the same code as a real one. No download."""
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel
 
-    from runtime.diffusion.tiny import tiny_tokenizer
+    from runtime.diffusion.tiny_pipelines import tiny_tokenizer
 
     directory = Path(directory)
     tokenizer = tiny_tokenizer()

@@ -1,5 +1,5 @@
-"""Checks of everything a run reads or writes that do not need the model, run before the model is built: a user
-error costs seconds, not a model build or a whole run, and is one line naming the file (exit code 2)."""
+"""Preflight: checks of everything a run reads or writes that do not need the model, run before the model is
+built: a user error costs seconds, not a model build or a whole run, and is one line naming the file (exit code 2)."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ def save_tiny_bagel(directory: str | os.PathLike, seed: int = 0) -> Path:
     ``AutoencoderKL`` with 4 latent channels and BAGEL's FLUX-VAE normalisation, x8 downsampling)."""
     from diffusers import AutoencoderKL
 
-    from runtime.diffusion.tiny import tiny_tokenizer
+    from runtime.diffusion.tiny_pipelines import tiny_tokenizer
 
     directory = Path(directory)
     tokenizer = tiny_tokenizer()

@@ -1,6 +1,7 @@
-"""Checks of everything an RL run reads or writes that need no model, run before anything is built: a user error
-costs seconds, not a model build, and is one line naming the key (exit code 2). The trainer's checks are reused
-where the keys are the same (pipeline directory, transformer config sizes, checkpoint selection, export target)."""
+"""Preflight: checks of everything an RL run reads or writes that need no model, run before anything is built: a
+user error costs seconds, not a model build, and is one line naming the key (exit code 2). The trainer's checks are
+reused where the keys are the same (pipeline directory, transformer config sizes, checkpoint selection, export
+target)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def check_model(config: Any) -> Any:
     from runtime.diffusion.conditions import condition_model_class
     from runtime.diffusion.registry import dit_model_types, lookup_dit
     from runtime.train.dit import check_pipeline_dir
-    from runtime.train.validate import check_dit_transformer_config
+    from runtime.train.preflight import check_dit_transformer_config
 
     kinds = dit_model_types()
     if config.model.type not in kinds:
@@ -147,7 +148,7 @@ def check_outputs(config: Any) -> None:
 
 def check_rl_inputs(config: Any, state: ParallelState) -> CheckedRLInputs:
     """Every check that can run before the model is built. Collective (checkpoint hashing is split over ranks)."""
-    from runtime.train.validate import select_checkpoint
+    from runtime.train.preflight import select_checkpoint
 
     if config.model.architecture is not None:
         check_nondiffusers_sampling(config, check_nondiffusers_model(config))

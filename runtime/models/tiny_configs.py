@@ -1,4 +1,6 @@
-"""Tiny random-initialised models and batches for tests and demos (no downloads, fp32, seconds on a CPU)."""
+"""Tiny model configs (each spec's ``[model.tiny]`` table) and random batches shaped for them, so tests and demos
+build random-initialised models without a download (fp32, seconds on a CPU). The ``python -m runtime.tiny`` command
+(tokenizers, processors, DiT pipelines on disk) is ``runtime/tiny.py``."""
 
 from __future__ import annotations
 
