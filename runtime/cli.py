@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from runtime import launcher_options
+from runtime.config.errors import ConfigError
+from runtime.config.overrides import Override, OverrideError, parse_overrides
+from runtime.config.yaml_file import ConfigLoader, locate_error, locate_errors
 from runtime.launcher_options import LauncherOptionError
-from runtime.train.config import ConfigError, ConfigLoader, locate_error, locate_errors
-from runtime.train.overrides import Override, OverrideError, parse_overrides
 
 # torchrun's options that take no value (``torch.distributed.run.get_args_parser``; tests/train/test_cli.py checks
 # the list against it). Every other launcher option takes one (``--opt VALUE`` or ``--opt=VALUE``).

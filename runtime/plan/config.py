@@ -1,6 +1,6 @@
 """A plan file: the model (type + the published config's numbers), the workload of one micro-batch, the layout.
 
-YAML, read and checked with the run config's own machinery (``runtime.train.config``: size, depth, unknown keys,
+YAML, read and checked with the run config's own machinery (``runtime/config/``: size, depth, unknown keys,
 types and ranges; ``runtime.plan.model_check``: ``model.type`` and ``model.config`` as the trainer checks them), every
 error of a file at once, each a one-line error naming the file, the key's line and the key. No torch is imported here.
 """
@@ -10,16 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from runtime.config.common import ParallelConfig
+from runtime.config.errors import ConfigError, ConfigErrors
+from runtime.config.sections import KeyRules, collect_section
+from runtime.config.yaml_file import locate_errors, read_config_file
 from runtime.plan.model_check import model_problems
-from runtime.train.config import (
-    ConfigError,
-    ConfigErrors,
-    KeyRules,
-    ParallelConfig,
-    collect_section,
-    locate_errors,
-    read_config_file,
-)
 
 __all__ = ["ConfigError", "PlanConfig", "PlanModel", "Workload", "read_plan"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.cli import run_command
-from runtime.train.overrides import Override
+from runtime.config.overrides import Override
 
 COMMAND = "runtime.rl"
 

@@ -1,10 +1,10 @@
-"""RL run configuration: YAML -> frozen dataclasses, validated by the trainer's machinery (``build_section``,
+"""RL run configuration: YAML -> frozen dataclasses, validated by the config machinery (``runtime/config/``,
 ``locate_error``: one line naming the file, line and key; exit code 2).
 
 A config names its algorithm at the top (``algorithm: flowgrpo``); the algorithm's own keys live in the section named
 after it, whose dataclass and rules the algorithm module owns (``runtime/rl/algorithms/<name>.py``). The other
 sections are shared by every algorithm; ``lora``, ``dit``, ``parallel``, ``optim``, ``checkpoint``, ``log`` and
-``export`` are the trainer's own sections (``runtime/train/config.py``), with the same keys and meaning.
+``export`` are the sections every job shares (``runtime/config/common.py``), with the same keys and meaning.
 
 Example (every key with its default unless marked required)::
 
@@ -69,24 +69,22 @@ from typing import Any
 
 import yaml
 
-from runtime.train.config import (
-    TRAIN_RULES,
+from runtime.config.common import (
+    MIXED_PRECISION,
+    NONFINITE,
+    SHARED_RULES,
     CheckpointConfig,
-    ConfigError,
-    ConfigErrors,
     DiTConfig,
     ExportConfig,
-    KeyRules,
     LogConfig,
     LoraConfig,
     OptimConfig,
     ParallelConfig,
-    collect_section,
-    load_config,
-    locate_error,
-    unknown_key_message,
 )
-from runtime.train.overrides import Override
+from runtime.config.errors import ConfigError, ConfigErrors
+from runtime.config.overrides import Override
+from runtime.config.sections import KeyRules, collect_section, unknown_key_message
+from runtime.config.yaml_file import load_config, locate_error
 from runtime.train.tracking.requirements import report_to_errors
 
 __all__ = ["ALGORITHMS", "RLConfig", "algorithm_module", "load_rl_config", "locate_rl_error", "parse_rl_config"]
@@ -160,10 +158,11 @@ class RLConfig:
     algo: Any = None  # the algorithm's section (its own dataclass), filled from the section named after it
 
 
-RL_RULES = TRAIN_RULES.merged(
+RL_RULES = SHARED_RULES.merged(
     KeyRules(
         positive=frozenset(
             {
+                "train.steps",
                 "data.prompts_per_step",
                 "sampling.height",
                 "sampling.width",
@@ -173,8 +172,8 @@ RL_RULES = TRAIN_RULES.merged(
                 "sampling.batch_size",
             }
         ),
-        non_negative=frozenset({"data.seed"}),
-        choices={"reference": REFERENCES},
+        non_negative=frozenset({"data.seed", "model.seed"}),
+        choices={"reference": REFERENCES, "train.nonfinite": NONFINITE, "train.mixed_precision": MIXED_PRECISION},
     )
 )
 _SHARED_KEYS = tuple(f.name for f in dataclasses.fields(RLConfig) if f.name != "algo")
@@ -201,7 +200,7 @@ def parse_rl_config(raw: Any) -> RLConfig:
     section = raw.pop(name, {})
     errors = ConfigErrors()
     unknown = sorted(set(raw) - set(_SHARED_KEYS), key=str)
-    errors.add(*(unknown_key_message("", key, (*_SHARED_KEYS, name)) for key in unknown))
+    errors.add(*(unknown_key_message("", key, (*_SHARED_KEYS, name), RL_RULES.renamed) for key in unknown))
     known = {key: value for key, value in raw.items() if key in _SHARED_KEYS}
     config = collect_section(RLConfig, known, "", RL_RULES, errors)
     config = dataclasses.replace(config, algo=collect_section(module.Settings, section, name, module.RULES, errors))

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from runtime.config.errors import ConfigError
 from runtime.flowgrpo.rollout import RolloutResult, rollout
 from runtime.flowgrpo.trainer import repeat_batch, select_rows
 from runtime.kernels.timing import Clock
@@ -52,7 +53,6 @@ from runtime.rl.policy import Policy, build_policy, lora_disabled
 from runtime.rl.preflight import CheckedRLInputs, check_rl_inputs
 from runtime.rl.prompts import Prompt, PromptSampler
 from runtime.rl.rewards import RewardError, RewardMix, build_rewards, reward_names
-from runtime.train.config import ConfigError
 from runtime.train.finite import check_mode, guard_update, micro_batches
 from runtime.train.schedule_keys import schedule_record
 

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runtime.config.errors import ConfigError
 from runtime.data.dit import manifest
 from runtime.data.errors import LineError
-from runtime.data.jsonl import read_records
 from runtime.data.media_paths import MediaRoot
+from runtime.data.records import read_records
 from runtime.rl.prompts import MAX_PROMPT_CHARS
-from runtime.train.config import ConfigError
 
 __all__ = ["IMAGE_SUFFIXES", "Pair", "encode_media", "read_pairs"]
 

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from runtime.checkpoint.identity import model_identity
+from runtime.config.errors import ConfigError
 from runtime.parallel.state import ParallelState
-from runtime.train.config import ConfigError
 
 __all__ = ["Policy", "build_dit_policy", "build_nondiffusers_policy", "build_policy", "lora_disabled"]
 

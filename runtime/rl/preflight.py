@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from runtime.checkpoint.export import ExportTargetError, check_export_target
+from runtime.config.errors import ConfigError
 from runtime.parallel.state import ParallelState
 from runtime.rl.pairs import Pair, read_pairs
 from runtime.rl.prompts import Prompt, PromptSampler, read_prompts
-from runtime.train.config import ConfigError
 
 __all__ = ["CheckedRLInputs", "check_rl_inputs"]
 

@@ -7,14 +7,14 @@ import sys
 from collections.abc import Sequence
 
 from runtime.cli import run_command
-from runtime.train.config import RunConfig, load_config
-from runtime.train.overrides import Override
+from runtime.config.overrides import Override
+from runtime.train.config import RunConfig, load_run_config
 
 COMMAND = "runtime.train"
 
 
 def load(path: str, overrides: Sequence[Override]) -> RunConfig:
-    return load_config(path, overrides)
+    return load_run_config(path, overrides)
 
 
 def run(config: RunConfig) -> None:

@@ -7,12 +7,15 @@ from typing import Any
 
 import torch
 
-from runtime.data.jsonl import LocatedSample
+from runtime.config.errors import ConfigError
 from runtime.data.loader import PackedLoader
-from runtime.data.tokenization import load_tokenizer, tokenize_samples
+from runtime.data.sampler import Order
+from runtime.data.samples import LocatedSample
+from runtime.data.text.packing import TextPackedLoader
+from runtime.data.text.tokenization import load_tokenizer, tokenize_samples
 from runtime.models.registry import lookup
 from runtime.parallel.state import ParallelState
-from runtime.train.config import ConfigError, RunConfig
+from runtime.train.config import RunConfig
 
 
 def is_vlm(config: RunConfig) -> bool:
@@ -23,7 +26,7 @@ def is_vlm(config: RunConfig) -> bool:
 
 
 def is_omni(config: RunConfig) -> bool:
-    """An omni model (audio too): its own processor, data pipeline and packing (runtime/data/omni*.py)."""
+    """An omni model (audio too): its own processor, data pipeline and packing (runtime/data/audio/)."""
     return lookup(config.model.type).family == "omni"
 
 
@@ -39,11 +42,11 @@ def load_text_processor(config: RunConfig) -> Any:
     """The tokenizer (text models) or the processor (VLMs, omni models) from its local directory."""
     try:
         if is_vlm(config) and is_omni(config):
-            from runtime.data.omni_processor import load_omni_processor
+            from runtime.data.audio.processor import load_omni_processor
 
             return load_omni_processor(config.data.processor, config.model.type)
         if is_vlm(config):
-            from runtime.data.processor import load_processor
+            from runtime.data.vision.processor import load_processor
 
             return load_processor(config.data.processor)
         return load_tokenizer(config.data.tokenizer)
@@ -57,10 +60,10 @@ def fixed_model_config(config: RunConfig, processor: Any) -> dict[str, Any]:
     if not is_vlm(config):
         return {}
     if is_omni(config):
-        from runtime.data.omni_processor import omni_token_ids
+        from runtime.data.audio.processor import omni_token_ids
 
         return omni_token_ids(processor)
-    from runtime.data.processor import vlm_token_ids
+    from runtime.data.vision.processor import vlm_token_ids
 
     return vlm_token_ids(processor)
 
@@ -82,29 +85,30 @@ def build_loader(
     processor: Any,
     samples: list[LocatedSample],
     shuffle: bool = True,
-):
-    """Packed rows for this rank's DP position: ``PackedLoader`` (text) or ``MultimodalPackedLoader`` (VLM), from the
-    samples ``check_data`` read (``shuffle=False``: in file order, as the eval set). A sample that fails to tokenize
-    (e.g. an image that does not decode) or a data set with nothing usable is a ``ConfigError`` naming the file (and
-    line)."""
-    budget, seed = config.data.token_budget, config.data.seed
+) -> PackedLoader:
+    """Packed rows for this rank's DP position: ``TextPackedLoader``, ``MultimodalPackedLoader`` (VLM) or
+    ``OmniPackedLoader``, from the samples ``check_data`` read (``shuffle=False``: in file order, as the eval set). A
+    sample that fails to tokenize (e.g. an image that does not decode) or a data set with nothing usable is a
+    ``ConfigError`` naming the file (and line)."""
+    budget = config.data.token_budget
+    order = Order.for_parallel_state(state, config.data.seed, shuffle)
     try:
         if not is_vlm(config):
             tokenized = tokenize_samples([s.sample for s in samples], processor)
-            return PackedLoader.for_parallel_state(tokenized, budget, state, seed=seed, shuffle=shuffle)
+            return TextPackedLoader(tokenized, budget, order)
         if is_omni(config):
-            from runtime.data.omni import tokenize_omni
-            from runtime.data.omni_packing import OmniPackedLoader
+            from runtime.data.audio.packing import OmniPackedLoader
+            from runtime.data.audio.tokenization import tokenize_omni
 
             fn = type(model).get_position_id_func(model.config)
             omni = [_tokenize_one(tokenize_omni, s, processor, fn, model.config) for s in samples]
-            return OmniPackedLoader.for_parallel_state(omni, budget, state, seed=seed, shuffle=shuffle)
-        from runtime.data.multimodal import tokenize_multimodal
-        from runtime.data.multimodal_loader import MultimodalPackedLoader
+            return OmniPackedLoader(omni, budget, order)
+        from runtime.data.vision.packing import MultimodalPackedLoader
+        from runtime.data.vision.tokenization import tokenize_multimodal
 
         position_ids = type(model).get_position_id_func(model.config)
         tokenized = [_tokenize_one(tokenize_multimodal, s, processor, position_ids) for s in samples]
-        return MultimodalPackedLoader.for_parallel_state(tokenized, budget, state, seed=seed, shuffle=shuffle)
+        return MultimodalPackedLoader(tokenized, budget, order)
     except ValueError as exc:  # nothing usable within the budget
         raise ConfigError(f"data.path: {config.data.path}: {exc} (data.token_budget is {budget})") from None
 

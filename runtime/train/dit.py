@@ -22,11 +22,12 @@ import torch
 import torch.distributed as dist
 
 from runtime.checkpoint.identity import model_identity
+from runtime.config.errors import ConfigError
 from runtime.diffusion.cache import CacheError
 from runtime.parallel.fsdp import block_modules
 from runtime.parallel.parallelize import parallelize
 from runtime.parallel.state import ParallelState
-from runtime.train.config import ConfigError, RunConfig
+from runtime.train.config import RunConfig
 from runtime.train.dit_data import (
     CachedConditions,
     LiveConditions,
@@ -150,6 +151,7 @@ def dit_flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
 
 def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
     from runtime.data.dit.sampler import BucketBatchSampler
+    from runtime.data.sampler import Order
     from runtime.diffusion.conditions import condition_model_class
     from runtime.diffusion.registry import lookup_dit
 
@@ -162,9 +164,8 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
     dataset = build_dataset(config, samples, rules, state)
     device = train_device(state)
     try:
-        sampler = BucketBatchSampler(
-            dataset.buckets, config.data.batch_size, config.data.seed, state.dp_rank, state.dp_size
-        )
+        order = Order.for_parallel_state(state, config.data.seed)
+        sampler = BucketBatchSampler(dataset.buckets, config.data.batch_size, order)
     except ValueError as exc:  # too few samples per bucket for batch_size x data-parallel replicas
         raise ConfigError(f"data.path: {config.data.path}: {exc}") from None
     if state.rank == 0:

@@ -18,12 +18,13 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 
+from runtime.config.errors import ConfigError
 from runtime.data.dit.buckets import MediaRules, parse_buckets
 from runtime.data.dit.dataset import DiTDataset
 from runtime.data.dit.manifest import MediaSample, read_media_jsonl
 from runtime.data.dit.media import MediaError, probe
 from runtime.parallel.state import ParallelState
-from runtime.train.config import ConfigError, RunConfig
+from runtime.train.config import RunConfig
 
 __all__ = [
     "CachedConditions",

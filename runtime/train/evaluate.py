@@ -25,11 +25,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from runtime.data.jsonl import LocatedSample
+from runtime.config.errors import ConfigError
+from runtime.data.samples import LocatedSample
 from runtime.data.sp_batch import packed_attention_kwargs, shard_for_sp
 from runtime.models.registry import lookup
 from runtime.parallel.state import ParallelState
-from runtime.train.config import ConfigError, RunConfig
+from runtime.train.config import RunConfig
 
 __all__ = ["TextEvaluator", "build_eval_loader", "eval_due", "read_eval_samples"]
 
@@ -92,7 +93,7 @@ class TextEvaluator:
         """``loader``: a packed loader of the eval samples built for one replica without shuffling (its sampler's
         epoch-0 plan is every row of the file, in order)."""
         self.model, self.loader, self.state, self.config, self.device = model, loader, state, config, device
-        plan = loader.sampler.epoch_rows(0)
+        plan = loader.sampler.rank_groups(0)
         dp = state.dp_size
         rounds = math.ceil(len(plan) / dp)
         if config.eval.max_batches is not None:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from runtime.train.config import ConfigError
+from runtime.config.errors import ConfigError
 
 NONFINITE_MODES = ("stop", "skip")
 SHOWN_SOURCES = 8  # sources named in one message; the rest are counted

@@ -26,6 +26,7 @@ from runtime.checkpoint.export import export_hf
 from runtime.checkpoint.identity import model_identity
 from runtime.checkpoint.lora_weights import adapter_modules
 from runtime.checkpoint.verify import CheckpointError
+from runtime.config.errors import ConfigError
 from runtime.data.sp_batch import packed_attention_kwargs, shard_for_sp
 from runtime.models.registry import lookup
 from runtime.moe.dispatch import check_ep_kernel
@@ -33,7 +34,7 @@ from runtime.parallel.expert_parallel import check_ep
 from runtime.parallel.fsdp import clip_grad_norm_
 from runtime.parallel.parallelize import parallelize
 from runtime.parallel.state import ParallelState, init_parallel_state
-from runtime.train.config import ConfigError, RunConfig
+from runtime.train.config import RunConfig
 from runtime.train.data import (
     build_loader,
     check_sp,

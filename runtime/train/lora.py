@@ -41,7 +41,9 @@ import torch
 
 from runtime.checkpoint.identity import model_identity
 from runtime.checkpoint.lora_weights import ADAPTER
-from runtime.train.config import ConfigError, LoraConfig, RunConfig
+from runtime.config.common import LoraConfig
+from runtime.config.errors import ConfigError
+from runtime.train.config import RunConfig
 
 __all__ = [
     "DIT_TARGET_MODULES",

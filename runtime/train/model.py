@@ -7,10 +7,11 @@ from typing import Any
 import torch
 import transformers
 
+from runtime.config.errors import ConfigError
 from runtime.models.registry import lookup
 from runtime.models.submodel_checkpoint import drop_parts_left_out
 from runtime.moe.dispatch import register_experts_kernels
-from runtime.train.config import ConfigError, ModelConfig
+from runtime.train.config import ModelConfig
 
 
 def _key_name(entry: Any) -> str:

@@ -27,7 +27,8 @@ from collections.abc import Iterable
 
 import torch
 
-from runtime.train.config import OPTIMIZERS, SCHEDULERS, ConfigError, OptimConfig
+from runtime.config.common import OPTIMIZERS, SCHEDULERS, OptimConfig
+from runtime.config.errors import ConfigError
 
 __all__ = ["build_optimizer", "build_scheduler"]
 

@@ -12,13 +12,14 @@ from pathlib import Path
 from runtime.checkpoint.dcp import latest_intact_checkpoint
 from runtime.checkpoint.export import ExportTargetError, check_export_target
 from runtime.checkpoint.verify import CheckpointError, verify_checkpoint
-from runtime.data.jsonl import AudioPart, ChatSample, ImagePart, LocatedSample, VideoPart, read_samples_located
+from runtime.config.errors import ConfigError
+from runtime.data.samples import AudioPart, ChatSample, ImagePart, LocatedSample, VideoPart, read_samples_located
 from runtime.parallel.state import ParallelState
-from runtime.train.config import ConfigError, RunConfig
+from runtime.train.config import RunConfig
 from runtime.train.model_limits import random_init_problem, size_problem
 
 # Images (and video frames) of this many first samples are opened and verified up front, and their audio files'
-# headers checked (runtime.data.audio.check_audio); every referenced file is checked to exist. The others are
+# headers checked (runtime.data.audio.waveforms.check_audio); every referenced file is checked to exist. The others are
 # decoded when the data is tokenized, where a failure is the same one-line error.
 VERIFIED_IMAGE_LINES = 8
 
@@ -114,7 +115,7 @@ def check_data(config: RunConfig) -> list[LocatedSample]:
     """Parse the whole data file (cheap: text; every referenced media file must exist, inside the media root) and
     verify the images and audio headers of its first ``VERIFIED_IMAGE_LINES`` samples; one-line errors naming
     file:line."""
-    from runtime.data.audio import check_audio
+    from runtime.data.audio.waveforms import check_audio
 
     path = Path(config.data.path)
     if not path.exists():

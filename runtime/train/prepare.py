@@ -11,15 +11,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from runtime.cli import run_command
-from runtime.train.config import ConfigError, RunConfig, load_config, locate_errors
-from runtime.train.overrides import Override
+from runtime.config.errors import ConfigError
+from runtime.config.overrides import Override
+from runtime.config.yaml_file import locate_errors
+from runtime.train.config import RunConfig, load_run_config
 
 COMMAND = "runtime.train.prepare"
 
 
 def load(path: str, overrides: Sequence[Override] = ()) -> RunConfig:
     """The training config, which must name a DiT and a condition cache."""
-    config = load_config(path, overrides)
+    config = load_run_config(path, overrides)
     errors = []
     if not _is_dit(config):
         errors.append(f"model.type: {config.model.type!r} is not a diffusion transformer; nothing to prepare")

@@ -34,7 +34,7 @@ def learning_rates(record: dict[str, Any], first: int, last: int) -> list[float]
     trainer's own scheduler (``runtime/train/optim.py``), evaluated; the keys are all it reads."""
     import torch
 
-    from runtime.train.config import OptimConfig
+    from runtime.config.common import OptimConfig
     from runtime.train.optim import build_scheduler
 
     optim = OptimConfig(**{key.split(".")[1]: value for key, value in record.items() if key.startswith("optim.")})

@@ -85,8 +85,8 @@ def _engine(wheel: Path, model_type: str) -> EngineNames:
 
 
 def _policy(model_type: str, lora: bool):
+    from runtime.config.common import LoraConfig
     from runtime.diffusion.registry import tiny_config, training_class
-    from runtime.train.config import LoraConfig
     from runtime.train.lora import add_lora
 
     cls = training_class(model_type)

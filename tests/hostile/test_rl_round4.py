@@ -23,8 +23,8 @@ import pytest
 import torch
 import yaml
 
+from runtime.config.errors import ConfigError
 from runtime.rl.rewards import RewardError, build_rewards
-from runtime.train.config import ConfigError
 
 PROMPTS = ["a red kite", "a blue boat", "a green hill"]
 ANSWER = json.dumps({"rewards": [0.1, 0.2, 0.3]}).encode()

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runtime.train.config import ConfigError
+from runtime.config.errors import ConfigError
 
 # ---------------------------------------------------------------------------------------------------- sampling
 
@@ -120,7 +120,7 @@ def _no_bomb_warning(call) -> Exception:
 def test_images_over_the_pil_limit_are_one_error(tmp_path: Path, small_pil_limit, size: int) -> None:
     from runtime.data.dit.manifest import MediaSample
     from runtime.data.dit.media import load_frames, probe
-    from runtime.data.multimodal import load_image
+    from runtime.data.vision.tokenization import load_image
     from runtime.rl.pairs import read_pairs
     from runtime.train.preflight import verify_image
 
@@ -151,7 +151,7 @@ def test_pair_image_grown_after_the_check_is_one_error(tmp_path: Path, small_pil
 
 
 def test_images_under_the_limit_still_read(tmp_path: Path) -> None:
-    from runtime.data.multimodal import load_image
+    from runtime.data.vision.tokenization import load_image
 
     assert load_image(_image(tmp_path / "ok.png")).size == (40, 40)
 

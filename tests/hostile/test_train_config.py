@@ -144,7 +144,7 @@ def test_attention_choices_are_those_transformers_registers() -> None:
     import sys
 
     from runtime.sp.ulysses import PREFIX
-    from runtime.train.config import ATTN_IMPLEMENTATIONS
+    from runtime.train.config_checks import ATTN_IMPLEMENTATIONS
 
     code = "from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS as f; print(' '.join(f.valid_keys()))"
     keys = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
@@ -180,7 +180,7 @@ def test_dit_attention_backends_are_those_of_diffusers() -> None:
     """The list the config is checked against without importing diffusers (and torch) is diffusers' own enum."""
     from diffusers.models.attention_dispatch import AttentionBackendName
 
-    from runtime.train.config import DIFFUSERS_ATTENTION_BACKENDS
+    from runtime.train.config_checks import DIFFUSERS_ATTENTION_BACKENDS
 
     assert list(DIFFUSERS_ATTENTION_BACKENDS) == [b.value for b in AttentionBackendName]
 
@@ -341,8 +341,8 @@ def _main(path: Path) -> tuple[int, str]:
 
 
 def test_config_file_that_cannot_be_read_is_one_line(tmp_path: Path, nothing_built) -> None:
-    from runtime.train.config import MAX_CONFIG_BYTES
-    from runtime.train.config_shape import MAX_CONFIG_DEPTH, MAX_CONFIG_VALUES
+    from runtime.config.shape import MAX_CONFIG_DEPTH, MAX_CONFIG_VALUES
+    from runtime.config.yaml_file import MAX_CONFIG_BYTES
 
     text = yaml.safe_dump(run_config(tmp_path)).encode()
     bad = tmp_path / "latin1.yaml"

@@ -115,7 +115,7 @@ def test_data_file_suffix_must_be_a_documented_one(tmp_path: Path, nothing_built
 
 
 def test_a_huge_line_is_refused_fast_with_the_limit(tmp_path: Path, nothing_built) -> None:
-    from runtime.data.jsonl import MAX_LINE_BYTES
+    from runtime.data.records import MAX_LINE_BYTES
 
     data = tmp_path / "huge.jsonl"
     with data.open("w") as f:
@@ -128,7 +128,7 @@ def test_a_huge_line_is_refused_fast_with_the_limit(tmp_path: Path, nothing_buil
 
 
 def test_deeply_nested_json_is_refused_with_the_limit(tmp_path: Path, nothing_built) -> None:
-    from runtime.data.jsonl import MAX_JSON_DEPTH
+    from runtime.data.records import MAX_JSON_DEPTH
 
     for depth in (MAX_JSON_DEPTH + 1, 100_000):
         data = tmp_path / f"deep{depth}.jsonl"
@@ -139,7 +139,7 @@ def test_deeply_nested_json_is_refused_with_the_limit(tmp_path: Path, nothing_bu
     ok = tmp_path / "ok.jsonl"
     nested = "[" * (MAX_JSON_DEPTH - 2) + "]" * (MAX_JSON_DEPTH - 2)
     ok.write_text('{"text": "x", "meta": ' + nested + "}\n")
-    from runtime.data.jsonl import read_jsonl
+    from runtime.data.samples import read_jsonl
 
     assert len(read_jsonl(ok)) == 1
 
@@ -170,7 +170,7 @@ def test_chat_media_paths_stay_inside_the_data_directory(tmp_path: Path, nothing
 
 
 def test_omni_audio_paths_stay_inside_the_data_directory(tmp_path: Path, nothing_built) -> None:
-    from runtime.data.audio import write_audio
+    from runtime.data.audio.waveforms import write_audio
 
     (tmp_path / "elsewhere").mkdir()
     outside = write_audio(tmp_path / "elsewhere" / "a.wav", np.zeros(1600, np.float32), 16000)
@@ -233,7 +233,7 @@ def test_dit_media_paths_stay_inside_the_data_directory(tmp_path: Path, nothing_
 
 
 def _wav(path: Path, seconds: float, rate: int = 16000) -> Path:
-    from runtime.data.audio import write_audio
+    from runtime.data.audio.waveforms import write_audio
 
     path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -242,7 +242,7 @@ def _wav(path: Path, seconds: float, rate: int = 16000) -> Path:
 
 
 def test_truncated_or_too_long_audio_is_refused_up_front(tmp_path: Path, nothing_built) -> None:
-    from runtime.data.audio import MAX_AUDIO_SECONDS
+    from runtime.data.audio.waveforms import MAX_AUDIO_SECONDS
 
     folder = tmp_path / "set"
     half_wav = folder / "half.wav"
@@ -250,7 +250,7 @@ def test_truncated_or_too_long_audio_is_refused_up_front(tmp_path: Path, nothing
     half_wav.write_bytes(full[: len(full) // 2])
     header_only = folder / "header.flac"
     header_only.write_bytes(_wav(folder / "full.flac", 1.0).read_bytes()[:30])
-    from runtime.data.audio import write_audio
+    from runtime.data.audio.waveforms import write_audio
 
     long = write_audio(folder / "long.wav", np.zeros(MAX_AUDIO_SECONDS + 5, np.float32), 1)  # 1 Hz: a small file
     data = folder / "data.jsonl"
@@ -267,7 +267,7 @@ def test_truncated_or_too_long_audio_is_refused_up_front(tmp_path: Path, nothing
 def test_load_audio_refuses_truncated_and_enormous_audio(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The late decode (samples past the first few are decoded when the data is tokenized) applies the same rules,
     and a FLAC stream cut mid-way (its header names more frames than decode) is truncated too."""
-    import runtime.data.audio as audio
+    import runtime.data.audio.waveforms as audio
 
     flac = _wav(tmp_path / "a.flac", 2.0).read_bytes()
     cut = tmp_path / "cut.flac"

@@ -73,7 +73,7 @@ def _config(raw: dict, **optim: float) -> Any:
 
 @pytest.mark.parametrize("lr", [math.inf, math.nan])
 def test_non_finite_lr_never_updates(tmp_path: Path, lr: float) -> None:
-    from runtime.train.config import ConfigError
+    from runtime.config.errors import ConfigError
 
     job, before, error, _ = _build_and_run(_config(run_config(tmp_path), lr=lr))
     assert isinstance(error, ConfigError) and "optim.lr" in str(error) and "\n" not in str(error), error
@@ -168,7 +168,8 @@ def _toy_job(rank: int, bad_steps: dict[int, set[int]], snapshots: list) -> Any:
 
 
 def _toy_config(log_dir: str, nonfinite: str, steps: int = 4) -> Any:
-    from runtime.train.config import DataConfig, LogConfig, ModelConfig, OptimConfig, RunConfig, TrainConfig
+    from runtime.config.common import LogConfig, OptimConfig
+    from runtime.train.config import DataConfig, ModelConfig, RunConfig, TrainConfig
 
     return RunConfig(
         model=ModelConfig(type="toy"),

@@ -46,7 +46,7 @@ def _deep(levels: int) -> str:
 
 @pytest.mark.parametrize("levels", [33, 60000], ids=["past-the-cap", "60000-deep"])
 def test_a_deeply_nested_override_is_one_error_line(tmp_path: Path, levels: int) -> None:
-    from runtime.train.config_shape import MAX_CONFIG_DEPTH
+    from runtime.config.shape import MAX_CONFIG_DEPTH
 
     config = tmp_path / "run.yaml"
     config.write_text(yaml.safe_dump(run_config(tmp_path)))
@@ -57,9 +57,9 @@ def test_a_deeply_nested_override_is_one_error_line(tmp_path: Path, levels: int)
 
 
 def test_an_override_within_the_cap_is_read() -> None:
-    from runtime.train.config import ConfigLoader
-    from runtime.train.config_shape import MAX_CONFIG_DEPTH
-    from runtime.train.overrides import parse_overrides
+    from runtime.config.overrides import parse_overrides
+    from runtime.config.shape import MAX_CONFIG_DEPTH
+    from runtime.config.yaml_file import ConfigLoader
 
     (item,) = parse_overrides([f"--model.config.x={_deep(MAX_CONFIG_DEPTH - 4)}"], ConfigLoader)
     depth, value = 0, item.value
@@ -70,8 +70,8 @@ def test_an_override_within_the_cap_is_read() -> None:
 
 def test_an_alias_bomb_override_is_capped_like_the_file(tmp_path: Path) -> None:
     """A few characters that expand to 10**6 values once the aliases are expanded: the file loader's value cap."""
-    from runtime.train.config import ConfigLoader
-    from runtime.train.overrides import OverrideError, parse_overrides
+    from runtime.config.overrides import OverrideError, parse_overrides
+    from runtime.config.yaml_file import ConfigLoader
 
     levels = ["a: &a [1,1,1,1,1,1,1,1,1,1]"]
     for k, name in enumerate("bcdef"):
@@ -125,7 +125,8 @@ def test_mlflow_server_at_a_closed_port_fails_in_seconds(tmp_path: Path, monkeyp
 
 def test_mlflow_probe_is_quick_and_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tracker alone (no model): a refused connection is reported in well under a second of probing."""
-    from runtime.train.config import ConfigError, LogConfig
+    from runtime.config.common import LogConfig
+    from runtime.config.errors import ConfigError
     from runtime.train.tracking.run_log import RunLog
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{_closed_port()}/")

@@ -128,7 +128,7 @@ def test_the_trainer_drops_the_left_out_parts_counted(full_checkpoint, caplog) -
 
 
 def test_the_trainer_refuses_an_unknown_weight(full_checkpoint, tmp_path) -> None:
-    from runtime.train.config import ConfigError
+    from runtime.config.errors import ConfigError
     from runtime.train.model import load_pretrained
 
     path = _with_extra_weight(full_checkpoint[0], tmp_path)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.train.config import ConfigError, parse_config
+from runtime.config.errors import ConfigError
+from runtime.train.config import parse_config
 from tests.dist_utils import run_distributed
 from tests.omni.trainer_common import omni_run_config
 from tests.train.common import run_config, train_worker
@@ -59,10 +60,10 @@ def test_omni_ep2_matches_single_process_every_step(tmp_path: Path) -> None:
 def test_freeze_audio_and_export_loads_in_plain_transformers(tmp_path: Path) -> None:
     import transformers
 
-    from runtime.data.jsonl import read_jsonl
-    from runtime.data.omni import tokenize_omni
-    from runtime.data.omni_packing import pack_omni_row
-    from runtime.data.omni_processor import load_omni_processor, omni_token_ids
+    from runtime.data.audio.packing import pack_omni_row
+    from runtime.data.audio.processor import load_omni_processor, omni_token_ids
+    from runtime.data.audio.tokenization import tokenize_omni
+    from runtime.data.samples import read_jsonl
     from runtime.train.model import build_model
 
     raw = omni_run_config(

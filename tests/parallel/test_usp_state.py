@@ -7,10 +7,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from runtime.config.common import ParallelConfig
+from runtime.config.errors import ConfigError
 from runtime.parallel.collectives import gather_along_dim
 from runtime.parallel.state import ParallelState, init_parallel_state
 from runtime.sp.heads import check_sp_compatible
-from runtime.train.config import ConfigError, ParallelConfig
 from tests.dist_utils import run_distributed
 
 

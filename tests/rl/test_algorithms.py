@@ -124,8 +124,8 @@ def test_grpo_guard_ratio_is_centred_where_flowgrpos_is_left_shifted() -> None:
 
 
 def test_grpo_guard_config_names_its_section(tiny_pipelines, tmp_path: Path) -> None:
+    from runtime.config.errors import ConfigError
     from runtime.rl.config import parse_rl_config
-    from runtime.train.config import ConfigError
 
     raw = rl_config("flux", tiny_pipelines("flux"), tmp_path, algorithm="grpo_guard")
     raw["grpo_guard"] = {**raw.pop("flowgrpo"), "sde_type": "cps", "window_size": 9}

@@ -69,8 +69,8 @@ def test_dpo_resume_is_bitwise_off_flux(tiny_pipelines, tmp_path: Path) -> None:
 def test_cogvideox_is_refused_for_every_algorithm(tiny_pipelines, tmp_path: Path) -> None:
     """CogVideoX predicts v in the DDPM sense, not a flow velocity: each algorithm's run stops at its checks (before
     the model is built) on an error that names model.type."""
+    from runtime.config.errors import ConfigError
     from runtime.parallel.state import set_parallel_state
-    from runtime.train.config import ConfigError
     from tests.rl.common import start
 
     for name in SECTIONS:

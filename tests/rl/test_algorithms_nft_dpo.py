@@ -266,8 +266,8 @@ def test_nft_sp2_equals_one_process(tiny_pipelines, tmp_path) -> None:
 
 def test_nft_config_errors_name_the_key(tiny_pipelines, tmp_path) -> None:
     """``t_min >= t_max`` and a key of the SDE algorithms (the rollout here is the ODE) are one-line user errors."""
+    from runtime.config.errors import ConfigError
     from runtime.rl.config import parse_rl_config
-    from runtime.train.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"diffusionnft\.t_max: expected t_min < t_max"):
         parse_rl_config(_nft_raw(tiny_pipelines, tmp_path, t_min=0.5, t_max=0.5))

@@ -110,9 +110,9 @@ def test_bagel_job_logprobs_resume_and_export(bagel: Path, tmp_path: Path) -> No
     ],
 )
 def test_bad_bagel_configs(update, words, bagel: Path, tmp_path: Path) -> None:
+    from runtime.config.errors import ConfigError
     from runtime.rl.config import parse_rl_config
     from runtime.rl.loop import run_rl
-    from runtime.train.config import ConfigError
 
     raw = _config(bagel, tmp_path)
     for section, values in update.items():

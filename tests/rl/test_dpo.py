@@ -53,8 +53,8 @@ def dpo_raw(tiny_pipelines, tmp_path: Path, **dpo) -> dict:
 
 
 def _error(raw: dict) -> str:
+    from runtime.config.errors import ConfigError
     from runtime.rl.config import parse_rl_config
-    from runtime.train.config import ConfigError
 
     with pytest.raises(ConfigError) as info:
         parse_rl_config(raw)

@@ -19,8 +19,8 @@ import PIL.Image
 import pytest
 import torch
 
+from runtime.config.errors import ConfigError
 from runtime.rl.rewards import RewardError, build_rewards
-from runtime.train.config import ConfigError
 
 PROMPTS = ["a red kite", "a blue boat", "a green hill"]
 

@@ -30,8 +30,8 @@ TINY_MOE = {
 
 
 def tokenizer_dir(root: Path) -> Path:
-    from runtime.data.corpus import corpus_path
-    from runtime.data.tokenization import build_test_tokenizer
+    from runtime.data.text.corpus import corpus_path
+    from runtime.data.text.tokenization import build_test_tokenizer
 
     target = root / "tokenizer"
     if not (target / "tokenizer.json").exists():
@@ -40,7 +40,7 @@ def tokenizer_dir(root: Path) -> Path:
 
 
 def run_config(root: Path, **sections) -> dict:
-    from runtime.data.corpus import corpus_path
+    from runtime.data.text.corpus import corpus_path
 
     raw = {
         "model": {"type": "qwen3", "config": copy.deepcopy(TINY_MODEL), "seed": 0},

@@ -174,11 +174,11 @@ def test_rl_config_errors_are_listed_at_once_without_torch(tmp_path: Path) -> No
 
 def test_yaml_exponent_floats_read_as_numbers(tmp_path: Path) -> None:
     """``lr: 1e-4`` is a float (YAML 1.2); PyYAML's YAML 1.1 default reads it as the string '1e-4'."""
-    from runtime.train.config import load_config
+    from runtime.train.config import load_run_config
 
     text = yaml.safe_dump(run_config(tmp_path)).replace("lr: 0.003", "lr: 1e-4")
     assert "lr: 1e-4" in text
-    assert load_config(_write(tmp_path / "run.yaml", text)).optim.lr == 1e-4
+    assert load_run_config(_write(tmp_path / "run.yaml", text)).optim.lr == 1e-4
 
 
 # --------------------------------------------------------------------------------------------------- overrides

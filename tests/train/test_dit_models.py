@@ -128,7 +128,7 @@ def test_a_transformer_checkpoint_with_unknown_weights_is_refused(files: dict[st
 
     from safetensors.torch import load_file, save_file
 
-    from runtime.train.config import ConfigError
+    from runtime.config.errors import ConfigError
 
     case = CASES["flux"]
     pipe = tmp_path / "pipe"

@@ -136,7 +136,8 @@ def test_max_batches_limits_the_rows(tmp_path: Path) -> None:
 
 
 def test_eval_is_refused_where_it_cannot_run(tmp_path: Path) -> None:
-    from runtime.train.config import ConfigError, parse_config
+    from runtime.config.errors import ConfigError
+    from runtime.train.config import parse_config
 
     no_file = run_config(tmp_path, eval={"every_steps": 5})
     with pytest.raises(ConfigError, match=r"^eval\.every_steps: set eval\.path"):

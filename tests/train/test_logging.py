@@ -181,7 +181,7 @@ def test_curve_follows_the_run_that_wrote_last(tmp_path: Path) -> None:
 
 
 def test_tracker_that_cannot_start_is_one_config_line(tmp_path: Path, monkeypatch) -> None:
-    from runtime.train.config import ConfigError
+    from runtime.config.errors import ConfigError
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("WANDB_MODE", "online")
@@ -199,7 +199,7 @@ def test_tracker_that_cannot_start_is_one_config_line(tmp_path: Path, monkeypatc
 def test_a_run_ended_by_an_error_is_marked_failed(tmp_path: Path, monkeypatch) -> None:
     from mlflow.tracking import MlflowClient
 
-    from runtime.train.config import LogConfig
+    from runtime.config.common import LogConfig
     from runtime.train.tracking.run_log import RunLog
 
     uri = (tmp_path / "mlruns").as_uri()
@@ -231,9 +231,10 @@ def test_missing_tracker_is_a_config_error_before_torch(tmp_path: Path) -> None:
     script = (
         "import sys\n"
         "sys.modules['wandb'] = None\n"  # Python's marker of a module that cannot be imported: find_spec says None
-        "from runtime.train.config import ConfigError, load_config\n"
+        "from runtime.config.errors import ConfigError\n"
+        "from runtime.train.config import load_run_config\n"
         "try:\n"
-        f"    load_config({str(config)!r})\n"
+        f"    load_run_config({str(config)!r})\n"
         "except ConfigError as exc:\n"
         "    print(exc)\n"
         "from runtime.rl.config import parse_rl_config\n"

@@ -13,7 +13,8 @@ import pytest
 import torch
 import transformers
 
-from runtime.train.config import OPTIMIZERS, SCHEDULERS, ConfigError, OptimConfig
+from runtime.config.common import OPTIMIZERS, SCHEDULERS, OptimConfig
+from runtime.config.errors import ConfigError
 from runtime.train.optim import build_optimizer, build_scheduler
 from tests.dist_utils import run_distributed
 from tests.train.common import run_config

@@ -218,9 +218,10 @@ def test_model_path_with_missing_or_unexpected_keys(tmp_path: Path) -> None:
     """A checkpoint whose weights do not match the model is an error naming the keys, not a warning."""
     from safetensors.torch import load_file, save_file
 
+    from runtime.config.errors import ConfigError
     from runtime.models.registry import causal_lm_class
     from runtime.models.tiny_configs import tiny_config
-    from runtime.train.config import ConfigError, ModelConfig
+    from runtime.train.config import ModelConfig
     from runtime.train.model import build_model
 
     causal_lm_class("qwen3")(tiny_config("qwen3")).save_pretrained(tmp_path / "ckpt")

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.train.config import ConfigError, parse_config
+from runtime.config.errors import ConfigError
+from runtime.train.config import parse_config
 from tests.dist_utils import run_distributed
 from tests.train.common import run_config, train_worker
 from tests.train.vlm_common import vlm_run_config
@@ -56,19 +57,20 @@ def test_vlm_moe_ep2_matches_single_process_every_step(tmp_path: Path) -> None:
 
 def _image_presence(raw: dict, dp_size: int, steps: int) -> list[list[bool]]:
     """Per step, per DP rank: whether that rank's row holds an image (what the trainer's loaders will yield)."""
-    from runtime.data.jsonl import read_samples
-    from runtime.data.multimodal import tokenize_multimodal
-    from runtime.data.multimodal_loader import MultimodalPackedLoader
-    from runtime.data.processor import load_processor, vlm_token_ids
+    from runtime.data.sampler import Order
+    from runtime.data.samples import read_samples_located
+    from runtime.data.vision.packing import MultimodalPackedLoader
+    from runtime.data.vision.processor import load_processor, vlm_token_ids
+    from runtime.data.vision.tokenization import tokenize_multimodal
     from runtime.train.model import build_model
 
     config = parse_config(raw)
     processor = load_processor(config.data.processor)
     model = build_model(config.model, vlm_token_ids(processor))
     fn = type(model).get_position_id_func(model.config)
-    samples = [tokenize_multimodal(s, processor, fn) for s in read_samples(config.data.path)]
+    samples = [tokenize_multimodal(s.sample, processor, fn) for s in read_samples_located(config.data.path)]
     loaders = [
-        MultimodalPackedLoader(samples, config.data.token_budget, seed=config.data.seed, dp_rank=r, dp_size=dp_size)
+        MultimodalPackedLoader(samples, config.data.token_budget, Order(config.data.seed, dp_rank=r, dp_size=dp_size))
         for r in range(dp_size)
     ]
     return [["pixel_values" in next(loader) for loader in loaders] for _ in range(steps)]
@@ -88,7 +90,7 @@ def test_vlm_fsdp_with_a_text_only_rank(tmp_path: Path) -> None:
 def test_freeze_vision_keeps_the_vit_and_exports(tmp_path: Path) -> None:
     import transformers
 
-    from runtime.data.processor import load_processor, vlm_token_ids
+    from runtime.data.vision.processor import load_processor, vlm_token_ids
     from runtime.train.model import build_model
 
     raw = vlm_run_config(

@@ -51,8 +51,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from runtime.config.errors import ConfigError
+from runtime.config.sections import KeyRules
 from runtime.rl.algorithms import flowgrpo
-from runtime.train.config import ConfigError, KeyRules
 
 if TYPE_CHECKING:
     import torch
@@ -83,28 +84,12 @@ class Settings:
     on_logprob_gap: str = "warn"
 
 
-RULES = KeyRules(
-    positive=frozenset(
-        f"{NAME}.{k}"
-        for k in (
-            "group_size",
-            "timestep_fraction",
-            "clip_range",
-            "adv_clip_max",
-            "micro_batch_size",
-            "inner_epochs",
-            "logprob_gap_alarm",
-        )
-    ),
-    non_negative=frozenset({f"{NAME}.noise_level", f"{NAME}.kl_coef"}),
-    unit_interval=frozenset({f"{NAME}.timestep_fraction"}),
-    choices={
-        f"{NAME}.sde_type": ("dance", "sde", "cps"),
-        f"{NAME}.cps_log_prob": ("squared_error", "gaussian"),
-        f"{NAME}.advantage": ("global", "group", "none"),
-        f"{NAME}.kl_form": ("scaled", "exact"),
-        f"{NAME}.on_logprob_gap": ("warn", "stop"),
-    },
+RULES = flowgrpo.rules_as(NAME, flowgrpo.COMMON_RULES).merged(
+    KeyRules(
+        positive=frozenset({f"{NAME}.timestep_fraction"}),
+        unit_interval=frozenset({f"{NAME}.timestep_fraction"}),
+        choices={f"{NAME}.sde_type": ("dance", "sde", "cps")},
+    )
 )
 advantages = flowgrpo.advantages
 step_objective = flowgrpo.step_objective

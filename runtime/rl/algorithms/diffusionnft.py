@@ -53,7 +53,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runtime.train.config import ConfigError, KeyRules
+from runtime.config.errors import ConfigError
+from runtime.config.sections import KeyRules
 
 if TYPE_CHECKING:
     import torch

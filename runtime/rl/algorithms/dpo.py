@@ -40,7 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runtime.train.config import ConfigErrors, KeyRules
+from runtime.config.errors import ConfigErrors
+from runtime.config.sections import KeyRules
 
 if TYPE_CHECKING:
     import torch

@@ -37,7 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runtime.train.config import ConfigError, KeyRules
+from runtime.config.errors import ConfigError
+from runtime.config.sections import KeyRules
 
 if TYPE_CHECKING:  # the config part (Settings, RULES, check) is read before torch is imported (runtime.rl --help)
     import torch
@@ -65,27 +66,23 @@ class Settings:
     on_logprob_gap: str = "warn"
 
 
-RULES = KeyRules(
+# The rules of the keys every Flow-GRPO-style section shares (groups, noise, advantages, the clipped objective, the
+# log-prob gap alarm): DanceGRPO's section is these (``rules_as``) plus its own, without the window keys.
+COMMON_RULES = KeyRules(
     positive=frozenset(
         f"flowgrpo.{k}"
-        for k in (
-            "group_size",
-            "window_size",
-            "clip_range",
-            "adv_clip_max",
-            "micro_batch_size",
-            "inner_epochs",
-            "logprob_gap_alarm",
-        )
+        for k in ("group_size", "clip_range", "adv_clip_max", "micro_batch_size", "inner_epochs", "logprob_gap_alarm")
     ),
     non_negative=frozenset({"flowgrpo.noise_level", "flowgrpo.kl_coef"}),
     choices={
-        "flowgrpo.sde_type": ("sde", "cps"),
         "flowgrpo.cps_log_prob": ("squared_error", "gaussian"),
         "flowgrpo.advantage": ("global", "group", "none"),
         "flowgrpo.kl_form": ("scaled", "exact"),
         "flowgrpo.on_logprob_gap": ("warn", "stop"),
     },
+)
+RULES = COMMON_RULES.merged(
+    KeyRules(positive=frozenset({"flowgrpo.window_size"}), choices={"flowgrpo.sde_type": ("sde", "cps")})
 )
 
 
@@ -97,17 +94,18 @@ def window(settings: Settings, num_steps: int) -> tuple[int, tuple[int, int]]:
     return settings.window_size, (int(lo), int(hi))
 
 
-def rules_as(section: str) -> KeyRules:
-    """Flow-GRPO's key rules under another algorithm's section name (GRPO-Guard and MixGRPO extend its settings)."""
+def rules_as(section: str, rules: KeyRules = RULES) -> KeyRules:
+    """Flow-GRPO's key rules (or ``COMMON_RULES``) under another algorithm's section name (GRPO-Guard and MixGRPO
+    extend its settings, DanceGRPO shares the common ones)."""
 
     def rename(key: str) -> str:
         return f"{section}.{key.split('.', 1)[1]}"
 
     return KeyRules(
-        frozenset(map(rename, RULES.positive)),
-        frozenset(map(rename, RULES.non_negative)),
-        frozenset(map(rename, RULES.unit_interval)),
-        {rename(k): v for k, v in RULES.choices.items()},
+        frozenset(map(rename, rules.positive)),
+        frozenset(map(rename, rules.non_negative)),
+        frozenset(map(rename, rules.unit_interval)),
+        {rename(k): v for k, v in rules.choices.items()},
     )
 
 

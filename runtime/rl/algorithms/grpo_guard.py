@@ -42,8 +42,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from runtime.config.errors import ConfigError
 from runtime.rl.algorithms import flowgrpo
-from runtime.train.config import ConfigError
 
 if TYPE_CHECKING:
     import torch

@@ -44,8 +44,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.config.sections import KeyRules
 from runtime.rl.algorithms import flowgrpo
-from runtime.train.config import KeyRules
 
 __all__ = ["RULES", "Settings", "check", "conventions", "step_objective", "window", "window_start"]
 

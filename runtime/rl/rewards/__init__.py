@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from runtime.train.config import ConfigError
+from runtime.config.errors import ConfigError
 
 __all__ = ["KINDS", "Reward", "RewardError", "RewardMix", "build_rewards", "reward_names"]
 

@@ -34,8 +34,8 @@ import numpy as np
 import PIL.Image
 import torch
 
+from runtime.config.errors import ConfigError
 from runtime.rl.rewards.transport import DeadlineExceeded, RedirectRefused, post
-from runtime.train.config import ConfigError
 
 __all__ = ["DEFAULT_TIMEOUT", "HttpReward", "encode_png", "to_uint8"]
 

@@ -25,7 +25,7 @@ from typing import Any
 import PIL.Image
 import torch
 
-from runtime.train.config import ConfigError
+from runtime.config.errors import ConfigError
 
 __all__ = ["ClipReward", "build_model_reward", "save_tiny_clip"]
 

@@ -17,12 +17,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from runtime.train.config import ConfigError
+from runtime.config.errors import ConfigError
 from runtime.train.tracking.backends import Trackers, open_tracker
 from runtime.train.tracking.console import Console
 from runtime.train.tracking.plots import Panel, plot_curves, run_history
 
-__all__ = ["RunLog"]
+__all__ = ["MetricsSink", "RunLog"]
 
 
 _HINTS = {
@@ -133,3 +133,28 @@ class RunLog:
         if self.trackers is not None:
             self.trackers.close(failed)
         self._jsonl = self.console = self.trackers = None
+
+
+class MetricsSink:
+    """Base of the trainer's and the RL job's metrics loggers (``runtime/train/metrics.py``,
+    ``runtime/rl/metrics.py``): the ``RunLog`` every rank constructs (``enabled`` on rank 0 only), so both open and
+    close a run the same way."""
+
+    def __init__(
+        self,
+        log: Any,  # the config's ``log`` section
+        total_steps: int,
+        enabled: bool,
+        run_config: Mapping[str, Any] | None = None,
+        start_step: int = 0,
+        samples_per_step: int | None = None,
+        stream: TextIO | None = None,
+    ) -> None:
+        self.enabled, self.total_steps = enabled, total_steps
+        self.run = RunLog(log, total_steps, enabled, run_config, start_step, samples_per_step, stream)
+
+    def say(self, line: str) -> None:
+        self.run.say(line)
+
+    def close(self) -> None:
+        self.run.close()

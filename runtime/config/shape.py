@@ -1,5 +1,5 @@
-"""How large a run config may be once loaded: the limits of the file loader (``runtime/train/config.py``) and of
-command-line overrides (``runtime/train/overrides.py``) alike. A run config is a page of YAML: anything deeper or
+"""How large a run config may be once loaded: the limits of the file loader (``runtime/config/yaml_file.py``) and
+of command-line overrides (``runtime/config/overrides.py``) alike. A run config is a page of YAML: anything deeper or
 larger is not one, and an alias bomb is a few lines that expand to billions of values."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from runtime.train.config_shape import MAX_CONFIG_DEPTH, shape_problem
+from runtime.config.shape import MAX_CONFIG_DEPTH, shape_problem
 
 _KEY = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")
 
@@ -34,7 +34,7 @@ class Override:
 
 def parse_value(text: str, key: str, loader: type = yaml.SafeLoader) -> Any:
     """The value of override ``--key`` read as YAML, held to the config file's caps on nesting and on values once
-    aliases are expanded (``runtime.train.config.read_config_file``), counted where the value lands in the config:
+    aliases are expanded (``runtime.config.yaml_file.read_config_file``), counted where the value lands in the config:
     a value 60000 lists deep is a one-line error, not a RecursionError."""
     try:
         value = yaml.load(text, Loader=loader)  # a SafeLoader (subclass): no arbitrary objects
