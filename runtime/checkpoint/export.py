@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -31,6 +31,9 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from runtime.checkpoint.dcp import replace_dir_atomically
 from runtime.checkpoint.generation import export_generation_config, set_config_token_ids, special_token_ids
 from runtime.parallel.state import ParallelState, get_parallel_state
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 EXPORT_MARKER = "patchgen_export.json"
 _MARKER_FORMAT = "patchgen-export"
@@ -128,7 +131,7 @@ def save_safetensors(tensors: dict[str, torch.Tensor], out_dir: Path, max_shard_
     return names
 
 
-def export_config(config: Any, dtype: torch.dtype | None = None) -> Any:
+def export_config(config: PretrainedConfig, dtype: torch.dtype | None = None) -> PretrainedConfig:
     """A copy of ``config`` that plain transformers maps to its upstream causal-LM class."""
     from transformers import CONFIG_MAPPING
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES

@@ -14,7 +14,10 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
 
 # A reply whose text cannot merge with what the template appends after it (the end-of-turn token is special).
 _PROBE_REPLY = "patchgen probe reply."
@@ -75,7 +78,7 @@ def special_token_ids(tokenizer: Any) -> dict[str, Any]:
     }
 
 
-def set_config_token_ids(config: Any, ids: dict[str, Any]) -> None:
+def set_config_token_ids(config: PretrainedConfig, ids: dict[str, Any]) -> None:
     """Write the tokenizer's bos/eos/pad into ``config`` (and its text config) where the config class has the key.
 
     A value the tokenizer does not define keeps the config's own, unless that one is no token of this tokenizer
@@ -92,7 +95,7 @@ def set_config_token_ids(config: Any, ids: dict[str, Any]) -> None:
                 setattr(target, key, value)
 
 
-def export_generation_config(model: Any, config: Any, ids: dict[str, Any] | None) -> Any:
+def export_generation_config(model: PreTrainedModel, config: PretrainedConfig, ids: dict[str, Any] | None) -> Any:
     """The ``GenerationConfig`` to save beside the weights: the model's own (a pretrained checkpoint's sampling
     defaults are kept) with the tokenizer's stop, bos and pad ids (pad falls back to the eos, as Qwen's do)."""
     from transformers import GenerationConfig

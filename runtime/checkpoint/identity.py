@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # Config entries that do not change what the weights mean: provenance, storage dtype and switches of a forward's
 # outputs. Left out at every level (a VLM's sub-configs carry them too), so moving model.path, upgrading
@@ -52,7 +55,9 @@ def canonical(value: Any) -> Any:
     return str(value)
 
 
-def model_identity(model_type: str, config: Any, lora: Any = None) -> dict[str, Any]:
+def model_identity(
+    model_type: str, config: PretrainedConfig | Mapping[str, Any], lora: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """The identity a checkpoint records: ``model_type`` and ``config`` (a transformers config or a mapping), and a
     LoRA run's adapter settings ``lora`` (a mapping)."""
     identity = {"type": str(model_type), "config": canonical(config)}

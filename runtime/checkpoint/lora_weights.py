@@ -5,9 +5,12 @@ at ``<module>.base_layer.weight``); injecting adapters is the jobs' (``runtime/t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from peft import LoraConfig as PeftLoraConfig
 
 __all__ = ["ADAPTER", "adapter_modules", "lora_metadata", "lora_state_dict", "merged_state_dict"]
 
@@ -27,7 +30,7 @@ def adapter_modules(model: torch.nn.Module) -> torch.nn.Module:
     return torch.nn.ModuleDict(owners)
 
 
-def lora_metadata(config: Any) -> dict[str, Any]:
+def lora_metadata(config: PeftLoraConfig) -> dict[str, Any]:
     """The peft config as JSON data: diffusers' ``load_lora_weights`` rebuilds the same adapter from it (rank,
     alpha, target modules), rather than guessing alpha from the weights."""
     data = config.to_dict()

@@ -7,11 +7,14 @@ timestep stays fp32, as the pipelines pass it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from runtime.plan.config import Workload
+
+if TYPE_CHECKING:
+    from diffusers.configuration_utils import FrozenDict
 
 __all__ = ["dit_inputs"]
 
@@ -23,7 +26,7 @@ def _pixels(model_type: str, workload: Workload, video: bool) -> tuple[int, int,
     return (workload.frames or 1), workload.height, workload.width
 
 
-def dit_inputs(model_type: str, config: Any, workload: Workload) -> tuple[dict[str, Any], int]:
+def dit_inputs(model_type: str, config: FrozenDict, workload: Workload) -> tuple[dict[str, Any], int]:
     """(forward kwargs, latent tokens after patchify) for ``model_type`` (wan, flux, qwenimage)."""
     text = workload.text_tokens
     timestep = torch.full((1,), 500.0, dtype=torch.float32)

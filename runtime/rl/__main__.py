@@ -10,10 +10,13 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runtime.cli import run_command
 from runtime.config.overrides import Override
+
+if TYPE_CHECKING:
+    from runtime.rl.config import RLConfig
 
 COMMAND = "runtime.rl"
 
@@ -26,13 +29,13 @@ def references() -> list[tuple[str, str]]:
     ]
 
 
-def load(path: str, overrides: Sequence[Override]) -> Any:
+def load(path: str, overrides: Sequence[Override]) -> RLConfig:
     from runtime.rl.config import load_rl_config
 
     return load_rl_config(path, overrides)
 
 
-def run(config: Any) -> None:
+def run(config: RLConfig) -> None:
     from runtime.rl.loop import run_rl
 
     run_rl(config)

@@ -16,7 +16,7 @@ import copy
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -24,6 +24,9 @@ from torch import nn
 from runtime.checkpoint.identity import model_identity
 from runtime.config.errors import ConfigError
 from runtime.parallel.state import ParallelState
+
+if TYPE_CHECKING:
+    from runtime.rl.config import RLConfig
 
 __all__ = ["Policy", "build_dit_policy", "build_nondiffusers_policy", "build_policy", "lora_disabled"]
 
@@ -61,7 +64,7 @@ def lora_disabled(module: nn.Module) -> Iterator[nn.Module]:
             layer.enable_adapters(True)
 
 
-def _check_sampling(condition_model: Any, config: Any) -> None:
+def _check_sampling(condition_model: Any, config: RLConfig) -> None:
     from runtime.diffusion.conditions import ConditionModel
 
     if type(condition_model).encode_prompts is ConditionModel.encode_prompts:
@@ -77,7 +80,7 @@ def _check_sampling(condition_model: Any, config: Any) -> None:
 
 
 def _shard_and_wrap(
-    config: Any, state: ParallelState, device: torch.device, module: nn.Module, peft_config: Any
+    config: RLConfig, state: ParallelState, device: torch.device, module: nn.Module, peft_config: Any
 ) -> tuple[nn.Module, nn.Module | None, Any, nn.Module]:
     """The reference (a frozen copy before sharding), FSDP2 (or checkpointing alone), the EMA and what checkpoints
     save: the same for every kind of policy."""
@@ -104,13 +107,13 @@ def _shard_and_wrap(
     return module, reference, ema, saved
 
 
-def _identity(config: Any, model_type: str, model_config: Any) -> dict[str, Any]:
+def _identity(config: RLConfig, model_type: str, model_config: Any) -> dict[str, Any]:
     lora = config.lora
     adapter = None if lora.rank is None else {"rank": lora.rank, "alpha": lora.alpha, "targets": lora.target_modules}
     return model_identity(model_type, {"model": model_config, "lora": adapter, "algorithm": config.algorithm})
 
 
-def _add_lora(config: Any, module: nn.Module) -> Any:
+def _add_lora(config: RLConfig, module: nn.Module) -> Any:
     if config.lora.rank is None:
         return None
     from runtime.train.lora import add_lora
@@ -119,14 +122,14 @@ def _add_lora(config: Any, module: nn.Module) -> Any:
     return add_lora(module, config.lora)
 
 
-def build_policy(config: Any, state: ParallelState, device: torch.device) -> Policy:
+def build_policy(config: RLConfig, state: ParallelState, device: torch.device) -> Policy:
     """The policy of ``config``: a generated DiT (``model.type``) or a non-diffusers model (``model.architecture``)."""
     if config.model.architecture is not None:
         return build_nondiffusers_policy(config, state, device)
     return build_dit_policy(config, state, device)
 
 
-def build_nondiffusers_policy(config: Any, state: ParallelState, device: torch.device) -> Policy:
+def build_nondiffusers_policy(config: RLConfig, state: ParallelState, device: torch.device) -> Policy:
     """A non-diffusers model (``NonDiffusersModelBase.from_pretrained`` of ``model.path``: BAGEL's
     ``ema.safetensors`` names mapped), its adapter with the ``model.adapter`` options, bound to the checkpoint's
     tokenizer (BAGEL's special tokens must be the model's image boundary tokens) and its VAE."""
@@ -176,7 +179,7 @@ def build_nondiffusers_policy(config: Any, state: ParallelState, device: torch.d
     return policy
 
 
-def export_nondiffusers(config: Any, state: ParallelState, policy: Policy) -> None:
+def export_nondiffusers(config: RLConfig, state: ParallelState, policy: Policy) -> None:
     """``export.dir``: a copy of the checkpoint directory with the trained weights (EMA when kept, LoRA merged) in
     its own format (BAGEL's ``ema.safetensors`` names), which ``from_pretrained`` (and BAGEL's loader, by name)
     reads; written as a temporary sibling and renamed into place (the export rules of runtime/checkpoint)."""
@@ -221,7 +224,7 @@ def export_nondiffusers(config: Any, state: ParallelState, policy: Policy) -> No
         dist.barrier()
 
 
-def build_dit_policy(config: Any, state: ParallelState, device: torch.device) -> Policy:
+def build_dit_policy(config: RLConfig, state: ParallelState, device: torch.device) -> Policy:
     """The policy of ``config`` (an ``RLConfig``) on ``device``, sharded over ``state``'s ranks."""
     from runtime.flowgrpo.dit import adapter_for
     from runtime.train.dit import check_transformer, export, load_condition_model_for, load_transformer, quiet_loading

@@ -9,13 +9,16 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.checkpoint.export import ExportTargetError, check_export_target
 from runtime.config.errors import ConfigError
 from runtime.parallel.state import ParallelState
 from runtime.rl.pairs import Pair, read_pairs
 from runtime.rl.prompts import Prompt, PromptSampler, read_prompts
+
+if TYPE_CHECKING:
+    from runtime.rl.config import RLConfig
 
 __all__ = ["CheckedRLInputs", "check_rl_inputs"]
 
@@ -27,7 +30,7 @@ class CheckedRLInputs:
     skipped_checkpoints: list[str] = field(default_factory=list)
 
 
-def check_model(config: Any) -> Any:
+def check_model(config: RLConfig) -> Any:
     """``model.type`` is a generated DiT whose pipeline directory is ``model.path``; returns its condition class."""
     from runtime.diffusion.conditions import condition_model_class
     from runtime.diffusion.registry import dit_model_types, lookup_dit
@@ -58,7 +61,7 @@ def _flow_models(kinds: list[str]) -> list[str]:
     return [k for k, c in types if condition_model_class(c).prediction == "flow"]
 
 
-def check_nondiffusers_model(config: Any) -> Any:
+def check_nondiffusers_model(config: RLConfig) -> Any:
     """``model.architecture`` has an adapter with a module class, and ``model.path`` is its checkpoint directory
     (config.json naming it, the weights, vae/); returns the adapter class."""
     from runtime.flowgrpo.nondiffusers import CONFIG_NAME, WEIGHTS_NAME
@@ -88,7 +91,7 @@ def check_nondiffusers_model(config: Any) -> Any:
     return adapter
 
 
-def check_nondiffusers_sampling(config: Any, adapter: Any) -> None:
+def check_nondiffusers_sampling(config: RLConfig, adapter: Any) -> None:
     """Pixel sizes the VAE (x8) and the model's latent patches divide, within its latent position table."""
     saved = json.loads((Path(config.model.path) / "config.json").read_text())
     s, patch = config.sampling, int(saved.get("latent_patch_size", 1))
@@ -104,7 +107,7 @@ def check_nondiffusers_sampling(config: Any, adapter: Any) -> None:
         raise ConfigError(f"sampling.frames: {config.model.architecture!r} generates images; remove sampling.frames")
 
 
-def check_sampling(config: Any, condition_class: Any) -> None:
+def check_sampling(config: RLConfig, condition_class: Any) -> None:
     """Pixel sizes the VAE and the patching divide; frames for video models only."""
     s = config.sampling
     multiple = condition_class.pixel_multiple
@@ -123,7 +126,7 @@ def check_sampling(config: Any, condition_class: Any) -> None:
         raise ConfigError(f"sampling.frames: {config.model.type!r} generates images; remove sampling.frames")
 
 
-def check_outputs(config: Any) -> None:
+def check_outputs(config: RLConfig) -> None:
     """Directories the run creates must not be (or lie below) a file; the export target must replace nothing else."""
     for key, value in (("checkpoint.dir", config.checkpoint.dir), ("log.dir", config.log.dir)):
         if not value:
@@ -146,7 +149,7 @@ def check_outputs(config: Any) -> None:
             raise ConfigError(str(exc)) from None
 
 
-def check_rl_inputs(config: Any, state: ParallelState) -> CheckedRLInputs:
+def check_rl_inputs(config: RLConfig, state: ParallelState) -> CheckedRLInputs:
     """Every check that can run before the model is built. Collective (checkpoint hashing is split over ranks)."""
     from runtime.train.preflight import select_checkpoint
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,6 +44,9 @@ from runtime.checkpoint.lora_weights import ADAPTER
 from runtime.config.common import LoraConfig
 from runtime.config.errors import ConfigError
 from runtime.train.config import RunConfig
+
+if TYPE_CHECKING:
+    from peft import LoraConfig as PeftLoraConfig
 
 __all__ = [
     "DIT_TARGET_MODULES",
@@ -204,7 +207,7 @@ def lora_identity(model_type: str, model_config: Any, peft_config: Any) -> dict[
     return model_identity(model_type, model_config, lora=adapter_identity(peft_config))
 
 
-def adapter_identity(config: Any) -> dict[str, Any]:
+def adapter_identity(config: PeftLoraConfig) -> dict[str, Any]:
     """What a LoRA checkpoint's meaning depends on (recorded in its identity; a resume must match it): the
     effective rank, alpha and targets of the peft ``config``."""
     return {

@@ -15,12 +15,16 @@ recorded are not checked.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.rl.config import RLConfig
+    from runtime.train.config import RunConfig
 
 SCHEDULE_KEYS = ("train.steps", "optim.lr", "optim.lr_scheduler_type", "optim.warmup_steps", "optim.min_lr_ratio")
 
 
-def schedule_record(config: Any) -> dict[str, Any]:
+def schedule_record(config: RunConfig | RLConfig) -> dict[str, Any]:
     """The schedule keys' values of a run config (the trainer's or the RL job's), as checkpoints record them."""
     record = {}
     for key in SCHEDULE_KEYS:

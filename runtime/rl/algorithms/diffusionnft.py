@@ -59,6 +59,8 @@ from runtime.config.sections import KeyRules
 if TYPE_CHECKING:
     import torch
 
+    from runtime.rl.config import RLConfig
+
 __all__ = [
     "RULES",
     "Settings",
@@ -105,7 +107,7 @@ RULES = KeyRules(
 )
 
 
-def check(config: Any) -> None:
+def check(config: RLConfig) -> None:
     """What the section's types and ranges do not say."""
     s: Settings = config.algo
     if s.group_size < 2:

@@ -46,6 +46,9 @@ from runtime.config.sections import KeyRules
 if TYPE_CHECKING:
     import torch
 
+    from runtime.rl.config import RLConfig
+    from runtime.rl.loop import RLRun
+
 __all__ = ["OFFLINE", "RULES", "Settings", "check", "conventions", "iteration", "objective"]
 
 OFFLINE = True  # the loop runs ``iteration`` below instead of rollout, rewards and advantages
@@ -75,7 +78,7 @@ RULES = KeyRules(
 )
 
 
-def check(config: Any) -> None:
+def check(config: RLConfig) -> None:
     """What the section's types and ranges do not say, and the shared keys DPO reads differently: its data is
     ``data.pairs``, it has no reward, full fine-tuning needs a frozen copy as reference."""
     errors = ConfigErrors()
@@ -111,7 +114,7 @@ def conventions(settings: Settings) -> str:
     return f"Diffusion-DPO on flow matching, beta {settings.beta:g}, t ~ U[{settings.t_min:g}, {settings.t_max:g}]"
 
 
-def iteration(run: Any, step: int) -> tuple[dict[str, Any], None]:
+def iteration(run: RLRun, step: int) -> tuple[dict[str, Any], None]:
     """The offline step of iteration ``step`` (``runtime/rl/dpo_step.py``): its metrics, no rollout."""
     from runtime.rl.dpo_step import offline_iteration
 

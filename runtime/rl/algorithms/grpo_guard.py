@@ -40,13 +40,15 @@ Config: every ``flowgrpo:`` key (same meaning; ``clip_range`` default 2e-6) unde
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runtime.config.errors import ConfigError
 from runtime.rl.algorithms import flowgrpo
 
 if TYPE_CHECKING:
     import torch
+
+    from runtime.rl.config import RLConfig
 
 __all__ = ["NEEDS_OLD_MEAN", "RULES", "Settings", "check", "conventions", "guard_loss", "step_objective", "window"]
 
@@ -66,7 +68,7 @@ window = flowgrpo.window
 advantages = flowgrpo.advantages
 
 
-def check(config: Any) -> None:
+def check(config: RLConfig) -> None:
     """Flow-GRPO's checks under this section's name, and the SDE type the rescaling is defined for."""
     flowgrpo.check_as(NAME, config)
     if config.algo.sde_type != "sde":

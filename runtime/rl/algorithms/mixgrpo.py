@@ -42,10 +42,13 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from runtime.config.sections import KeyRules
 from runtime.rl.algorithms import flowgrpo
+
+if TYPE_CHECKING:
+    from runtime.rl.config import RLConfig
 
 __all__ = ["RULES", "Settings", "check", "conventions", "step_objective", "window", "window_start"]
 
@@ -75,7 +78,7 @@ advantages = flowgrpo.advantages
 step_objective = flowgrpo.step_objective
 
 
-def check(config: Any) -> None:
+def check(config: RLConfig) -> None:
     """Flow-GRPO's checks under this section's name."""
     flowgrpo.check_as(NAME, config)
 
