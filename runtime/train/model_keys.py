@@ -119,19 +119,6 @@ def unknown_config_keys(
     return found
 
 
-def unknown_config_key(
-    config_class: type,
-    overrides: dict[str, Any],
-    prefix: str = "model.config",
-    parent: type | None = None,
-    read: frozenset[str] = frozenset(),
-) -> str | None:
-    """The first of ``unknown_config_keys`` for an imported config class; None when every key is known."""
-    keys = imported_config_keys(config_class)
-    found = unknown_config_keys(keys, overrides, prefix, parent and imported_config_keys(parent), read)
-    return found[0] if found else None
-
-
 def model_type_problem(model_type: Any) -> str | None:
     """Why ``model_type`` cannot be trained or planned (no generated class), with the closest known type; None when
     the registry has it (``runtime/models/registry.py``: the generated ``*.model.json`` records, nothing imported)."""
