@@ -132,9 +132,12 @@ def save_safetensors(tensors: dict[str, torch.Tensor], out_dir: Path, max_shard_
 
 
 def export_config(config: PretrainedConfig, dtype: torch.dtype | None = None) -> PretrainedConfig:
-    """A copy of ``config`` that plain transformers maps to its upstream causal-LM class."""
+    """A copy of ``config`` that plain transformers maps to its upstream class (causal LM, or image-text-to-text)."""
     from transformers import CONFIG_MAPPING
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
 
     model_type = getattr(config, "model_type", None)
     if model_type not in CONFIG_MAPPING:
@@ -142,7 +145,10 @@ def export_config(config: PretrainedConfig, dtype: torch.dtype | None = None) ->
             f"model_type {model_type!r} is unknown to plain transformers; cannot export it for AutoModelForCausalLM"
         )
     config = copy.deepcopy(config)
-    upstream = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    # the class upstream's save_pretrained names: a text model's causal LM, a VLM's image-text-to-text model
+    upstream = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type) or MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(
+        model_type
+    )
     if upstream is not None:
         config.architectures = [upstream]
     attn = getattr(config, "_attn_implementation", None)
@@ -150,7 +156,19 @@ def export_config(config: PretrainedConfig, dtype: torch.dtype | None = None) ->
         config._attn_implementation = attn.split("_", 1)[1]
     if dtype is not None:  # the dtype of the weights as written, so that dtype="auto" loads them as they are
         config.dtype = dtype
+    restore_use_cache(config)
     return config
+
+
+def restore_use_cache(config: PretrainedConfig) -> None:
+    """``use_cache`` back to its config class's default in ``config`` and its text config: the trainer turns the KV
+    cache off (``runtime/train/model.py``), an exported checkpoint must generate with one, as upstream's does."""
+    for target in {id(c): c for c in (config, config.get_text_config())}.values():
+        default = type(target)().to_dict()
+        if "use_cache" in default:
+            target.use_cache = default["use_cache"]
+        elif "use_cache" in target.__dict__:  # set by the trainer on a config class that has no such key
+            del target.use_cache
 
 
 def _scrub_config_json(path: Path) -> None:

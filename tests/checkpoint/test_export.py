@@ -105,3 +105,31 @@ def test_export_never_replaces_a_directory_it_did_not_write(tmp_path: Path) -> N
     with pytest.raises(ExportTargetError, match="leftover"):
         export_hf(model, config, tmp_path / "hf")
     assert (mine / "notes.txt").read_text() == "keep" and (leftover / "data.bin").is_file()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen2_5_vl"])
+def test_exported_configs_are_what_upstream_save_pretrained_writes(tmp_path: Path, model_type: str) -> None:
+    """The trainer turns the KV cache off (``use_cache: false`` in the config and its text config); the exported
+    config.json and generation_config.json are upstream's for the same model, field by field: plain ``generate``
+    runs with a KV cache, as from the upstream checkpoint. Documented differences: none for these keys."""
+    from runtime.models.registry import REGISTRY
+    from runtime.models.tiny_configs import tiny_config
+
+    entry = REGISTRY[model_type]
+    config = tiny_config(model_type)
+    torch.manual_seed(0)
+    published = copy.deepcopy(config)  # the spec's tiny config turns the cache off; a published config has it on
+    text = published.get_text_config()
+    assert type(text)().use_cache is True
+    text.use_cache = True
+    upstream = entry.upstream_class().from_config(published)
+    upstream.save_pretrained(tmp_path / "upstream")
+    ours = entry.model_class()(copy.deepcopy(config))
+    ours.config.use_cache = False  # as runtime/train/model.py builds every trained model
+    ours.config.get_text_config().use_cache = False
+    export_hf(ours, ours.config, tmp_path / "ours")
+    for name in ("config.json", "generation_config.json"):
+        theirs = json.loads((tmp_path / "upstream" / name).read_text())
+        mine = json.loads((tmp_path / "ours" / name).read_text())
+        assert mine == theirs, {k: (mine.get(k), theirs.get(k)) for k in {*mine, *theirs} if mine.get(k) != theirs.get(k)}
+    assert AutoConfig.from_pretrained(tmp_path / "ours").get_text_config().use_cache is True
