@@ -104,7 +104,8 @@ def export_generation_config(model: PreTrainedModel, config: PretrainedConfig, i
     generation = (
         copy.deepcopy(base) if isinstance(base, GenerationConfig) else GenerationConfig.from_model_config(config)
     )
-    generation.use_cache = getattr(config.get_text_config(), "use_cache", True)  # the exported config's, not training's
+    # the exported config's cache setting (export_config restored it), not the one training ran with
+    generation.use_cache = getattr(config.get_text_config(), "use_cache", True)
     if ids is None:
         return generation
     stops = ids["stop_token_ids"]

@@ -131,5 +131,6 @@ def test_exported_configs_are_what_upstream_save_pretrained_writes(tmp_path: Pat
     for name in ("config.json", "generation_config.json"):
         theirs = json.loads((tmp_path / "upstream" / name).read_text())
         mine = json.loads((tmp_path / "ours" / name).read_text())
-        assert mine == theirs, {k: (mine.get(k), theirs.get(k)) for k in {*mine, *theirs} if mine.get(k) != theirs.get(k)}
+        differing = {k: (mine.get(k), theirs.get(k)) for k in {*mine, *theirs} if mine.get(k) != theirs.get(k)}
+        assert mine == theirs, (name, differing)
     assert AutoConfig.from_pretrained(tmp_path / "ours").get_text_config().use_cache is True
