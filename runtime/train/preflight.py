@@ -206,8 +206,9 @@ def check_dit_transformer_config(config: RunConfig) -> None:
         raise ConfigError(f"model.path: {path}: {found[0]}: {found[1]}")
 
 
-def check_inputs(config: RunConfig, state: ParallelState) -> CheckedInputs:
-    """Every check that can run before the model is built. Collective (checkpoint hashing is split over ranks)."""
+def check_inputs(config: RunConfig, state: ParallelState, exports: bool = True) -> CheckedInputs:
+    """Every check that can run before the model is built. Collective (checkpoint hashing is split over ranks).
+    ``exports``: whether the job writes ``export.dir`` (``runtime.train.prepare`` never does: not checked there)."""
     if _is_dit(config):
         from runtime.train.dit import check_pipeline_dir
         from runtime.train.dit_data import read_dit_samples
@@ -215,14 +216,16 @@ def check_inputs(config: RunConfig, state: ParallelState) -> CheckedInputs:
         check_pipeline_dir(config)  # a diffusers pipeline directory, not an HF checkpoint
         check_dit_transformer_config(config)
         check_output_dirs(config)
-        check_export(config)
+        if exports:
+            check_export(config)
         check_media_dir(config)
         dit_samples = read_dit_samples(config)  # {"caption", "image"|"video"} lines, every media file present
         resume_from, skipped = select_checkpoint(config, state)
         return CheckedInputs(resume_from=resume_from, skipped_checkpoints=skipped, dit_samples=dit_samples)
     check_model_path(config)
     check_output_dirs(config)
-    check_export(config)
+    if exports:
+        check_export(config)
     samples = check_data(config)
     check_random_init(config)
     resume_from, skipped = select_checkpoint(config, state)

@@ -51,7 +51,7 @@ def prepare(config: RunConfig | str) -> int:
     if isinstance(config, str):
         config = load(config)
     state = setup_parallel(config)
-    inputs = check_inputs(config, state)
+    inputs = check_inputs(config, state, exports=False)  # prepare fills the cache; it never exports
     quiet_loading()
     check_transformer(config, state.ulysses_size)
     rules = media_rules(condition_model_class(lookup_dit(config.model.type).data["condition_model_type"]))

@@ -155,8 +155,12 @@ def test_cached_conditions_equal_on_the_fly_and_follow_the_files(files: dict[str
     from runtime.train.prepare import main as prepare
 
     config_file = tmp_path / "run.yaml"
-    config_file.write_text(yaml.safe_dump(cached_raw))
+    earlier = tmp_path / "hf"  # prepare never exports: an export.dir that training would refuse is not its concern
+    earlier.mkdir()
+    (earlier / "notes.txt").write_text("keep me")
+    config_file.write_text(yaml.safe_dump({**cached_raw, "export": {"dir": str(earlier)}}))
     assert prepare([str(config_file)]) == 0  # `-m runtime.train.prepare` fills the cache ahead of training
+    assert [p.name for p in earlier.iterdir()] == ["notes.txt"]
     assert len(ConditionCache(cache)) == 8
     live = per_step(
         train_in_process(
