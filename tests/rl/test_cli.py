@@ -28,6 +28,11 @@ def test_help_answers_without_importing_torch() -> None:
     assert run.returncode == 0, run.stderr
     for key in ("algorithm: flowgrpo", "prompts_per_step", "true_cfg_scale", "advantage_std_ddof", "kl_form"):
         assert key in run.stdout, key
+    from runtime.rl.config import ALGORITHMS
+
+    headline = run.stdout.split("\n\n")[1].lower()  # after the usage lines: what the command does
+    for name in ALGORITHMS:  # every algorithm the command offers is named up front (grpo_guard as GRPO-Guard)
+        assert name.replace("_", "-") in headline, (name, headline)
 
 
 def test_usage_errors(capsys) -> None:
