@@ -103,22 +103,23 @@ def ema_row(lora: bool) -> str:
 
 
 def data_rows() -> None:
-    from runtime.data.loader import PackedLoader
-    from runtime.data.tokenization import TokenizedSample
+    from runtime.data.sampler import Order
+    from runtime.data.text.packing import TextPackedLoader
+    from runtime.data.text.tokenization import TokenizedSample
 
     rng = random.Random(0)
     samples = []
     for _ in range(20_000):
         ids = tuple(rng.randrange(500) for _ in range(rng.randrange(20, 900)))
         samples.append(TokenizedSample(ids, ids))
-    loader = PackedLoader(samples, 1024, seed=0)
+    loader = TextPackedLoader(samples, 1024, Order(seed=0))
     half = loader.steps_in_epoch(0) // 2
     for _ in range(half):
         next(loader)
     state = loader.state_dict()
     expected = [next(loader)["input_ids"] for _ in range(3)]
     start = time.perf_counter()
-    resumed = PackedLoader(samples, 1024, seed=0)
+    resumed = TextPackedLoader(samples, 1024, Order(seed=0))
     resumed.load_state_dict(state)
     got = [next(resumed)["input_ids"] for _ in range(3)]
     ours_ms = (time.perf_counter() - start) * 1e3
@@ -136,7 +137,7 @@ def data_rows() -> None:
         return
 
     def stateful(sampler_state=None):
-        fresh = PackedLoader(samples, 1024, seed=0)
+        fresh = TextPackedLoader(samples, 1024, Order(seed=0))
         dl = StatefulDataLoader(
             fresh.samples, batch_sampler=fresh.sampler, collate_fn=fresh.pack, num_workers=0, persistent_workers=False
         )

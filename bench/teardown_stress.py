@@ -58,7 +58,7 @@ def classify(returncode: int | None, output: str, expect: str | None = None) -> 
 
 def train_config(work: Path) -> Path:
     """A tiny 2-rank text run (sp=2, 3 steps, nothing saved): the shortest job with FSDP2, SP and a mesh."""
-    from runtime.data.corpus import corpus_path
+    from runtime.data.text.corpus import corpus_path
 
     if not (work / "tokenizer").exists():
         write_tokenizer(work / "tokenizer")

@@ -4,10 +4,10 @@ transformers 5 resolves ``transformers.CLIPImageProcessor`` (and every ``<Model>
 class, and without torchvision to ``<Model>ImageProcessorPil``, logging once per class that it did. diffusers'
 pipeline modules import ``CLIPImageProcessor`` and ``SiglipImageProcessor`` at import time (``pipeline_flux.py``,
 ``loaders/ip_adapter.py``), so every DiT run printed two such lines per process although no image processor is
-used. The PIL class is what the runtime selects anyway (``runtime/data/processor.py``): torchvision is not installed
-here because PyPI's torchvision 0.28.0 for torch 2.13.0 is a CUDA build that does not import beside the CPU torch
-(``operator torchvision::nms does not exist``). Only that exact notice is dropped; every other transformers message
-is kept.
+used. The PIL class is what the runtime selects anyway (``runtime/data/vision/processor.py``): torchvision is not
+installed here because PyPI's torchvision 0.28.0 for torch 2.13.0 is a CUDA build that does not import beside the CPU
+torch (``operator torchvision::nms does not exist``). Only that exact notice is dropped; every other transformers
+message is kept.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ A random-init model trains with them (``data.tokenizer``, ``data.processor``, ``
 what a run learns from them is only that it runs. Each command writes a new directory atomically (built beside it,
 then renamed into place); an existing non-empty directory is refused unless ``--overwrite``, and even then when it
 holds anything the command would not write. A bad argument is one line on stderr and exit code 2. The builders are
-the ones the tests and demos use (``runtime.data.tokenization.build_test_tokenizer``,
-``runtime.data.processor.build_test_processor``, ``runtime.data.omni_processor.build_omni_test_processor``,
+the ones the tests and demos use (``runtime.data.text.tokenization.build_test_tokenizer``,
+``runtime.data.vision.processor.build_test_processor``, ``runtime.data.audio.processor.build_omni_test_processor``,
 ``runtime.diffusion.tiny_pipelines.save_tiny_pipeline``).
 """
 
@@ -103,8 +103,8 @@ def write_tokenizer(directory: str | os.PathLike, vocab_size: int = DEFAULT_VOCA
     eos (``<|endoftext|>``), ChatML's ``<|im_start|>``/``<|im_end|>`` and a ChatML chat template."""
     if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
         raise TinyError(f"--vocab-size: {vocab_size} is outside [{MIN_VOCAB}, {MAX_VOCAB}]")
-    from runtime.data.corpus import corpus_path
-    from runtime.data.tokenization import build_test_tokenizer
+    from runtime.data.text.corpus import corpus_path
+    from runtime.data.text.tokenization import build_test_tokenizer
 
     corpus = corpus_path().read_text(encoding="utf-8")
     return _write(directory, lambda tmp: build_test_tokenizer(tmp, corpus, vocab_size), overwrite)
@@ -121,9 +121,9 @@ def write_processor(
     if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
         raise TinyError(f"--vocab-size: {vocab_size} is outside [{MIN_VOCAB}, {MAX_VOCAB}]")
     if kinds[model_type] == "omni":
-        from runtime.data.omni_processor import build_omni_test_processor as build
+        from runtime.data.audio.processor import build_omni_test_processor as build
     else:
-        from runtime.data.processor import build_test_processor as build
+        from runtime.data.vision.processor import build_test_processor as build
     return _write(directory, lambda tmp: build(tmp, model_type, vocab_size=vocab_size), overwrite)
 
 

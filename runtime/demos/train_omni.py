@@ -50,10 +50,10 @@ def same_logits(export: Path, processor_dir: Path, data: Path) -> bool:
     import torch
     import transformers
 
-    from runtime.data.jsonl import read_jsonl
-    from runtime.data.omni import tokenize_omni
-    from runtime.data.omni_packing import pack_omni_row
-    from runtime.data.omni_processor import load_omni_processor
+    from runtime.data.audio.packing import pack_omni_row
+    from runtime.data.audio.processor import load_omni_processor
+    from runtime.data.audio.tokenization import tokenize_omni
+    from runtime.data.samples import read_jsonl
     from runtime.models.registry import lookup
     from runtime.train.model import load_pretrained
 
@@ -70,8 +70,8 @@ def same_logits(export: Path, processor_dir: Path, data: Path) -> bool:
 
 
 def main() -> bool:
-    from runtime.data.omni_processor import build_omni_test_processor
-    from runtime.data.synthetic_omni import write_synthetic_omni_dataset
+    from runtime.data.audio.processor import build_omni_test_processor
+    from runtime.data.audio.synthetic import write_synthetic_omni_dataset
 
     work = Path(tempfile.mkdtemp(prefix="patchgen-omni-demo-"))
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from runtime.data.corpus import corpus_path
+from runtime.data.text.corpus import corpus_path
 from runtime.tiny import write_tokenizer
 
 STEPS, SAVE_EVERY, MOE_STEPS = 30, 15, 12

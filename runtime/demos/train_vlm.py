@@ -44,8 +44,8 @@ def write_config(work: Path, data: Path, processor: Path) -> Path:
 def main() -> bool:
     import transformers
 
-    from runtime.data.processor import build_test_processor
-    from runtime.data.synthetic_vlm import write_synthetic_vlm_dataset
+    from runtime.data.vision.processor import build_test_processor
+    from runtime.data.vision.synthetic import write_synthetic_vlm_dataset
     from runtime.train.model import load_pretrained
 
     work = Path(tempfile.mkdtemp(prefix="patchgen-vlm-demo-"))

@@ -29,9 +29,9 @@ def tiny_tokenizer(**kwargs: Any) -> Any:
     """A byte-level BPE trained on the bundled corpus (the pipeline saves it with its other components)."""
     from transformers import AutoTokenizer
 
-    from runtime.data.tokenization import build_test_tokenizer
+    from runtime.data.text.tokenization import build_test_tokenizer
 
-    corpus = resources.files("runtime.data.corpus").joinpath("corpus.txt").read_text()
+    corpus = resources.files("runtime.data.text.corpus").joinpath("corpus.txt").read_text()
     with tempfile.TemporaryDirectory() as scratch:
         build_test_tokenizer(scratch, corpus, vocab_size=400)
         return AutoTokenizer.from_pretrained(scratch, **kwargs)

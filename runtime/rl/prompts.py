@@ -4,7 +4,7 @@ File formats (``data.prompts``): ``.txt``, one prompt a line (blank lines skippe
 with a ``"prompt"`` string (other keys ignored). A bad line is one error naming ``file:line``.
 
 ``PromptSampler``: every epoch, all ranks compute the same seeded permutation of the prompts (``epoch_permutation``,
-the text trainer's); an iteration takes ``per_replica * dp_size`` consecutive entries of it and replica ``r`` gets
+every trainer's); an iteration takes ``per_replica * dp_size`` consecutive entries of it and replica ``r`` gets
 the ``r``-th slice, so the ranks of one replica (its SP ranks) get the same prompts and ``dp_size`` replicas
 together take what one process with ``dp_size * per_replica`` prompts per iteration takes. An epoch's tail shorter
 than one iteration is skipped (those prompts come first in no particular epoch: the next permutation decides).
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from runtime.data.errors import LineError
-from runtime.data.jsonl import MAX_LINE_BYTES, read_records
+from runtime.data.records import MAX_LINE_BYTES, read_records
 from runtime.data.sampler import epoch_permutation
 
 __all__ = ["MAX_PROMPT_CHARS", "Prompt", "PromptSampler", "read_prompts"]

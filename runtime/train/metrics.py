@@ -58,7 +58,7 @@ def flops_per_token(config: Any, seq_len: int) -> float:
 def document_lengths(position_ids: torch.Tensor) -> list[int]:
     """The lengths of the documents packed in one row, from its position ids (``(L,)``, ``(1, L)``, or a
     multimodal ``(C, 1, L)`` whose first channel is the text row): each document restarts its positions at 0
-    (``runtime/data/packing.py``)."""
+    (``runtime/data/text/packing.py``)."""
     text = position_ids[0] if position_ids.ndim == 3 else position_ids
     text = text.reshape(-1).cpu()
     starts = torch.nonzero(text == 0).flatten().tolist()

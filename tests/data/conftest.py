@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.data.corpus import corpus_path
-from runtime.data.tokenization import build_test_tokenizer, load_tokenizer
+from runtime.data.text.corpus import corpus_path
+from runtime.data.text.tokenization import build_test_tokenizer, load_tokenizer
 
 
 @pytest.fixture(scope="session")

@@ -6,12 +6,13 @@ import random
 import pytest
 import torch
 
-from runtime.data.corpus import corpus_path
-from runtime.data.jsonl import read_text_documents
-from runtime.data.loader import PackedLoader
-from runtime.data.sampler import PackedRowSampler, epoch_permutation
+from runtime.data.loader import PackedRowSampler
+from runtime.data.sampler import Order, epoch_permutation
+from runtime.data.samples import read_text_documents
 from runtime.data.sp_batch import pad_to_multiple
-from runtime.data.tokenization import TokenizedSample, tokenize_samples
+from runtime.data.text.corpus import corpus_path
+from runtime.data.text.packing import TextPackedLoader
+from runtime.data.text.tokenization import TokenizedSample, tokenize_samples
 from runtime.parallel.state import ParallelState
 
 BUDGET = 48
@@ -45,7 +46,7 @@ def test_permutation_depends_on_seed_and_epoch_only() -> None:
 
 
 def test_batches_have_a_leading_batch_dim_and_fit_the_budget() -> None:
-    loader = PackedLoader(make_samples(), BUDGET, seed=3)
+    loader = TextPackedLoader(make_samples(), BUDGET, Order(seed=3))
     for batch in take(loader, 10):
         assert set(batch) == {"input_ids", "labels", "position_ids"}
         shapes = {v.shape for v in batch.values()}
@@ -59,7 +60,10 @@ def test_batches_have_a_leading_batch_dim_and_fit_the_budget() -> None:
 
 def test_dp_ranks_see_disjoint_samples_and_take_equal_steps() -> None:
     samples, dp_size = make_samples(), 3
-    loaders = [PackedLoader(samples, BUDGET, seed=5, dp_rank=r, dp_size=dp_size, num_epochs=1) for r in range(dp_size)]
+    loaders = [
+        TextPackedLoader(samples, BUDGET, Order(seed=5, dp_rank=r, dp_size=dp_size, num_epochs=1))
+        for r in range(dp_size)
+    ]
     steps = {loader.steps_in_epoch(0) for loader in loaders}
     assert len(steps) == 1
     per_rank = [[i for batch in loader for i in first_ids(batch)] for loader in loaders]
@@ -73,7 +77,7 @@ def test_dp_ranks_see_disjoint_samples_and_take_equal_steps() -> None:
 
 def test_every_sample_is_used_once_per_epoch_on_a_single_rank() -> None:
     samples = make_samples(80)
-    loader = PackedLoader(samples, BUDGET, seed=1, num_epochs=2)
+    loader = TextPackedLoader(samples, BUDGET, Order(seed=1, num_epochs=2))
     epochs: dict[int, list[int]] = {0: [], 1: []}
     for _ in range(loader.steps_in_epoch(0) + loader.steps_in_epoch(1)):
         batch = next(loader)
@@ -88,15 +92,15 @@ def test_every_sample_is_used_once_per_epoch_on_a_single_rank() -> None:
 @pytest.mark.parametrize("k", [0, 1, 7, 13])
 def test_resume_continues_with_the_very_next_batch(k: int) -> None:
     samples = make_samples()
-    uninterrupted = PackedLoader(samples, BUDGET, seed=11, dp_rank=1, dp_size=2)
+    uninterrupted = TextPackedLoader(samples, BUDGET, Order(seed=11, dp_rank=1, dp_size=2))
     reference = take(uninterrupted, 30)  # crosses into the second epoch
 
-    first = PackedLoader(samples, BUDGET, seed=11, dp_rank=1, dp_size=2)
+    first = TextPackedLoader(samples, BUDGET, Order(seed=11, dp_rank=1, dp_size=2))
     take(first, k)
     state = pickle.loads(pickle.dumps(first.state_dict()))
     assert all(type(v) is int for v in state.values())
 
-    resumed = PackedLoader(samples, BUDGET, seed=11, dp_rank=1, dp_size=2)
+    resumed = TextPackedLoader(samples, BUDGET, Order(seed=11, dp_rank=1, dp_size=2))
     resumed.load_state_dict(state)
     for expected, got in zip(reference[k:], take(resumed, 30 - k), strict=True):
         for key in expected:
@@ -105,8 +109,8 @@ def test_resume_continues_with_the_very_next_batch(k: int) -> None:
 
 def test_state_of_one_dp_rank_restores_another() -> None:
     samples = make_samples()
-    rank0 = PackedLoader(samples, BUDGET, seed=2, dp_rank=0, dp_size=2)
-    rank1 = PackedLoader(samples, BUDGET, seed=2, dp_rank=1, dp_size=2)
+    rank0 = TextPackedLoader(samples, BUDGET, Order(seed=2, dp_rank=0, dp_size=2))
+    rank1 = TextPackedLoader(samples, BUDGET, Order(seed=2, dp_rank=1, dp_size=2))
     take(rank0, 9)
     take(rank1, 9)
     assert rank0.state_dict() == rank1.state_dict()
@@ -114,43 +118,43 @@ def test_state_of_one_dp_rank_restores_another() -> None:
 
 def test_resume_with_different_data_or_layout_is_refused() -> None:
     samples = make_samples()
-    state = PackedLoader(samples, BUDGET, seed=2).state_dict()
+    state = TextPackedLoader(samples, BUDGET, Order(seed=2)).state_dict()
     with pytest.raises(ValueError, match="seed"):
-        PackedLoader(samples, BUDGET, seed=3).load_state_dict(state)
+        TextPackedLoader(samples, BUDGET, Order(seed=3)).load_state_dict(state)
     with pytest.raises(ValueError, match="dp_size"):
-        PackedLoader(samples, BUDGET, seed=2, dp_rank=0, dp_size=2).load_state_dict(state)
+        TextPackedLoader(samples, BUDGET, Order(seed=2, dp_rank=0, dp_size=2)).load_state_dict(state)
     with pytest.raises(ValueError, match="num_samples"):
-        PackedLoader(samples[:-1], BUDGET, seed=2).load_state_dict(state)
+        TextPackedLoader(samples[:-1], BUDGET, Order(seed=2)).load_state_dict(state)
     with pytest.raises(ValueError, match="out of range"):
-        PackedLoader(samples, BUDGET, seed=2).load_state_dict({**state, "position": 10_000})
+        TextPackedLoader(samples, BUDGET, Order(seed=2)).load_state_dict({**state, "position": 10_000})
 
 
 def test_sp_ranks_of_one_replica_get_identical_rows() -> None:
     """Only dp_rank / dp_size enter the plan, so every SP rank of a replica builds the same loader."""
     samples = make_samples()
     state = ParallelState()  # single process: dp_rank 0 of 1
-    a = PackedLoader.for_parallel_state(samples, BUDGET, state, seed=4)
-    b = PackedLoader(samples, BUDGET, seed=4, dp_rank=state.dp_rank, dp_size=state.dp_size)
+    a = TextPackedLoader(samples, BUDGET, Order.for_parallel_state(state, seed=4))
+    b = TextPackedLoader(samples, BUDGET, Order(seed=4, dp_rank=state.dp_rank, dp_size=state.dp_size))
     for x, y in zip(take(a, 5), take(b, 5), strict=True):
         assert all(torch.equal(x[key], y[key]) for key in x)
 
 
 def test_samples_without_targets_are_dropped_and_too_little_data_is_an_error() -> None:
     masked = TokenizedSample((1, 2, 3), (-100, -100, -100))
-    loader = PackedLoader([masked, *make_samples(20)], BUDGET)
+    loader = TextPackedLoader([masked, *make_samples(20)], BUDGET)
     assert loader.num_dropped == 1
     with pytest.raises(ValueError, match="no"):
-        PackedLoader([masked], BUDGET)
+        TextPackedLoader([masked], BUDGET)
     with pytest.raises(ValueError, match="dp_size"):
-        PackedRowSampler([5, 5], 10, dp_rank=0, dp_size=2)  # one row cannot feed two ranks
+        PackedRowSampler([5, 5], 10, Order(dp_rank=0, dp_size=2))  # one row cannot feed two ranks
     with pytest.raises(ValueError, match="dp_rank"):
-        PackedRowSampler([5], 10, dp_rank=2, dp_size=2)
+        PackedRowSampler([5], 10, Order(dp_rank=2, dp_size=2))
 
 
 def test_end_to_end_on_the_shipped_corpus(tokenizer) -> None:
     documents = read_text_documents(corpus_path(), target_chars=400)[:60]
     samples = tokenize_samples(documents, tokenizer)
-    loader = PackedLoader(samples, 256, seed=0, num_epochs=1)
+    loader = TextPackedLoader(samples, 256, Order(seed=0, num_epochs=1))
     rows = list(loader)
     assert sum((b["position_ids"][0] == 0).sum().item() for b in rows) == len(samples)
     for batch in rows:

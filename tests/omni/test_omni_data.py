@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.data.audio import load_audio, write_audio
-from runtime.data.jsonl import read_jsonl
-from runtime.data.omni import tokenize_omni
-from runtime.data.omni_packing import pack_omni_row
-from runtime.data.omni_processor import build_omni_test_processor, load_omni_processor, omni_token_ids
-from runtime.data.synthetic_omni import write_synthetic_omni_dataset
+from runtime.data.audio.packing import pack_omni_row
+from runtime.data.audio.processor import build_omni_test_processor, load_omni_processor, omni_token_ids
+from runtime.data.audio.synthetic import write_synthetic_omni_dataset
+from runtime.data.audio.tokenization import tokenize_omni
+from runtime.data.audio.waveforms import load_audio, write_audio
+from runtime.data.samples import read_jsonl
 from runtime.models.registry import lookup
 from runtime.models.tiny_configs import tiny_config
 from tests.omni.omni import MODEL_TYPE

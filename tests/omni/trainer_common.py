@@ -21,8 +21,8 @@ def omni_model_config(aux_loss_coef: float | None = None) -> dict:
 
 def omni_data(root: Path, samples: int = 8) -> tuple[Path, Path]:
     """(data set JSONL, processor directory), written once per ``root``."""
-    from runtime.data.omni_processor import build_omni_test_processor
-    from runtime.data.synthetic_omni import write_synthetic_omni_dataset
+    from runtime.data.audio.processor import build_omni_test_processor
+    from runtime.data.audio.synthetic import write_synthetic_omni_dataset
 
     processor = root / "processor-omni"
     if not (processor / "processor_config.json").exists():

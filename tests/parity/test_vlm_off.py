@@ -52,8 +52,8 @@ def test_vlm_bitwise_equal_to_upstream(model_type: str) -> None:
 def test_pipeline_position_ids_are_upstreams_layout(model_type: str) -> None:
     """The data pipeline's multimodal position ids (text row, then T/H/W, channels first) go to the model as they
     are and give exactly what upstream computes from its own get_rope_index ids."""
-    from runtime.data.multimodal import MultimodalSample, mrope_position_ids
-    from runtime.data.multimodal_packing import pack_multimodal_row
+    from runtime.data.vision.packing import pack_multimodal_row
+    from runtime.data.vision.tokenization import MultimodalSample, mrope_position_ids
 
     upstream, generated = vlm_models(model_type)
     batch = vlm_batch(model_type)

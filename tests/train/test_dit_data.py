@@ -16,6 +16,7 @@ from runtime.data.dit.manifest import read_media_jsonl
 from runtime.data.dit.media import MediaError, MediaInfo, load_frames, probe, to_pixels
 from runtime.data.dit.sampler import BucketBatchSampler
 from runtime.data.dit.synthetic import write_synthetic_clips, write_video
+from runtime.data.sampler import Order
 
 VIDEO = MediaRules(video=True, pixel_multiple=16, temporal_multiple=4)
 IMAGE = MediaRules(video=False)
@@ -137,21 +138,21 @@ def test_buckets_parse_and_assign() -> None:
 
 def test_sampler_batches_by_bucket_and_splits_over_ranks_like_micro_batches() -> None:
     buckets = ["a", "b"] * 6 + ["a"]  # 7 a, 6 b
-    one = BucketBatchSampler(buckets, batch_size=2, seed=3)
+    one = BucketBatchSampler(buckets, batch_size=2, order=Order(seed=3))
     plan = one.plan(0)
     assert len(plan) == 6 and all(len({buckets[i] for i in batch}) == 1 for batch in plan)
-    ranks = [BucketBatchSampler(buckets, batch_size=2, seed=3, dp_rank=r, dp_size=2) for r in range(2)]
+    ranks = [BucketBatchSampler(buckets, batch_size=2, order=Order(seed=3, dp_rank=r, dp_size=2)) for r in range(2)]
     for _ in range(3):  # rank r's k-th batch is the single process's batch 2k + r
         assert [next(ranks[0]), next(ranks[1])] == [next(one), next(one)]
     state = ranks[0].state_dict()
     expected = [next(ranks[0]) for _ in range(5)]  # across the epoch boundary
-    again = BucketBatchSampler(buckets, batch_size=2, seed=3, dp_rank=0, dp_size=2)
+    again = BucketBatchSampler(buckets, batch_size=2, order=Order(seed=3, dp_rank=0, dp_size=2))
     again.load_state_dict(state)
     assert [next(again) for _ in range(5)] == expected
     with pytest.raises(ValueError, match="batch_size: saved 2, now 3"):
-        BucketBatchSampler(buckets, batch_size=3, seed=3, dp_size=2).load_state_dict(state)
+        BucketBatchSampler(buckets, batch_size=3, order=Order(seed=3, dp_size=2)).load_state_dict(state)
     with pytest.raises(ValueError, match="make fewer than dp_size=2 batches"):
-        BucketBatchSampler(["a", "b"], batch_size=2, dp_size=2)
+        BucketBatchSampler(["a", "b"], batch_size=2, order=Order(dp_size=2))
 
 
 def test_cache_keys_follow_content_and_shards_are_atomic(tmp_path: Path) -> None:

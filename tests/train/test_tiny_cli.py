@@ -73,7 +73,7 @@ def _cases() -> list[str]:
 def test_tokenizer_loads_in_transformers_and_trains(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from transformers import AutoTokenizer
 
-    from runtime.data.corpus import corpus_path
+    from runtime.data.text.corpus import corpus_path
 
     out = tmp_path / "tok"
     assert main(["tokenizer", str(out)]) == 0

@@ -20,7 +20,7 @@ def vlm_model_config(model_type: str) -> dict:
 
 
 def processor_dir(root: Path, model_type: str = "qwen3_vl") -> Path:
-    from runtime.data.processor import build_test_processor
+    from runtime.data.vision.processor import build_test_processor
 
     target = root / f"processor-{model_type}"
     if not (target / "processor_config.json").exists():
@@ -30,7 +30,7 @@ def processor_dir(root: Path, model_type: str = "qwen3_vl") -> Path:
 
 def dataset(root: Path, text_only: int = 0) -> Path:
     """The synthetic image chats, plus ``text_only`` chats without any image (ranks that get one run the dummy)."""
-    from runtime.data.synthetic_vlm import write_synthetic_vlm_dataset
+    from runtime.data.vision.synthetic import write_synthetic_vlm_dataset
 
     path = write_synthetic_vlm_dataset(root / "data", 12)
     if text_only:

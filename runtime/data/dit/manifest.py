@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from runtime.data.errors import LineError
-from runtime.data.jsonl import read_records
 from runtime.data.media_paths import MediaRoot
+from runtime.data.records import read_records
 
 __all__ = ["IMAGE_SUFFIXES", "MediaSample", "frame_files", "read_media_jsonl"]
 

@@ -4,7 +4,7 @@ The class is the generated ``Qwen3OmniMoeProcessor`` (``specs/qwen3_omni_moe_pro
 input lists treated as absent, ``audios=`` accepted, and buildable without a video processor). It is always built
 from its parts without a video processor: every transformers 5.14.1 video processor needs torchvision, which the CPU
 machines cannot install, and the data pipeline feeds video frames through the image processor
-(``runtime/data/video.py``), so every machine tokenizes alike. A processor directory holds the tokenizer (with the
+(``vision/video.py``), so every machine tokenizes alike. A processor directory holds the tokenizer (with the
 omni special tokens as named attributes), ``preprocessor_config.json`` carrying both the image processor's and the
 Whisper feature extractor's settings (as the published Qwen3-Omni checkpoints do), ``processor_config.json`` and the
 chat template.
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import transformers
 
-from runtime.data.corpus import corpus_path
-from runtime.data.processor import token_ids
-from runtime.data.tokenization import build_test_tokenizer
+from runtime.data.text.corpus import corpus_path
+from runtime.data.text.tokenization import build_test_tokenizer
+from runtime.data.vision.processor import token_ids, write_json
 from runtime.models.registry import lookup
 from runtime.models.tiny_configs import tiny_config_dict
 
@@ -152,11 +152,7 @@ def build_omni_test_processor(
     )
     features = transformers.WhisperFeatureExtractor(feature_size=audio["num_mel_bins"], sampling_rate=16000)
     merged = {**json.loads(image.to_json_string()), **json.loads(features.to_json_string())}
-    _write_json(directory / "preprocessor_config.json", merged)
-    _write_json(directory / "processor_config.json", {"processor_class": "Qwen3OmniMoeProcessor"})
+    write_json(directory / "preprocessor_config.json", merged)
+    write_json(directory / "processor_config.json", {"processor_class": "Qwen3OmniMoeProcessor"})
     (directory / "chat_template.jinja").write_text(OMNI_TEST_CHAT_TEMPLATE, encoding="utf-8")
     return directory
-
-
-def _write_json(path: Path, value: dict) -> None:
-    path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")

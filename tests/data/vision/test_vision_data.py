@@ -19,15 +19,15 @@ from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
 from transformers.utils import is_torchvision_available
 from transformers.video_utils import VideoMetadata
 
-from runtime.data.jsonl import ChatMessage, ChatSample, ImagePart, TextPart, TextSample, VideoPart, read_jsonl
-from runtime.data.multimodal import VISION_KEYS, MultimodalSample, tokenize_multimodal
-from runtime.data.multimodal_loader import MultimodalPackedLoader
-from runtime.data.multimodal_packing import pack_multimodal_row
-from runtime.data.processor import build_test_processor, load_processor, vlm_token_ids
+from runtime.data.sampler import Order
+from runtime.data.samples import ChatMessage, ChatSample, ImagePart, TextPart, TextSample, VideoPart, read_jsonl
 from runtime.data.sp_batch import pad_to_multiple, shard_for_sp, shard_row
-from runtime.data.synthetic_vlm import write_synthetic_vlm_dataset
-from runtime.data.tokenization import IM_END, tokenize_sample
-from runtime.data.video import video_inputs, video_replacement
+from runtime.data.text.tokenization import IM_END, tokenize_sample
+from runtime.data.vision.packing import MultimodalPackedLoader, pack_multimodal_row
+from runtime.data.vision.processor import build_test_processor, load_processor, vlm_token_ids
+from runtime.data.vision.synthetic import write_synthetic_vlm_dataset
+from runtime.data.vision.tokenization import VISION_KEYS, MultimodalSample, tokenize_multimodal
+from runtime.data.vision.video import video_inputs, video_replacement
 from runtime.models.registry import causal_lm_class, lookup
 from runtime.models.tiny_configs import tiny_config
 from runtime.parallel.state import ParallelState
@@ -393,14 +393,14 @@ def test_loader_drops_over_long_samples_and_resumes(tokenized) -> None:
     budget = max(len(s) for s in tokenized) - 1
     too_long = sum(len(s) > budget for s in tokenized)
     assert too_long >= 1
-    loader = MultimodalPackedLoader(tokenized, budget, seed=3)
+    loader = MultimodalPackedLoader(tokenized, budget, Order(seed=3))
     assert loader.num_dropped == too_long
     reference = [next(loader) for _ in range(6)]  # crosses into the second epoch
     assert all(b["input_ids"].shape[1] <= budget and b["position_ids"].shape[:2] == (4, 1) for b in reference)
-    first = MultimodalPackedLoader.for_parallel_state(tokenized, budget, ParallelState(), seed=3)
+    first = MultimodalPackedLoader(tokenized, budget, Order.for_parallel_state(ParallelState(), seed=3))
     next(first)
     state = pickle.loads(pickle.dumps(first.state_dict()))
-    resumed = MultimodalPackedLoader(tokenized, budget, seed=3)
+    resumed = MultimodalPackedLoader(tokenized, budget, Order(seed=3))
     resumed.load_state_dict(state)
     for expected in reference[1:]:
         got = next(resumed)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.data.audio import write_audio
-from runtime.data.synthetic_vlm import COLOURS, VIDEO_FRAMES, _draw_square, _scene
+from runtime.data.audio.waveforms import write_audio
+from runtime.data.vision.synthetic import COLOURS, VIDEO_FRAMES, _draw_square, _scene
 
 JSONL_NAME = "data.jsonl"
 TONES = {"low": 220.0, "middle": 440.0, "high": 880.0}

@@ -12,26 +12,19 @@ stay inside it (``runtime/data/media_paths.py``: ``data.media_dir`` names anothe
 when the line is read: a missing image is a data error that should stop the run before training, not in the middle
 of it.
 
-Limits: a line holds at most ``MAX_LINE_BYTES`` bytes (read with that cap, so a line of gigabytes is refused after
-reading its first 16 MiB, not loaded) and nests at most ``MAX_JSON_DEPTH`` levels of objects and lists (a sample
-needs six; deeper nesting is refused instead of exhausting Python's recursion).
+Lines are read by ``runtime/data/records.py`` (its limits: bytes per line, nesting depth).
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from runtime.data.errors import LineError
 from runtime.data.media_paths import MediaRoot
+from runtime.data.records import read_records
 
-T = TypeVar("T")
-
-MAX_LINE_BYTES = 16 * 2**20
-MAX_JSON_DEPTH = 64
 DATA_SUFFIXES = (".jsonl", ".txt")  # JSON samples one a line, or plain text split into documents
 
 ROLES = ("system", "user", "assistant")
@@ -196,58 +189,6 @@ class LocatedSample:
     sample: Sample
 
 
-def _too_deep(value: Any) -> bool:
-    """Whether objects and lists nest more than ``MAX_JSON_DEPTH`` levels in a decoded JSON value."""
-    stack = [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, dict | list):
-            if level > MAX_JSON_DEPTH:
-                return True
-            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return False
-
-
-def _decode_line(line: bytes, where: str) -> Any:
-    try:
-        text = line.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start} of the line)") from None
-    too_deep = ValueError(f"{where}: JSON nested more than {MAX_JSON_DEPTH} levels deep (the limit per line)")
-    try:
-        record = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: expected one JSON object per line, invalid JSON: {e}") from None
-    except RecursionError:  # deeper than Python's recursion limit, which is above MAX_JSON_DEPTH
-        raise too_deep from None
-    if _too_deep(record):
-        raise too_deep
-    return record
-
-
-def read_records(path: str | Path, parse: Callable[[Any, str], T]) -> list[T]:
-    """``parse(record, "file:line")`` for every non-blank line of a JSONL file, in order. Invalid JSON, non-UTF-8
-    text, a line over the limits and a ``LineError`` from ``parse`` become one ValueError naming the file and
-    line."""
-    path = Path(path)
-    out: list[T] = []
-    with path.open("rb") as f:
-        for lineno, line in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
-            where = f"{path}:{lineno}"
-            if len(line) > MAX_LINE_BYTES:
-                raise ValueError(
-                    f"{where}: a line of more than {MAX_LINE_BYTES} bytes (16 MiB, the limit per line); split the "
-                    f"sample or keep large content in files"
-                )
-            if not line.strip():
-                continue
-            try:
-                out.append(parse(_decode_line(line, where), where))
-            except LineError as e:
-                raise ValueError(f"{where}: {e}") from None
-    return out
-
-
 def read_jsonl_located(path: str | Path, media_dir: str | Path | None = None) -> list[LocatedSample]:
     """``read_jsonl`` with each sample's ``file:line``."""
     root = MediaRoot.of(path, media_dir)
@@ -297,7 +238,8 @@ def read_text_documents(path: str | Path, target_chars: int = 2000) -> list[Text
 def read_samples_located(
     path: str | Path, target_chars: int = 2000, media_dir: str | Path | None = None
 ) -> list[LocatedSample]:
-    """``read_samples`` with where each sample came from (``file:line`` for JSONL, the file for text)."""
+    """Samples from a ``.jsonl`` file or a ``.txt`` plain-text file, chosen by the file suffix (any other suffix is a
+    ValueError), each with where it came from (``file:line`` for JSONL, the file for text)."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in DATA_SUFFIXES:
@@ -312,9 +254,3 @@ def read_samples_located(
     except UnicodeDecodeError as e:
         raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     return [LocatedSample(str(path), d) for d in documents]
-
-
-def read_samples(path: str | Path, target_chars: int = 2000, media_dir: str | Path | None = None) -> list[Sample]:
-    """Samples from a ``.jsonl`` file or a ``.txt`` plain-text file, chosen by the file suffix (any other suffix is
-    a ValueError)."""
-    return [located.sample for located in read_samples_located(path, target_chars, media_dir)]

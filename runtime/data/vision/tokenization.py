@@ -4,7 +4,7 @@
 placeholder, expands each placeholder into the right number of vision tokens, and tokenizes. Labels use the text
 pipeline's prefix rendering (``assistant_spans``) with the expansion applied to every prefix, so the spans are
 measured in the final text; vision tokens never carry a label. Image placeholders expand with the processor's own
-``replace_image_token``; videos as in ``runtime/data/video.py``.
+``replace_image_token``; videos as in ``runtime/data/vision/video.py``.
 
 Position ids are ``(4, L)``: row 0 the text position ``0..L-1`` (it drives the packing mask), rows 1-3 the M-RoPE
 T/H/W ids from ``position_id_func``, which must give exactly the model's ``get_rope_index`` ids (the generated
@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from runtime.data.jsonl import ChatSample, ImagePart, Sample, TextPart, TextSample, VideoPart
-from runtime.data.processor import vlm_token_ids
+from runtime.data.samples import ChatSample, ImagePart, Sample, TextPart, TextSample, VideoPart
 from runtime.data.sp_batch import IGNORE_INDEX
-from runtime.data.tokenization import assistant_spans, encode_with_offsets, labels_from_spans, tokenize_text
-from runtime.data.video import (
+from runtime.data.text.tokenization import assistant_spans, encode_with_offsets, labels_from_spans, tokenize_text
+from runtime.data.vision.processor import vlm_token_ids
+from runtime.data.vision.video import (
     DEFAULT_VIDEO_FPS,
     VideoInputs,
     timestamped,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.data.jsonl import ChatSample, Sample, TextSample
+from runtime.data.samples import ChatSample, Sample, TextSample
 from runtime.data.sp_batch import IGNORE_INDEX
 
 
@@ -145,7 +145,7 @@ def tokenize_sample(sample: Sample, tokenizer) -> TokenizedSample:
     """Dispatch on the sample type (see ``tokenize_text`` and ``tokenize_chat``).
 
     A chat whose content is a list of text parts is its joined text; one with images or videos is refused (it needs
-    a processor: ``runtime.data.multimodal.tokenize_multimodal``).
+    a processor: ``runtime.data.vision.tokenization.tokenize_multimodal``).
     """
     if isinstance(sample, TextSample):
         return tokenize_text(sample.text, tokenizer)
@@ -153,7 +153,7 @@ def tokenize_sample(sample: Sample, tokenizer) -> TokenizedSample:
         if sample.is_multimodal:
             raise ValueError(
                 "this chat sample holds images or videos: tokenize it with a VLM processor "
-                "(runtime.data.multimodal.tokenize_multimodal), not a text tokenizer"
+                "(runtime.data.vision.tokenization.tokenize_multimodal), not a text tokenizer"
             )
         return tokenize_chat([{"role": m.role, "content": m.text} for m in sample.messages], tokenizer)
     raise TypeError(f"not a sample: {type(sample).__name__}")

@@ -5,16 +5,21 @@ from pathlib import Path
 
 import pytest
 
-from runtime.data.corpus import corpus_path
-from runtime.data.jsonl import (
+from runtime.data.samples import (
     ChatMessage,
     ChatSample,
     TextSample,
     read_jsonl,
-    read_samples,
+    read_samples_located,
     read_text_documents,
     split_documents,
 )
+from runtime.data.text.corpus import corpus_path
+
+
+def read_samples(path: Path, target_chars: int = 2000) -> list:
+    """The samples of a data file without their locations (what the trainer reads, ``read_samples_located``)."""
+    return [located.sample for located in read_samples_located(path, target_chars)]
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:

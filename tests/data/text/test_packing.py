@@ -5,10 +5,17 @@ import random
 import pytest
 import torch
 
-from runtime.data.packing import has_targets, pack_row, pack_samples, plan_rows
-from runtime.data.tokenization import TokenizedSample
+from runtime.data.loader import plan_rows
+from runtime.data.text.packing import has_targets, pack_row
+from runtime.data.text.tokenization import TokenizedSample
 
 BUDGET = 64
+
+
+def pack_samples(samples: list[TokenizedSample], token_budget: int) -> list[dict[str, torch.Tensor]]:
+    """All samples, in the given order, packed into rows (``plan_rows`` then ``pack_row``, as the loader does)."""
+    rows = plan_rows([len(s) for s in samples], token_budget)
+    return [pack_row([samples[i] for i in row], token_budget) for row in rows]
 
 
 def random_samples(n: int, seed: int = 0, max_len: int = 90) -> list[TokenizedSample]:

@@ -1,9 +1,9 @@
 """Chat samples with images, videos and audio -> model-ready tensors for omni models (Qwen3-Omni's thinker).
 
-The counterpart of ``runtime/data/multimodal.py`` for samples that may hold audio:
+The counterpart of ``runtime/data/vision/tokenization.py`` for samples that may hold audio:
 
 - **Audio parts** (``{"type": "audio", "audio": "clip.flac"}``) are decoded and resampled to the feature
-  extractor's rate (``runtime/data/audio.py``) and turned into log-mel frames by the processor's Whisper feature
+  extractor's rate (``audio/waveforms.py``) and turned into log-mel frames by the processor's Whisper feature
   extractor, all audios of a sample in one call, exactly as the processor's ``__call__`` does.
 - **A video with its audio track** (``{"type": "video", "video": [frames], "audio": "track.wav"}``): the track is one
   more audio, at the video's place in the order of audios, and the sample is tokenized with upstream's
@@ -15,7 +15,7 @@ The counterpart of ``runtime/data/multimodal.py`` for samples that may hold audi
 - **Position ids** ``(4, L)``: the text row ``0..L-1``, then T/H/W from the model's ``get_position_id_func`` (the
   upstream ``get_rope_index`` with the audio lengths and the sample's ``use_audio_in_video``), per whole sample.
 
-Videos are frames through the image processor (``runtime/data/video.py``); ``video_second_per_grid`` is the temporal
+Videos are frames through the image processor (``vision/video.py``); ``video_second_per_grid`` is the temporal
 patch over the fps, as upstream's processor computes it.
 """
 
@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
-from runtime.data.audio import load_audio
-from runtime.data.jsonl import AudioPart, ChatSample, ImagePart, Sample, TextPart, TextSample, VideoPart
-from runtime.data.multimodal import load_image
-from runtime.data.omni_processor import omni_token_ids
+from runtime.data.audio.processor import omni_token_ids
+from runtime.data.audio.waveforms import load_audio
+from runtime.data.samples import AudioPart, ChatSample, ImagePart, Sample, TextPart, TextSample, VideoPart
 from runtime.data.sp_batch import IGNORE_INDEX
-from runtime.data.tokenization import assistant_spans, encode_with_offsets, labels_from_spans, tokenize_text
-from runtime.data.video import DEFAULT_VIDEO_FPS, video_inputs
+from runtime.data.text.tokenization import assistant_spans, encode_with_offsets, labels_from_spans, tokenize_text
+from runtime.data.vision.tokenization import load_image
+from runtime.data.vision.video import DEFAULT_VIDEO_FPS, video_inputs
 
 __all__ = ["MEDIA_KEYS", "OmniSample", "omni_audio_token_counts", "tokenize_omni"]
 

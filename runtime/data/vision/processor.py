@@ -1,12 +1,12 @@
 """Qwen-VL processors: load one from a local directory, build a tiny one for tests and demos, read its token ids.
 
 The data pipeline uses a processor for its chat template, tokenizer, image processor and vision-token strings
-(``runtime/data/multimodal.py``). transformers 5.14.1 builds a ``Qwen3VLProcessor`` / ``Qwen2_5_VLProcessor`` only
+(``vision/tokenization.py``). transformers 5.14.1 builds a ``Qwen3VLProcessor`` / ``Qwen2_5_VLProcessor`` only
 together with a video processor, and every video processor (like ``AutoImageProcessor`` and ``AutoProcessor`` for
 these models) requires torchvision. Where torchvision is missing (the CPU dev and CI machines: PyPI has no
 torchvision wheel for the CPU torch build), ``load_processor`` builds the same upstream processor class from its
 tokenizer and the PIL image processor, without a video processor; the pipeline never calls the video processor (see
-``runtime/data/video.py``), so both ways tokenize identically.
+``runtime/data/vision/video.py``), so both ways tokenize identically.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import transformers
 
-from runtime.data.corpus import corpus_path
-from runtime.data.tokenization import build_test_tokenizer
+from runtime.data.text.corpus import corpus_path
+from runtime.data.text.tokenization import build_test_tokenizer
 from runtime.models.registry import REGISTRY, lookup
 from runtime.models.tiny_configs import tiny_vision_config
 
@@ -193,10 +193,11 @@ def build_test_processor(
         **sizes,
         "size": {"shortest_edge": min_pixels, "longest_edge": max_pixels * 8},
     }  # bounds frames x h x w
-    _write_json(directory / "video_preprocessor_config.json", video)
-    _write_json(directory / "processor_config.json", {"processor_class": processor_class})
+    write_json(directory / "video_preprocessor_config.json", video)
+    write_json(directory / "processor_config.json", {"processor_class": processor_class})
     return directory
 
 
-def _write_json(path: Path, value: dict) -> None:
+def write_json(path: Path, value: dict) -> None:
+    """A processor directory's JSON file, written as ``save_pretrained`` would (sorted keys, indented)."""
     path.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n", encoding="utf-8")

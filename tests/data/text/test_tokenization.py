@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.data.jsonl import ChatMessage, ChatSample, TextSample
-from runtime.data.tokenization import IM_END, TokenizedSample, load_tokenizer, tokenize_chat, tokenize_sample
+from runtime.data.samples import ChatMessage, ChatSample, TextSample
+from runtime.data.text.tokenization import IM_END, TokenizedSample, load_tokenizer, tokenize_chat, tokenize_sample
 
 CONVERSATION = [
     {"role": "system", "content": "You answer in the style of a fable."},
