@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from runtime import launcher_options
+from runtime.config.common import ParallelConfig
 from runtime.config.errors import ConfigError
+from runtime.config.layout import fewest_processes, resolve_layout
 from runtime.config.overrides import Override, OverrideError, parse_overrides
 from runtime.config.yaml_file import ConfigLoader, locate_error, locate_errors
 from runtime.launcher_options import LauncherOptionError
@@ -198,6 +200,50 @@ def launch(module: str, launcher: Sequence[str], script_args: Sequence[str]) -> 
     return 0
 
 
+def launched_processes(launcher: Sequence[str]) -> int | None:
+    """How many processes torchrun's ``launcher`` options start: ``--nproc-per-node`` x ``--nnodes``; None when a
+    count is left to torchrun (``--nproc-per-node gpu``, an elastic ``--nnodes 1:4``)."""
+    values = {"nproc_per_node": "1", "nnodes": "1"}  # torchrun's defaults
+    tokens = list(launcher)
+    while tokens:
+        dest, value = launcher_options.resolve(tokens.pop(0))
+        if dest not in launcher_options.TORCHRUN_FLAGS and value is None and tokens:
+            value = tokens.pop(0)
+        if dest in values and value is not None:
+            values[dest] = value
+    if not all(v.isdigit() for v in values.values()):
+        return None
+    return int(values["nproc_per_node"]) * int(values["nnodes"])
+
+
+def check_layout_fits(config: Any, command: str, invocation: Invocation) -> None:
+    """The config's ``parallel`` layout must tile the processes the command starts, checked before any rank starts
+    (and before torch is imported): one process without launcher options, or what the launcher options say. A
+    ``ConfigError`` naming ``parallel`` and the command line that would run it otherwise."""
+    layout = getattr(config, "parallel", None)
+    if not isinstance(layout, ParallelConfig) or (not invocation.launcher and under_torchrun()):
+        return  # under torchrun the ranks check it against the world they are in
+    world = launched_processes(invocation.launcher) if invocation.launcher else 1
+    if world is None:
+        return
+    sizes = (layout.dp_replicate, layout.dp_shard, layout.sp, layout.ep)
+    try:
+        resolve_layout(world, layout.dp_replicate, layout.dp_shard, layout.sp, layout.ep, layout.ring)
+        return
+    except ValueError:
+        pass
+    need = fewest_processes(*sizes)
+    shard = layout.dp_shard or "auto"
+    shown = f"dp_replicate {layout.dp_replicate} x dp_shard {shard} x sp {layout.sp} (ep {layout.ep})"
+    run = " ".join([f"python -m {command} --nproc-per-node {need}", invocation.config, *invocation.override_args])
+    if not invocation.launcher:
+        raise ConfigError(f"parallel: {shown} needs {need} processes and this command runs one; launch them: {run}")
+    raise ConfigError(
+        f"parallel: {shown} does not tile the {world} processes the launcher options start (--nproc-per-node x "
+        f"--nnodes); {need} would: {run}"
+    )
+
+
 def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
@@ -235,9 +281,14 @@ def run_command(
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     try:
-        config = load(invocation.config, invocation.overrides)
+        config = load(invocation.config, invocation.overrides)  # its errors name their file and line already
     except ConfigError as exc:
         print_errors(exc)
+        return USER_ERROR
+    try:
+        check_layout_fits(config, command, invocation)
+    except ConfigError as exc:
+        print_errors(locate_errors(exc, Path(invocation.config), invocation.overrides, locate))
         return USER_ERROR
     if invocation.launcher:
         if under_torchrun():

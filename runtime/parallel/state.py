@@ -38,6 +38,8 @@ import torch.distributed as dist
 from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from runtime.config.layout import resolve_layout
+
 MESH_DIM_NAMES = ("dp_replicate", "dp_shard", "sp")
 DP_MESH_DIM_NAME = "dp"
 FSDP_MESH_DIM_NAMES = ("dp_replicate", "dp_shard_sp")
@@ -52,38 +54,6 @@ def _default_device_type() -> str:
 
 def _dist_ready() -> bool:
     return dist.is_available() and dist.is_initialized()
-
-
-def _resolve_layout(
-    world_size: int,
-    dp_replicate_size: int,
-    dp_shard_size: int | None,
-    sp_size: int,
-    ep_size: int = 1,
-    ring_size: int = 1,
-) -> int:
-    """Check that the sizes tile the world exactly and return dp_shard_size (derived when None)."""
-    if isinstance(ring_size, bool) or not isinstance(ring_size, int) or ring_size < 1:
-        raise ValueError(f"ring_size must be a positive integer, got {ring_size!r}")
-    if isinstance(sp_size, int) and sp_size >= 1 and sp_size % ring_size:
-        raise ValueError(f"ring_size={ring_size} must divide sp_size={sp_size} (sp = ulysses x ring)")
-    shard = "auto" if dp_shard_size is None else dp_shard_size
-    sizes = f"dp_replicate_size={dp_replicate_size}, dp_shard_size={shard}, sp_size={sp_size}, world size {world_size}"
-    given = [s for s in (dp_replicate_size, dp_shard_size, sp_size, ep_size) if s is not None]
-    if any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in given):
-        raise ValueError(f"parallel sizes must be positive integers: {sizes}, ep_size={ep_size}")
-    if dp_shard_size is None:
-        if world_size % (dp_replicate_size * sp_size):
-            raise ValueError(f"world size is not a multiple of dp_replicate_size x sp_size: {sizes}")
-        dp_shard_size = world_size // (dp_replicate_size * sp_size)
-    if dp_replicate_size * dp_shard_size * sp_size != world_size:
-        raise ValueError(f"dp_replicate_size x dp_shard_size x sp_size must equal the world size: {sizes}")
-    if (dp_shard_size * sp_size) % ep_size:
-        raise ValueError(
-            f"ep_size={ep_size} must divide dp_shard_size x sp_size = {dp_shard_size * sp_size} (experts are "
-            f"sharded within one data-parallel replica): {sizes}"
-        )
-    return dp_shard_size
 
 
 @dataclass(frozen=True)
@@ -115,7 +85,7 @@ class ParallelState:
     usp_mesh: DeviceMesh | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        _resolve_layout(
+        resolve_layout(
             self.world_size, self.dp_replicate_size, self.dp_shard_size, self.sp_size, self.ep_size, self.ring_size
         )
 
@@ -247,7 +217,7 @@ def init_parallel_state(
     """
     world_size = dist.get_world_size() if _dist_ready() else int(os.environ.get("WORLD_SIZE", "1"))
     # Validate before any collective call so that a bad layout fails identically on every rank instead of hanging.
-    dp_shard_size = _resolve_layout(world_size, dp_replicate_size, dp_shard_size, sp_size, ep_size, ring_size)
+    dp_shard_size = resolve_layout(world_size, dp_replicate_size, dp_shard_size, sp_size, ep_size, ring_size)
 
     if not _dist_ready() and "WORLD_SIZE" in os.environ:
         if backend is None:

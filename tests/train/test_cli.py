@@ -275,6 +275,39 @@ def test_launcher_with_a_bad_config_starts_no_rank(tmp_path: Path) -> None:
     assert code == 2 and len(err) == 1 and "-m: the command sets what the ranks run" in err[0], err
 
 
+@pytest.mark.parametrize("module", ["runtime.train", "runtime.rl"])
+def test_a_layout_the_processes_cannot_hold_is_refused_before_any_rank(module: str, tmp_path: Path) -> None:
+    """``parallel.sp: 2`` in one process, or on the 3 processes the launcher options would start, is one line naming
+    ``parallel`` and the command line that runs it, in seconds, before torch is imported or a rank started."""
+    if module == "runtime.rl":
+        from tests.rl.common import rl_config
+
+        raw = rl_config("flux", tmp_path / "pipeline", tmp_path, parallel={"sp": 2})
+    else:
+        raw = run_config(tmp_path, parallel={"sp": 2}, train={"steps": 1})
+    path = _write(tmp_path / "run.yaml", raw)
+    code, _, err, elapsed = _probe(module, str(path), "--train.steps=1")
+    line = _line(path, "parallel")
+    assert code == 2 and err == [
+        f"error: {path}:{line}: parallel: dp_replicate 1 x dp_shard auto x sp 2 (ep 1) needs 2 processes and this "
+        f"command runs one; launch them: python -m {module} --nproc-per-node 2 {path} --train.steps=1"
+    ], err
+    assert elapsed < FAST, f"{elapsed:.2f} s"
+    code, _, err, elapsed = _probe(module, "--nproc-per-node", "3", str(path))
+    assert code == 2 and len(err) == 1 and "does not tile the 3 processes the launcher options start" in err[0], err
+    assert f"2 would: python -m {module} --nproc-per-node 2 {path}" in err[0] and elapsed < FAST, err
+
+
+def test_launched_processes_reads_torchruns_counts() -> None:
+    from runtime.cli import launched_processes
+
+    assert launched_processes(["--nproc-per-node", "2", "--nnodes", "2"]) == 4
+    assert launched_processes(["--nproc_per_node=3", "--standalone"]) == 3
+    assert launched_processes(["--standalone"]) == 1  # torchrun's defaults: one process on one node
+    assert launched_processes(["--nproc-per-node", "gpu"]) is None  # torchrun counts them: the ranks check it
+    assert launched_processes(["--nproc-per-node", "2", "--nnodes", "1:2"]) is None  # elastic
+
+
 @pytest.mark.dist
 def test_plain_torchrun_prints_a_config_error_once(tmp_path: Path) -> None:
     """Every rank finds the error and exits 2; rank 0 prints it. torchrun itself then adds its ChildFailedError
