@@ -12,7 +12,6 @@ RUNTIME = ROOT / "runtime"
 MAX_LINES = 400
 # Modules still over MAX_LINES, each to be split along its responsibilities; the list may only shrink.
 OVERSIZE = {
-    "runtime/rl/loop.py",
     "patchgen/spec.py",
     "patchgen/project.py",
     "patchgen/upgrade.py",

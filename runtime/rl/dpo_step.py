@@ -1,8 +1,8 @@
 """Diffusion-DPO's offline iteration on the shared job (``runtime/rl/algorithms/dpo.py`` states the objective): this
 replica's preference pairs, their latents (images, or a video model's first ``sampling.frames`` frames), one
-``(t, eps)`` per pair shared by its two images, the policy's and the frozen reference's velocities, and one update
-through the loop's ``_update`` (clipping, the non-finite guard, the EMA, the policy-moved check). No rollout, no
-reward.
+``(t, eps)`` per pair shared by its two images, the policy's and the frozen reference's velocities, and one
+``update`` (``runtime/rl/update.py``: clipping, the non-finite guard, the EMA, the policy-moved check). No rollout,
+no reward.
 
 Draws. ``(t, eps)`` of global pair ``q = dp_rank * B + i`` at iteration ``k`` come from
 ``diffusionnft.forward_draws`` (a generator seeded by ``(model.seed, k, q)`` alone, the forward-process algorithms'
@@ -10,7 +10,7 @@ one way to draw): the SP ranks of a replica draw alike, ``D`` replicas draw what
 pairs draws, and a resumed run draws what the uninterrupted run drew.
 
 Gradients. Each micro-batch's loss is its share of the global batch mean (``len(rows) / (B * D)``), as in the
-loop's trainers; FSDP2 sums over ranks, SP ranks' partial gradients add up to the single-process ones.
+rollout trainers (``update.py``); FSDP2 sums over ranks, SP ranks' partial gradients add up to the single-process ones.
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ from runtime.flowgrpo.scheduler import FlowMatchSchedule
 from runtime.flowgrpo.trainer import select_rows
 from runtime.kernels.timing import Clock
 from runtime.rl.algorithms.diffusionnft import forward_draws, noised
-from runtime.rl.loop import RLRun, StepLosses, _replica_mean, _update
 from runtime.rl.pairs import encode_media
 from runtime.rl.policy import lora_disabled
+from runtime.rl.replicas import replica_mean
+from runtime.rl.run_state import RLRun
+from runtime.rl.update import StepLosses, update
 
 __all__ = ["offline_iteration", "velocity_at"]
 
@@ -88,7 +90,7 @@ def offline_iteration(run: RLRun, step: int) -> dict[str, Any]:
         losses.backward(loss, len(rows) * share, step, [pairs[r].where for r in rows.tolist()])
         for key, value in step_stats.items():  # pair-weighted: the batch mean whatever the micro-batch sizes
             stats[key] = stats.get(key, 0.0) + float(value) * len(rows) / b
-    norm, _ = _update(
+    norm, _ = update(
         run,
         policy.trainable,
         f"step {step}",
@@ -100,7 +102,7 @@ def offline_iteration(run: RLRun, step: int) -> dict[str, Any]:
     module.eval()
     run.scheduler.step()
     metrics: dict[str, Any] = {"step": step}
-    metrics.update({key: _replica_mean(value, state) for key, value in stats.items()})
+    metrics.update({key: replica_mean(value, state) for key, value in stats.items()})
     metrics.update(
         grad_norm=norm,
         lr=lr,

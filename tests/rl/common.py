@@ -85,7 +85,7 @@ def for_algorithm(raw: dict, name: str, **section: Any) -> dict:
 def start(raw: dict) -> tuple[Any, int]:
     """``start_run`` of ``raw`` in this process: (the run, the step it resumes after)."""
     from runtime.rl.config import parse_rl_config
-    from runtime.rl.loop import start_run
+    from runtime.rl.run_state import start_run
 
     run, step, _ = start_run(parse_rl_config(raw))
     return run, step

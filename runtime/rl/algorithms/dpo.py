@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     import torch
 
     from runtime.rl.config import RLConfig
-    from runtime.rl.loop import RLRun
+    from runtime.rl.run_state import RLRun
 
 __all__ = ["OFFLINE", "RULES", "Settings", "check", "conventions", "iteration", "objective"]
 

@@ -1,0 +1,118 @@
+"""The state an RL run carries from one iteration to the next (``RLRun``), and its life outside the iterations:
+built from a checked config, or resumed from a checkpoint (``start_run``), and checkpointed (``save``). The loop
+(``loop.py``) only reads and advances it."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from runtime.config.errors import ConfigError
+from runtime.parallel.state import ParallelState
+from runtime.rl.config import RLConfig, algorithm_module
+from runtime.rl.metrics import RLMetricsLogger
+from runtime.rl.policy import Policy, build_policy
+from runtime.rl.preflight import CheckedRLInputs, check_rl_inputs
+from runtime.rl.prompts import Prompt, PromptSampler
+from runtime.rl.rewards import RewardMix, build_rewards, reward_names
+from runtime.rl.scoring import agree
+from runtime.train.finite import check_mode
+from runtime.train.schedule_keys import schedule_record
+
+__all__ = ["RLRun", "save", "start_run"]
+
+
+@dataclass
+class RLRun:
+    """Everything an iteration reads and advances."""
+
+    config: RLConfig
+    state: ParallelState
+    policy: Policy
+    rewards: RewardMix | None  # None on ranks that do not score (reward_ranks)
+    reward_names: list[str]
+    prompts: list[Prompt]
+    sampler: PromptSampler
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    algo: Any  # the algorithm module
+    logger: RLMetricsLogger
+    skipped_nonfinite: int = 0
+
+
+def _attempt(fn: Any, *args: Any) -> tuple[Any, str | None]:
+    """``(fn(*args), None)``, or ``(None, message)`` for a user error (a config or reward error)."""
+    try:
+        return fn(*args), None
+    except ConfigError as exc:
+        return None, str(exc)
+
+
+def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
+    """Checks, policy, rewards, optimizer, and the resumed state when there is a checkpoint to resume from:
+    (the run, the step it resumes after, the checked inputs)."""
+    from runtime.train.loop import resume, setup_parallel, train_device
+    from runtime.train.optim import build_optimizer, build_scheduler
+
+    state = setup_parallel(config)
+    inputs = check_rl_inputs(config, state)  # before the model is built: a user error costs seconds
+    check_mode(config.train.nonfinite, "train.nonfinite")
+    rewards, error = None, None
+    if config.rewards and (config.reward_ranks is None or state.rank in config.reward_ranks):  # where they run
+        rewards, error = _attempt(build_rewards, config.rewards)
+    agree(error, state)
+    torch.manual_seed(config.model.seed)
+    policy = build_policy(config, state, train_device(state))
+    optimizer = build_optimizer(policy.trainable, config.optim)
+    scheduler = build_scheduler(optimizer, config.optim, config.train.steps)
+    sampler = PromptSampler(
+        len(inputs.prompts), config.data.prompts_per_step, config.data.seed, state.dp_rank, state.dp_size
+    )
+    start, skipped = 0, 0
+    if inputs.resume_from is not None:
+        saved = policy.checkpoint_module
+        schedule = schedule_record(config)
+        start, skipped = resume(inputs.resume_from, saved, optimizer, scheduler, sampler, policy.identity, schedule)
+    logger = RLMetricsLogger(  # collective: a tracker that cannot start stops every rank
+        config.log,
+        config.train.steps,
+        state.rank == 0,
+        run_config=dataclasses.asdict(config),
+        start_step=start,
+        samples_per_step=sampler.per_iteration * config.algo.group_size,  # global samples per iteration
+    )
+    algo = algorithm_module(config.algorithm)
+    names = reward_names(config.rewards)
+    run = RLRun(config, state, policy, rewards, names, inputs.prompts, sampler, optimizer, scheduler, algo, logger)
+    run.skipped_nonfinite = skipped
+    if inputs.resume_from is not None:
+        logger.say(f"resumed from {inputs.resume_from} at step {start}")
+    logger.say(f"{config.algorithm}: {algo.conventions(config.algo)}")
+    return run, start, inputs
+
+
+def save(run: RLRun, step: int) -> Path:
+    """A checkpoint of ``run`` after ``step`` (collective): the trained weights (the LoRA adapter alone for LoRA
+    runs, + EMA), AdamW, the LR schedule, the RNG states and the prompt position."""
+    from runtime.checkpoint.dcp import save_checkpoint
+
+    ckpt = run.config.checkpoint
+    return save_checkpoint(
+        Path(ckpt.dir),
+        step,
+        run.policy.checkpoint_module,
+        run.optimizer,
+        run.scheduler,
+        {
+            "step": step,
+            "data": run.sampler.state_dict(),
+            "skipped_nonfinite": run.skipped_nonfinite,
+            "schedule": schedule_record(run.config),
+        },
+        identity=run.policy.identity,
+        keep=ckpt.save_total_limit,
+    )
