@@ -1,7 +1,7 @@
 """DiT validation samples (``validation: {prompts, every_steps, num_inference_steps, guidance_scale, seed}``): every
 ``every_steps`` steps (0: only at the end) and at the last step, each prompt generated from the current weights
-through the plain diffusers pipeline, written as ``<log.dir>/samples/step_<n>/<i>-<prompt>.png`` (image models) or
-``.mp4`` (video models) and sent to the trackers of ``log.report_to``.
+through the plain diffusers pipeline, written as ``<log.dir>/samples/step_<n>/<ii>-<prompt>.png`` (image models;
+``00-a_red_circle.png``) or ``.mp4`` (video models) and sent to the trackers of ``log.report_to``.
 
 The pipeline is the one ``model.path`` names (``model_index.json``), loaded once by diffusers on rank 0 (kept on the
 CPU between validations); before each validation its transformer's weights are replaced by the trained ones: the
