@@ -11,6 +11,7 @@ from runtime.config.errors import ConfigError
 from runtime.models.registry import lookup
 from runtime.models.submodel_checkpoint import drop_parts_left_out
 from runtime.moe.dispatch import register_experts_kernels
+from runtime.parallel.state import get_parallel_state
 from runtime.train.config import ModelConfig
 
 
@@ -32,6 +33,9 @@ def load_pretrained(cls: type, path: str, **kwargs: Any) -> torch.nn.Module:
     are re-initialised. One line naming the keys replaces transformers' multi-line load report."""
     verbosity = transformers.logging.get_verbosity()
     transformers.logging.set_verbosity_error()  # the load report is a warning; the error below says it in one line
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    if get_parallel_state().rank != 0:  # one "Loading weights" bar per run, not one per rank
+        transformers.utils.logging.disable_progress_bar()
     try:
         model, info = cls.from_pretrained(
             path, dtype=torch.float32, output_loading_info=True, ignore_mismatched_sizes=True, **kwargs
@@ -41,6 +45,8 @@ def load_pretrained(cls: type, path: str, **kwargs: Any) -> torch.nn.Module:
         raise ConfigError(f"model.path: cannot load {path} as {cls.__name__}: {first}") from None
     finally:
         transformers.logging.set_verbosity(verbosity)
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
     # a sub-model's checkpoint may be its full model's: the parts the class declares as left out are dropped, counted
     info["unexpected_keys"] = drop_parts_left_out(cls, (_key_name(k) for k in info.get("unexpected_keys") or ()))
     problems = [
