@@ -22,7 +22,7 @@ import torch
 
 from runtime.diffusion.registry import lookup_dit, tiny_cases, tiny_config
 
-__all__ = ["save_tiny_pipeline", "tiny_clip_text", "tiny_clip_vision", "tiny_tokenizer"]
+__all__ = ["save_tiny_pipeline", "tiny_clip_text", "tiny_clip_vision", "tiny_t5", "tiny_tokenizer"]
 
 
 def tiny_tokenizer(**kwargs: Any) -> Any:
@@ -52,6 +52,16 @@ def tiny_clip_text(tokenizer: Any, hidden_size: int) -> Any:
         eos_token_id=tokenizer.eos_token_id,
     )
     return CLIPTextModel(config)
+
+
+def tiny_t5(tokenizer: Any, d_model: int, umt5: bool = False, **overrides: Any) -> Any:
+    """A one-layer T5 text encoder of width ``d_model`` for ``tokenizer`` (``umt5``: UMT5, Wan's), the settings the
+    T5-based pipelines share; ``overrides`` change its config."""
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
+
+    config_class, model_class = (UMT5Config, UMT5EncoderModel) if umt5 else (T5Config, T5EncoderModel)
+    settings = {"d_kv": 8, "d_ff": 32, "num_layers": 1, "num_heads": 4, "relative_attention_num_buckets": 8}
+    return model_class(config_class(vocab_size=len(tokenizer), d_model=d_model, **{**settings, **overrides}))
 
 
 def tiny_clip_vision(hidden_size: int) -> tuple[Any, Any]:

@@ -19,8 +19,9 @@ them here, and the interpreter silently returned garbage for fp64.
 The kernels also run under ``TRITON_INTERPRET=1`` (the Triton interpreter, CPU tensors): that is how the test suite
 checks them (``tests/gpu_readiness/test_triton_moe.py``). The interpreter's ``tl.dot`` multiplies bf16 tiles as
 their raw uint16 storage (triton 3.9), so when interpreting, bf16 tiles are widened to fp32 before the dot
-(``UPCAST``; exact, since a bf16 x bf16 product fits in fp32): every load, mask, tile and store still runs in bf16,
-only the bf16 ``tl.dot`` instruction itself is left to a GPU (docs/performance.md lists what stays untested).
+(``PRECISION="upcast"``; exact, since a bf16 x bf16 product fits in fp32): every load, mask, tile and store still
+runs in bf16, only the bf16 ``tl.dot`` instruction itself is left to a GPU (docs/performance.md lists what stays
+untested).
 """
 
 from __future__ import annotations
@@ -69,29 +70,29 @@ def _kernels() -> tuple[Any, Any]:
     import triton
     import triton.language as tl
 
+    # a module global, not a closure: the interpreter finds a kernel's callees in the module's globals only
+    global _tile_dot
+
+    @triton.jit
+    def _tile_dot(a, b, acc, PRECISION: tl.constexpr):
+        """``acc + a @ b`` accumulated in fp32: both kernels' dot (``PRECISION`` as ``_launch_constants`` sets it)."""
+        if PRECISION == "upcast":
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+        if PRECISION == "tensor_core":
+            acc = tl.dot(a, b, acc)
+        else:
+            acc = tl.dot(a, b, acc, input_precision="ieee")
+        return acc
+
+    # Both kernels' parameters a line per role (tensors and tables; sizes and strides; the ``_launch_constants``),
+    # as Triton kernels are written, not a name per line.
     @triton.jit
     def _grouped_mm_kernel(
-        a_ptr,
-        b_ptr,
-        c_ptr,
-        tile_expert_ptr,
-        tile_row_ptr,
-        ends_ptr,
-        N,
-        K,
-        stride_am,
-        stride_ak,
-        stride_be,
-        stride_bk,
-        stride_bn,
-        stride_cm,
-        stride_cn,
-        IEEE: tl.constexpr,
-        UPCAST: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-    ):
+        a_ptr, b_ptr, c_ptr, tile_expert_ptr, tile_row_ptr, ends_ptr,
+        N, K, stride_am, stride_ak, stride_be, stride_bk, stride_bn, stride_cm, stride_cn,
+        PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
         # c[rows of expert e, n] = sum_k a[row, k] * b[e, k, n]  (b addressed through its strides)
         pid_m = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -111,38 +112,16 @@ def _kernels() -> tuple[Any, Any]:
                 k_ok = (k0 + ks) < K
                 a = tl.load(a_rows + (k0 + ks)[None, :] * stride_ak, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
                 b = tl.load(b_base + (k0 + ks)[:, None] * stride_bk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-                if UPCAST:
-                    a = a.to(tl.float32)
-                    b = b.to(tl.float32)
-                if IEEE:
-                    acc = tl.dot(a, b, acc, input_precision="ieee")
-                else:
-                    acc = tl.dot(a, b, acc)
+                acc = _tile_dot(a, b, acc, PRECISION)
             c = c_ptr + rows.to(tl.int64)[:, None] * stride_cm + cols[None, :] * stride_cn
             tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
     @triton.jit
     def _grouped_wgrad_kernel(
-        g_ptr,
-        x_ptr,
-        w_ptr,
-        starts_ptr,
-        ends_ptr,
-        N,
-        K,
-        stride_gm,
-        stride_gn,
-        stride_xm,
-        stride_xk,
-        stride_we,
-        stride_wn,
-        stride_wk,
-        IEEE: tl.constexpr,
-        UPCAST: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-    ):
+        g_ptr, x_ptr, w_ptr, starts_ptr, ends_ptr,
+        N, K, stride_gm, stride_gn, stride_xm, stride_xk, stride_we, stride_wn, stride_wk,
+        PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):  # fmt: skip
         # w[e, n, k] = sum over rows r of expert e: g[r, n] * x[r, k]
         expert = tl.program_id(0)
         pid_n = tl.program_id(1)
@@ -169,23 +148,22 @@ def _kernels() -> tuple[Any, Any]:
                 mask=row_ok[:, None] & k_ok[None, :],
                 other=0.0,
             )
-            if UPCAST:
-                g_t = g_t.to(tl.float32)
-                x = x.to(tl.float32)
-            if IEEE:
-                acc = tl.dot(g_t, x, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(g_t, x, acc)
+            acc = _tile_dot(g_t, x, acc, PRECISION)
         w = w_ptr + expert.to(tl.int64) * stride_we + ns[:, None] * stride_wn + ks[None, :] * stride_wk
         tl.store(w, acc.to(w_ptr.dtype.element_ty), mask=n_ok[:, None] & k_ok[None, :])
 
     return _grouped_mm_kernel, _grouped_wgrad_kernel
 
 
-def _dot_flags(dtype: torch.dtype) -> dict[str, bool]:
-    """IEEE: fp32 products without TF32. UPCAST: interpreter only, bf16 tiles widened for its tl.dot (see above)."""
-    upcast = dtype == torch.bfloat16 and _interpreting()
-    return {"IEEE": dtype == torch.float32 or upcast, "UPCAST": upcast}
+def _launch_constants(dtype: torch.dtype) -> dict[str, Any]:
+    """Both kernels' constexprs: the block sizes and ``PRECISION`` of their dot: "ieee" for fp32 (products without
+    TF32), "upcast" for bf16 under the interpreter (tiles widened to fp32 for its tl.dot, see above; IEEE), else
+    "tensor_core" (bf16/fp16 MMA, fp32 accumulation)."""
+    if dtype == torch.bfloat16 and _interpreting():
+        precision = "upcast"
+    else:
+        precision = "ieee" if dtype == torch.float32 else "tensor_core"
+    return {"PRECISION": precision, "BLOCK_M": BLOCK_M, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K}
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -240,10 +218,7 @@ def _launch_mm(
         stride_bn,
         out.stride(0),
         out.stride(1),
-        **_dot_flags(a.dtype),
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K,
+        **_launch_constants(a.dtype),
     )
     return out
 
@@ -271,10 +246,7 @@ def _launch_wgrad(
         out.stride(0),
         out.stride(1),
         out.stride(2),
-        **_dot_flags(x.dtype),
-        BLOCK_M=BLOCK_M,
-        BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K,
+        **_launch_constants(x.dtype),
     )
     return out
 

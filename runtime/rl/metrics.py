@@ -16,10 +16,10 @@ phases ``rollout``, ``reward``, ``train``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from runtime.train.tracking.plots import Panel
-from runtime.train.tracking.run_log import RunLog
+from runtime.train.tracking.run_log import MetricsSink
 
 __all__ = ["PHASES", "REWARD_PANELS", "RLMetricsLogger", "TIMING_KEYS"]
 
@@ -45,26 +45,10 @@ REWARD_PANELS = (
 )
 
 
-class RLMetricsLogger:
+class RLMetricsLogger(MetricsSink):
     """Rank-0 sink (``runtime/train/tracking/run_log.py``): every iteration to ``metrics.jsonl`` and the trackers of
     ``log.report_to``, a console line every ``log.interval`` iterations, the reward/loss PNG at the end. With
     ``enabled=False`` (other ranks) every call is a no-op; constructing it is collective."""
-
-    def __init__(
-        self,
-        log: Any,  # the config's ``log`` section
-        total_steps: int,
-        enabled: bool,
-        run_config: dict[str, Any] | None = None,
-        start_step: int = 0,
-        samples_per_step: int | None = None,
-        stream: TextIO | None = None,
-    ) -> None:
-        self.enabled, self.total_steps = enabled, total_steps
-        self.run = RunLog(log, total_steps, enabled, run_config, start_step, samples_per_step, stream)
-
-    def say(self, line: str) -> None:
-        self.run.say(line)
 
     def log(self, metrics: dict[str, Any], echo: bool) -> None:
         if not self.enabled:
@@ -88,6 +72,3 @@ class RLMetricsLogger:
             panels.insert(1, Panel("rewards", tuple(f"reward/{n}" for n in reward_names)))
         title = f"{self.run.log_dir.resolve().name}: reward and policy loss"
         return self.run.plot(panels, "reward_loss.png", title, step)
-
-    def close(self) -> None:
-        self.run.close()

@@ -6,12 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 
 from runtime.train.tracking.plots import Panel
-from runtime.train.tracking.run_log import RunLog
+from runtime.train.tracking.run_log import MetricsSink
 
 # Dense bf16 peak TFLOP/s per device, for MFU when the config does not give one.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
@@ -99,24 +99,11 @@ LOSS_PANELS = (
 )
 
 
-class MetricsLogger:
+class MetricsLogger(MetricsSink):
     """Rank-0 sink of the trainer: every step to ``<log.dir>/metrics.jsonl`` and the trackers of ``log.report_to``,
     a console line every ``log.interval`` steps (``runtime/train/tracking``). Other ranks construct it with
     ``enabled=False`` (every call is a no-op); constructing it is collective (a tracker that cannot start stops every
     rank)."""
-
-    def __init__(
-        self,
-        log: Any,  # the config's ``log`` section
-        total_steps: int,
-        enabled: bool,
-        run_config: dict[str, Any] | None = None,
-        start_step: int = 0,
-        samples_per_step: int | None = None,
-        stream: TextIO | None = None,
-    ) -> None:
-        self.enabled, self.total_steps = enabled, total_steps
-        self.run = RunLog(log, total_steps, enabled, run_config, start_step, samples_per_step, stream)
 
     def log(self, m: StepMetrics, echo: bool = True) -> None:
         """Record every step to JSONL and the trackers; print it (and move the bar) when ``echo``."""
@@ -138,9 +125,6 @@ class MetricsLogger:
         """Other metrics of a step (``{"step": n, "eval_loss": ...}``) to the JSONL file and the trackers."""
         self.run.record(metrics)
 
-    def say(self, line: str) -> None:
-        self.run.say(line)
-
     def log_file(self, tag: str, path: Path, step: int) -> None:
         """A file of the run (a validation sample) to the trackers."""
         self.run.log_file(tag, path, step)
@@ -148,6 +132,3 @@ class MetricsLogger:
     def finish(self, step: int) -> Path | None:
         """At the end of a run: ``<log.dir>/loss.png`` (this run's curves) written and sent to the trackers."""
         return self.run.plot(LOSS_PANELS, "loss.png", f"{self.run.log_dir.resolve().name}: training loss", step)
-
-    def close(self) -> None:
-        self.run.close()

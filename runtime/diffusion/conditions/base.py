@@ -40,6 +40,7 @@ predictions under true CFG) and ``decode_latents`` (pixels in [-1, 1] for reward
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -49,7 +50,7 @@ from torch import Tensor, nn
 
 from runtime.diffusion.timesteps import TimestepSampler
 
-__all__ = ["ConditionInputs", "ConditionModel", "stack_context"]
+__all__ = ["ConditionInputs", "ConditionModel", "resolution_shift", "stack_context"]
 
 
 class ConditionInputs(dict):
@@ -63,6 +64,22 @@ class ConditionInputs(dict):
 
 def stack_context(context: Sequence[dict[str, Tensor]], key: str) -> Tensor:
     return torch.stack([sample[key] for sample in context])
+
+
+def resolution_shift(config: Any, latent_shape: Sequence[int], max_shift: float = 1.15) -> float:
+    """The ``mu`` the pipelines with dynamic shifting pass ``set_timesteps`` for latents of ``latent_shape``: the
+    scheduler ``config``'s shift line (the pipelines' defaults, ``max_shift`` their own) at the 2x2-patch token count.
+    Flux's ``calculate_shift``: the other pipelines' are copies of it."""
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+    tokens = (latent_shape[-2] // 2) * (latent_shape[-1] // 2)
+    return calculate_shift(
+        tokens,
+        config.get("base_image_seq_len", 256),
+        config.get("max_image_seq_len", 4096),
+        config.get("base_shift", 0.5),
+        config.get("max_shift", max_shift),
+    )
 
 
 class ConditionModel(nn.Module):
@@ -84,6 +101,8 @@ class ConditionModel(nn.Module):
     #: or "v" (DDPM v-prediction: ``x_t = sqrt(1 - s^2) x0 + s noise``, target ``sqrt(1 - s^2) noise - s x0``, with
     #: ``s`` the noise's standard deviation); FlowGRPO and the flow schedulers need "flow"
     prediction: ClassVar[str] = "flow"
+    #: the transformer's patch over the latents' (frames,) height and width: its token count shifts the noise levels
+    patch: ClassVar[tuple[int, ...]] = (2, 2)
     #: one sample's pixels for a short pipeline call in tests: ``(C, F, H, W)`` video or ``(C, H, W)`` image
     example_pixels: ClassVar[tuple[int, ...]] = (3, 32, 48)
     #: keyword arguments of that call besides prompt, size and steps (guidance, frames)
@@ -174,6 +193,22 @@ class ConditionModel(nn.Module):
     def prediction_to_latents(self, prediction: Tensor, latent_shape: Sequence[int]) -> Tensor:
         """The transformer's output in the (unpacked) latent layout."""
         return prediction
+
+    def latents_to_prediction(self, latents: Tensor) -> Tensor:
+        """(Unpacked) latents in the layout of the transformer's output: how the training target is laid out."""
+        return latents
+
+    def process_condition(
+        self, latents: Sequence[Tensor], context: Sequence[dict[str, Tensor]], generator: torch.Generator | None = None
+    ) -> ConditionInputs:
+        """The flow-matching recipe (module doc): noise levels for the token count of ``patch``, the noisy latents as
+        ``transformer_inputs`` lays them out, the target ``noise - x0`` as the transformer outputs it."""
+        x0 = torch.stack(list(latents)).to(self.device)
+        tokens = math.prod(size // p for size, p in zip(x0.shape[2:], self.patch, strict=True))
+        sigmas = self.sampler.sample(x0.shape[0], tokens, generator)
+        noisy, target = self.noisy(x0, self.noise_like(x0, generator), sigmas)
+        inputs = self.transformer_inputs(noisy, context, sigmas)
+        return ConditionInputs(inputs, self.latents_to_prediction(target), sigmas)
 
     @staticmethod
     def combine_guidance(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:

@@ -123,23 +123,13 @@ class CogVideoXConditionModel(ConditionModel):
     @classmethod
     def tiny_components(cls, config: dict[str, Any], variant: str | None) -> dict[str, Any]:
         from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler
-        from transformers import T5Config, T5EncoderModel
 
-        from runtime.diffusion.tiny_pipelines import tiny_tokenizer
+        from runtime.diffusion.tiny_pipelines import tiny_t5, tiny_tokenizer
 
         tokenizer = tiny_tokenizer()
-        t5 = T5Config(
-            vocab_size=len(tokenizer),
-            d_model=config["text_embed_dim"],
-            d_kv=8,
-            d_ff=32,
-            num_layers=1,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-        )
         return dict(
             tokenizer=tokenizer,
-            text_encoder=T5EncoderModel(t5),
+            text_encoder=tiny_t5(tokenizer, config["text_embed_dim"]),
             vae=AutoencoderKLCogVideoX(  # x8 spatial, x4 temporal: the scale factors the pipeline assumes
                 latent_channels=config["in_channels"],
                 block_out_channels=(8, 8, 8, 8),

@@ -20,10 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 from diffusers import FluxPipeline
-from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 from torch import Tensor
 
-from runtime.diffusion.conditions.base import ConditionInputs, ConditionModel, stack_context
+from runtime.diffusion.conditions.base import ConditionModel, resolution_shift, stack_context
 from runtime.diffusion.timesteps import TimestepSampler
 
 __all__ = ["FluxConditionModel"]
@@ -41,25 +40,15 @@ class FluxConditionModel(ConditionModel):
     @classmethod
     def tiny_components(cls, config: dict[str, Any], variant: str | None) -> dict[str, Any]:
         from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
-        from transformers import T5Config, T5EncoderModel
 
-        from runtime.diffusion.tiny_pipelines import tiny_clip_text, tiny_tokenizer
+        from runtime.diffusion.tiny_pipelines import tiny_clip_text, tiny_t5, tiny_tokenizer
 
         tokenizer, tokenizer_2 = tiny_tokenizer(model_max_length=77), tiny_tokenizer()
-        t5 = T5Config(
-            vocab_size=len(tokenizer_2),
-            d_model=config["joint_attention_dim"],
-            d_kv=8,
-            d_ff=32,
-            num_layers=1,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-        )
         return dict(
             tokenizer=tokenizer,
             tokenizer_2=tokenizer_2,
             text_encoder=tiny_clip_text(tokenizer, config["pooled_projection_dim"]),
-            text_encoder_2=T5EncoderModel(t5),
+            text_encoder_2=tiny_t5(tokenizer_2, config["joint_attention_dim"]),
             vae=AutoencoderKL(  # 4 blocks: the x8 scale factor FluxPipeline derives from block_out_channels
                 block_out_channels=[8, 8, 8, 8],
                 down_block_types=["DownEncoderBlock2D"] * 4,
@@ -118,16 +107,6 @@ class FluxConditionModel(ConditionModel):
         """Normalized VAE latents (C, h, w) of one (C, H, W) image: ``(z - shift_factor) * scaling_factor``."""
         return ((self.vae_mode(pixels) - self.shift_factor) * self.scaling_factor)[0]
 
-    def process_condition(
-        self, latents: Sequence[Tensor], context: Sequence[dict[str, Tensor]], generator: torch.Generator | None = None
-    ) -> ConditionInputs:
-        x0 = torch.stack(list(latents)).to(self.device)
-        b, c, h, w = x0.shape
-        sigmas = self.sampler.sample(b, (h // 2) * (w // 2), generator)
-        noisy, target = self.noisy(x0, self.noise_like(x0, generator), sigmas)
-        inputs = self.transformer_inputs(noisy, context, sigmas)
-        return ConditionInputs(inputs, FluxPipeline._pack_latents(target, b, c, h, w), sigmas)
-
     # ---- sampling (FluxPipeline.__call__) --------------------------------------------------------------------------
 
     def sampling_latent_shape(self, height: int, width: int, frames: int | None = None) -> tuple[int, ...]:
@@ -140,15 +119,7 @@ class FluxConditionModel(ConditionModel):
         sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps)
         if config.get("use_flow_sigmas"):
             sigmas = None
-        tokens = (latent_shape[-2] // 2) * (latent_shape[-1] // 2)
-        mu = calculate_shift(
-            tokens,
-            config.get("base_image_seq_len", 256),
-            config.get("max_image_seq_len", 4096),
-            config.get("base_shift", 0.5),
-            config.get("max_shift", 1.15),
-        )
-        return {"sigmas": None if sigmas is None else sigmas.tolist(), "mu": mu}
+        return {"sigmas": None if sigmas is None else sigmas.tolist(), "mu": resolution_shift(config, latent_shape)}
 
     @torch.no_grad()
     def encode_prompts(self, prompts: Sequence[str]) -> list[dict[str, Tensor]]:
@@ -180,6 +151,9 @@ class FluxConditionModel(ConditionModel):
         scale = self.pipeline.vae_scale_factor
         h, w = latent_shape[-2:]
         return FluxPipeline._unpack_latents(prediction, h * scale, w * scale, scale)
+
+    def latents_to_prediction(self, latents: Tensor) -> Tensor:
+        return FluxPipeline._pack_latents(latents, *latents.shape)
 
     @torch.no_grad()
     def decode_latents(self, latents: Tensor) -> Tensor:

@@ -23,7 +23,7 @@ import torch
 from diffusers import HunyuanVideoPipeline
 from torch import Tensor
 
-from runtime.diffusion.conditions.base import ConditionInputs, ConditionModel, stack_context
+from runtime.diffusion.conditions.base import ConditionModel, stack_context
 from runtime.diffusion.timesteps import TimestepSampler
 
 __all__ = ["HunyuanVideoConditionModel"]
@@ -36,6 +36,7 @@ class HunyuanVideoConditionModel(ConditionModel):
     components = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2", "vae")
     video = True
     temporal_multiple = 4  # AutoencoderKLHunyuanVideo: the first frame, then 4 frames per latent frame
+    patch = (1, 2, 2)
     # 5 frames -> 2 latent frames; 32 px -> 4x4 latents -> 2x2 tokens per frame (patch 2)
     example_pixels = (3, 5, 32, 32)
     pipeline_call = {"num_frames": 5, "guidance_scale": 1.0}  # the training default: what the trainer feeds
@@ -58,15 +59,6 @@ class HunyuanVideoConditionModel(ConditionModel):
     def encode_sample(self, pixels: Tensor) -> Tensor:
         """Scaled VAE latents of one (C, F, H, W) video (the posterior's mode times ``scaling_factor``)."""
         return (self.vae_mode(pixels) * self.pipeline.vae.config.scaling_factor)[0]
-
-    def process_condition(
-        self, latents: Sequence[Tensor], context: Sequence[dict[str, Tensor]], generator: torch.Generator | None = None
-    ) -> ConditionInputs:
-        x0 = torch.stack(list(latents)).to(self.device)
-        b, _, f, h, w = x0.shape
-        sigmas = self.sampler.sample(b, f * (h // 2) * (w // 2), generator)
-        noisy, target = self.noisy(x0, self.noise_like(x0, generator), sigmas)
-        return ConditionInputs(self.transformer_inputs(noisy, context, sigmas), target, sigmas)
 
     # ---- sampling (HunyuanVideoPipeline.__call__) ------------------------------------------------------------------
 

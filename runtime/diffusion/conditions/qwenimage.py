@@ -18,10 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 from diffusers import QwenImagePipeline
-from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
 from torch import Tensor
 
-from runtime.diffusion.conditions.base import ConditionInputs, ConditionModel
+from runtime.diffusion.conditions.base import ConditionModel, resolution_shift
 from runtime.diffusion.timesteps import TimestepSampler
 
 __all__ = ["QwenImageConditionModel"]
@@ -107,16 +106,6 @@ class QwenImageConditionModel(ConditionModel):
         """Normalized VAE latents (C, h, w) of one (C, H, W) image (a one-frame video to its video VAE)."""
         return ((self.vae_mode(pixels[:, None]) - self.latents_mean) / self.latents_std)[0, :, 0]
 
-    def process_condition(
-        self, latents: Sequence[Tensor], context: Sequence[dict[str, Tensor]], generator: torch.Generator | None = None
-    ) -> ConditionInputs:
-        x0 = torch.stack(list(latents)).to(self.device)
-        b, c, h, w = x0.shape
-        sigmas = self.sampler.sample(b, (h // 2) * (w // 2), generator)
-        noisy, target = self.noisy(x0, self.noise_like(x0, generator), sigmas)
-        inputs = self.transformer_inputs(noisy, context, sigmas)
-        return ConditionInputs(inputs, QwenImagePipeline._pack_latents(target, b, c, h, w), sigmas)
-
     # ---- sampling (QwenImagePipeline.__call__) ---------------------------------------------------------------------
 
     def sampling_latent_shape(self, height: int, width: int, frames: int | None = None) -> tuple[int, ...]:
@@ -125,16 +114,8 @@ class QwenImageConditionModel(ConditionModel):
 
     def sampling_schedule(self, num_inference_steps: int, latent_shape: Sequence[int]) -> dict[str, Any]:
         """``linspace(1, 1 / N, N)`` shifted by ``mu`` of the packed token count, as the pipeline does."""
-        config = self.pipeline.scheduler.config
-        tokens = (latent_shape[-2] // 2) * (latent_shape[-1] // 2)
-        mu = calculate_shift(
-            tokens,
-            config.get("base_image_seq_len", 256),
-            config.get("max_image_seq_len", 4096),
-            config.get("base_shift", 0.5),
-            config.get("max_shift", 1.15),
-        )
-        return {"sigmas": np.linspace(1.0, 1 / num_inference_steps, num_inference_steps).tolist(), "mu": mu}
+        sigmas = np.linspace(1.0, 1 / num_inference_steps, num_inference_steps).tolist()
+        return {"sigmas": sigmas, "mu": resolution_shift(self.pipeline.scheduler.config, latent_shape)}
 
     @torch.no_grad()
     def encode_prompts(self, prompts: Sequence[str]) -> list[dict[str, Tensor]]:
@@ -161,6 +142,9 @@ class QwenImageConditionModel(ConditionModel):
         scale = self.pipeline.vae_scale_factor
         h, w = latent_shape[-2:]
         return QwenImagePipeline._unpack_latents(prediction, h * scale, w * scale, scale)[:, :, 0]
+
+    def latents_to_prediction(self, latents: Tensor) -> Tensor:
+        return QwenImagePipeline._pack_latents(latents, *latents.shape)
 
     @staticmethod
     def combine_guidance(cond: Tensor, uncond: Tensor, scale: float) -> Tensor:

@@ -18,7 +18,7 @@ import torch
 from diffusers import StableDiffusion3Pipeline
 from torch import Tensor
 
-from runtime.diffusion.conditions.base import ConditionInputs, ConditionModel, stack_context
+from runtime.diffusion.conditions.base import ConditionModel, resolution_shift, stack_context
 from runtime.diffusion.timesteps import TimestepSampler
 
 __all__ = ["SD3ConditionModel"]
@@ -54,15 +54,6 @@ class SD3ConditionModel(ConditionModel):
         """Normalized VAE latents (C, h, w) of one (C, H, W) image: ``(z - shift_factor) * scaling_factor``."""
         return ((self.vae_mode(pixels) - self.shift_factor) * self.scaling_factor)[0]
 
-    def process_condition(
-        self, latents: Sequence[Tensor], context: Sequence[dict[str, Tensor]], generator: torch.Generator | None = None
-    ) -> ConditionInputs:
-        x0 = torch.stack(list(latents)).to(self.device)
-        b, _, h, w = x0.shape
-        sigmas = self.sampler.sample(b, (h // 2) * (w // 2), generator)
-        noisy, target = self.noisy(x0, self.noise_like(x0, generator), sigmas)
-        return ConditionInputs(self.transformer_inputs(noisy, context, sigmas), target, sigmas)
-
     # ---- sampling (StableDiffusion3Pipeline.__call__) ---------------------------------------------------------------
 
     def sampling_latent_shape(self, height: int, width: int, frames: int | None = None) -> tuple[int, ...]:
@@ -75,17 +66,7 @@ class SD3ConditionModel(ConditionModel):
         config = self.pipeline.scheduler.config
         if not config.get("use_dynamic_shifting"):
             return {}
-        from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift
-
-        tokens = (latent_shape[-2] // 2) * (latent_shape[-1] // 2)
-        mu = calculate_shift(
-            tokens,
-            config.get("base_image_seq_len", 256),
-            config.get("max_image_seq_len", 4096),
-            config.get("base_shift", 0.5),
-            config.get("max_shift", 1.16),
-        )
-        return {"mu": mu}
+        return {"mu": resolution_shift(config, latent_shape, max_shift=1.16)}
 
     @torch.no_grad()
     def encode_prompts(self, prompts: Sequence[str]) -> list[dict[str, Tensor]]:
@@ -120,9 +101,9 @@ class SD3ConditionModel(ConditionModel):
     @classmethod
     def tiny_components(cls, config: dict[str, Any], variant: str | None) -> dict[str, Any]:
         from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler
-        from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
+        from transformers import CLIPTextConfig, CLIPTextModelWithProjection
 
-        from runtime.diffusion.tiny_pipelines import tiny_tokenizer
+        from runtime.diffusion.tiny_pipelines import tiny_t5, tiny_tokenizer
 
         clip_width = config["pooled_projection_dim"] // 2  # the two CLIP projections are concatenated
 
@@ -143,22 +124,13 @@ class SD3ConditionModel(ConditionModel):
 
         tokenizer, tokenizer_2 = tiny_tokenizer(model_max_length=77), tiny_tokenizer(model_max_length=77)
         tokenizer_3 = tiny_tokenizer()
-        t5 = T5Config(
-            vocab_size=len(tokenizer_3),
-            d_model=config["joint_attention_dim"],
-            d_kv=8,
-            d_ff=32,
-            num_layers=1,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-        )
         return dict(
             tokenizer=tokenizer,
             text_encoder=clip(tokenizer),
             tokenizer_2=tokenizer_2,
             text_encoder_2=clip(tokenizer_2),
             tokenizer_3=tokenizer_3,
-            text_encoder_3=T5EncoderModel(t5),
+            text_encoder_3=tiny_t5(tokenizer_3, config["joint_attention_dim"]),
             vae=AutoencoderKL(  # 4 blocks: the x8 scale factor the pipeline derives from block_out_channels
                 block_out_channels=[8, 8, 8, 8],
                 down_block_types=["DownEncoderBlock2D"] * 4,

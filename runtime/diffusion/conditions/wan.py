@@ -21,7 +21,7 @@ import torch
 from diffusers import WanImageToVideoPipeline, WanPipeline
 from torch import Tensor
 
-from runtime.diffusion.conditions.base import ConditionInputs, ConditionModel, stack_context
+from runtime.diffusion.conditions.base import ConditionModel, stack_context
 from runtime.diffusion.timesteps import TimestepSampler
 
 __all__ = ["WanConditionModel"]
@@ -41,6 +41,7 @@ class WanConditionModel(ConditionModel):
     optional_components = ("image_encoder", "image_processor")
     video = True
     temporal_multiple = 4  # AutoencoderKLWan: the first frame, then 4 frames per latent frame
+    patch = (1, 2, 2)
     # 5 frames -> 2 latent frames; 32 px -> 4x4 latents -> 2x2 tokens per frame
     example_pixels = (3, 5, 32, 32)
     pipeline_call = {"num_frames": 5, "guidance_scale": 3.0}
@@ -52,24 +53,13 @@ class WanConditionModel(ConditionModel):
     @classmethod
     def tiny_components(cls, config: dict[str, Any], variant: str | None) -> dict[str, Any]:
         from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler
-        from transformers import UMT5Config, UMT5EncoderModel
 
-        from runtime.diffusion.tiny_pipelines import tiny_clip_vision, tiny_tokenizer
+        from runtime.diffusion.tiny_pipelines import tiny_clip_vision, tiny_t5, tiny_tokenizer
 
         tokenizer = tiny_tokenizer()
-        umt5 = UMT5Config(
-            vocab_size=len(tokenizer),
-            d_model=config["text_dim"],
-            d_kv=4,
-            d_ff=32,
-            num_layers=1,
-            num_heads=4,
-            relative_attention_num_buckets=8,
-            relative_attention_max_distance=32,
-        )
         components: dict[str, Any] = dict(
             tokenizer=tokenizer,
-            text_encoder=UMT5EncoderModel(umt5),
+            text_encoder=tiny_t5(tokenizer, config["text_dim"], umt5=True, d_kv=4, relative_attention_max_distance=32),
             # 3 spatial downsamples (x8) and 2 temporal ones (x4): the scale factors the pipelines assume
             vae=AutoencoderKLWan(
                 base_dim=8,
@@ -157,16 +147,6 @@ class WanConditionModel(ConditionModel):
             pixels, 1, x0.shape[0], height, width, frames, torch.float32, self.device, None, x0[None]
         )
         return {"encoder_hidden_states_image": image_embeds, "condition": condition[0]}
-
-    def process_condition(
-        self, latents: Sequence[Tensor], context: Sequence[dict[str, Tensor]], generator: torch.Generator | None = None
-    ) -> ConditionInputs:
-        x0 = torch.stack(list(latents)).to(self.device)
-        patch = (1, 2, 2)
-        tokens = int(np.prod([s // p for s, p in zip(x0.shape[2:], patch, strict=True)]))
-        sigmas = self.sampler.sample(x0.shape[0], tokens, generator)
-        noisy, target = self.noisy(x0, self.noise_like(x0, generator), sigmas)
-        return ConditionInputs(self.transformer_inputs(noisy, context, sigmas), target, sigmas)
 
     # ---- sampling (WanPipeline.__call__) ---------------------------------------------------------------------------
 
