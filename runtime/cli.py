@@ -257,11 +257,14 @@ def run_command(
     load: Callable[[str, Sequence[Override]], Any],
     run: Callable[[Any], None],
     locate: Callable[[str, Path], str] = locate_error,
+    before_launch: Callable[[Any], None] | None = None,
 ) -> int:
     """The whole command line of an entry point: help, parse, load (no torch), then launch or ``run`` the config.
     ``load`` and ``run`` raise ``ConfigError`` for user errors, whose every message is printed (rank 0) with exit
     code 2; an error ``run`` finds (while setting up, or a guard that stops the run) is named by where its key was
-    set (``locate`` finds a key's line in the config file). The process groups ``run`` made are always freed."""
+    set (``locate`` finds a key's line in the config file). With launcher options, ``before_launch`` runs the checks
+    that need no rank first, in this process (its errors once, in seconds). The process groups ``run`` made are
+    always freed."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         invocation = parse_command_line(argv)
@@ -299,6 +302,12 @@ def run_command(
                 flush=True,
             )
             return USER_ERROR
+        if before_launch is not None:
+            try:
+                before_launch(config)
+            except ConfigError as exc:
+                print_errors(locate_errors(exc, Path(invocation.config), invocation.overrides, locate))
+                return USER_ERROR
         try:
             return launch(command, invocation.launcher, [invocation.config, *invocation.override_args])
         except UsageError as exc:

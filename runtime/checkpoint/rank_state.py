@@ -246,6 +246,12 @@ def read_rank_state(
     return tensors, data
 
 
+def saved_extra(path: Path, world_size: int) -> dict[str, Any]:
+    """Rank 0's ``extra`` of the (verified) checkpoint ``path`` saved by ``world_size`` ranks, read without a model
+    or a process group: what a launcher checks (the step, the learning-rate schedule) before any rank starts."""
+    return read_rank_state(path, 0, world_size, None)[1]["extra"]
+
+
 def restore_rng_state(path: Path, tensors: dict[str, torch.Tensor], rng: dict[str, Any]) -> None:
     """Restore a checked RNG state; values the generators refuse (a mangled word, a wrong version) are one line."""
     try:

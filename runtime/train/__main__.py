@@ -17,6 +17,12 @@ def load(path: str, overrides: Sequence[Override]) -> RunConfig:
     return load_run_config(path, overrides)
 
 
+def before_launch(config: RunConfig) -> None:
+    from runtime.train.preflight import check_before_launch
+
+    check_before_launch(config)
+
+
 def run(config: RunConfig) -> None:
     from runtime.train.loop import train
 
@@ -31,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         references=[("run configuration", "runtime.train.config")],
         load=load,
         run=run,
+        before_launch=before_launch,
     )
 
 

@@ -11,12 +11,14 @@ from pathlib import Path
 
 from runtime.checkpoint.dcp import latest_intact_checkpoint
 from runtime.checkpoint.export import ExportTargetError, check_export_target
-from runtime.checkpoint.verify import CheckpointError, verify_checkpoint
+from runtime.checkpoint.rank_state import saved_extra
+from runtime.checkpoint.verify import CheckpointError, read_marker, verify_checkpoint
 from runtime.config.errors import ConfigError
 from runtime.data.samples import AudioPart, ChatSample, ImagePart, LocatedSample, VideoPart, read_samples_located
 from runtime.parallel.state import ParallelState
 from runtime.train.config import RunConfig
 from runtime.train.model_limits import random_init_problem, size_problem
+from runtime.train.schedule_keys import schedule_change, schedule_record
 
 # Images (and video frames) of this many first samples are opened and verified up front, and their audio files'
 # headers checked (runtime.data.audio.waveforms.check_audio); every referenced file is checked to exist. The others are
@@ -143,7 +145,7 @@ def check_data(config: RunConfig) -> list[LocatedSample]:
     return samples
 
 
-def select_checkpoint(config: RunConfig, state: ParallelState) -> tuple[Path | None, list[str]]:
+def select_checkpoint(config: RunConfig, state: ParallelState, warn: bool = True) -> tuple[Path | None, list[str]]:
     """The verified checkpoint to resume from and the damaged ones skipped (collective when distributed).
 
     ``resume: auto`` takes the newest intact checkpoint in ``checkpoint.dir``, warning about each damaged newer one;
@@ -166,7 +168,7 @@ def select_checkpoint(config: RunConfig, state: ParallelState) -> tuple[Path | N
             f"checkpoint.resume: auto: no intact checkpoint in {ckpt.dir}; the newest says: {skipped[0]}; set "
             f"checkpoint.resume: null to start over or resume from a copy you trust"
         )
-    if state.rank == 0:
+    if warn and state.rank == 0:
         for message in skipped:
             print(f"warning: skipping a damaged checkpoint: {message}", file=sys.stderr, flush=True)
     return found, skipped
@@ -206,6 +208,42 @@ def check_dit_transformer_config(config: RunConfig) -> None:
         raise ConfigError(f"model.path: {path}: {found[0]}: {found[1]}")
 
 
+def check_resume_schedule(config: RunConfig, checkpoint: Path) -> None:
+    """The resumed steps must train at the learning rates the checkpoint's run planned
+    (``runtime/train/schedule_keys.py``): read from its recorded schedule before the model is built."""
+    try:
+        extra = saved_extra(checkpoint, read_marker(checkpoint)["world_size"])
+    except CheckpointError as exc:
+        raise ConfigError(f"checkpoint.resume: {exc}") from None
+    step = extra.get("step")
+    if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+        change = schedule_change(extra.get("schedule"), schedule_record(config), checkpoint, step)
+        if change:
+            raise ConfigError(change)
+
+
+def check_before_launch(config: RunConfig, exports: bool = True) -> None:
+    """What ``check_inputs`` checks without a process group, done once by the launcher before any rank starts (a
+    mistake in a path, the export directory, the checkpoint to resume or its schedule is one line in seconds, not
+    one per rank after the ranks started): the model and pipeline paths, the output and export directories, the
+    media directory, the checkpoint to resume (verified) and its recorded schedule. The data is read by the ranks."""
+    if _is_dit(config):
+        from runtime.train.dit import check_pipeline_dir
+
+        check_pipeline_dir(config)
+        check_dit_transformer_config(config)
+        check_media_dir(config)
+    else:
+        check_model_path(config)
+        check_random_init(config)
+    check_output_dirs(config)
+    if exports:
+        check_export(config)
+    resume_from, _ = select_checkpoint(config, ParallelState(), warn=False)  # the ranks warn, once
+    if resume_from is not None:
+        check_resume_schedule(config, resume_from)
+
+
 def check_inputs(config: RunConfig, state: ParallelState, exports: bool = True) -> CheckedInputs:
     """Every check that can run before the model is built. Collective (checkpoint hashing is split over ranks).
     ``exports``: whether the job writes ``export.dir`` (``runtime.train.prepare`` never does: not checked there)."""
@@ -221,6 +259,8 @@ def check_inputs(config: RunConfig, state: ParallelState, exports: bool = True) 
         check_media_dir(config)
         dit_samples = read_dit_samples(config)  # {"caption", "image"|"video"} lines, every media file present
         resume_from, skipped = select_checkpoint(config, state)
+        if resume_from is not None:
+            check_resume_schedule(config, resume_from)
         return CheckedInputs(resume_from=resume_from, skipped_checkpoints=skipped, dit_samples=dit_samples)
     check_model_path(config)
     check_output_dirs(config)
@@ -229,6 +269,8 @@ def check_inputs(config: RunConfig, state: ParallelState, exports: bool = True) 
     samples = check_data(config)
     check_random_init(config)
     resume_from, skipped = select_checkpoint(config, state)
+    if resume_from is not None:
+        check_resume_schedule(config, resume_from)
     return CheckedInputs(samples=samples, resume_from=resume_from, skipped_checkpoints=skipped)
 
 

@@ -62,6 +62,12 @@ def prepare(config: RunConfig | str) -> int:
     return len(conditions.keys)
 
 
+def before_launch(config: RunConfig) -> None:
+    from runtime.train.preflight import check_before_launch
+
+    check_before_launch(config, exports=False)  # prepare never exports
+
+
 def main(argv: list[str] | None = None) -> int:
     return run_command(
         argv,
@@ -70,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         references=[("run configuration", "runtime.train.config")],
         load=load,
         run=prepare,
+        before_launch=before_launch,
     )
 
 

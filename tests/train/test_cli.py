@@ -412,6 +412,44 @@ def test_resume_under_a_changed_schedule_is_refused(tmp_path: Path) -> None:
     code, err = _main([str(config("export-only", train={"steps": 2}, checkpoint={"resume": step2}))])
     assert code == 0, err
 
+    # under the launcher the same error is one line, before any rank starts (the launcher reads the checkpoint's
+    # recorded schedule itself); the bound is generous (torch is imported: 2-5 s on a loaded 2-core machine)
+    path = config("launched")
+    started = time.perf_counter()
+    run = _launch(path, "--train.steps=6")
+    elapsed = time.perf_counter() - started
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+        line for line in run.stderr.strip().splitlines() if line.startswith("error: override --train.steps: 6 here")
+    ] != [], run.stderr
+    assert elapsed < 30, f"{elapsed:.1f} s"
+
+
+def _launch(path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    """``python -m runtime.train --nproc-per-node 2 path overrides`` with torchrun's start-up warning silenced (it
+    is printed when OMP_NUM_THREADS is unset; _env sets it)."""
+    command = [sys.executable, "-m", "runtime.train", "--nproc-per-node", "2", str(path), *overrides]
+    return subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+
+
+def test_launcher_checks_paths_and_the_export_dir_before_any_rank(tmp_path: Path) -> None:
+    """Errors that need no rank are the launcher's: one line, once, in seconds (they took 70-110 s and came once
+    per rank when the ranks found them)."""
+    export = tmp_path / "hf"
+    export.mkdir()
+    (export / "notes.txt").write_text("keep me")
+    path = _write(tmp_path / "run.yaml", run_config(tmp_path, export={"dir": str(export)}, train={"steps": 1}))
+    started = time.perf_counter()
+    run = _launch(path)
+    elapsed = time.perf_counter() - started
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1, lines
+    assert "export.dir" in lines[0] and "not an earlier export" in lines[0], lines
+    assert elapsed < 30, f"{elapsed:.1f} s"
+    assert (export / "notes.txt").read_text() == "keep me" and not (tmp_path / "log").exists()
+    path = _write(tmp_path / "resume.yaml", run_config(tmp_path, checkpoint={"resume": str(tmp_path / "nowhere")}))
+    lines = _launch(path).stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}:") and "checkpoint.resume" in lines[0], lines
+
 
 def test_resume_with_more_steps_of_a_constant_schedule_continues(tmp_path: Path) -> None:
     """``min_lr_ratio: 1`` keeps the rate constant: raising train.steps moves no step's learning rate, so the run
