@@ -216,12 +216,11 @@ def launched_processes(launcher: Sequence[str]) -> int | None:
     return int(values["nproc_per_node"]) * int(values["nnodes"])
 
 
-def check_layout_fits(config: Any, command: str, invocation: Invocation) -> None:
+def check_layout_fits(layout: ParallelConfig | None, command: str, invocation: Invocation) -> None:
     """The config's ``parallel`` layout must tile the processes the command starts, checked before any rank starts
     (and before torch is imported): one process without launcher options, or what the launcher options say. A
     ``ConfigError`` naming ``parallel`` and the command line that would run it otherwise."""
-    layout = getattr(config, "parallel", None)
-    if not isinstance(layout, ParallelConfig) or (not invocation.launcher and under_torchrun()):
+    if layout is None or (not invocation.launcher and under_torchrun()):
         return  # under torchrun the ranks check it against the world they are in
     world = launched_processes(invocation.launcher) if invocation.launcher else 1
     if world is None:
@@ -289,7 +288,7 @@ def run_command(
         print_errors(exc)
         return USER_ERROR
     try:
-        check_layout_fits(config, command, invocation)
+        check_layout_fits(getattr(config, "parallel", None), command, invocation)
     except ConfigError as exc:
         print_errors(locate_errors(exc, Path(invocation.config), invocation.overrides, locate))
         return USER_ERROR

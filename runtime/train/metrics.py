@@ -6,12 +6,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from runtime.train.tracking.plots import Panel
 from runtime.train.tracking.run_log import MetricsSink
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
 
 # Dense bf16 peak TFLOP/s per device, for MFU when the config does not give one.
 PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
@@ -39,7 +42,7 @@ def _matmul_params(config: Any) -> int:
     return layers * (attn + mlp) + hidden * config.vocab_size
 
 
-def causal_lm_flops(config: Any, lengths: Iterable[int]) -> float:
+def causal_lm_flops(config: PretrainedConfig, lengths: Iterable[int]) -> float:
     """Training FLOPs (fwd+bwd) of documents of ``lengths`` tokens: 6 x matmul params per token, and causal
     attention scores inside each document, 6 x layers x heads x head_dim x L**2 for a document of L tokens (half of
     the full 12x because of the causal mask; packed documents do not attend to each other)."""
@@ -50,7 +53,7 @@ def causal_lm_flops(config: Any, lengths: Iterable[int]) -> float:
     return 6.0 * _matmul_params(config) * sum(lengths) + per_pair * sum(n * n for n in lengths)
 
 
-def flops_per_token(config: Any, seq_len: int) -> float:
+def flops_per_token(config: PretrainedConfig, seq_len: int) -> float:
     """Training FLOPs per token of one document of ``seq_len`` tokens (``causal_lm_flops``)."""
     return causal_lm_flops(config, [seq_len]) / seq_len
 
@@ -67,7 +70,7 @@ def document_lengths(position_ids: torch.Tensor) -> list[int]:
     return [end - start for start, end in zip(starts, [*starts[1:], text.numel()], strict=True)]
 
 
-def step_flops(config: Any, rows: Sequence[Mapping[str, Any]]) -> float:
+def step_flops(config: PretrainedConfig, rows: Sequence[Mapping[str, Any]]) -> float:
     """Training FLOPs of packed ``rows`` (their real tokens, not the token budget): ``causal_lm_flops`` of every
     document of every row."""
     return sum(causal_lm_flops(config, document_lengths(row["position_ids"])) for row in rows)

@@ -49,7 +49,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runtime.config.errors import ConfigError
 from runtime.config.sections import KeyRules
@@ -57,6 +57,8 @@ from runtime.rl.algorithms import flowgrpo
 
 if TYPE_CHECKING:
     import torch
+
+    from runtime.rl.config import RLConfig
 
 __all__ = ["RULES", "Settings", "check", "conventions", "initial_noise", "step_objective", "train_positions", "window"]
 
@@ -95,7 +97,7 @@ advantages = flowgrpo.advantages
 step_objective = flowgrpo.step_objective
 
 
-def check(config: Any) -> None:
+def check(config: RLConfig) -> None:
     """What the section's types and ranges do not say (called by ``parse_rl_config``)."""
     s: Settings = config.algo
     if s.group_size < 2:

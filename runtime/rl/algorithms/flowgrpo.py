@@ -35,13 +35,15 @@ share: the DiT's SP gradients add up to the single-process ones).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runtime.config.errors import ConfigError
 from runtime.config.sections import KeyRules
 
 if TYPE_CHECKING:  # the config part (Settings, RULES, check) is read before torch is imported (runtime.rl --help)
     import torch
+
+    from runtime.rl.config import RLConfig
 
 __all__ = ["RULES", "Settings", "check", "conventions", "step_objective", "window"]
 
@@ -109,7 +111,7 @@ def rules_as(section: str, rules: KeyRules = RULES) -> KeyRules:
     )
 
 
-def check_as(section: str, config: Any) -> None:
+def check_as(section: str, config: RLConfig) -> None:
     """Flow-GRPO's checks, each message naming ``section`` (the extending algorithm's config section)."""
     try:
         check(config)
@@ -117,7 +119,7 @@ def check_as(section: str, config: Any) -> None:
         raise ConfigError(*(m.replace("flowgrpo.", f"{section}.") for m in exc.messages)) from None
 
 
-def check(config: Any) -> None:
+def check(config: RLConfig) -> None:
     """What the section's types and ranges do not say (called by ``parse_rl_config``)."""
     s: Settings = config.algo
     steps = config.sampling.num_inference_steps
