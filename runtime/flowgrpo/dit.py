@@ -61,12 +61,6 @@ class DiTFlowGRPO(VelocityAdapter):
     def do_true_cfg(self) -> bool:
         return self.true_cfg_scale > 1.0
 
-    def build_module(self, config: Any) -> nn.Module:
-        from runtime.diffusion.registry import training_class
-
-        cls = training_class(self.model_type)
-        return cls(cls.config_class(**dict(config)))
-
     def build_scheduler(self, config: Any = None) -> Any:
         return self.condition_model.pipeline.scheduler
 

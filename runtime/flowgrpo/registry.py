@@ -1,9 +1,10 @@
 """Diffusion model adapters for Flow-GRPO, and their registry keyed by ``(architecture, algorithm)``.
 
 An adapter (a ``DiffusionModelBase`` subclass) tells the trainer and the rollout how to drive one architecture
-under one algorithm: build the trainable module and the scheduler, build the step schedule, turn a batch into the
-module's inputs, and run one denoising step that returns the step policy's log-prob. Rollout and training call the
-same ``forward_and_sample_previous_step``, which is what makes their log-probs agree.
+under one algorithm (the trainable module is built by the job that loads it): build the scheduler and the step
+schedule, turn a batch into the module's inputs, and run one denoising step that returns the step policy's
+log-prob. Rollout and training call the same ``forward_and_sample_previous_step``, which is what makes their
+log-probs agree.
 
     @register_diffusion_model("SD3Transformer2DModel", "flowgrpo")
     class SD3FlowGRPO(DiffusionModelBase): ...
@@ -40,10 +41,6 @@ class DiffusionModelBase(abc.ABC):
 
     architecture: str = ""
     algorithm: str = ""
-
-    @abc.abstractmethod
-    def build_module(self, config: Any) -> nn.Module:
-        """The trainable denoiser (e.g. a diffusers transformer or a ``NonDiffusersModelBase``)."""
 
     @abc.abstractmethod
     def build_scheduler(self, config: Any) -> Any:

@@ -14,29 +14,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+from diffusers import FlowMatchEulerDiscreteScheduler
 from torch import nn
 
 from runtime.flowgrpo.registry import VelocityAdapter, register_diffusion_model
 from runtime.flowgrpo.scheduler import FlowMatchSchedule, SdeMethod, make_schedule
 
 __all__ = ["SD3FlowGRPO"]
-
-
-# A tiny random SD3 transformer (seconds on a CPU) for tests and the demo; no weights are downloaded.
-TINY_SD3 = {
-    "sample_size": 8,
-    "patch_size": 2,
-    "in_channels": 4,
-    "num_layers": 1,
-    "attention_head_dim": 8,
-    "num_attention_heads": 2,
-    "joint_attention_dim": 12,
-    "caption_projection_dim": 16,
-    "pooled_projection_dim": 6,
-    "out_channels": 4,
-    "pos_embed_max_size": 8,
-}
 
 
 @register_diffusion_model("SD3Transformer2DModel", "flowgrpo")
@@ -57,9 +41,6 @@ class SD3FlowGRPO(VelocityAdapter):
     @property
     def do_cfg(self) -> bool:
         return self.guidance_scale > 1.0
-
-    def build_module(self, config: Mapping[str, Any]) -> SD3Transformer2DModel:
-        return SD3Transformer2DModel.from_config(dict(config))
 
     def build_scheduler(self, config: Mapping[str, Any] | None = None) -> FlowMatchEulerDiscreteScheduler:
         return FlowMatchEulerDiscreteScheduler.from_config(dict(config or self.scheduler_config))

@@ -1,7 +1,7 @@
 """Tiny DiT cases shared by the parity, SP, checkpoint and pipeline tests, read from the specs: every DiT spec's
 tiny config and each of its ``tiny_variants`` is a case (``registry.tiny_cases``), and its random inputs come from
-its condition model's ``example_inputs`` (token counts not divisible by 2 or 4, so every SP run pads). A new DiT
-spec and its condition model join every suite with no edit here.
+``tests/fixtures/dit_inputs.py``, by its condition model type (token counts not divisible by 2 or 4, so every SP run
+pads). A new DiT spec, its condition model and its example inputs there join every suite with no edit here.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 
 from runtime.diffusion.conditions import condition_model_class
 from runtime.diffusion.registry import lookup_dit, tiny_cases, tiny_config, training_class
+from tests.fixtures.dit_inputs import example_inputs
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,12 @@ class Case:
         return training_class(self.model_type)
 
     @property
+    def condition_model_type(self) -> str:
+        return lookup_dit(self.model_type).data["condition_model_type"]
+
+    @property
     def condition_class(self) -> type:
-        return condition_model_class(lookup_dit(self.model_type).data["condition_model_type"])
+        return condition_model_class(self.condition_model_type)
 
 
 CASES = {
@@ -45,7 +50,7 @@ CASES = {
 
 def inputs(case: Case, seed: int = 1) -> dict[str, Any]:
     """Random forward kwargs for ``case`` (never zeros), identical for a given seed."""
-    return case.condition_class.example_inputs(case.config, torch.Generator().manual_seed(seed))
+    return example_inputs(case.condition_model_type, case.config, torch.Generator().manual_seed(seed))
 
 
 def target_like(output: torch.Tensor, seed: int = 2) -> torch.Tensor:

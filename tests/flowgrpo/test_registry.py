@@ -13,9 +13,6 @@ from runtime.flowgrpo.scheduler import make_schedule, sde_step
 
 
 class _Toy(DiffusionModelBase):
-    def build_module(self, config):
-        return nn.Linear(config["dim"], config["dim"])
-
     def build_scheduler(self, config):
         return {"shift": 3.0}
 
@@ -43,7 +40,7 @@ def test_register_and_get(toy):
     assert ("ToyArch", "flowgrpo") in registered_diffusion_models()
     assert toy.architecture == "ToyArch" and toy.algorithm == "flowgrpo"
     adapter = toy()
-    module = adapter.build_module({"dim": 4})
+    module = nn.Linear(4, 4)
     sched = adapter.set_timesteps(6)
     x = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
     lp, mean, std, sqrt_dt = adapter.forward_and_sample_previous_step(
@@ -72,8 +69,8 @@ def test_duplicate_and_bad_registration(toy):
 
 def test_abstract_hooks_are_required():
     class Incomplete(DiffusionModelBase):
-        def build_module(self, config):
-            return nn.Identity()
+        def build_scheduler(self, config):
+            return {"shift": 3.0}
 
     with pytest.raises(TypeError, match="abstract"):
         Incomplete()

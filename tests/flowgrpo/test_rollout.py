@@ -4,7 +4,8 @@ import torch
 from runtime.flowgrpo.registry import get_diffusion_model_cls
 from runtime.flowgrpo.rollout import rollout
 from runtime.flowgrpo.scheduler import euler_step
-from runtime.flowgrpo.sd3 import TINY_SD3, SD3FlowGRPO
+from runtime.flowgrpo.sd3 import SD3FlowGRPO
+from tests.fixtures.tiny_sd3 import TINY_SD3, tiny_sd3_transformer
 
 TINY = {**TINY_SD3, "num_layers": 2}
 B, STEPS, WINDOW = 4, 6, 2
@@ -15,7 +16,7 @@ def setup():
     adapter = get_diffusion_model_cls("SD3Transformer2DModel", "flowgrpo")({"shift": 3.0}, guidance_scale=3.0)
     assert isinstance(adapter, SD3FlowGRPO)
     torch.manual_seed(0)
-    module = adapter.build_module(TINY).eval()
+    module = tiny_sd3_transformer(TINY).eval()
     g = torch.Generator().manual_seed(42)
     batch = {
         "prompt_embeds": torch.randn(B, 5, 12, generator=g),

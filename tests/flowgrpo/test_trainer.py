@@ -4,8 +4,8 @@ from peft import LoraConfig
 
 from runtime.flowgrpo.registry import get_diffusion_model_cls
 from runtime.flowgrpo.rewards import LatentMeanReward, Reward, check_rewards
-from runtime.flowgrpo.sd3 import TINY_SD3 as TINY
 from runtime.flowgrpo.trainer import FlowGRPOTrainer, GRPOConfig, disabled_adapters, repeat_batch, select_rows
+from tests.fixtures.tiny_sd3 import tiny_sd3_transformer
 
 PROMPTS = ["a cat", "a dog"]
 
@@ -15,7 +15,7 @@ def _setup(seed=0, guidance_scale=1.0, lora=False):
         {"shift": 3.0}, guidance_scale=guidance_scale, noise_level=0.7
     )
     torch.manual_seed(seed)
-    module = adapter.build_module(TINY)
+    module = tiny_sd3_transformer()
     if lora:
         module.add_adapter(LoraConfig(r=4, lora_alpha=4, target_modules=["proj_out", "to_q", "to_k", "to_v"]))
     g = torch.Generator().manual_seed(1)

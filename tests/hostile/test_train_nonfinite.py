@@ -365,15 +365,15 @@ def test_non_finite_conditions_are_refused_when_written(wan, tmp_path: Path) -> 
 def _grpo(**config: Any) -> Any:
     from runtime.flowgrpo.registry import get_diffusion_model_cls
     from runtime.flowgrpo.rewards import LatentMeanReward
-    from runtime.flowgrpo.sd3 import TINY_SD3
     from runtime.flowgrpo.trainer import FlowGRPOTrainer, GRPOConfig
+    from tests.fixtures.tiny_sd3 import tiny_sd3_transformer
 
     adapter = get_diffusion_model_cls("SD3Transformer2DModel", "flowgrpo")(
         {"shift": 3.0}, guidance_scale=1.0, noise_level=0.7
     )
     torch.manual_seed(0)
-    module = adapter.build_module(TINY_SD3)
-    reference = adapter.build_module(TINY_SD3)
+    module = tiny_sd3_transformer()
+    reference = tiny_sd3_transformer()
     with torch.no_grad():
         next(p for p in reference.parameters() if p.dim() > 1).fill_(float("nan"))  # a broken reference model
     g = torch.Generator().manual_seed(1)

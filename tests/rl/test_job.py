@@ -71,11 +71,11 @@ def test_resume_is_bitwise(model, tiny_pipelines, tmp_path: Path) -> None:
 
 
 def _probe(case_model: str, transformer: torch.nn.Module) -> torch.Tensor:
-    from runtime.diffusion.conditions import condition_model_class
     from runtime.diffusion.registry import lookup_dit, tiny_config
+    from tests.fixtures.dit_inputs import example_inputs
 
-    cls = condition_model_class(lookup_dit(case_model).data["condition_model_type"])
-    kwargs = cls.example_inputs(tiny_config(case_model), torch.Generator().manual_seed(5))
+    condition_model_type = lookup_dit(case_model).data["condition_model_type"]
+    kwargs = example_inputs(condition_model_type, tiny_config(case_model), torch.Generator().manual_seed(5))
     with torch.no_grad():
         return transformer(**kwargs)[0]
 

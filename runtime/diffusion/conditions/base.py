@@ -24,9 +24,9 @@ trainer that reads cached conditions never loads the VAE or the text encoders.
 
 What else differs per model lives here too, so a DiT is its spec plus its condition model module
 (``runtime/diffusion/conditions/<condition_model_type>.py``, found by that name): ``tiny_components`` (tiny random
-pipeline components around the spec's tiny transformer, for tests and demos), ``example_inputs`` (random forward
-kwargs of the transformer with a token count that sp = 2 and 4 do not divide), and the facts of a short pipeline
-call (``example_pixels``, ``pipeline_call``, ``pipeline_inputs``). The spec-driven DiT suites read only these.
+pipeline components around the spec's tiny transformer, for tests and demos) and the facts of a short pipeline call
+(``example_pixels``, ``pipeline_call``, ``pipeline_inputs``). The spec-driven DiT suites read only these (and the
+transformer's random inputs from ``tests/fixtures/dit_inputs.py``).
 
 Sampling (what a Flow-GRPO rollout needs to denoise as the model's own pipeline does, ``runtime/flowgrpo/dit.py``):
 ``sampling_latent_shape`` (one sample's latents for a pixel size), ``sampling_schedule`` (the arguments the
@@ -141,12 +141,6 @@ class ConditionModel(nn.Module):
     def tiny_components(cls, config: dict[str, Any], variant: str | None) -> dict[str, Any]:
         """Tiny random pipeline components (all but the transformer) that fit the tiny transformer ``config``."""
         raise NotImplementedError(f"{cls.__name__} has no tiny pipeline components")
-
-    @classmethod
-    def example_inputs(cls, config: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
-        """Random forward kwargs (never zeros) for a transformer built from ``config``, as ``process_condition``
-        lays them out, with ``return_dict=False``."""
-        raise NotImplementedError(f"{cls.__name__} has no example inputs")
 
     def pipeline_inputs(self, pixels: Tensor) -> dict[str, Any]:
         """Extra inputs of a pipeline call for a sample with these pixels (Wan I2V: the first frame)."""

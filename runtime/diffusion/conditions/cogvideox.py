@@ -148,21 +148,3 @@ class CogVideoXConditionModel(ConditionModel):
                 timestep_spacing="trailing",
             ),
         )
-
-    @classmethod
-    def example_inputs(cls, config: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
-        """3 latent frames of 6x10, patch 2 -> 3 x 3 x 5 = 45 tokens (frames before channels, as the transformer
-        takes them); ``max_text_seq_length`` text tokens (the position embeddings cover exactly that many, as the
-        pipeline pads them); integer timesteps; the pipeline's RoPE when the config uses it."""
-        batch, frames, h, w = 2, 3, 6, 10
-        text = config.get("max_text_seq_length", TEXT_LENGTH)
-        out = {
-            "hidden_states": torch.randn(batch, frames, config["in_channels"], h, w, generator=generator),
-            "encoder_hidden_states": torch.randn(batch, text, config["text_embed_dim"], generator=generator),
-            "timestep": torch.randint(0, 1000, (batch,), generator=generator),
-            "return_dict": False,
-        }
-        rotary = _rotary(config, h * 8, w * 8, frames)
-        if rotary is not None:
-            out["image_rotary_emb"] = rotary
-        return out

@@ -68,23 +68,6 @@ class FluxConditionModel(ConditionModel):
             ),
         )
 
-    @classmethod
-    def example_inputs(cls, config: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
-        """3x5 = 15 packed image tokens, 7 text tokens, a batch of 2, guidance 3.5."""
-        batch, h, w, text = 2, 3, 5, 7
-        rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-        img_ids = torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).reshape(h * w, 3).float()
-        return {
-            "hidden_states": torch.randn(batch, h * w, config["in_channels"], generator=generator),
-            "encoder_hidden_states": torch.randn(batch, text, config["joint_attention_dim"], generator=generator),
-            "pooled_projections": torch.randn(batch, config["pooled_projection_dim"], generator=generator),
-            "timestep": torch.rand(batch, generator=generator),
-            "img_ids": img_ids,  # (0, row, col) per packed token, as FluxPipeline lays them out
-            "txt_ids": torch.zeros(text, 3),
-            "guidance": torch.full((batch,), 3.5),
-            "return_dict": False,
-        }
-
     def __init__(self, pipeline: Any, sampler: TimestepSampler, guidance_scale: float | None) -> None:
         super().__init__(pipeline, sampler)
         self.guidance_scale = guidance_scale

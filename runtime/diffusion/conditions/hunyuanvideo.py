@@ -132,20 +132,3 @@ class HunyuanVideoConditionModel(ConditionModel):
             ),
             scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
         )
-
-    @classmethod
-    def example_inputs(cls, config: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
-        """3 frames of 6x10 latents, patch 2 -> 3 x 3 x 5 = 45 tokens; 7 text tokens of which the last sample's last
-        3 are padding; guidance 6.0 (x1000, as the pipeline passes it)."""
-        batch, text = 2, 7
-        mask = torch.ones(batch, text, dtype=torch.long)
-        mask[-1, text - 3 :] = 0
-        return {
-            "hidden_states": torch.randn(batch, config["in_channels"], 3, 6, 10, generator=generator),
-            "timestep": torch.rand(batch, generator=generator) * 1000,
-            "encoder_hidden_states": torch.randn(batch, text, config["text_embed_dim"], generator=generator),
-            "encoder_attention_mask": mask,
-            "pooled_projections": torch.randn(batch, config["pooled_projection_dim"], generator=generator),
-            "guidance": torch.full((batch,), 6000.0),
-            "return_dict": False,
-        }

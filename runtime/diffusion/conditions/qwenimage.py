@@ -67,26 +67,6 @@ class QwenImageConditionModel(ConditionModel):
             ),
         )
 
-    @classmethod
-    def example_inputs(cls, config: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
-        """3x5 = 15 packed image tokens (zero_cond_t: plus a 2x3 condition image, batch 1), 7 text tokens of which
-        the last sample's last 2 are padding."""
-        h, w, text = 3, 5, 7
-        zero_cond_t = bool(config.get("zero_cond_t"))
-        batch = 1 if zero_cond_t else 2
-        shapes = [(1, h, w), (1, 2, 3)] if zero_cond_t else [(1, h, w)]
-        mask = torch.ones(batch, text, dtype=torch.long)
-        mask[-1, text - 2 :] = 0
-        tokens = sum(f * y * x for f, y, x in shapes)
-        return {
-            "hidden_states": torch.randn(batch, tokens, config["in_channels"], generator=generator),
-            "encoder_hidden_states": torch.randn(batch, text, config["joint_attention_dim"], generator=generator),
-            "encoder_hidden_states_mask": mask,
-            "timestep": torch.rand(batch, generator=generator),
-            "img_shapes": [shapes] * batch,
-            "return_dict": False,
-        }
-
     def __init__(self, pipeline: Any, sampler: TimestepSampler) -> None:
         super().__init__(pipeline, sampler)
         if self.has_encoders:

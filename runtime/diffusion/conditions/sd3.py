@@ -143,15 +143,3 @@ class SD3ConditionModel(ConditionModel):
             ),
             scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
         )
-
-    @classmethod
-    def example_inputs(cls, config: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
-        """6x10 latents, patch 2 -> 3 x 5 = 15 tokens; 7 text tokens; a batch of 2."""
-        batch, text = 2, 7
-        return {
-            "hidden_states": torch.randn(batch, config["in_channels"], 6, 10, generator=generator),
-            "encoder_hidden_states": torch.randn(batch, text, config["joint_attention_dim"], generator=generator),
-            "pooled_projections": torch.randn(batch, config["pooled_projection_dim"], generator=generator),
-            "timestep": torch.rand(batch, generator=generator) * 1000,
-            "return_dict": False,
-        }

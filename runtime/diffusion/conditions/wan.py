@@ -76,22 +76,6 @@ class WanConditionModel(ConditionModel):
             components["image_encoder"], components["image_processor"] = tiny_clip_vision(config["image_dim"])
         return components
 
-    @classmethod
-    def example_inputs(cls, config: dict[str, Any], generator: torch.Generator) -> dict[str, Any]:
-        """3 frames of 6x10 latents -> 3 x 3 x 5 = 45 tokens; I2V: batch 1 with exactly 512 text tokens (its
-        attention splits image and text context there) and 5 CLIP image tokens."""
-        i2v = bool(config.get("image_dim"))
-        batch, text = (1, TEXT_LENGTH) if i2v else (2, 7)
-        out = {
-            "hidden_states": torch.randn(batch, config["in_channels"], 3, 6, 10, generator=generator),
-            "timestep": torch.rand(batch, generator=generator) * 1000,
-            "encoder_hidden_states": torch.randn(batch, text, config["text_dim"], generator=generator),
-            "return_dict": False,
-        }
-        if i2v:
-            out["encoder_hidden_states_image"] = torch.randn(batch, 5, config["image_dim"], generator=generator)
-        return out
-
     def pipeline_inputs(self, pixels: Tensor) -> dict[str, Any]:
         return {"image": _to_pil(pixels[:, 0])} if self.i2v else {}
 

@@ -162,9 +162,6 @@ class BagelMoTFlowGRPO(VelocityAdapter):
         device = next(self.vae.parameters()).device
         return self.vae.decode(x.to(device, self.vae.dtype), return_dict=False)[0].float().clamp(-1, 1)
 
-    def build_module(self, config: Mapping[str, Any]) -> BagelMoT:
-        return BagelMoT(dict(config))
-
     def build_scheduler(self, config: Mapping[str, Any] | None = None) -> FlowMatchEulerDiscreteScheduler:
         return FlowMatchEulerDiscreteScheduler.from_config(dict(config or {"shift": self.timestep_shift}))
 
