@@ -27,7 +27,8 @@ import libcst as cst
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `python bench/codegen.py` from the repository root
 
 from patchgen.config import load_config  # noqa: E402
-from patchgen.project import check_spec, load_specs, regen, without_cyclic_gc  # noqa: E402
+from patchgen.project import check_spec, regen, without_cyclic_gc  # noqa: E402
+from patchgen.spec_set import load_specs  # noqa: E402
 from patchgen.upstream import PinnedSource  # noqa: E402
 from runtime.kernels.timing import Clock, fastest, interleaved  # noqa: E402  (no torch import: a lean process)
 

@@ -18,9 +18,10 @@ import typer
 from patchgen.config import ProjectConfig, load_config
 from patchgen.errors import PatchgenError
 from patchgen.files import write_text_atomic
-from patchgen.project import ORPHAN, finish_interrupted_write, load_specs, with_dependents
+from patchgen.ownership import ORPHAN, finish_interrupted_write
 from patchgen.project import check as check_project
 from patchgen.project import regen as regen_project
+from patchgen.spec_set import load_specs, with_dependents
 from patchgen.upstream import InstalledSource, PinnedSource, WheelSource, normalize_name
 from patchgen.wheels import obtain_all, wheel_cache
 
@@ -205,7 +206,8 @@ def upgrade(
     if apply_specs and not migrate_:
         raise PatchgenError("--apply-specs writes what --migrate proposes: pass --migrate too")
     from patchgen.report import console, generated_diffs, markdown
-    from patchgen.upgrade import analyze, apply, baseline_source, write_review
+    from patchgen.upgrade import analyze, apply, baseline_source
+    from patchgen.upgrade_review import write_review
 
     config = open_project(root)
     specs = load_specs(config, None)

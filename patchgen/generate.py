@@ -21,10 +21,11 @@ from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from patchgen import __version__
 from patchgen.config import ProjectConfig
-from patchgen.cst.locate import ANCHOR_MOVED, SCOPE_MISSING, code_of, scopes_matching
+from patchgen.cst.locate import ANCHOR_MOVED, SCOPE_MISSING, code_of
 from patchgen.cst.names import check_identifier_vars
 from patchgen.cst.plan import RENDER_ERROR, Plan, PlanError, resolve
 from patchgen.cst.prune import DanglingReference, check_dangling, companion_layout, parsed, prune
+from patchgen.cst.scopes import scopes_matching
 from patchgen.cst.transform import PatchTransformer, insert_imports
 from patchgen.errors import PatchgenError
 from patchgen.header import Header, body_hash

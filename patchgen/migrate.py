@@ -36,9 +36,9 @@ from patchgen.config import ProjectConfig
 from patchgen.cst.locate import (
     LocateError,
     code_of,
-    find_scope,
 )
 from patchgen.cst.plan import resolve_each
+from patchgen.cst.scopes import find_scope
 from patchgen.errors import PatchgenError
 from patchgen.files import stage_beside
 from patchgen.generate import UnitSource, read_unit, with_patches
@@ -46,7 +46,9 @@ from patchgen.migrate_rules import propose
 from patchgen.spec import Spec, load_spec
 from patchgen.spec_edits import SpecEdit, edited_text, origin
 from patchgen.units import units as spec_units
-from patchgen.upgrade import REVIEW_DIR, PatchStatus, Upgrade
+from patchgen.upgrade import Upgrade
+from patchgen.upgrade_review import REVIEW_DIR
+from patchgen.upgrade_status import PatchStatus
 from patchgen.upstream import UpstreamSource
 
 

@@ -16,13 +16,12 @@ from patchgen.cst.locate import (
     LocateError,
     NodeIndex,
     code_of,
-    find_scope,
-    find_statement,
     normalize,
     normalize_anchor,
-    statement_shape,
 )
 from patchgen.cst.plan import PlanError
+from patchgen.cst.scopes import find_scope
+from patchgen.cst.statement_anchors import find_statement, statement_shape
 from patchgen.generate import UnitSource
 from patchgen.spec import Patch
 

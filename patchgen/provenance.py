@@ -26,6 +26,8 @@ FRONT_ENDS = (
     "scratch_env.py",
     "spec_edits.py",
     "upgrade.py",
+    "upgrade_review.py",
+    "upgrade_status.py",
     "verify.py",
     "verify_edits.py",
 )

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from patchgen.upgrade import ModelResult, PatchStatus, Upgrade
+from patchgen.upgrade import ModelResult, Upgrade
+from patchgen.upgrade_status import PatchStatus
 
 COLUMNS = ("model", "patch", "scope", "status", "detail")
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from patchgen.spec import _prefix_renamer
+from patchgen.spec_extends import prefix_renamer
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def origin(path: Path, index: int) -> tuple[Path, int, Callable[[str], str]] | N
         base = path.with_name(f"{data['extends']}.toml")
         inherited = _patch_count(base)
         if index <= inherited:
-            rename = _prefix_renamer(data["class_prefix"], path) if "class_prefix" in data else (lambda t: t)
+            rename = prefix_renamer(data["class_prefix"], path) if "class_prefix" in data else (lambda t: t)
             found = origin(base, index)
             return None if found is None else (found[0], found[1], lambda t: rename(found[2](t)))
         index -= inherited

@@ -23,9 +23,10 @@ from pathlib import Path
 
 from patchgen.config import ProjectConfig, load_config, with_pins
 from patchgen.errors import PatchgenError
-from patchgen.project import load_specs, outputs, owned_paths
+from patchgen.ownership import outputs, owned_paths
 from patchgen.scratch_env import make_env
 from patchgen.spec import Spec
+from patchgen.spec_set import load_specs
 from patchgen.upgrade import Upgrade, analyze
 from patchgen.upstream import UpstreamSource, Wheel, normalize_name
 from patchgen.verify_edits import check_spec_edits

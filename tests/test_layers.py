@@ -11,12 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ROOT / "runtime"
 MAX_LINES = 400
 # Modules still over MAX_LINES, each to be split along its responsibilities; the list may only shrink.
-OVERSIZE = {
-    "patchgen/spec.py",
-    "patchgen/project.py",
-    "patchgen/upgrade.py",
-    "patchgen/cst/locate.py",
-}
+OVERSIZE: set[str] = set()
 
 
 def layer_table() -> dict[str, int]:

@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
 # spec: specs/cogvideox.toml sha256=be64ce913f6d6f8b0db3771cd3dacc96cace2850783812e28f89a7f9f5d7f004
 # templates: sha256=5374456e3893a7f22aa607fe1a43d2e55be0c9ad8ca19417f47e0067025cb802
-# engine: patchgen==0.1.0 sha256=22b72aeb77e9df9ec05cee416d6fad92fcd19bc90c94b25dc64a705626e5b9e5
+# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
 # body: sha256=3f7a3e3ce637de9cf0b20a14fc8ebd5f6f5b4219591eff8904e31cf08345549b
 # patches:
 #   #4 core/add_parameter @ CogVideoXAttnProcessor2_0.__call__: diffusers' Attention passes a processor only the kwargs its signature names: the processor takes the split

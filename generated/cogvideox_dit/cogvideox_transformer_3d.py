@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/cogvideox_transformer_3d.py sha256=57b4d152bb38af4f90d2aab8df28fa2260c2b474dafdb4e7f144e43a4023259b
 # spec: specs/cogvideox.toml sha256=be64ce913f6d6f8b0db3771cd3dacc96cace2850783812e28f89a7f9f5d7f004
 # templates: sha256=5374456e3893a7f22aa607fe1a43d2e55be0c9ad8ca19417f47e0067025cb802
-# engine: patchgen==0.1.0 sha256=22b72aeb77e9df9ec05cee416d6fad92fcd19bc90c94b25dc64a705626e5b9e5
+# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
 # body: sha256=44e6f617a96abf50d07acffcfe970d24e51ef413b35e7136f13a56db5671bae1
 # patches:
 #   #1 dit/shard_tokens @ CogVideoXTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens (position embeddings already added)

@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_flux.py sha256=19c283790c6ecce114759c47daf98b448292dec9c5070ad04eda1580fbf31770
 # spec: specs/flux.toml sha256=5b29df8992d96a506a9a5bcc5cc3ce479f7463735f31c458e7e441149ef02f8b
 # templates: sha256=8f4a712231fe50d5bab052f27349d5ff4f5c75a93c88bc88bbeb608d2cd7b4e7
-# engine: patchgen==0.1.0 sha256=22b72aeb77e9df9ec05cee416d6fad92fcd19bc90c94b25dc64a705626e5b9e5
+# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
 # body: sha256=7a5b05e327dc2f4181d6378ce13abd0e73dbcd4ddafcefe4bdf75e59beafc332
 # patches:
 #   #1 dit/shard_tokens @ FluxTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens and their RoPE; text tokens and positions stay whole

@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_hunyuan_video.py sha256=c5de2f401716dad9d63a701dac70ae348debfc81640c33cb300c34f402b9f681
 # spec: specs/hunyuanvideo.toml sha256=c784f55eac49798f96cd0a4ab462502c5af64200a851661c18ab3931c5076bdb
 # templates: sha256=c9b5f849f4a03e9ed08bd7922fd86f9a718cfc53015b48df3f0e381cbe3d9a66
-# engine: patchgen==0.1.0 sha256=22b72aeb77e9df9ec05cee416d6fad92fcd19bc90c94b25dc64a705626e5b9e5
+# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
 # body: sha256=b83af0e4aa2bb7f57118e56a505bc254c2a868cf458fbf2d54a6b6c4b69cf0bb
 # patches:
 #   #1 dit/refuse_under_sp @ HunyuanVideoTransformer3DModel.forward: I2V token replacement indexes the first frame's tokens globally: refuse SP instead of modulating the wrong tokens

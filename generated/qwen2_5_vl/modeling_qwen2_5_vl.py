@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen2_5_vl/modeling_qwen2_5_vl.py sha256=7cdf4e42cb7624123f89f5357553ae222aec3ce0c9c0c49abf183e2fdde06857
 # spec: specs/qwen2_5_vl.toml sha256=01e47ffc98170b1a9b13448d588e536fd8ef828d5f796c9db91a313d7631569a
 # templates: sha256=8d6c836b8cbe98dc0370569e63b780d42082f896546a94e38d817cfcc5a05ab5
-# engine: patchgen==0.1.0 sha256=22b72aeb77e9df9ec05cee416d6fad92fcd19bc90c94b25dc64a705626e5b9e5
+# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
 # body: sha256=d93d098b9f3d084a8958a72e7a98c3a1d8199fbc139352d69398ca0d1c71179b
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2_5_VLTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

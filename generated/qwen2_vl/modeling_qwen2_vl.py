@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen2_vl/modeling_qwen2_vl.py sha256=6c124dace35b8a649c34ce5041808e183c4989f90049c6ea9ba1d52aa8bbea99
 # spec: specs/qwen2_vl.toml sha256=a0713dc89144bc7c0fa73ca0c455451d32f69f5a6a4e83cfa91ff7390cd942fb
 # templates: sha256=8d6c836b8cbe98dc0370569e63b780d42082f896546a94e38d817cfcc5a05ab5
-# engine: patchgen==0.1.0 sha256=22b72aeb77e9df9ec05cee416d6fad92fcd19bc90c94b25dc64a705626e5b9e5
+# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
 # body: sha256=9d820c8026ad65df1451855df530cd3b32f7f09371643386e3037f6bc8ab6428
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2VLTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
 # spec: specs/qwen3_omni_moe.toml sha256=c6059011509fcbcd0c3dc3670c2e7dd3908bf0751cc06c1c02e464ea0e2d69ca
 # templates: sha256=1b474cb8c2ffe95632fef192983c9302ed1d2f79b9ed461ad231c8b2abede39d
-# engine: patchgen==0.1.0 sha256=22b72aeb77e9df9ec05cee416d6fad92fcd19bc90c94b25dc64a705626e5b9e5
+# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
 # body: sha256=1601b7cfefa0ffb21dfa2ed090764cd384398d28dd83ae148cbbda74236f57fe
 # patches:
 #   #1 core/skip_isinstance @ Qwen3OmniMoePreTrainedModel._init_weights: code2wav (speech output) is pruned with the talker; its weight-init branch can match nothing here

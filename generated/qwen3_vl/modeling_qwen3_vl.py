@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl/modeling_qwen3_vl.py sha256=fcb5571ef95e4a6679af866ef9ef4dfa5cee017f9f91453daf28c7804c7a50fe
 # spec: specs/qwen3_vl.toml sha256=0b764ff97590ec2a7fba011e97debd98066754a59117e4f929e3e9ae9042fa07
 # templates: sha256=71c574f676b2cafacbe6ee381114efb5bd74e38a3416d2702a6dcd4d4be84203
-# engine: patchgen==0.1.0 sha256=22b72aeb77e9df9ec05cee416d6fad92fcd19bc90c94b25dc64a705626e5b9e5
+# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
 # body: sha256=aa94bdc0154fd5e381aeed85eebd4ecea68e611d00d1bd77f78d300abf671f69
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel

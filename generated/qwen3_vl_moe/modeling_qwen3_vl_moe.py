@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
 # spec: specs/qwen3_vl_moe.toml sha256=364121ac405a08f14f28af3e3f0144c5b42e2759565740821b3b890eb066c47d
 # templates: sha256=1c4b131d931c735f0cfaa31f227817654252e7e6eba24245eb66ce7f10bf9bd8
-# engine: patchgen==0.1.0 sha256=22b72aeb77e9df9ec05cee416d6fad92fcd19bc90c94b25dc64a705626e5b9e5
+# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
 # body: sha256=81bbf66ac04427a79fa9912c2fd302a857280acfe9fb40769244c78ce03525f2
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel

@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_qwenimage.py sha256=cea921e2dd8bba5fcd86ae99054d7320b2773cc653c04c218983d54e737e2cc5
 # spec: specs/qwenimage.toml sha256=e7345eceb1126a6c1b726715ebb40b1aea33158b59c62ad09ec352b48eb7620c
 # templates: sha256=8f4a712231fe50d5bab052f27349d5ff4f5c75a93c88bc88bbeb608d2cd7b4e7
-# engine: patchgen==0.1.0 sha256=22b72aeb77e9df9ec05cee416d6fad92fcd19bc90c94b25dc64a705626e5b9e5
+# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
 # body: sha256=14f245a68fc25cd9d41c5b1fe944599b638de874f83e51c96ae65077c9ffdf4f
 # patches:
 #   #1 dit/shard_tokens @ QwenImageTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole

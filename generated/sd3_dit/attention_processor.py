@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
 # spec: specs/sd3.toml sha256=34fdad8151d34e7d9719d3dd47dea54ae566f2f02c7ea54f5f25a0a025f67947
 # templates: sha256=b6b17fbde880be606b1593b9a52b6d75c04c1eb914e774e4a9b1bcc638faab55
-# engine: patchgen==0.1.0 sha256=22b72aeb77e9df9ec05cee416d6fad92fcd19bc90c94b25dc64a705626e5b9e5
+# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
 # body: sha256=a0ec1078d0cbc2ef65185aa43f742a20bfc3cdfd3e8779f93d0ce853afa391bd
 # patches:
 #   #4 core/add_parameter @ JointAttnProcessor2_0.__call__: diffusers' Attention passes a processor only the kwargs its signature names: the processor takes the split

@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_wan.py sha256=74741d74c9fa4b9d02be83de9840b37a732080a795aa2d19037c03e312c76907
 # spec: specs/wan.toml sha256=89d5774370da74980ec9394acab67583386f8afb1987081f39f5bd690d0cb906
 # templates: sha256=8f4a712231fe50d5bab052f27349d5ff4f5c75a93c88bc88bbeb608d2cd7b4e7
-# engine: patchgen==0.1.0 sha256=22b72aeb77e9df9ec05cee416d6fad92fcd19bc90c94b25dc64a705626e5b9e5
+# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
 # body: sha256=19f2246b68f85d0cb3ebabd0a908a1320e072bef673eaabeb29acda2c819c319
 # patches:
 #   #1 dit/shard_tokens @ WanTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables

@@ -1,8 +1,10 @@
-"""Find a patch's scope and its anchor inside it.
+"""What finding a scope or an anchor shares: the normalized code anchors are compared on, the walk over the nodes
+that can hold one, and how a miss fails (`LocateError`, with the nearest candidates).
 
 Anchors are compared on *normalized* code (`ast.unparse` of the parsed text), so whitespace, line breaks,
 comments, redundant parentheses and trailing commas never matter, while any change of meaning does.
-A compound statement (if/for/with/...) is matched on its header, written with a trailing colon.
+A compound statement (if/for/with/...) is matched on its header, written with a trailing colon. The finders are
+`patchgen.cst.scopes` (a patch's scope), `patchgen.cst.statement_anchors` and `patchgen.cst.expression_anchors`.
 """
 
 from __future__ import annotations
@@ -11,8 +13,7 @@ import ast
 import dataclasses
 import difflib
 import functools
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 
 import libcst as cst
 
@@ -74,47 +75,6 @@ def statement_key(stmt: cst.BaseStatement) -> str | None:
     return normalize(code_of(stmt))
 
 
-def find_scope(module: cst.Module, scope: str) -> cst.Module | cst.ClassDef | cst.FunctionDef:
-    """`<module>`, a top-level `Name`, or a dotted path such as `Class.method`."""
-    return scope_chain(module, scope)[-1]
-
-
-def scope_chain(module: cst.Module, scope: str) -> list[cst.CSTNode]:
-    """The module and each definition on the way down to `scope`."""
-    chain: list[cst.CSTNode] = [module]
-    if scope == "<module>":
-        return chain
-    node: cst.CSTNode = module
-    for depth, part in enumerate(scope.split(".")):
-        body = _body_of(node)
-        matches = [s for s in body if isinstance(s, cst.ClassDef | cst.FunctionDef) and s.name.value == part]
-        if len(matches) != 1:
-            names = [s.name.value for s in body if isinstance(s, cst.ClassDef | cst.FunctionDef)]
-            prefix = ".".join(scope.split(".")[:depth])
-            near = difflib.get_close_matches(part, names, n=5, cutoff=0.5)
-            candidates = [(f"{prefix}.{n}" if prefix else n, _named(body, n)) for n in near]
-            what = "no definition" if not matches else f"{len(matches)} definitions"
-            raise LocateError(
-                f"scope {scope!r}: {what} named {part!r} in {prefix or 'the module'}",
-                candidates,
-                SCOPE_AMBIGUOUS if matches else SCOPE_MISSING,
-            )
-        node = matches[0]
-        chain.append(node)
-    return chain
-
-
-def _named(body: list[cst.CSTNode], name: str) -> cst.CSTNode:
-    return next(s for s in body if isinstance(s, cst.ClassDef | cst.FunctionDef) and s.name.value == name)
-
-
-def _body_of(node: cst.CSTNode) -> list[cst.CSTNode]:
-    if isinstance(node, cst.Module):
-        return list(node.body)
-    body = getattr(node, "body", None)
-    return list(body.body) if isinstance(body, cst.BaseSuite) and hasattr(body, "body") else []
-
-
 def iter_statements(node: cst.CSTNode) -> Iterator[cst.BaseStatement]:
     """Every statement inside `node`'s body, depth first, in source order (nested blocks included)."""
     for child in child_nodes(node):
@@ -122,98 +82,6 @@ def iter_statements(node: cst.CSTNode) -> Iterator[cst.BaseStatement]:
             yield child
         if not isinstance(child, cst.BaseExpression):
             yield from iter_statements(child)
-
-
-@dataclass(frozen=True)
-class Match:
-    node: cst.CSTNode
-    normalized: str
-
-
-def find_statement(
-    scope_node: cst.CSTNode, anchor: str, scope: str, index: NodeIndex | None = None
-) -> cst.BaseStatement:
-    wanted = normalize_anchor(anchor)
-    if wanted is None:
-        raise LocateError(
-            f"anchor {anchor!r} is not a Python statement (a compound header ends with ':')", [], INVALID_ANCHOR
-        )
-    index = index or NodeIndex()
-    return _unique_statement(wanted, anchor, scope, index.statements(scope_node), index)
-
-
-def find_statement_range(
-    scope_node: cst.CSTNode, anchor: str, through: str, scope: str, index: NodeIndex | None = None
-) -> list[cst.BaseStatement]:
-    """The run of sibling statements from `anchor` to `through` (inclusive), in one block.
-
-    `anchor` must be unique in the scope; `through` must match exactly once among the statements that follow
-    `anchor` in its block (so a common statement such as `if labels is not None:` can end a run).
-    """
-    index = index or NodeIndex()
-    first = find_statement(scope_node, anchor, scope, index)
-    block = next(b for b in _blocks(scope_node) if any(s is first for s in b))
-    following = block[next(i for i, s in enumerate(block) if s is first) :]
-    wanted = normalize_anchor(through)
-    if wanted is None:
-        raise LocateError(
-            f"'through' {through!r} is not a Python statement (a compound header ends with ':')", [], INVALID_ANCHOR
-        )
-    try:
-        last = _unique_statement(wanted, through, scope, following, index)
-    except LocateError as exc:
-        raise LocateError(
-            exc.message.replace(f"anchor {through!r}", f"'through' {through!r}", 1)
-            + f" after 'anchor' {anchor!r} in the same block",
-            exc.candidates,
-            exc.kind,
-        ) from None
-    return following[: next(i for i, s in enumerate(following) if s is last) + 1]
-
-
-def _unique_statement(
-    wanted: str, anchor: str, scope: str, statements: list[cst.BaseStatement], index: NodeIndex
-) -> cst.BaseStatement:
-    """`_unique` over statements, keying (printing and re-parsing) only those of the anchor's kind: a statement of
-    another kind cannot match. On a miss every statement is keyed, for the nearest candidates."""
-    shape = _anchor_shape(wanted)
-    same = [s for s in statements if (kind := statement_shape(s)) is None or kind == shape]
-    try:
-        return _unique(wanted, anchor, scope, [(s, index.statement_key) for s in same], "statement")
-    except LocateError as exc:
-        if exc.kind != ANCHOR_MOVED or len(same) == len(statements):
-            raise
-        keyed = [(s, index.statement_key(s)) for s in statements]
-        raise LocateError(exc.message, _nearest(wanted, keyed), ANCHOR_MOVED) from None
-
-
-# libcst statement classes whose `ast` class has another name (asynchronous variants are handled apart)
-_AST_NAMES = {"Del": "Delete"}
-
-
-def statement_shape(stmt: cst.BaseStatement) -> tuple[str, ...] | None:
-    """The `ast` class names of a statement (one per small statement of a line), as `ast.parse` of its normalized
-    text gives them; None when unsure (such a statement is always compared)."""
-    if isinstance(stmt, cst.SimpleStatementLine | cst.SimpleStatementSuite):
-        return tuple(_AST_NAMES.get(type(small).__name__, type(small).__name__) for small in stmt.body)
-    name = type(stmt).__name__
-    if name not in ("If", "For", "While", "With", "Try", "TryStar", "FunctionDef", "ClassDef", "Match"):
-        return None
-    asynchronous = getattr(stmt, "asynchronous", None) is not None
-    return (f"Async{name}" if asynchronous else name,)
-
-
-def _anchor_shape(normalized: str) -> tuple[str, ...]:
-    return tuple(type(node).__name__ for node in ast.parse(normalized).body)
-
-
-def _blocks(node: cst.CSTNode) -> Iterator[list[cst.BaseStatement]]:
-    """Every statement list (module body, indented block) inside `node`."""
-    if isinstance(node, cst.Module | cst.IndentedBlock):
-        yield list(node.body)
-    for child in child_nodes(node):
-        if not isinstance(child, cst.BaseExpression):
-            yield from _blocks(child)
 
 
 # Fields that only ever hold whitespace, comments, brackets and punctuation: no statement or expression lives there,
@@ -317,85 +185,15 @@ class NodeIndex:
         return chain
 
 
-def find_expression(
-    scope_node: cst.CSTNode, anchor: str, scope: str, index: NodeIndex | None = None
-) -> cst.BaseExpression:
-    wanted = normalize(anchor, mode="eval")
-    try:
-        parsed = cst.parse_expression(anchor.strip())
-    except cst.ParserSyntaxError:
-        wanted = None
-    if wanted is None:
-        raise LocateError(f"anchor {anchor!r} is not a Python expression", [], INVALID_ANCHOR)
-    index = index or NodeIndex()
-    quick = _quick_key(parsed)
-    nodes = [n for n in index.of_type(scope_node, type(parsed)) if quick is None or _quick_key(n) == quick]
-    try:
-        return _unique(wanted, anchor, scope, [(n, _expression_key) for n in nodes], "expression")
-    except LocateError as exc:
-        if exc.kind != ANCHOR_MOVED or exc.candidates:
-            raise
-        # the quick key filtered every node out: the nearest candidates come from the expressions anchors are
-        # usually written as (names, attributes, calls) and those of the anchor's own type
-        kinds = dict.fromkeys((type(parsed), cst.Name, cst.Attribute, cst.Call))
-        wider = [n for kind in kinds for n in index.of_type(scope_node, kind)]
-        raise LocateError(
-            exc.message, _nearest(wanted, [(n, _expression_key(n)) for n in wider]), ANCHOR_MOVED
-        ) from None
-
-
-def _expression_key(node: cst.CSTNode) -> str | None:
-    return normalize(code_of(node), "eval")
-
-
-def scopes_matching(module: cst.Module, anchor: str, expression: bool) -> list[tuple[str, cst.CSTNode]]:
-    """(`Class.method` scope, first matching node) of every function or method where `anchor` matches: the hint
-    for an anchor written under the wrong scope. A match inside a nested function is named by the innermost one."""
-    wanted = normalize(anchor, mode="eval") if expression else normalize_anchor(anchor)
-    if wanted is None:
-        return []
-    parsed = cst.parse_expression(anchor.strip()) if expression else None
-    index = NodeIndex()
-    found: dict[int, tuple[str, cst.CSTNode]] = {}
-    for name, definition in _definitions(module, ""):
-        if expression:
-            kind, quick = type(parsed), _quick_key(parsed)
-            nodes = [n for n in index.of_type(definition, kind) if quick is None or _quick_key(n) == quick]
-            hits = [n for n in nodes if _expression_key(n) == wanted]
-        else:
-            hits = [n for n in index.statements(definition) if index.statement_key(n) == wanted]
-        for hit in hits:  # definitions come outermost first: an inner one overwrites its parent's claim
-            found[id(hit)] = (name, hit)
-    first: dict[str, cst.CSTNode] = {}
-    for name, node in found.values():
-        first.setdefault(name, node)
-    return list(first.items())
-
-
-def _definitions(node: cst.CSTNode, prefix: str) -> Iterator[tuple[str, cst.FunctionDef]]:
-    """Every function (`f`, `Class.method`, `Class.Inner.method`, `f.inner`) below `node`, outermost first."""
-    for child in _body_of(node):
-        if isinstance(child, cst.ClassDef | cst.FunctionDef):
-            name = f"{prefix}{child.name.value}"
-            if isinstance(child, cst.FunctionDef):
-                yield name, child
-            yield from _definitions(child, name + ".")
-
-
-def _quick_key(node: cst.CSTNode) -> str | None:
-    """A cheap exact key for names, dotted names and calls of them; None means "compare normalized code"."""
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        base = _quick_key(node.value)
-        return None if base is None or base.endswith("(") else f"{base}.{node.attr.value}"
-    if isinstance(node, cst.Call):
-        callee = _quick_key(node.func)
-        return None if callee is None else f"{callee}("
-    return None
-
-
-def _unique(wanted: str, anchor: str, scope: str, pairs, what: str):
+def unique_match(
+    wanted: str,
+    anchor: str,
+    scope: str,
+    pairs: list[tuple[cst.CSTNode, Callable[[cst.CSTNode], str | None]]],
+    what: str,
+) -> cst.CSTNode:
+    """The one node whose key (each node with its key function) is `wanted`; otherwise a LocateError saying how many
+    matched, with the ambiguous matches or the nearest candidates."""
     keyed = [(node, key(node)) for node, key in pairs]
     hits = [node for node, text in keyed if text == wanted]
     if len(hits) == 1:
@@ -407,10 +205,10 @@ def _unique(wanted: str, anchor: str, scope: str, pairs, what: str):
             [(wanted, n) for n in hits],
             ANCHOR_AMBIGUOUS,
         )
-    raise LocateError(f"anchor {anchor!r} matches no {what} in scope {scope!r}", _nearest(wanted, keyed), ANCHOR_MOVED)
+    raise LocateError(f"anchor {anchor!r} matches no {what} in scope {scope!r}", nearest(wanted, keyed), ANCHOR_MOVED)
 
 
-def _nearest(wanted: str, keyed: list[tuple[cst.CSTNode, str | None]]) -> list[tuple[str, cst.CSTNode]]:
+def nearest(wanted: str, keyed: list[tuple[cst.CSTNode, str | None]]) -> list[tuple[str, cst.CSTNode]]:
     """The three nodes whose texts are closest to `wanted` (a text that occurs twice may be two of them)."""
     nodes: dict[str, list[cst.CSTNode]] = {}
     for node, text in keyed:

@@ -11,10 +11,10 @@ from patchgen.ops.base import (
     Splice,
     cst,
     defined_names,
-    locate,
     marked_block,
     parse_statements,
     put_beside,
+    statement_anchors,
 )
 
 
@@ -32,7 +32,7 @@ class AddDefinition(Op):
         if patch.anchor_text is None:
             ctx.add(Edit(patch, self, ctx.module, code, where="end"))
         else:
-            target = locate.find_statement(ctx.module, patch.anchor_text, patch.scope, ctx.index)
+            target = statement_anchors.find_statement(ctx.module, patch.anchor_text, patch.scope, ctx.index)
             ctx.add(Edit(patch, self, target, code, where="before" if patch.before else "after"))
 
     def apply_around(self, edit: Edit, splice: Splice, rewrite) -> None:

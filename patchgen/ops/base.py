@@ -68,7 +68,10 @@ class LazyModule:
 
 
 cst: Any = LazyModule("libcst")
-locate: Any = LazyModule("patchgen.cst.locate")  # imports libcst
+locate: Any = LazyModule("patchgen.cst.locate")  # each of these imports libcst
+scopes: Any = LazyModule("patchgen.cst.scopes")
+statement_anchors: Any = LazyModule("patchgen.cst.statement_anchors")
+expression_anchors: Any = LazyModule("patchgen.cst.expression_anchors")
 
 # PlanError.kind: why a patch does not apply (the upgrade report's status column). The locate kinds come first.
 SCOPE_MISSING = "scope missing"  # no definition named like a part of the scope
@@ -238,7 +241,7 @@ class ResolveContext:
 
     def scope_node(self) -> Any:
         """The patch's scope (a class, function or the module), remembering the definitions on the way down."""
-        chain = locate.scope_chain(self.module, self.patch.scope)
+        chain = scopes.scope_chain(self.module, self.patch.scope)
         self.out.chain_ids.update(id(n) for n in chain)
         self.scope = chain[-1]
         return self.scope

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from patchgen.ops.base import Edit, Op, ResolveContext, Splice, locate, parse_statements, put_beside
+from patchgen.ops.base import Edit, Op, ResolveContext, Splice, parse_statements, put_beside, statement_anchors
 
 
 class Insert(Op):
@@ -12,7 +12,7 @@ class Insert(Op):
 
     def resolve(self, ctx: ResolveContext) -> None:
         patch = ctx.patch
-        target = locate.find_statement(ctx.scope_node(), patch.anchor_text, patch.scope, ctx.index)
+        target = statement_anchors.find_statement(ctx.scope_node(), patch.anchor_text, patch.scope, ctx.index)
         code = ctx.render()
         parse_statements(code, patch)  # invalid code is this patch's error now, not the rewrite's later
         ctx.add(Edit(patch, self, target, code, where="before" if patch.before else "after"))

@@ -5,7 +5,7 @@ The replacement keeps the first statement's leading comments; the rest of the ru
 
 from __future__ import annotations
 
-from patchgen.ops.base import Edit, Op, ResolveContext, Splice, locate, parse_statements, put_over
+from patchgen.ops.base import Edit, Op, ResolveContext, Splice, parse_statements, put_over, statement_anchors
 
 
 class Replace(Op):
@@ -19,9 +19,9 @@ class Replace(Op):
         patch = ctx.patch
         scope = ctx.scope_node()
         if patch.through is None:
-            run = [locate.find_statement(scope, patch.anchor, patch.scope, ctx.index)]
+            run = [statement_anchors.find_statement(scope, patch.anchor, patch.scope, ctx.index)]
         else:
-            run = locate.find_statement_range(scope, patch.anchor, patch.through, patch.scope, ctx.index)
+            run = statement_anchors.find_statement_range(scope, patch.anchor, patch.through, patch.scope, ctx.index)
         code = ctx.render()
         parse_statements(code, patch)
         ctx.add(Edit(patch, self, run[0], code, tuple(run[1:])))

@@ -6,7 +6,7 @@ ones). The marker goes above the innermost statement holding the expression.
 
 from __future__ import annotations
 
-from patchgen.ops.base import RENDER_ERROR, Edit, Op, PlanError, ResolveContext, cst, locate
+from patchgen.ops.base import RENDER_ERROR, Edit, Op, PlanError, ResolveContext, cst, expression_anchors, locate
 
 
 class Wrap(Op):
@@ -17,7 +17,7 @@ class Wrap(Op):
 
     def resolve(self, ctx: ResolveContext) -> None:
         patch = ctx.patch
-        target = locate.find_expression(ctx.scope_node(), patch.anchor, patch.scope, ctx.index)
+        target = expression_anchors.find_expression(ctx.scope_node(), patch.anchor, patch.scope, ctx.index)
         code = ctx.render({"expr": locate.code_of(target)})  # validated now; rendered again on the final tree
         try:
             cst.parse_expression(code.strip())

@@ -18,7 +18,7 @@ import pytest
 
 from patchgen import upstream
 from patchgen.errors import PatchgenError
-from patchgen.project import confinement
+from patchgen.ownership import confinement
 from patchgen.report import markdown
 from patchgen.upgrade import analyze, apply
 from patchgen.upstream import read_wheel

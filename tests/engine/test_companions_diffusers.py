@@ -14,7 +14,8 @@ import pytest
 
 from patchgen.config import load_config
 from patchgen.errors import PatchgenError
-from patchgen.project import load_specs, regen
+from patchgen.project import regen
+from patchgen.spec_set import load_specs
 from tests.engine.helpers import FIXTURES, REPO
 
 SPEC = FIXTURES / "specs" / "sd3_companions.toml"

@@ -13,7 +13,7 @@ import pytest
 
 from patchgen.config import load_config
 from patchgen.errors import PatchgenError
-from patchgen.project import load_specs
+from patchgen.spec_set import load_specs
 from tests.engine.helpers import REPO, run_cli
 
 MIXTRAL = """\

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from patchgen import project as project_module
-from patchgen.project import MAX_WRAPS_PER_ANCHOR, MAX_WRAPS_PER_SCOPE
-from patchgen.spec import MAX_PATCHES, MAX_SPEC_BYTES
+from patchgen import spec_set as spec_set_module
+from patchgen.spec_schema import MAX_PATCHES, MAX_SPEC_BYTES
+from patchgen.spec_set import MAX_WRAPS_PER_ANCHOR, MAX_WRAPS_PER_SCOPE
 from patchgen.upstream import MAX_UPSTREAM_BYTES
 from patchgen.wheels import wheel_cache
 from tests.engine.helpers import (
@@ -73,7 +74,7 @@ def test_an_os_error_names_the_file(generated, capsys, monkeypatch) -> None:
     def denied(path, templates_dir):
         raise PermissionError(13, "Permission denied", str(path))
 
-    monkeypatch.setattr(project_module, "load_spec", denied)
+    monkeypatch.setattr(spec_set_module, "load_spec", denied)
     code, _, err = run_cli(generated.root, capsys, "check", *FROM)
     assert code == 2 and one_error_line(err) == f"{spec}: Permission denied"
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 from patchgen import provenance as generate_module
 from patchgen.header import BEGIN, END, body_hash
-from patchgen.project import check, load_specs, regen
+from patchgen.project import check, regen
 from patchgen.provenance import ENGINE_FILES, FRONT_ENDS, unified_diff
+from patchgen.spec_set import load_specs
 from tests.engine.helpers import ALL_OPS, REPO, FixtureSource, spec_toml
 
 PACKAGE = REPO / "patchgen"
@@ -67,7 +68,8 @@ def test_engine_files_are_every_module_but_the_front_ends() -> None:
 IMPORTED_BY_GENERATION = textwrap.dedent("""
     import sys, tempfile
     from pathlib import Path
-    from patchgen.project import load_specs, regen
+    from patchgen.project import regen
+    from patchgen.spec_set import load_specs
     from tests.engine.helpers import ALL_OPS, FixtureSource, make_project, spec_toml
 
     proj = make_project(Path(tempfile.mkdtemp()) / "p", spec_toml(patches=ALL_OPS))

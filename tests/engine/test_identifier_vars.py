@@ -14,7 +14,7 @@ import pytest
 from patchgen.config import load_config
 from patchgen.errors import PatchgenError
 from patchgen.generate import generate
-from patchgen.project import load_specs
+from patchgen.spec_set import load_specs
 from patchgen.templates import parse_template
 from patchgen.upstream import PinnedSource
 from tests.engine.helpers import PROCESSORS, REPO, spec_toml

@@ -20,7 +20,9 @@ from patchgen.config import load_config, with_pins
 from patchgen.errors import PatchgenError
 from patchgen.files import TXN_DIR, write_atomic
 from patchgen.generate import generate
-from patchgen.project import confinement, finish_interrupted_write, load_specs, outputs, regen
+from patchgen.ownership import confinement, finish_interrupted_write, outputs
+from patchgen.project import regen
+from patchgen.spec_set import load_specs
 from tests.engine.helpers import ALL_OPS, FixtureSource, run_cli, spec_toml
 
 # every os call by which a commit touches the disk; the child dies before one of them

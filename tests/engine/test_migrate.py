@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from patchgen.migrate import Migration, migrate
-from patchgen.project import load_specs
+from patchgen.spec_set import load_specs
 from patchgen.upgrade import analyze, baseline_source
 from patchgen.upstream import WheelSource, read_wheel
 from patchgen.wheels import obtain_all, wheel_cache

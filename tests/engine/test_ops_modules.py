@@ -31,7 +31,8 @@ def test_every_template_op_is_one_module_with_its_own_keys() -> None:
 def test_loading_a_spec_never_imports_libcst() -> None:
     """The fast drift check loads every spec (which asks each op for its keys) without libcst."""
     code = (
-        "import sys; from patchgen.config import load_config; from patchgen.project import load_specs; "
+        "import sys; import patchgen.project; from patchgen.config import load_config; "
+        "from patchgen.spec_set import load_specs; "
         "load_specs(load_config(), None); assert 'libcst' not in sys.modules, 'libcst imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)

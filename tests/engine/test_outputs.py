@@ -12,7 +12,9 @@ import pytest
 
 from patchgen.config import load_config
 from patchgen.errors import PatchgenError
-from patchgen.project import check, load_specs, owned_paths, regen
+from patchgen.ownership import owned_paths
+from patchgen.project import check, regen
+from patchgen.spec_set import load_specs
 from patchgen.wheels import wheel_cache
 from tests.engine.helpers import ALL_OPS, VERSION, FixtureSource, build_wheel, run_cli, spec_toml
 

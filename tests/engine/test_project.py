@@ -14,14 +14,16 @@ import pytest
 from patchgen.errors import PatchgenError
 from patchgen.files import write_atomic
 from patchgen.journal import Confinement
-from patchgen.project import check, load_specs, regen
+from patchgen.project import check, regen
+from patchgen.spec_set import load_specs
 from tests.engine.helpers import ALL_OPS, REPO, FixtureSource, spec_toml
 
 # Generates the every-op spec and a rename spec in a fresh temp project and prints the sha256 of all outputs.
 DETERMINISM_SCRIPT = textwrap.dedent("""
     import hashlib, sys, tempfile
     from pathlib import Path
-    from patchgen.project import load_specs, regen
+    from patchgen.project import regen
+    from patchgen.spec_set import load_specs
     from tests.engine.helpers import ALL_OPS, FixtureSource, make_project, spec_toml
 
     rename = [dict(template="core/rename", scope="ToyLayer", vars=dict(to="SPToyLayer"), why="r")]

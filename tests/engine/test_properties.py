@@ -11,7 +11,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from patchgen.cst.locate import code_of, find_scope, iter_statements, normalize, normalize_anchor, statement_key
+from patchgen.cst.locate import code_of, iter_statements, normalize, normalize_anchor, statement_key
+from patchgen.cst.scopes import find_scope
 from patchgen.errors import PatchgenError
 from tests.engine.helpers import (
     PLAIN,

@@ -22,7 +22,7 @@ from patchgen.cst.plan import resolve_each
 from patchgen.errors import PatchgenError
 from patchgen.generate import parse_upstream
 from patchgen.header import split
-from patchgen.project import load_specs
+from patchgen.spec_set import load_specs
 from patchgen.upgrade import analyze
 from patchgen.upstream import WheelSource, read_wheel
 from patchgen.wheels import wheel_cache

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from patchgen.files import TXN_DIR
-from patchgen.project import load_specs, regen
+from patchgen.project import regen
+from patchgen.spec_set import load_specs
 from tests.engine.helpers import FixtureSource, make_project, run_cli, spec_toml
 
 TOY = "generated/toy/modeling_toy.py"

@@ -23,7 +23,7 @@ import pytest
 from patchgen.config import load_config
 from patchgen.errors import PatchgenError
 from patchgen.files import write_text_atomic
-from patchgen.project import load_specs
+from patchgen.spec_set import load_specs
 from patchgen.templates import load_template
 from patchgen.upstream import read_wheel
 from patchgen.wheels import wheel_cache

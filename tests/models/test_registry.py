@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from patchgen.config import load_config
-from patchgen.project import load_specs
+from patchgen.spec_set import load_specs
 from runtime.models.registry import REGISTRY, lookup
 from runtime.models.tiny_configs import tiny_config
 
