@@ -85,6 +85,7 @@ from runtime.config.errors import ConfigError, ConfigErrors
 from runtime.config.overrides import Override
 from runtime.config.sections import KeyRules, collect_section, unknown_key_message
 from runtime.config.yaml_file import load_config, locate_error
+from runtime.rl.reward_entries import reward_entry_problems
 from runtime.train.tracking.requirements import report_to_errors
 
 __all__ = ["ALGORITHMS", "RLConfig", "algorithm_module", "load_rl_config", "locate_rl_error", "parse_rl_config"]
@@ -227,6 +228,8 @@ def _check_shared(config: RLConfig) -> None:
     for index, item in enumerate(rewards[:MAX_REWARDS]):
         if not isinstance(item, dict):
             errors.add(f"rewards[{index}]: expected a mapping such as {{callable: module:function}}")
+        else:
+            errors.add(*reward_entry_problems(index, item))
     ranks = config.reward_ranks
     if ranks is not None and (
         not ranks

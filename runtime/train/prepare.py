@@ -69,14 +69,10 @@ def before_launch(config: RunConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    references = [("run configuration", "runtime.train.config")]
+    checks = before_launch
     return run_command(
-        argv,
-        command=COMMAND,
-        about=__doc__,
-        references=[("run configuration", "runtime.train.config")],
-        load=load,
-        run=prepare,
-        before_launch=before_launch,
+        argv, command=COMMAND, about=__doc__, references=references, load=load, run=prepare, before_launch=checks
     )
 
 

@@ -155,20 +155,22 @@ def test_rl_config_errors_are_listed_at_once_without_torch(tmp_path: Path) -> No
         "model": {"type": "flux", "path": "pipe"},
         "data": {"prompts": "p.txt", "prompts_per_step": 0},
         "sampling": {"height": 64, "width": 64, "true_cfg_scale": 0.5},
-        "rewards": [{"callable": "m:f"}],
+        "rewards": [{"callable": "m:f"}, {"clip": str(tmp_path / "no-clip")}],
         "optim": {"lrr": 1.0},
-        "flowgrpo": {"group_size": 1},
+        "flowgrpo": {"group_size": 1, "window_size": 11},
     }
     path = _write(tmp_path / "rl.yaml", raw)
     code, _, err, elapsed = _probe("runtime.rl", str(path))
-    assert code == 2 and len(err) == 4, err
-    assert [line.split(": ")[2] for line in err] == [
+    assert code == 2 and len(err) == 6, err
+    assert [line.split(": ")[2] for line in err] == [  # in the order of their lines in the file
         "data.prompts_per_step",
         "sampling.true_cfg_scale",
+        "rewards[1].clip",
         "optim.lrr",
         "flowgrpo.group_size",
+        "flowgrpo.window_size",
     ], err
-    assert "did you mean optim.lr?" in err[2]
+    assert "did you mean optim.lr?" in err[3]
     assert elapsed < FAST
 
 

@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from runtime.config.errors import ConfigError
+from runtime.config.errors import ConfigErrors
 from runtime.config.sections import KeyRules
 from runtime.rl.algorithms import flowgrpo
 
@@ -99,19 +99,21 @@ step_objective = flowgrpo.step_objective
 
 def check(config: RLConfig) -> None:
     """What the section's types and ranges do not say (called by ``parse_rl_config``)."""
+    errors = ConfigErrors()
     s: Settings = config.algo
     if s.group_size < 2:
-        raise ConfigError(f"{NAME}.group_size: at least 2 (a group of one has advantage 0), found {s.group_size}")
+        errors.add(f"{NAME}.group_size: at least 2 (a group of one has advantage 0), found {s.group_size}")
     if s.ignore_last and config.sampling.num_inference_steps < 2:
-        raise ConfigError(f"{NAME}.ignore_last: a 1-step schedule has nothing else to train; set it to false")
+        errors.add(f"{NAME}.ignore_last: a 1-step schedule has nothing else to train; set it to false")
     if s.advantage_std_ddof not in (0, 1):
-        raise ConfigError(f"{NAME}.advantage_std_ddof: 1 (torch.std) or 0 (np.std), found {s.advantage_std_ddof!r}")
+        errors.add(f"{NAME}.advantage_std_ddof: 1 (torch.std) or 0 (np.std), found {s.advantage_std_ddof!r}")
     if s.sde_type == "cps" and s.noise_level > 1:
-        raise ConfigError(f"{NAME}.noise_level: CPS takes a noise level in [0, 1], found {s.noise_level}")
+        errors.add(f"{NAME}.noise_level: CPS takes a noise level in [0, 1], found {s.noise_level}")
     if s.kl_coef > 0 and config.reference == "lora_disabled" and config.lora.rank is None:
-        raise ConfigError(
+        errors.add(
             "reference: lora_disabled needs a LoRA run (lora.rank); full fine-tuning takes reference: frozen_copy"
         )
+    errors.raise_if_any()
 
 
 def window(settings: Settings, num_steps: int) -> tuple[int, tuple[int, int]]:

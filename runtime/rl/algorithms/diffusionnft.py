@@ -53,7 +53,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from runtime.config.errors import ConfigError
+from runtime.config.errors import ConfigErrors
 from runtime.config.sections import KeyRules
 
 if TYPE_CHECKING:
@@ -109,13 +109,13 @@ RULES = KeyRules(
 
 def check(config: RLConfig) -> None:
     """What the section's types and ranges do not say."""
+    errors = ConfigErrors()
     s: Settings = config.algo
     if s.group_size < 2:
-        raise ConfigError(
-            f"{NAME}.group_size: at least 2 (a group of one has no relative reward), found {s.group_size}"
-        )
+        errors.add(f"{NAME}.group_size: at least 2 (a group of one has no relative reward), found {s.group_size}")
     if not s.t_min < s.t_max:
-        raise ConfigError(f"{NAME}.t_max: expected t_min < t_max, found t_min={s.t_min}, t_max={s.t_max}")
+        errors.add(f"{NAME}.t_max: expected t_min < t_max, found t_min={s.t_min}, t_max={s.t_max}")
+    errors.raise_if_any()
 
 
 def conventions(settings: Settings) -> str:

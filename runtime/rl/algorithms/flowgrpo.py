@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from runtime.config.errors import ConfigError
+from runtime.config.errors import ConfigError, ConfigErrors
 from runtime.config.sections import KeyRules
 
 if TYPE_CHECKING:  # the config part (Settings, RULES, check) is read before torch is imported (runtime.rl --help)
@@ -121,15 +121,14 @@ def check_as(section: str, config: RLConfig) -> None:
 
 def check(config: RLConfig) -> None:
     """What the section's types and ranges do not say (called by ``parse_rl_config``)."""
+    errors = ConfigErrors()
     s: Settings = config.algo
     steps = config.sampling.num_inference_steps
     if s.group_size < 2:
-        raise ConfigError(f"flowgrpo.group_size: at least 2 (a group of one has advantage 0), found {s.group_size}")
+        errors.add(f"flowgrpo.group_size: at least 2 (a group of one has advantage 0), found {s.group_size}")
     if s.window_size > steps:
-        raise ConfigError(
-            f"flowgrpo.window_size: {s.window_size} SDE steps do not fit sampling.num_inference_steps={steps}"
-        )
-    if s.window_range is not None:
+        errors.add(f"flowgrpo.window_size: {s.window_size} SDE steps do not fit sampling.num_inference_steps={steps}")
+    if s.window_range is not None and s.window_size <= steps:  # else the window_size error says it
         last = steps - s.window_size
         ok = (
             len(s.window_range) == 2
@@ -137,21 +136,22 @@ def check(config: RLConfig) -> None:
             and 0 <= s.window_range[0] <= s.window_range[1] <= last
         )
         if not ok:
-            raise ConfigError(
+            errors.add(
                 f"flowgrpo.window_range: expected [first, last] window starts with 0 <= first <= last <= {last} "
                 f"(num_inference_steps - window_size), found {s.window_range!r}"
             )
     if s.advantage_std_ddof not in (0, 1):
-        raise ConfigError(
+        errors.add(
             f"flowgrpo.advantage_std_ddof: 1 (verl-omni's torch.std) or 0 (flow_grpo's np.std), found "
             f"{s.advantage_std_ddof!r}"
         )
     if s.sde_type == "cps" and s.noise_level > 1:
-        raise ConfigError(f"flowgrpo.noise_level: CPS takes a noise level in [0, 1], found {s.noise_level}")
+        errors.add(f"flowgrpo.noise_level: CPS takes a noise level in [0, 1], found {s.noise_level}")
     if s.kl_coef > 0 and config.reference == "lora_disabled" and config.lora.rank is None:
-        raise ConfigError(
+        errors.add(
             "reference: lora_disabled needs a LoRA run (lora.rank); full fine-tuning takes reference: frozen_copy"
         )
+    errors.raise_if_any()
 
 
 def conventions(settings: Settings) -> str:

@@ -42,7 +42,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from runtime.config.errors import ConfigError
+from runtime.config.errors import ConfigErrors
 from runtime.rl.algorithms import flowgrpo
 
 if TYPE_CHECKING:
@@ -70,12 +70,14 @@ advantages = flowgrpo.advantages
 
 def check(config: RLConfig) -> None:
     """Flow-GRPO's checks under this section's name, and the SDE type the rescaling is defined for."""
-    flowgrpo.check_as(NAME, config)
+    errors = ConfigErrors()
+    errors.run(lambda: flowgrpo.check_as(NAME, config))
     if config.algo.sde_type != "sde":
-        raise ConfigError(
+        errors.add(
             f"{NAME}.sde_type: GRPO-Guard rescales by the 'sde' step's std; found {config.algo.sde_type!r}; "
             "remove the key or use algorithm: flowgrpo for cps"
         )
+    errors.raise_if_any()
 
 
 def conventions(settings: Settings) -> str:

@@ -27,17 +27,9 @@ from typing import Any
 import torch
 
 from runtime.config.errors import ConfigError
+from runtime.rl.reward_entries import KINDS, default_name, reward_entry_problems
 
 __all__ = ["KINDS", "Reward", "RewardError", "RewardMix", "build_rewards", "reward_names"]
-
-KINDS = ("callable", "http", "clip", "pickscore")
-_COMMON = ("weight", "name")
-_OPTIONS = {
-    "callable": ("kwargs",),
-    "http": ("timeout",),
-    "clip": ("processor", "batch_size"),
-    "pickscore": ("processor", "batch_size"),
-}
 
 
 class RewardError(ConfigError):
@@ -121,23 +113,12 @@ def _described(exc: BaseException) -> str:
 
 def _build_one(index: int, spec: dict[str, Any]) -> Reward:
     key = f"rewards[{index}]"
-    kinds = [k for k in KINDS if k in spec]
-    if len(kinds) != 1:
-        raise ConfigError(f"{key}: name exactly one reward kind ({', '.join(KINDS)}), found {kinds or 'none'}")
-    kind = kinds[0]
-    allowed = (kind, *_COMMON, *_OPTIONS[kind])
-    unknown = sorted(set(spec) - set(allowed))
-    if unknown:
-        raise ConfigError(f"{key}.{unknown[0]}: unknown key for a {kind} reward; expected one of {', '.join(allowed)}")
-    weight = spec.get("weight", 1.0)
-    if isinstance(weight, bool) or not isinstance(weight, int | float):
-        raise ConfigError(f"{key}.weight: expected a number, found {weight!r}")
-    target = spec[kind]
-    if not isinstance(target, str) or not target:
-        raise ConfigError(f"{key}.{kind}: expected a string, found {target!r}")
-    name = spec.get("name", _default_name(index, kind))
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{key}.name: expected a non-empty string, found {name!r}")
+    problems = reward_entry_problems(index, spec)  # the config check found them already; a direct caller too
+    if problems:
+        raise ConfigError(*problems)
+    kind = next(k for k in KINDS if k in spec)
+    target, weight = spec[kind], spec.get("weight", 1.0)
+    name = spec.get("name", default_name(index, kind))
     if kind == "callable":
         fn = import_target(target, f"{key}.callable")
         kwargs = spec.get("kwargs", {})
@@ -163,13 +144,9 @@ def _build_one(index: int, spec: dict[str, Any]) -> Reward:
     return Reward(name, float(weight), fn)
 
 
-def _default_name(index: int, kind: str) -> str:
-    return f"{kind}{index}"
-
-
 def reward_names(specs: Sequence[dict[str, Any]]) -> list[str]:
     """The names of a (validated) rewards list, in order: ``name``, or the kind and the index."""
-    return [spec.get("name") or _default_name(i, next(k for k in KINDS if k in spec)) for i, spec in enumerate(specs)]
+    return [spec.get("name") or default_name(i, next(k for k in KINDS if k in spec)) for i, spec in enumerate(specs)]
 
 
 def build_rewards(specs: Sequence[dict[str, Any]]) -> RewardMix:

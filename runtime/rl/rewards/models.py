@@ -78,14 +78,9 @@ class ClipReward:
 
 
 def build_model_reward(kind: str, path: str, spec: dict[str, Any], key: str) -> ClipReward:
-    """The ``clip`` / ``pickscore`` reward of a config entry (a ``ConfigError`` naming ``key`` when it cannot load)."""
-    processor = spec.get("processor")
-    batch_size = spec.get("batch_size", 32)
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"{key}.batch_size: expected a positive whole number, found {batch_size!r}")
-    for name, value in ((kind, path), ("processor", processor)):
-        if value is not None and not Path(value).is_dir():
-            raise ConfigError(f"{key}.{name}: {value}: not a directory (a local checkpoint saved by transformers)")
+    """The ``clip`` / ``pickscore`` reward of a checked config entry (``runtime/rl/reward_entries.py``); a
+    ``ConfigError`` naming ``key`` when it cannot load."""
+    processor, batch_size = spec.get("processor"), spec.get("batch_size", 32)  # checked: reward_entry_problems
     try:
         return ClipReward.from_pretrained(path, kind, processor, batch_size)
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -1,0 +1,56 @@
+"""The ``rewards`` list of an RL config checked without torch, so that its mistakes are reported with every other
+config error, at once, before anything is built: each entry names one kind (``KINDS``) and only that kind's keys, a
+numeric weight, a non-empty target and name, and a model reward's directories exist. Building the rewards
+(``runtime/rl/rewards/``: importing a callable, loading a CLIP checkpoint) finds what only building can."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["KINDS", "OPTIONS", "default_name", "reward_entry_problems"]
+
+KINDS = ("callable", "http", "clip", "pickscore")
+COMMON = ("weight", "name")
+OPTIONS = {
+    "callable": ("kwargs",),
+    "http": ("timeout",),
+    "clip": ("processor", "batch_size"),
+    "pickscore": ("processor", "batch_size"),
+}
+MODEL_KINDS = ("clip", "pickscore")
+
+
+def default_name(index: int, kind: str) -> str:
+    return f"{kind}{index}"
+
+
+def reward_entry_problems(index: int, spec: dict[str, Any]) -> list[str]:
+    """Every problem of entry ``index`` (a mapping) of the rewards list, one line each naming ``rewards[i].key``."""
+    key = f"rewards[{index}]"
+    kinds = [k for k in KINDS if k in spec]
+    if len(kinds) != 1:
+        return [f"{key}: name exactly one reward kind ({', '.join(KINDS)}), found {kinds or 'none'}"]
+    kind = kinds[0]
+    allowed = (kind, *COMMON, *OPTIONS[kind])
+    problems = [
+        f"{key}.{name}: unknown key for a {kind} reward; expected one of {', '.join(allowed)}"
+        for name in sorted(set(spec) - set(allowed), key=str)
+    ]
+    weight = spec.get("weight", 1.0)
+    if isinstance(weight, bool) or not isinstance(weight, int | float):
+        problems.append(f"{key}.weight: expected a number, found {weight!r}")
+    target = spec[kind]
+    if not isinstance(target, str) or not target:
+        problems.append(f"{key}.{kind}: expected a string, found {target!r}")
+    name = spec.get("name", default_name(index, kind))
+    if not isinstance(name, str) or not name:
+        problems.append(f"{key}.name: expected a non-empty string, found {name!r}")
+    if kind in MODEL_KINDS:
+        batch_size = spec.get("batch_size", 32)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            problems.append(f"{key}.batch_size: expected a positive whole number, found {batch_size!r}")
+        for option, value in ((kind, target), ("processor", spec.get("processor"))):
+            if isinstance(value, str) and value and not Path(value).is_dir():
+                problems.append(f"{key}.{option}: {value}: not a directory (a local checkpoint saved by transformers)")
+    return problems
