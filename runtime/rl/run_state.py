@@ -64,6 +64,8 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
     rewards, error = None, None
     if config.rewards and (config.reward_ranks is None or state.rank in config.reward_ranks):  # where they run
         rewards, error = _attempt(build_rewards, config.rewards)
+        if rewards is not None:
+            error = rewards.unreachable()  # at start-up, not at the first iteration's scoring
     agree(error, state)
     torch.manual_seed(config.model.seed)
     policy = build_policy(config, state, train_device(state))

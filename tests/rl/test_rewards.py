@@ -195,6 +195,31 @@ def test_unreachable_server(tmp_path) -> None:
         mix(_images(), PROMPTS)
 
 
+def test_an_unreachable_reward_server_stops_the_run_before_the_model(tiny_pipelines, tmp_path, capsys) -> None:
+    """A server nobody runs is found when the rewards are built (a TCP connection, nothing sent), before the policy
+    is built and before iteration 1: one line naming rewards[0].http, exit 2, no metrics."""
+    import socket
+
+    import yaml
+
+    from runtime.rl.__main__ import main
+    from tests.rl.common import rl_config
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/score"
+    raw = rl_config("flux", tiny_pipelines("flux"), tmp_path, rewards=[{"http": url, "name": "svc"}])
+    (tmp_path / "rl.yaml").write_text(yaml.safe_dump(raw))
+    capsys.readouterr()
+    assert main([str(tmp_path / "rl.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {tmp_path / 'rl.yaml'}:"), err  # the line of the rewards entry
+    assert f"rewards[0].http: {url} cannot be reached (127.0.0.1:{port}: " in err, err
+    assert "start the reward server before the run" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "log" / "metrics.jsonl").exists()
+
+
 def test_job_stops_on_a_reward_timeout_and_keeps_its_checkpoint(server, tiny_pipelines, tmp_path, capsys) -> None:
     """Step 2's request times out: the run stops there (exit 2, one line), after step 1's checkpoint and metrics;
     nothing of step 2 was trained or written, and the checkpoint resumes."""

@@ -74,6 +74,16 @@ class RewardMix:
     def names(self) -> list[str]:
         return [r.name for r in self.rewards]
 
+    def unreachable(self) -> str | None:
+        """The first reward whose server cannot be reached (the rewards with a ``probe``: HTTP), as a one-line
+        error naming ``rewards[i]``; None when every server answers a connection."""
+        for index, reward in enumerate(self.rewards):
+            problem = reward.fn.probe() if hasattr(reward.fn, "probe") else None
+            if problem:
+                url = getattr(reward.fn, "url", "")
+                return f"rewards[{index}].http: {url} {problem}; start the reward server before the run"
+        return None
+
 
 _DOTTED = re.compile(r"(?!\d)\w+(\.(?!\d)\w+)*")  # identifiers joined by dots
 _FORM = "expected package.module:function (an importable module by its dotted name, not a file path)"

@@ -35,12 +35,13 @@ import PIL.Image
 import torch
 
 from runtime.config.errors import ConfigError
-from runtime.rl.rewards.transport import DeadlineExceeded, RedirectRefused, post
+from runtime.rl.rewards.transport import DeadlineExceeded, RedirectRefused, post, reachable
 
 __all__ = ["DEFAULT_TIMEOUT", "HttpReward", "encode_png", "to_uint8"]
 
 DEFAULT_TIMEOUT = 60.0
 MAX_ANSWER_BYTES = 64 << 20  # an answer of rewards is small; more is not one
+PROBE_SECONDS = 10.0  # the start-up connection probe's bound (a reward's own timeout when shorter)
 
 
 class _Failed(Exception):
@@ -87,6 +88,10 @@ class HttpReward:
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 3600:
             raise ConfigError(f"{key}.timeout: expected seconds in (0, 3600], found {timeout!r}")
         return cls(url, float(timeout))
+
+    def probe(self) -> str | None:
+        """Why the server cannot be reached (at most 10 s, within the reward's timeout); None when it can."""
+        return reachable(self.url, min(self.timeout, PROBE_SECONDS))
 
     def _answer(self, body: bytes) -> bytes:
         headers = {"Content-Type": "application/json"}

@@ -16,11 +16,12 @@ import http.client
 import socket
 import threading
 import urllib.error
+import urllib.parse
 import urllib.request
 from types import TracebackType
 from typing import Any
 
-__all__ = ["Answer", "DeadlineExceeded", "RedirectRefused", "post"]
+__all__ = ["Answer", "DeadlineExceeded", "RedirectRefused", "post", "reachable"]
 
 
 class DeadlineExceeded(TimeoutError):
@@ -149,3 +150,20 @@ def post(url: str, body: bytes, headers: dict[str, str], timeout: float, limit: 
         if deadline.expired:  # a body read to a shut-down socket's end: cut short
             raise DeadlineExceeded
     return answer
+
+
+def reachable(url: str, timeout: float) -> str | None:
+    """Why a TCP connection to the server of ``url`` (or to the proxy a POST to it would go through, from the
+    environment as ``urllib`` reads it) cannot be opened within ``timeout`` seconds; None when it can. Nothing is
+    sent: the start-up probe of an HTTP reward, so that a server that is not there stops the run before the model
+    is built rather than at the first iteration's scoring."""
+    parts = urllib.parse.urlsplit(url)
+    proxy = urllib.request.getproxies().get(parts.scheme)
+    if proxy and not urllib.request.proxy_bypass(parts.hostname or ""):
+        parts = urllib.parse.urlsplit(proxy if "://" in proxy else f"http://{proxy}")
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"cannot be reached ({parts.hostname}:{port}: {exc.strerror or exc})"
