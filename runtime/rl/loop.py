@@ -192,7 +192,8 @@ def run_rl(config: RLConfig) -> RLResult:
             if ckpt.interval and step % ckpt.interval == 0:
                 save(run, step)
         if history:
-            run.logger.finish(history[-1]["step"], run.reward_names)  # the reward/loss PNG: run dir and trackers
+            offline = getattr(run.algo, "OFFLINE", False)
+            run.logger.finish(history[-1]["step"], run.reward_names, offline)  # the PNG: run dir and trackers
     finally:
         run.logger.close()
     if config.export.dir:

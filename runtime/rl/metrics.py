@@ -1,7 +1,8 @@
 """Per-iteration metrics of an RL run: every iteration to ``<log.dir>/metrics.jsonl`` and the trackers of
 ``log.report_to`` (TensorBoard, W&B, MLflow), a console line every ``log.interval`` iterations (off a terminal with
 timestamp, elapsed time, ETA and samples/s), alarm lines whenever an alarm fires (whatever the interval), and at the
-end ``<log.dir>/reward_loss.png``: the reward (± its std), each reward of a mix, and the policy loss.
+end ``<log.dir>/reward_loss.png``: the reward (± its std), each reward of a mix, and the policy loss (offline DPO,
+which scores nothing: ``loss.png``, its loss and implicit reward accuracy, both also on its console line).
 
 Keys (docs/flowgrpo.md, "Metrics"): ``step``; ``reward`` / ``reward_std`` (combined, over the global batch) and
 ``reward/<name>`` / ``reward_std/<name>`` per reward; ``advantage_mean`` / ``_std`` / ``_abs_max``;
@@ -21,7 +22,7 @@ from typing import Any
 from runtime.train.tracking.plots import Panel
 from runtime.train.tracking.run_log import MetricsSink
 
-__all__ = ["PHASES", "REWARD_PANELS", "RLMetricsLogger", "TIMING_KEYS"]
+__all__ = ["OFFLINE_PANELS", "PHASES", "REWARD_PANELS", "RLMetricsLogger", "TIMING_KEYS"]
 
 PHASES = ("rollout", "reward", "train")
 # the keys whose values are timings (they differ between two runs that compute the same thing)
@@ -31,6 +32,8 @@ _SHOWN = (
     ("reward", "reward {:.4f}"),
     ("reward_std", "±{:.4f}"),
     ("policy_loss", "loss {:.3e}"),
+    ("implicit_reward_accuracy", "reward_acc {:.3f}"),  # offline DPO: share of pairs the implicit reward gets right
+    ("implicit_reward_margin", "margin {:.3e}"),
     ("clip_fraction", "clip {:.3f}"),
     ("approx_kl", "kl~ {:.2e}"),
     ("logprob_gap_max", "|dlogp|max {:.1e}"),
@@ -42,6 +45,11 @@ _SHOWN = (
 REWARD_PANELS = (
     Panel("reward", ("reward",), band=(("reward", "reward_std"),)),
     Panel("policy loss", ("policy_loss",)),
+)
+# An offline run (DPO) scores nothing: ``<log.dir>/loss.png`` plots its loss and the implicit reward's accuracy.
+OFFLINE_PANELS = (
+    Panel("policy loss", ("policy_loss",)),
+    Panel("implicit reward accuracy", ("implicit_reward_accuracy",)),
 )
 
 
@@ -65,8 +73,12 @@ class RLMetricsLogger(MetricsSink):
         else:
             self.run.advance(metrics["step"])
 
-    def finish(self, step: int, reward_names: list[str] | None = None) -> Path | None:
-        """At the end of a run: ``<log.dir>/reward_loss.png`` written and sent to the trackers."""
+    def finish(self, step: int, reward_names: list[str] | None = None, offline: bool = False) -> Path | None:
+        """At the end of a run: ``<log.dir>/reward_loss.png`` (an offline run: ``loss.png``) written and sent to the
+        trackers."""
+        if offline:
+            title = f"{self.run.log_dir.resolve().name}: loss and implicit reward accuracy"
+            return self.run.plot(OFFLINE_PANELS, "loss.png", title, step)
         panels = list(REWARD_PANELS)
         if reward_names and len(reward_names) > 1:  # each reward of a mix beside the combined one
             panels.insert(1, Panel("rewards", tuple(f"reward/{n}" for n in reward_names)))

@@ -120,7 +120,7 @@ class MetricsLogger(MetricsSink):
         evaluated = f" eval_loss {m.eval_loss:.4f}" if m.eval_loss is not None else ""
         line = (
             f"step {m.step:>5}/{self.total_steps} loss {m.loss:.4f}{evaluated} grad_norm {m.grad_norm:.3f} "
-            f"lr {m.lr:.2e} tok/s {m.tokens_per_s:,.0f} tflops/dev {m.tflops_per_device:.3f}{mfu}{skipped}"
+            f"lr {m.lr:.2e} tok/s {m.tokens_per_s:,.0f} tflops/dev {m.tflops_per_device:.3g}{mfu}{skipped}"
         )
         self.run.show(m.step, line, postfix=f"loss {m.loss:.4f}")
 

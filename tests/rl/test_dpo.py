@@ -156,6 +156,8 @@ def test_resume_is_bitwise_and_the_export_loads(tiny_pipelines, tmp_path: Path) 
     raw = dpo_raw(tiny_pipelines, tmp_path, micro_batch_size=1)
     raw = {**raw, "train": {"steps": 4}, "checkpoint": {"dir": str(ckpt), "interval": 2}}
     whole = run_rl(parse_rl_config({**raw, "export": {"dir": str(export)}}))
+    log_dir = Path(raw["log"]["dir"])  # an offline run scores nothing: its plot is the loss and reward accuracy
+    assert (log_dir / "loss.png").is_file() and not (log_dir / "reward_loss.png").exists()
     again = {**raw, "checkpoint": {**raw["checkpoint"], "resume": str(ckpt / "step_000002")}}
     resumed = run_rl(parse_rl_config(again))
     assert resumed.start_step == 2 and len(resumed.metrics) == 2

@@ -159,6 +159,19 @@ def test_console_lines_on_and_off_a_terminal() -> None:
     assert not re.search(r"^\d{4}-\d\d-\d\d ", text, re.M)
 
 
+def test_offline_dpo_console_line_shows_its_implicit_reward(tmp_path: Path) -> None:
+    """DPO scores nothing: its console line shows the implicit reward's accuracy and margin beside the loss."""
+    from runtime.config.common import LogConfig
+    from runtime.rl.metrics import RLMetricsLogger
+
+    out = io.StringIO()
+    logger = RLMetricsLogger(LogConfig(dir=str(tmp_path / "log"), progress=False), 2, True, stream=out)
+    metrics = {"step": 1, "policy_loss": 0.6931, "implicit_reward_accuracy": 0.75, "implicit_reward_margin": 0.01}
+    logger.log(metrics, echo=True)
+    logger.close()
+    assert "loss 6.931e-01 reward_acc 0.750 margin 1.000e-02" in out.getvalue(), out.getvalue()
+
+
 def test_curve_follows_the_run_that_wrote_last(tmp_path: Path) -> None:
     from runtime.train.tracking.plots import run_history
 
