@@ -59,6 +59,7 @@ from runtime.train.model import build_model
 from runtime.train.optim import build_optimizer, build_scheduler
 from runtime.train.preflight import CheckedInputs, check_inputs
 from runtime.train.schedule_keys import schedule_change, schedule_record
+from runtime.train.summary import model_summary, run_summary, say
 
 IGNORE_INDEX = -100
 
@@ -93,14 +94,18 @@ def target_count(rows: list[dict[str, torch.Tensor]]) -> torch.Tensor:
 
 def train(config: RunConfig) -> RunResult:
     state = setup_parallel(config)
+    say(state, run_summary(config, state))  # the first thing printed: what runs where
+    say(state, "checking the inputs (data, outputs, the checkpoint to resume) ...")
     inputs = check_inputs(config, state)  # before the model is built: a user error costs seconds, not a model build
     torch.manual_seed(config.model.seed)
+    say(state, "building the model and its data ...")
     if is_dit(config):
         from runtime.train.dit import build_dit_job
 
         job = build_dit_job(config, state, inputs)
     else:
         job = build_text_job(config, state, inputs)
+    say(state, model_summary(job.model, len(inputs.dit_samples if is_dit(config) else inputs.samples)))
     return run_job(job, config, state, inputs.resume_from, inputs.skipped_checkpoints)
 
 

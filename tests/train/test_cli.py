@@ -300,6 +300,31 @@ def test_a_layout_the_processes_cannot_hold_is_refused_before_any_rank(module: s
     assert f"2 would: python -m {module} --nproc-per-node 2 {path}" in err[0] and elapsed < FAST, err
 
 
+def test_the_start_up_summary_is_the_first_thing_printed(tmp_path: Path, capsys) -> None:
+    """Before the inputs are checked or the model built, rank 0 says what runs where; then what is loading; once the
+    model is built, its size; then the steps."""
+    import torch
+
+    from runtime.parallel.state import set_parallel_state
+    from runtime.train.__main__ import main
+
+    raw = run_config(tmp_path, train={"steps": 1}, checkpoint={"dir": str(tmp_path / "ckpt"), "interval": 1})
+    path = _write(tmp_path / "run.yaml", raw)
+    with torch.random.fork_rng(devices=[]):
+        try:
+            assert main([str(path)]) == 0
+        finally:
+            set_parallel_state(None)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"run: qwen3 (random init) on {raw['data']['path']} | 1 process(es) = "), lines
+    for words in ("compute float32 (train.mixed_precision auto)", "1 steps", f"logs {raw['log']['dir']}"):
+        assert words in lines[0], (words, lines[0])
+    assert f"checkpoints {tmp_path / 'ckpt'} every 1 steps, export none" in lines[0], lines[0]
+    assert lines[1].startswith("checking the inputs") and lines[2].startswith("building the model"), lines
+    assert re.match(r"model: [\d,]+ parameters, [\d,]+ trained \| data: \d+ samples$", lines[3]), lines
+    assert any("step" in line and "loss" in line for line in lines[4:]), lines
+
+
 def test_launched_processes_reads_torchruns_counts() -> None:
     from runtime.cli import launched_processes
 

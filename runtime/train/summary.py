@@ -1,0 +1,48 @@
+"""The start-up summary of a training run, printed by rank 0 before anything slow happens (a user sees at once what
+runs where, and what is loading while it loads), and the model's size once it is built."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.parallel.precision import compute_dtype
+from runtime.parallel.state import ParallelState
+from runtime.train.config import RunConfig
+
+__all__ = ["model_summary", "run_summary", "say"]
+
+
+def say(state: ParallelState, line: str) -> None:
+    """``line`` on rank 0's stdout, at once."""
+    if state.rank == 0:
+        print(line, flush=True)
+
+
+def run_summary(config: RunConfig, state: ParallelState) -> str:
+    """What this run is, from its config and layout alone: the model and where it starts from, the data, the
+    layout of the processes, the precision, the steps and where logs, checkpoints and the export go."""
+    m, p, c = config.model, config.parallel, config.checkpoint
+    start = f"from {m.path}" if m.path else "random init"
+    layout = (
+        f"{state.world_size} process(es) = dp_replicate {state.dp_replicate_size} x dp_shard {state.dp_shard_size} "
+        f"x sp {state.sp_size}"
+        + (f" (ulysses {state.ulysses_size} x ring {state.ring_size})" if state.ring_size > 1 else "")
+        + (f", ep {state.ep_size}" if state.ep_size > 1 else "")
+    )
+    dtype = str(compute_dtype(config.train.mixed_precision, state.device_type)).removeprefix("torch.")
+    checkpoints = f"{c.dir} every {c.interval} steps" if c.dir and c.interval else (c.dir or "none")
+    extras = [f"LoRA rank {config.lora.rank}"] if config.lora.rank else []
+    extras += ["activation checkpointing"] if p.activation_checkpointing else []
+    return (
+        f"run: {m.type} ({start}) on {config.data.path} | {layout} on {state.device_type} | compute {dtype} "
+        f"(train.mixed_precision {config.train.mixed_precision}){''.join(', ' + e for e in extras)} | "
+        f"{config.train.steps} steps | logs {config.log.dir}, checkpoints {checkpoints}, "
+        f"export {config.export.dir or 'none'}"
+    )
+
+
+def model_summary(model: torch.nn.Module, samples: int) -> str:
+    """The built model's parameter counts (global sizes: sharded parameters count whole) and the data's size."""
+    total = sum(p.numel() for p in model.parameters())
+    trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return f"model: {total:,} parameters, {trained:,} trained | data: {samples:,} samples"
