@@ -14,6 +14,7 @@ __all__ = [
     "NONFINITE",
     "OPTIMIZERS",
     "REPORT_TO",
+    "SCHEDULE_CHANGES",
     "SCHEDULERS",
     "SHARED_RULES",
     "CheckpointConfig",
@@ -31,6 +32,7 @@ SCHEDULERS = ("cosine_with_min_lr", "cosine", "linear", "constant", "constant_wi
 MIXED_PRECISION = ("auto", "bf16", "fp32")  # a job's train.mixed_precision
 NONFINITE = ("stop", "skip")  # a job's train.nonfinite
 REPORT_TO = ("tensorboard", "wandb", "mlflow")
+SCHEDULE_CHANGES = ("refuse", "continue", "replan")  # checkpoint.schedule_change
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,9 @@ class CheckpointConfig:
     interval: int = 0
     resume: str | None = "auto"  # "auto": newest intact checkpoint in dir, null: start fresh, or a path
     save_total_limit: int = 2  # checkpoints kept (HF TrainingArguments' name; torchtitan: keep_latest_k)
+    # a resume whose schedule keys move a resumed step's learning rate: refuse | continue (the saved curve) | replan
+    # (this config's schedule, as HF Trainer and torchtitan resume); runtime/train/schedule_keys.py
+    schedule_change: str = "refuse"
 
 
 @dataclass(frozen=True)
@@ -159,7 +164,11 @@ SHARED_RULES = KeyRules(
         }
     ),
     unit_interval=frozenset({"optim.min_lr_ratio", "lora.dropout"}),
-    choices={"optim.name": OPTIMIZERS, "optim.lr_scheduler_type": SCHEDULERS},
+    choices={
+        "optim.name": OPTIMIZERS,
+        "optim.lr_scheduler_type": SCHEDULERS,
+        "checkpoint.schedule_change": SCHEDULE_CHANGES,
+    },
     # keys renamed to the names HF TrainingArguments / torchtitan users know: an old name is refused with the new one
     renamed={
         "optim.grad_clip": "optim.max_grad_norm",

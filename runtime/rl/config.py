@@ -49,7 +49,7 @@ Example (every key with its default unless marked required)::
     optim: {lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, max_grad_norm: 1.0, warmup_steps: 0,
             min_lr_ratio: 0.1}
     train: {steps: 100, nonfinite: stop, mixed_precision: auto}  # steps: RL iterations (rollout, reward, update)
-    checkpoint: {dir: null, interval: 0, resume: auto, save_total_limit: 2}
+    checkpoint: {dir: null, interval: 0, resume: auto, save_total_limit: 2, schedule_change: refuse}
     log: {dir: runs/latest, interval: 1, report_to: [], project: patchgen, run_name: null, progress: true}
     export: {dir: null, overwrite: false, fuse_lora: false}  # a pipeline directory, or the LoRA file
                                                              # load_lora_weights reads

@@ -41,6 +41,7 @@ class RLRun:
     scheduler: Any
     algo: Any  # the algorithm module
     logger: RLMetricsLogger
+    schedule: dict[str, Any]  # the schedule keys the run follows (runtime/train/schedule_keys.py), as saved
     skipped_nonfinite: int = 0
 
 
@@ -74,11 +75,14 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
     sampler = PromptSampler(
         len(inputs.prompts), config.data.prompts_per_step, config.data.seed, state.dp_rank, state.dp_size
     )
-    start, skipped = 0, 0
+    start, skipped, note = 0, 0, None
+    schedule = schedule_record(config)  # what the run follows and its checkpoints record
     if inputs.resume_from is not None:
         saved = policy.checkpoint_module
-        schedule = schedule_record(config)
-        start, skipped = resume(inputs.resume_from, saved, optimizer, scheduler, sampler, policy.identity, schedule)
+        start, skipped, schedule, note = resume(
+            inputs.resume_from, saved, optimizer, scheduler, sampler, policy.identity, schedule,
+            config.checkpoint.schedule_change,
+        )  # fmt: skip
     logger = RLMetricsLogger(  # collective: a tracker that cannot start stops every rank
         config.log,
         config.train.steps,
@@ -89,10 +93,14 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
     )
     algo = algorithm_module(config.algorithm)
     names = reward_names(config.rewards)
-    run = RLRun(config, state, policy, rewards, names, inputs.prompts, sampler, optimizer, scheduler, algo, logger)
+    run = RLRun(
+        config, state, policy, rewards, names, inputs.prompts, sampler, optimizer, scheduler, algo, logger, schedule
+    )
     run.skipped_nonfinite = skipped
     if inputs.resume_from is not None:
         logger.say(f"resumed from {inputs.resume_from} at step {start}")
+    if note is not None:
+        logger.say(note)
     logger.say(f"{config.algorithm}: {algo.conventions(config.algo)}")
     return run, start, inputs
 
@@ -113,7 +121,7 @@ def save(run: RLRun, step: int) -> Path:
             "step": step,
             "data": run.sampler.state_dict(),
             "skipped_nonfinite": run.skipped_nonfinite,
-            "schedule": schedule_record(run.config),
+            "schedule": run.schedule,
         },
         identity=run.policy.identity,
         keep=ckpt.save_total_limit,

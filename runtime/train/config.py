@@ -32,7 +32,8 @@ Example (every key shown with its default unless marked required)::
             compile: false,    # compile: torch.compile every transformer block (runtime/parallel/compile.py)
             mixed_precision: auto}  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32; bf16: bf16 parameters and
                                     # compute, fp32 gradient reduction, fp32 master weights and optimizer state
-    checkpoint: {dir: null, interval: 0, resume: auto, save_total_limit: 2}
+    checkpoint: {dir: null, interval: 0, resume: auto, save_total_limit: 2, schedule_change: refuse}
+                               # schedule_change: refuse | continue | replan (a resume that changes the schedule)
     log: {dir: runs/latest, interval: 1, report_to: [], project: patchgen, run_name: null, peak_tflops: null,
           progress: true}      # report_to: tensorboard, wandb, mlflow; metrics.jsonl is always written
     export: {dir: null, overwrite: false, fuse_lora: false}  # write a plain-transformers checkpoint at the end;

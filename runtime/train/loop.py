@@ -58,7 +58,7 @@ from runtime.train.metrics import (
 from runtime.train.model import build_model
 from runtime.train.optim import build_optimizer, build_scheduler
 from runtime.train.preflight import CheckedInputs, check_inputs
-from runtime.train.schedule_keys import schedule_change, schedule_record
+from runtime.train.schedule_keys import follow_schedule, followed_schedule, schedule_record
 from runtime.train.summary import model_summary, run_summary, say
 
 IGNORE_INDEX = -100
@@ -188,11 +188,13 @@ def run_job(
     saved = job.checkpoint_model if job.checkpoint_model is not None else job.model
     identity = job.identity or model_identity(config.model.type, job.model.config)
 
-    start_step, skipped = 0, 0
+    start_step, skipped, note = 0, 0, None
     ckpt = config.checkpoint
+    schedule = schedule_record(config)  # what the run follows and its checkpoints record
     if resume_from is not None:
-        schedule = schedule_record(config)
-        start_step, skipped = resume(resume_from, saved, optimizer, scheduler, job.loader, identity, schedule)
+        start_step, skipped, schedule, note = resume(
+            resume_from, saved, optimizer, scheduler, job.loader, identity, schedule, ckpt.schedule_change
+        )
 
     logger = MetricsLogger(  # collective: a tracker that cannot start stops every rank
         config.log,
@@ -204,6 +206,8 @@ def run_job(
     )
     if resume_from is not None:
         logger.say(f"resumed from {resume_from} at step {start_step}")
+    if note is not None:
+        logger.say(note)
     peak = config.log.peak_tflops or detect_peak_tflops()
     metrics: list[StepMetrics] = []
     try:
@@ -226,7 +230,7 @@ def run_job(
                         "step": step,
                         "data": job.loader.state_dict(),
                         "skipped_nonfinite": skipped,
-                        "schedule": schedule_record(config),
+                        "schedule": schedule,
                     },
                     identity=identity,
                     keep=ckpt.save_total_limit,
@@ -241,12 +245,20 @@ def run_job(
 
 
 def resume(
-    path: Path, model, optimizer, scheduler, loader, identity: dict[str, Any], schedule: dict[str, Any] | None = None
-) -> tuple[int, int]:
+    path: Path,
+    model,
+    optimizer,
+    scheduler,
+    loader,
+    identity: dict[str, Any],
+    schedule: dict[str, Any],
+    schedule_change: str = "refuse",
+) -> tuple[int, int, dict[str, Any], str | None]:
     """Load the (already verified) checkpoint ``path`` into the run, refused before any weight is read when it was
-    saved from another model than ``identity``; (its step, the non-finite steps skipped up to it). Mismatches, a
-    changed learning-rate ``schedule`` (``runtime/train/schedule_keys.py``) and state this trainer did not write are
-    user errors."""
+    saved from another model than ``identity``: (its step, the non-finite steps skipped up to it, the schedule keys
+    the resumed steps follow, a log line when they are not this run's plain plan). A learning-rate ``schedule`` that
+    differs from the saved one follows ``schedule_change`` (``runtime/train/schedule_keys.py``). Mismatches and state
+    this trainer did not write are user errors."""
     try:
         extra = load_checkpoint(path, model, optimizer, scheduler, identity=identity, verify=False)
     except CheckpointError as exc:  # names the checkpoint
@@ -259,16 +271,15 @@ def resume(
             raise ConfigError(f"checkpoint.resume: {path}: its extra.{key} is {value!r}, expected a whole number >= 0")
     if not isinstance(data, dict):
         raise ConfigError(f"checkpoint.resume: {path}: its extra.data (the data position) is {data!r}")
-    change = schedule_change(extra.get("schedule"), schedule, path, step) if schedule is not None else None
-    if change:
-        raise ConfigError(change)
+    followed, note = followed_schedule(extra.get("schedule"), schedule, path, step, schedule_change)
+    follow_schedule(scheduler, optimizer, followed, schedule["train.steps"])
     try:
         loader.load_state_dict(data)
     except (ValueError, TypeError, KeyError) as exc:
         raise ConfigError(
             f"checkpoint.resume: {path}: its data position does not fit this run's data: {exc}"
         ) from None
-    return step, skipped
+    return step, skipped, followed, note
 
 
 def train_step(

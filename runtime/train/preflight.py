@@ -18,7 +18,7 @@ from runtime.data.samples import AudioPart, ChatSample, ImagePart, LocatedSample
 from runtime.parallel.state import ParallelState
 from runtime.train.config import RunConfig
 from runtime.train.model_limits import random_init_problem, size_problem
-from runtime.train.schedule_keys import schedule_change, schedule_record
+from runtime.train.schedule_keys import followed_schedule, schedule_record
 
 # Images (and video frames) of this many first samples are opened and verified up front, and their audio files'
 # headers checked (runtime.data.audio.waveforms.check_audio); every referenced file is checked to exist. The others are
@@ -209,17 +209,16 @@ def check_dit_transformer_config(config: RunConfig) -> None:
 
 
 def check_resume_schedule(config: RunConfig, checkpoint: Path) -> None:
-    """The resumed steps must train at the learning rates the checkpoint's run planned
-    (``runtime/train/schedule_keys.py``): read from its recorded schedule before the model is built."""
+    """The resumed steps train at the learning rates the checkpoint's run planned, or ``checkpoint.schedule_change``
+    says what else (``runtime/train/schedule_keys.py``): read from its recorded schedule before the model is built."""
     try:
         extra = saved_extra(checkpoint, read_marker(checkpoint)["world_size"])
     except CheckpointError as exc:
         raise ConfigError(f"checkpoint.resume: {exc}") from None
     step = extra.get("step")
     if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
-        change = schedule_change(extra.get("schedule"), schedule_record(config), checkpoint, step)
-        if change:
-            raise ConfigError(change)
+        current = schedule_record(config)
+        followed_schedule(extra.get("schedule"), current, checkpoint, step, config.checkpoint.schedule_change)
 
 
 def check_before_launch(config: RunConfig, exports: bool = True) -> None:

@@ -419,8 +419,9 @@ def test_resume_under_a_changed_schedule_is_refused(tmp_path: Path) -> None:
     code, err = _main([str(path), "--train.steps=6"])
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"error: override --train.steps: 6 here, 4 in checkpoint {ckpt / 'step_000004'}"), err
-    assert "step 5 would train at lr" in err[0] and "Set train.steps: 4 to resume" in err[0], err
-    assert "checkpoint.resume: null" in err[0], err
+    # step 5 trains at the same rate either way (half-way through both decays, the saved one held past its end)
+    assert "step 6 would train at lr" in err[0] and "checkpoint.schedule_change: continue" in err[0], err
+    assert "or train.steps: 4" in err[0], err
 
     step2 = str(ckpt / "step_000002")
     path = config("lr", optim={"lr": 1e-3}, checkpoint={"resume": step2})
@@ -476,6 +477,52 @@ def test_launcher_checks_paths_and_the_export_dir_before_any_rank(tmp_path: Path
     path = _write(tmp_path / "resume.yaml", run_config(tmp_path, checkpoint={"resume": str(tmp_path / "nowhere")}))
     lines = _launch(path).stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {path}:") and "checkpoint.resume" in lines[0], lines
+
+
+def test_a_finished_run_extends_with_its_optimizer_and_data_state(tmp_path: Path) -> None:
+    """Four steps, then train.steps raised to 8 and resumed from step 4. With a constant rate the resumed steps 5-8
+    equal an uninterrupted 8-step run bitwise (AdamW's moments and the data position are the saved ones). With a
+    cosine schedule, `continue` trains steps 5-8 at the saved curve's last rate, `replan` at the 8-step schedule's
+    rates of steps 5-8; the log says which, and the refused default names both."""
+
+    def run(name: str, steps: int, optim: dict, resume: Path | None = None, mode: str | None = None) -> list[dict]:
+        ckpt = {"dir": str(tmp_path / f"ckpt-{name}"), "interval": 4}
+        if resume is not None:
+            ckpt = {"dir": str(resume.parent), "interval": 0, "resume": str(resume)}
+        if mode is not None:
+            ckpt["schedule_change"] = mode
+        raw = run_config(
+            tmp_path,
+            optim={"lr": 3e-3, "warmup_steps": 0, **optim},
+            train={"steps": steps},
+            checkpoint=ckpt,
+            log={"dir": str(tmp_path / name), "progress": False},
+        )
+        code, err = _main([str(_write(tmp_path / f"{name}.yaml", raw))])
+        assert code == 0, err
+        return _metrics(tmp_path / name)
+
+    constant = {"lr_scheduler_type": "constant"}
+    whole = run("whole", 8, constant)
+    run("first", 4, constant)
+    extended = run("extended", 8, constant, tmp_path / "ckpt-first" / "step_000004")
+    assert [m["step"] for m in extended] == [5, 6, 7, 8]
+    for got, ref in zip(extended, whole[4:], strict=True):
+        assert (got["loss"], got["grad_norm"], got["lr"]) == (ref["loss"], ref["grad_norm"], ref["lr"])
+
+    cosine = {"lr_scheduler_type": "cosine_with_min_lr", "min_lr_ratio": 0.1}
+    four = run("cos4", 4, cosine)
+    eight = run("cos8", 8, cosine)
+    saved = tmp_path / "ckpt-cos4" / "step_000004"
+    refused = yaml.safe_load((tmp_path / "cos4.yaml").read_text())
+    refused.update(checkpoint={"dir": str(saved.parent), "resume": str(saved)}, train={"steps": 8})
+    code, err = _main([str(_write(tmp_path / "refused.yaml", refused))])
+    assert code == 2 and "checkpoint.schedule_change: continue" in err[0] and "replan" in err[0], err
+    continued = run("continued", 8, cosine, saved, "continue")
+    last = four[-1]["lr"]  # the saved curve's last rate holds past its end
+    assert [m["lr"] for m in continued] == pytest.approx([last] * 4, rel=1e-12)
+    replanned = run("replanned", 8, cosine, saved, "replan")
+    assert [m["lr"] for m in replanned] == pytest.approx([m["lr"] for m in eight[4:]], rel=1e-12)
 
 
 def test_resume_with_more_steps_of_a_constant_schedule_continues(tmp_path: Path) -> None:
