@@ -115,7 +115,8 @@ def check(
             typer.echo(drift.diff, err=True)
     if drifts:
         raise typer.Exit(1)
-    typer.echo(f"ok: {len(specs)} spec(s) match generated/")
+    where = config.generated_dir.relative_to(config.root) if config.generated_dir.is_relative_to(config.root) else None
+    typer.echo(f"ok: {len(specs)} spec(s) match {where.as_posix() if where else config.generated_dir}/")
 
 
 @app.command("list")

@@ -130,12 +130,12 @@ def test_a_project_with_its_own_specs_templates_and_the_published_pre_commit_hoo
 
     # CI's gate proves every body from its inputs; the hook is the fast check, run as pre-commit runs it
     done = run(root, str(PATCHGEN), "check", "--full", *FROM)
-    assert done.returncode == 0 and "ok: 1 spec(s) match generated/" in done.stdout, done.stderr
+    assert done.returncode == 0 and "ok: 1 spec(s) match src/mypkg/generated/" in done.stdout, done.stderr
     [hook] = yaml.safe_load((REPO / ".pre-commit-hooks.yaml").read_text())
     assert hook["id"] == "patchgen-check" and hook["language"] == "python" and hook["pass_filenames"] is False
     entry = [str(PATCHGEN), *hook["entry"].split()[1:], *FROM]  # pre-commit runs `entry` + the user's `args`
     done = run(root, *entry)
-    assert done.returncode == 0 and "ok: 1 spec(s) match generated/" in done.stdout, done.stderr
+    assert done.returncode == 0 and "ok: 1 spec(s) match src/mypkg/generated/" in done.stdout, done.stderr
     target = root / OUTPUT
     target.write_text(target.read_text().replace("0.5 * self.loss_function", "0.25 * self.loss_function"))
     done = run(root, *entry)
