@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: test test-portability demo regen check bench lint venv clean
+.PHONY: test test-fast test-portability demo regen check bench lint venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -23,6 +23,11 @@ test: $(STAMP)
 	# --full regenerates every body from its inputs: a header whose hashes were recomputed after an edit fails here.
 	$(BIN)/patchgen check --full
 	$(BIN)/pytest
+
+# The edit loop's tier: the unit and single-process tests, under 3 minutes on 2 cores (docs/architecture.md, Tests).
+# `slow` (torch.distributed ranks, new interpreters, the measured-long tests) is marked by tests/conftest.py itself.
+test-fast: $(STAMP)
+	$(BIN)/pytest -m "not slow"
 
 # The numerics-sensitive suites under every CPU capability this machine can run (default, avx2, avx512): each selects
 # other vectorised kernels, i.e. the summation orders of other CPUs. Not part of `make test` (about 2 x its time).

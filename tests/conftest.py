@@ -6,6 +6,96 @@ on CPU tensors (``tests/gpu_readiness/test_triton_moe.py``). Spawned test ranks 
 in the environment keeps the compiled kernels (a CUDA machine: the same tests then run on the GPU).
 """
 
+import dis
+import importlib
+import inspect
 import os
+import sys
+import types
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# ------------------------------------------------------------------------------------------------ the fast tier
+# `make test-fast` runs `pytest -m "not slow"`. A test is `slow` when it starts other processes: torch.distributed
+# ranks (tests/dist_utils.run_distributed, any world size: each call is an end-to-end job on spawned ranks) or a
+# new Python interpreter (`sys.executable`, torchrun: seconds of imports each). Found here by reading the code the
+# test runs (its function, its fixtures, and the tests/ helpers they call, transitively), so a new test lands in
+# the right tier without anyone marking it. tests/slow_tests.txt lists the single-process tests measured too long
+# for the edit loop. `make test` runs both tiers.
+_SPAWN_NAMES = frozenset({"run_distributed", "executable"})  # executable: sys.executable, a new interpreter
+_SPAWN_STRINGS = ("torchrun",)
+
+
+def _read_long() -> frozenset[str]:
+    """tests/slow_tests.txt: test modules and test functions (node ids without parameters), comments dropped."""
+    text = (Path(__file__).parent / "slow_tests.txt").read_text()
+    return frozenset(entry for line in text.splitlines() if (entry := line.split("#", 1)[0].strip()))
+
+
+LONG = _read_long()
+
+
+def _code_objects(code: types.CodeType) -> list[types.CodeType]:
+    """``code`` and every code object nested in it (inner functions, lambdas, comprehensions)."""
+    found, stack = [], [code]
+    while stack:
+        current = stack.pop()
+        found.append(current)
+        stack.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    return found
+
+
+def _callees(fn: types.FunctionType, code: types.CodeType) -> list[object]:
+    """The objects ``code`` names: its globals, and what it imports inside a function (``from m import f``)."""
+    named = [fn.__globals__.get(name) for name in code.co_names]
+    module = None
+    for ins in dis.get_instructions(code):
+        if ins.opname == "IMPORT_NAME":  # a tests/ helper module may not be imported yet
+            module = sys.modules.get(ins.argval)
+            if module is None and ins.argval.startswith("tests."):
+                try:
+                    module = importlib.import_module(ins.argval)
+                except ImportError:  # the test's own import fails (or skips) it when it runs
+                    module = None
+        elif ins.opname == "IMPORT_FROM" and module is not None:
+            named.append(getattr(module, ins.argval, None))
+    return named
+
+
+def _spawns(fn: object, seen: set[types.CodeType]) -> bool:
+    """Whether ``fn`` (or a tests/ function it calls) starts ranks or an interpreter."""
+    fn = inspect.unwrap(fn) if callable(fn) else fn
+    if not isinstance(fn, types.FunctionType) or fn.__code__ in seen:
+        return False
+    seen.add(fn.__code__)
+    for code in _code_objects(fn.__code__):
+        if _SPAWN_NAMES.intersection(code.co_names):
+            return True
+        if any(isinstance(c, str) and any(s in c for s in _SPAWN_STRINGS) for c in code.co_consts):
+            return True
+        for callee in _callees(fn, code):
+            if getattr(callee, "__module__", "").startswith("tests") and _spawns(callee, seen):
+                return True
+    return False
+
+
+def _is_slow(item: pytest.Item) -> bool:
+    module, function = item.nodeid.split("::", 1)[0], item.nodeid.split("[", 1)[0]
+    if item.get_closest_marker("dist") or module in LONG or function in LONG:
+        return True
+    seen: set[types.CodeType] = set()
+    fixtures = getattr(item, "_fixtureinfo", None)
+    defs = fixtures.name2fixturedefs.values() if fixtures is not None else ()
+    ours = [d[-1].func for d in defs if d[-1].func.__module__.startswith("tests")]  # not pytest's own fixtures
+    return any(_spawns(f, seen) for f in [getattr(item, "function", None), *ours])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the multi-process and long tests ``slow`` (the fast tier's selection, see above)."""
+    for item in items:
+        if not item.get_closest_marker("slow") and _is_slow(item):
+            item.add_marker(pytest.mark.slow)
