@@ -1,8 +1,10 @@
-"""Tiny assets to experiment with, built here without a download: a tokenizer, a VLM or omni processor, a DiT pipeline.
+"""Tiny assets to experiment with, built here without a download: a tokenizer, a VLM or omni processor, a DiT
+pipeline, a CLIP reward model.
 
     python -m runtime.tiny tokenizer out/tok              # byte-level BPE trained on the shipped corpus, ChatML
     python -m runtime.tiny processor qwen2_5_vl out/proc  # that tokenizer + the model's vision tokens, image processor
     python -m runtime.tiny pipeline flux out/flux         # a random diffusers pipeline (tiny transformer, VAE, ...)
+    python -m runtime.tiny clip out/clip                  # a random CLIP checkpoint (rewards: [{clip: out/clip}])
 
 A random-init model trains with them (``data.tokenizer``, ``data.processor``, ``model.path``); they know nothing, so
 what a run learns from them is only that it runs. Each command writes a new directory atomically (built beside it,
@@ -10,7 +12,7 @@ then renamed into place); an existing non-empty directory is refused unless ``--
 holds anything the command would not write. A bad argument is one line on stderr and exit code 2. The builders are
 the ones the tests and demos use (``runtime.data.text.tokenization.build_test_tokenizer``,
 ``runtime.data.vision.processor.build_test_processor``, ``runtime.data.audio.processor.build_omni_test_processor``,
-``runtime.diffusion.tiny_pipelines.save_tiny_pipeline``).
+``runtime.diffusion.tiny_pipelines.save_tiny_pipeline``, ``runtime.rl.rewards.models.save_tiny_clip``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ from typing import Any, NoReturn
 MIN_VOCAB, MAX_VOCAB = 300, 1 << 20  # 256 byte tokens + the special tokens + some merges; a "tiny" bound above
 DEFAULT_VOCAB = 512
 
-__all__ = ["TinyError", "main", "processor_types", "write_pipeline", "write_processor", "write_tokenizer"]
+__all__ = [
+    "TinyError",
+    "main",
+    "processor_types",
+    "write_clip",
+    "write_pipeline",
+    "write_processor",
+    "write_tokenizer",
+]
 
 
 class TinyError(ValueError):
@@ -139,6 +149,16 @@ def write_pipeline(case: str, directory: str | os.PathLike, seed: int = 0, overw
     return _write(directory, lambda tmp: save_tiny_pipeline(case, tmp, seed), overwrite)
 
 
+def write_clip(directory: str | os.PathLike, seed: int = 0, overwrite: bool = False) -> Path:
+    """A random CLIP checkpoint (model, tokenizer, 32 px image processor) saved with transformers: a ``clip`` or
+    ``pickscore`` reward of an RL run loads it through the same code as a real one."""
+    if not 0 <= seed < 1 << 63:
+        raise TinyError(f"--seed: {seed} is outside [0, 2**63)")
+    from runtime.rl.rewards.models import save_tiny_clip
+
+    return _write(directory, lambda tmp: save_tiny_clip(tmp, seed), overwrite)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose usage errors are one line (``error: ...; see --help``), exit code 2."""
 
@@ -165,7 +185,10 @@ def _parser() -> argparse.ArgumentParser:
     pipe.add_argument("case", help="a tiny case: " + ", ".join(pipeline_cases()))
     pipe.add_argument("directory", type=Path, help="where to write it (new or empty, unless --overwrite)")
     pipe.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
-    for sub in (tok, proc, pipe):
+    clip = commands.add_parser("clip", help="a tiny random CLIP checkpoint (a clip/pickscore reward of an RL run)")
+    clip.add_argument("directory", type=Path, help="where to write it (new or empty, unless --overwrite)")
+    clip.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    for sub in (tok, proc, pipe, clip):
         sub.add_argument("--overwrite", action="store_true", help="replace an earlier output of this command")
     return parser
 
@@ -174,6 +197,7 @@ _NEXT = {
     "tokenizer": "set data.tokenizer: {path} (and model.config.vocab_size >= {vocab})",
     "processor": "set data.processor: {path} (and the text config's vocab_size >= {vocab})",
     "pipeline": "set model.path: {path}",
+    "clip": "use it as a reward: rewards: [{{clip: {path}}}]",
 }
 
 
@@ -185,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
             path = write_tokenizer(args.directory, args.vocab_size, args.overwrite)
         elif args.command == "processor":
             path = write_processor(args.model_type, args.directory, args.vocab_size, args.overwrite)
-        else:
+        elif args.command == "pipeline":
             path = write_pipeline(args.case, args.directory, args.seed, args.overwrite)
+        else:
+            path = write_clip(args.directory, args.seed, args.overwrite)
     except TinyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -160,3 +160,19 @@ def test_diffusers_alone_still_prints_the_notice() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd="/", env=ENV, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "`CLIPImageProcessor` requires torchvision (not installed)" in done.stderr
+
+
+def test_clip_loads_as_a_reward(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`python -m runtime.tiny clip DIR` writes a CLIP checkpoint that transformers loads and an RL `clip` reward
+    scores with."""
+    import torch
+    from transformers import CLIPModel
+
+    from runtime.rl.rewards import build_rewards
+
+    assert main(["clip", str(tmp_path / "clip")]) == 0
+    assert f"rewards: [{{clip: {tmp_path / 'clip'}}}]" in capsys.readouterr().out
+    assert isinstance(CLIPModel.from_pretrained(tmp_path / "clip"), CLIPModel)
+    mix = build_rewards([{"clip": str(tmp_path / "clip")}])
+    combined, _ = mix(torch.rand(2, 3, 32, 32), ["a red circle", "a blue square"])
+    assert combined.shape == (2,) and torch.isfinite(combined).all()
