@@ -22,6 +22,7 @@ from runtime.rl.rewards import RewardMix, build_rewards, reward_names
 from runtime.rl.scoring import agree
 from runtime.train.finite import check_mode
 from runtime.train.schedule_keys import schedule_record
+from runtime.train.summary import plan_summary, say
 
 __all__ = ["RLRun", "save", "start_run"]
 
@@ -60,6 +61,11 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
     from runtime.train.optim import build_optimizer, build_scheduler
 
     state = setup_parallel(config)
+    model = config.model.type or config.model.architecture
+    data = config.data.prompts or config.data.pairs
+    head = f"run: {config.algorithm} on {model} from {config.model.path}, data {data}"
+    say(state, f"{head} | {plan_summary(config, state)}")  # the first thing printed: what runs where
+    say(state, "checking the inputs, building the rewards and the policy ...")
     inputs = check_rl_inputs(config, state)  # before the model is built: a user error costs seconds
     check_mode(config.train.nonfinite, "train.nonfinite")
     rewards, error = None, None

@@ -3,13 +3,18 @@ runs where, and what is loading while it loads), and the model's size once it is
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from runtime.parallel.precision import compute_dtype
 from runtime.parallel.state import ParallelState
 from runtime.train.config import RunConfig
 
-__all__ = ["model_summary", "run_summary", "say"]
+if TYPE_CHECKING:
+    from runtime.rl.config import RLConfig
+
+__all__ = ["model_summary", "plan_summary", "run_summary", "say"]
 
 
 def say(state: ParallelState, line: str) -> None:
@@ -19,10 +24,16 @@ def say(state: ParallelState, line: str) -> None:
 
 
 def run_summary(config: RunConfig, state: ParallelState) -> str:
-    """What this run is, from its config and layout alone: the model and where it starts from, the data, the
-    layout of the processes, the precision, the steps and where logs, checkpoints and the export go."""
-    m, p, c = config.model, config.parallel, config.checkpoint
-    start = f"from {m.path}" if m.path else "random init"
+    """What this training run is, from its config and layout alone: the model and where it starts from, the data,
+    then ``plan_summary``."""
+    start = f"from {config.model.path}" if config.model.path else "random init"
+    return f"run: {config.model.type} ({start}) on {config.data.path} | {plan_summary(config, state)}"
+
+
+def plan_summary(config: RunConfig | RLConfig, state: ParallelState) -> str:
+    """The part of a start-up summary every job shares: the layout of the processes, the compute dtype, LoRA and
+    activation checkpointing, the steps and where logs, checkpoints and the export go."""
+    p, c = config.parallel, config.checkpoint
     layout = (
         f"{state.world_size} process(es) = dp_replicate {state.dp_replicate_size} x dp_shard {state.dp_shard_size} "
         f"x sp {state.sp_size}"
@@ -34,10 +45,9 @@ def run_summary(config: RunConfig, state: ParallelState) -> str:
     extras = [f"LoRA rank {config.lora.rank}"] if config.lora.rank else []
     extras += ["activation checkpointing"] if p.activation_checkpointing else []
     return (
-        f"run: {m.type} ({start}) on {config.data.path} | {layout} on {state.device_type} | compute {dtype} "
-        f"(train.mixed_precision {config.train.mixed_precision}){''.join(', ' + e for e in extras)} | "
-        f"{config.train.steps} steps | logs {config.log.dir}, checkpoints {checkpoints}, "
-        f"export {config.export.dir or 'none'}"
+        f"{layout} on {state.device_type} | compute {dtype} (train.mixed_precision {config.train.mixed_precision})"
+        f"{''.join(', ' + e for e in extras)} | {config.train.steps} steps | logs {config.log.dir}, checkpoints "
+        f"{checkpoints}, export {config.export.dir or 'none'}"
     )
 
 

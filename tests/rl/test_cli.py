@@ -127,6 +127,10 @@ def test_equal_rewards_are_nothing_to_learn_not_an_error(tiny_pipelines, tmp_pat
     assert code == 0, err
     metrics = [json.loads(line) for line in (tmp_path / "log" / "metrics.jsonl").read_text().splitlines()]
     assert [m["advantage_abs_max"] for m in metrics] == [0.0, 0.0]
+    lines = out.splitlines()  # the start-up summary comes first, then what is loading
+    assert lines[0].startswith(f"run: flowgrpo on flux from {raw['model']['path']}, data "), lines
+    assert "1 process(es) = dp_replicate 1 x dp_shard 1 x sp 1 on cpu | compute float32" in lines[0], lines
+    assert lines[1].startswith("checking the inputs"), lines
 
 
 @pytest.mark.parametrize("action", ["warn", "stop"])
