@@ -12,6 +12,7 @@ from runtime.rl.rewards import build_rewards
 
 
 def test_demo_config_is_valid_and_says_what_the_demo_runs(tmp_path: Path) -> None:
+    (tmp_path / "clip").mkdir()  # the demo writes its tiny CLIP there first: the config checks that it exists
     raw = config(tmp_path, tmp_path / "flux", tmp_path / "clip", TOTAL)
     parsed = parse_rl_config(raw)
     assert parsed.parallel.sp == 2 and parsed.checkpoint.interval == FIRST < TOTAL and parsed.export.dir

@@ -17,6 +17,7 @@ from runtime.train.model import load_pretrained
 def test_only_rank_zero_shows_the_loading_bar(tmp_path: Path) -> None:
     """transformers draws a "Loading weights" bar per load; in a multi-rank log (not a TTY) every rank's bar was
     printed. The ranks other than 0 load without it, and the bar setting is restored afterwards."""
+    transformers.utils.logging.enable_progress_bar()  # an earlier test of the session may have turned bars off
     cls = lookup("qwen3").model_class()
     cls(tiny_config("qwen3")).save_pretrained(tmp_path / "ckpt")
     printed = {}
