@@ -8,13 +8,19 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: test test-fast test-portability demo regen check bench lint venv clean
 
+# Each step says what it installs before it starts (the whole takes minutes on a fresh machine; pip's own output is
+# kept to its warnings and errors).
 $(STAMP): pyproject.toml
+	@echo "make venv: 1/3 creating $(VENV) and upgrading pip"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	@echo "make venv: 2/3 installing the CPU build of torch 2.13.0 (the largest download)"
 	# CPU torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
+	@echo "make venv: 3/3 installing patchgen with the pinned transformers, diffusers and the test tools"
 	$(BIN)/pip install -q -e '.[runtime,dev]'
 	touch $(STAMP)
+	@echo "make venv: done ($(VENV))"
 
 venv: $(STAMP)
 
