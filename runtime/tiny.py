@@ -5,6 +5,7 @@ pipeline, a CLIP reward model.
     python -m runtime.tiny processor qwen2_5_vl out/proc  # that tokenizer + the model's vision tokens, image processor
     python -m runtime.tiny pipeline flux out/flux         # a random diffusers pipeline (tiny transformer, VAE, ...)
     python -m runtime.tiny clip out/clip                  # a random CLIP checkpoint (rewards: [{clip: out/clip}])
+    python -m runtime.tiny config qwen2_5_vl              # the tiny model.config of a model type, as YAML to paste
 
 A random-init model trains with them (``data.tokenizer``, ``data.processor``, ``model.path``); they know nothing, so
 what a run learns from them is only that it runs. Each command writes a new directory atomically (built beside it,
@@ -32,6 +33,7 @@ DEFAULT_VOCAB = 512
 __all__ = [
     "TinyError",
     "main",
+    "model_config",
     "processor_types",
     "write_clip",
     "write_pipeline",
@@ -159,6 +161,29 @@ def write_clip(directory: str | os.PathLike, seed: int = 0, overwrite: bool = Fa
     return _write(directory, lambda tmp: save_tiny_clip(tmp, seed), overwrite)
 
 
+def model_config(model_type: str, vocab_size: int = DEFAULT_VOCAB) -> dict[str, Any]:
+    """The ``model:`` section of a random-init run of ``model_type`` at its spec's tiny size (``[model.tiny]``), its
+    vocabulary (a VLM's text config's) sized for a tiny tokenizer or processor of ``vocab_size`` tokens."""
+    from runtime.models.registry import REGISTRY
+    from runtime.models.tiny_configs import tiny_config_dict
+
+    entry = REGISTRY.get(model_type)
+    if entry is None or entry.family == "dit":
+        known = sorted(name for name, e in REGISTRY.items() if e.family != "dit")
+        raise TinyError(f"model type {model_type!r} has no tiny run config; known: {', '.join(known)}")
+    if not MIN_VOCAB <= vocab_size <= MAX_VOCAB:
+        raise TinyError(f"--vocab-size: {vocab_size} is outside [{MIN_VOCAB}, {MAX_VOCAB}]")
+    config = tiny_config_dict(model_type)
+    text = config.get("text_config", config)
+    for table in (config, text):
+        table.pop("use_cache", None)  # the trainer turns the cache off itself
+    if entry.is_vlm:  # the media token ids come from the processor's tokenizer (runtime/train/data.py)
+        for key in [k for k in config if k.endswith("_token_id")]:
+            del config[key]
+    text["vocab_size"] = vocab_size
+    return {"type": model_type, "config": config}
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse whose usage errors are one line (``error: ...; see --help``), exit code 2."""
 
@@ -188,6 +213,9 @@ def _parser() -> argparse.ArgumentParser:
     clip = commands.add_parser("clip", help="a tiny random CLIP checkpoint (a clip/pickscore reward of an RL run)")
     clip.add_argument("directory", type=Path, help="where to write it (new or empty, unless --overwrite)")
     clip.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
+    conf = commands.add_parser("config", help="the tiny model section of a model type's run config, as YAML")
+    conf.add_argument("model_type", help="a text, VLM or omni model type")
+    conf.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB, help="the tokenizer's (default: as above)")
     for sub in (tok, proc, pipe, clip):
         sub.add_argument("--overwrite", action="store_true", help="replace an earlier output of this command")
     return parser
@@ -204,6 +232,16 @@ _NEXT = {
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit code (0, or 2 for a refused request)."""
     args = _parser().parse_args(argv)
+    if args.command == "config":
+        try:
+            section = model_config(args.model_type, args.vocab_size)
+        except TinyError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        import yaml
+
+        print(yaml.safe_dump({"model": section}, sort_keys=False), end="")
+        return 0
     try:
         if args.command == "tokenizer":
             path = write_tokenizer(args.directory, args.vocab_size, args.overwrite)

@@ -176,3 +176,35 @@ def test_clip_loads_as_a_reward(tmp_path: Path, capsys: pytest.CaptureFixture) -
     mix = build_rewards([{"clip": str(tmp_path / "clip")}])
     combined, _ = mix(torch.rand(2, 3, 32, 32), ["a red circle", "a blue square"])
     assert combined.shape == (2,) and torch.isfinite(combined).all()
+
+
+def test_config_prints_a_model_section_a_tiny_vlm_trains_with(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`python -m runtime.tiny config qwen2_5_vl` prints the `model:` section at the spec's tiny size, its vocabulary
+    sized for the tiny processor; pasted into a run config beside that processor and a data file, one step trains
+    (no warning about token ids outside the vocabulary: the media ids come from the processor)."""
+    import yaml
+
+    from runtime.data.vision.synthetic import write_synthetic_vlm_dataset
+    from runtime.parallel.state import set_parallel_state
+    from runtime.train.__main__ import main as train
+
+    assert main(["config", "qwen2_5_vl"]) == 0
+    section = yaml.safe_load(capsys.readouterr().out)
+    assert section["model"]["type"] == "qwen2_5_vl" and section["model"]["config"]["text_config"]["vocab_size"] == 512
+    assert main(["processor", "qwen2_5_vl", str(tmp_path / "proc")]) == 0
+    data = write_synthetic_vlm_dataset(tmp_path / "data", 8, seed=0)
+    raw = {
+        **section,
+        "data": {"path": str(data), "processor": str(tmp_path / "proc")},
+        "train": {"steps": 1},
+        "log": {"dir": str(tmp_path / "log"), "progress": False},
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(raw))
+    capsys.readouterr()
+    try:
+        assert train([str(tmp_path / "run.yaml")]) == 0
+    finally:
+        set_parallel_state(None)
+    out, err = capsys.readouterr()
+    assert "step     1/1 loss" in out and "token_id must be" not in err, (out, err)
+    assert main(["config", "wan"]) == 2 and "has no tiny run config" in capsys.readouterr().err
