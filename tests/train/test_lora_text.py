@@ -285,7 +285,10 @@ def test_lora_user_errors_are_one_line(tmp_path: Path) -> None:
     ckpt = {"dir": str(tmp_path / "ckpt"), "interval": 1}
     code, err = run_main(run_config(tmp_path, train={"steps": 1}, lora={"rank": 4}, checkpoint=ckpt), tmp_path)
     assert code == 0, err
-    raw = run_config(tmp_path, train={"steps": 2}, lora={"rank": 8}, checkpoint=ckpt)
+    # two more steps under a re-planned schedule (the schedule is checked before the model is built): the adapter's
+    # changed rank is what the resume refuses
+    replan = {**ckpt, "schedule_change": "replan"}
+    raw = run_config(tmp_path, train={"steps": 2}, lora={"rank": 8}, checkpoint=replan)
     code, err = run_main(raw, tmp_path)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "(lora.alpha: saved 4, this run 8; also lora.rank)" in lines[0], err
