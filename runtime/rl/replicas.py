@@ -1,4 +1,5 @@
-"""The two collectives over the data-parallel replicas that the RL job's phases share (scoring, the updates, the
+"""The collectives over the ranks that the RL job's phases share: an error agreed on by every rank (``agree``), and
+the two over the data-parallel replicas that the RL job's phases share (scoring, the updates, the
 offline DPO step): a per-replica tensor gathered replica-major, a per-replica statistic averaged (or maxed). One
 process (``dp_size == 1``) returns its own values untouched, so single-process runs never reduce anything."""
 
@@ -8,8 +9,9 @@ import torch
 import torch.distributed as dist
 
 from runtime.parallel.state import ParallelState
+from runtime.rl.rewards import RewardError
 
-__all__ = ["gather", "replica_mean"]
+__all__ = ["agree", "gather", "replica_mean"]
 
 
 def gather(values: torch.Tensor, state: ParallelState) -> torch.Tensor:
@@ -29,3 +31,15 @@ def replica_mean(value: float, state: ParallelState, op: str = "mean") -> float:
     t = torch.tensor([value], dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=state.dp_group)
     return t.item() if op == "max" else t.item() / state.dp_size
+
+
+def agree(error: str | None, state: ParallelState) -> None:
+    """Every rank raises the first rank's error when any rank has one (collective): a rank that failed alone must
+    not leave the others waiting in the next collective."""
+    errors = [error]
+    if state.world_size > 1:
+        errors = [None] * state.world_size
+        dist.all_gather_object(errors, error)
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise RewardError(first)

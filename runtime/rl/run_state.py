@@ -18,8 +18,8 @@ from runtime.rl.metrics import RLMetricsLogger
 from runtime.rl.policy import Policy, build_policy
 from runtime.rl.preflight import CheckedRLInputs, check_rl_inputs
 from runtime.rl.prompts import Prompt, PromptSampler
+from runtime.rl.replicas import agree
 from runtime.rl.rewards import RewardMix, build_rewards, reward_names
-from runtime.rl.scoring import agree
 from runtime.train.finite import check_mode
 from runtime.train.schedule_keys import schedule_record
 from runtime.train.summary import plan_summary, say

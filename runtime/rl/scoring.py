@@ -1,7 +1,7 @@
 """The rewards of an iteration's global batch, on every rank: each rank scores its replica's samples, or the
 ``reward_ranks`` score the whole batch in chunks and send every rank the values. A reward's error is agreed on by
-every rank (``agree``), so a rank that failed alone raises with the others instead of leaving them waiting in the
-next collective."""
+every rank (``replicas.agree``), so a rank that failed alone raises with the others instead of leaving them
+waiting in the next collective."""
 
 from __future__ import annotations
 
@@ -11,26 +11,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from runtime.parallel.state import ParallelState
-from runtime.rl.replicas import gather
+from runtime.rl.replicas import agree, gather
 from runtime.rl.rewards import RewardError
 
 if TYPE_CHECKING:
     from runtime.rl.run_state import RLRun
 
-__all__ = ["agree", "score"]
-
-
-def agree(error: str | None, state: ParallelState) -> None:
-    """Every rank raises the first rank's error when any rank has one (collective): a rank that failed alone must
-    not leave the others waiting in the next collective."""
-    errors = [error]
-    if state.world_size > 1:
-        errors = [None] * state.world_size
-        dist.all_gather_object(errors, error)
-    first = next((e for e in errors if e is not None), None)
-    if first is not None:
-        raise RewardError(first)
+__all__ = ["score"]
 
 
 def _local_scores(run: RLRun, samples: torch.Tensor, prompts: Sequence[str]) -> tuple[torch.Tensor | None, str | None]:
