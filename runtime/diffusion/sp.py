@@ -59,6 +59,7 @@ from runtime.parallel.collectives import (
     slice_for_rank,
     unpad,
 )
+from runtime.parallel.sites import mark_site
 from runtime.parallel.state import get_parallel_state
 from runtime.sp.overlap import seq_to_heads
 
@@ -248,10 +249,14 @@ class AttentionSplit:
     layout: AttentionLayout
 
 
-def attention_split(carrier: Any, *, replicated: str, dims: str, site: str = "?") -> AttentionSplit | None:
+def attention_split(
+    carrier: Any, *, replicated: str, dims: str, site: str = "?", module: Any = None
+) -> AttentionSplit | None:
     """The split an attention call works on: the ``TokenShard`` its carrier argument holds (a ``ShardedRotary`` or a
     bare ``TokenShard``), with the stated layout (``sp_layout``); None when SP is off or the call does not receive
-    the split (cross-attention: exact without communication)."""
+    the split (cross-attention: exact without communication). ``module``, the attention module of the call, is
+    marked as having passed a checked site (``runtime.parallel.sites``) either way."""
+    mark_site(module)
     if isinstance(carrier, ShardedRotary):
         carrier = carrier.shard
     if not isinstance(carrier, TokenShard):
@@ -264,15 +269,35 @@ def _joined(layout: AttentionLayout, replicated: Tensor, sharded: Tensor) -> Ten
     return torch.cat(parts, dim=1)
 
 
+def _sharded_key_mask(shard: TokenShard, local: Tensor, site: str) -> Tensor:
+    """The key-mask columns of the sharded tokens the attention sees after the all-to-all, from every rank's own
+    columns (gathered over the whole SP group, so every rank takes the same decision): all real tokens under
+    Ulysses, this ring rank's span under a ring. A ring hides only the padding keys (``sp_ring``), so a mask that
+    hides a real sharded key (a padded latent, say) is refused there rather than ignored."""
+    flag = local.dtype == torch.bool
+    full = gather_along_dim(local.to(torch.uint8) if flag else local, 3, shard.group)
+    full = full.bool() if flag else full
+    if shard.ring_size == 1:
+        return unpad(full, 3, shard.pad)
+    hidden = ~full[..., : shard.tokens] if flag else full[..., : shard.tokens] != 0
+    if bool(hidden.any()):
+        raise ValueError(
+            f"{site}: the attention mask hides some of the sharded tokens' keys, which ring attention does not "
+            f"honour (it hides only the SP padding); train with parallel.ring: 1 (Ulysses honours the mask)"
+        )
+    return full.narrow(3, (shard.rank // shard.ulysses_size) * shard.span, shard.span)
+
+
 def ulysses_to_heads(
     split: AttentionSplit | None, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """Before attention: this rank's sharded tokens x all heads (+ a replicated segment) -> every token x this rank's
     heads, in the stated layout. The sharded tokens are all-to-all'ed and unpadded, the replicated segment keeps
-    this rank's heads. A key mask ``(b, 1, 1, s)`` keeps its replicated columns and takes the sharded tokens as
-    valid (Qwen-Image and HunyuanVideo build their joint masks that way). Under a ring the all-to-all runs over the
-    Ulysses group and queries, keys and values keep this ring rank's span (``TokenShard.span``, padding included):
-    the call that follows is ``runtime.diffusion.sp_ring``'s ring attention. Identity when ``split`` is None.
+    this rank's heads. A key mask ``(b, 1, 1, s)`` keeps its replicated columns and gathers the sharded tokens'
+    columns from every rank (``_sharded_key_mask``: a sharded key the model masks stays masked). Under a ring the
+    all-to-all runs over the Ulysses group and queries, keys and values keep this ring rank's span
+    (``TokenShard.span``, padding included): the call that follows is ``runtime.diffusion.sp_ring``'s ring
+    attention. Identity when ``split`` is None.
     """
     if split is None:
         return query, key, value, attention_mask
@@ -311,8 +336,7 @@ def ulysses_to_heads(
                 f"{layout.site}: SP attention takes a key mask of shape (b, 1, 1, {query.size(1)}), got "
                 f"{tuple(attention_mask.shape)}"
             )
-        fill = True if attention_mask.dtype == torch.bool else 0.0
-        tokens = attention_mask.new_full((*attention_mask.shape[:-1], shard.span), fill)
+        tokens = _sharded_key_mask(shard, attention_mask.narrow(-1, start, shard.local), layout.site)
         kept = attention_mask.narrow(-1, rep_start, count)
         attention_mask = torch.cat([kept, tokens] if layout.replicated == "first" else [tokens, kept], dim=-1)
     query, key, value = (one(x, local) for x, local in zip((query, key, value), sharded, strict=True))

@@ -17,7 +17,32 @@ from typing import Any
 import generated
 
 RECORD_SUFFIX = ".model.json"
-_REQUIRED = ("spec", "module", "model_type", "class", "upstream", "family", "capabilities", "tiny", "data")
+_REQUIRED = ("spec", "module", "model_type", "class", "upstream", "family", "capabilities", "tiny", "data", "supports")
+
+
+@dataclass(frozen=True)
+class Supports:
+    """What the generated class can do, as patchgen derived it from the patches it applied (not a hand-written
+    claim): sequence parallelism, a ring, expert parallelism, the patched attention sites, the module paths that
+    run on replicated tokens before the split, and the config options its patched code declares it honours."""
+
+    sp: bool = False
+    ring: bool = False
+    ep: bool = False
+    attention_sites: tuple[str, ...] = ()
+    replicated_modules: tuple[str, ...] = ()
+    handles: tuple[str, ...] = ()
+
+    @classmethod
+    def from_record(cls, raw: dict[str, Any]) -> Supports:
+        return cls(
+            bool(raw["sp"]),
+            bool(raw["ring"]),
+            bool(raw["ep"]),
+            tuple(raw["attention_sites"]),
+            tuple(raw["replicated_modules"]),
+            tuple(raw["handles"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -31,6 +56,7 @@ class GeneratedModel:
     capabilities: tuple[str, ...] = ()
     tiny: dict[str, Any] = field(default_factory=dict, hash=False)
     data: dict[str, Any] = field(default_factory=dict, hash=False)
+    supports: Supports = Supports()
 
     @property
     def is_vlm(self) -> bool:
@@ -67,7 +93,8 @@ def _record(path: Path) -> GeneratedModel:
         missing = [key for key in _REQUIRED if key not in raw]
         if missing:
             raise ValueError(f"missing keys {missing}")
-    except (OSError, ValueError) as exc:
+        supports = Supports.from_record(raw["supports"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         raise RuntimeError(f"{path}: not a model record written by `patchgen regen` ({exc}); regenerate it") from exc
     return GeneratedModel(
         raw["model_type"],
@@ -79,6 +106,7 @@ def _record(path: Path) -> GeneratedModel:
         tuple(raw["capabilities"]),
         raw["tiny"],
         raw["data"],
+        supports,
     )
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 from torch.distributed.tensor import DTensor
-from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface, _default_apply_gate
 
 from runtime.moe.ep import ep_experts_forward
 from runtime.moe.experts import experts_forward
@@ -26,10 +26,54 @@ def _local(param: torch.Tensor) -> torch.Tensor:
     return param.to_local() if isinstance(param, DTensor) else param
 
 
+# The one weight layout our kernels compute (``runtime/moe/experts.py``): transformers' default experts layout.
+KERNEL_PARAMETERS = frozenset({"gate_up_proj", "down_proj"})
+
+
+def expert_layout_problem(module: torch.nn.Module) -> str | None:
+    """What in ``module`` (an experts module of transformers' ``use_experts_implementation``) our kernels would not
+    compute, or None. Its class states its layout (``has_bias``, ``is_transposed``, ``is_concatenated``,
+    ``has_gate``, an own ``_apply_gate``) and its parameters show it; anything but concatenated gate/up rows, no
+    biases, the (E, out, in) orientation and ``act(gate) * up`` would be silently dropped or misread."""
+    found = []
+    extra = sorted({name for name, _ in module.named_parameters(recurse=False)} - KERNEL_PARAMETERS)
+    if getattr(module, "has_bias", False) or any(name.endswith("bias") for name in extra):
+        found.append("expert biases")
+    if getattr(module, "is_transposed", False):
+        found.append("transposed (E, in, out) weights")
+    if not getattr(module, "is_concatenated", True):
+        found.append("interleaved gate/up rows")
+    if not getattr(module, "has_gate", True):
+        found.append("ungated experts (up_proj only)")
+    if type(module)._apply_gate is not _default_apply_gate:
+        found.append(f"its own gate activation ({type(module).__name__}._apply_gate, e.g. a clamp)")
+    if extra and not found:
+        found.append(f"parameters {extra}")
+    if not found:
+        return None
+    return (
+        f"{type(module).__name__} has {', '.join(found)}, which the fused expert kernels (experts_implementation "
+        f"{sorted(KERNELS)}) do not compute; use model.experts_implementation: eager (upstream's loop; no expert "
+        f"parallelism)"
+    )
+
+
+def check_expert_layouts(model: torch.nn.Module) -> None:
+    """Raise ``ValueError`` when the model runs one of our kernels on experts whose layout they do not compute."""
+    for module in model.modules():
+        if hasattr(module, "has_gate") and getattr(module.config, "_experts_implementation", None) in KERNELS:
+            problem = expert_layout_problem(module)
+            if problem is not None:
+                raise ValueError(problem)
+
+
 def _experts_kernel(impl: str) -> Callable[..., torch.Tensor]:
     def forward(
         module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
+        problem = expert_layout_problem(module)  # every call: a layout the kernels misread must never run
+        if problem is not None:
+            raise ValueError(problem)
         gate_up, down = _local(module.gate_up_proj), _local(module.down_proj)
         if getattr(module, "ep_sharded", False):
             return ep_experts_forward(

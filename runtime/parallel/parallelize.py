@@ -10,7 +10,9 @@ The order is fixed, because each step needs what the one before it left:
 4. ``apply_compile`` (``plan.compile``): per block, before FSDP2 and checkpointing wrap the blocks;
 5. ``apply_fsdp`` with activation checkpointing and the mixed-precision policy when there is more than one rank;
    in one process, activation checkpointing alone (``gradient_checkpointing_enable``);
-6. ``apply_autocast``: bf16 in one process is autocast (FSDP2's policy does it on more ranks).
+6. ``apply_autocast``: bf16 in one process is autocast (FSDP2's policy does it on more ranks);
+7. ``install_site_checks`` (``state.sp_enabled``): every attention module must pass a patched attention site in each
+   forward (``runtime/parallel/sites.py``), or the forward raises instead of attending to this rank's tokens only.
 
 The parallel layout itself (sp, ring, ep, dp_shard, dp_replicate) is the ``ParallelState``; what a job adds is its
 ``ParallelPlan``, stated once.
@@ -29,6 +31,7 @@ from runtime.parallel.compile import apply_compile
 from runtime.parallel.expert_parallel import apply_ep
 from runtime.parallel.fsdp import apply_fsdp
 from runtime.parallel.precision import apply_autocast, fsdp_dtypes
+from runtime.parallel.sites import install_site_checks
 from runtime.parallel.state import ParallelState
 
 __all__ = ["ParallelPlan", "parallelize"]
@@ -42,6 +45,10 @@ class ParallelPlan:
     mixed_precision: str = "auto"
     activation_checkpointing: bool = False
     compile: bool = False
+    # module paths that run on replicated tokens before the token split (the model record's replicated_modules):
+    # their attention is upstream's and needs no checked site
+    replicated_modules: tuple[str, ...] = ()
+    model_name: str = "?"  # the spec the model was generated from, for the site check's error
 
 
 def parallelize(
@@ -66,4 +73,8 @@ def parallelize(
         model = apply_fsdp(model, state, activation_checkpointing=plan.activation_checkpointing, **dtypes)
     elif plan.activation_checkpointing:
         model.gradient_checkpointing_enable()
+    if state.sp_enabled:
+        ring = f", parallel.ring = {state.ring_size}" if state.ring_enabled else ""
+        layout = f"parallel.sp = {state.sp_size}{ring}"
+        install_site_checks(model, layout, plan.replicated_modules, plan.model_name)
     return apply_autocast(model, plan.mixed_precision, state)

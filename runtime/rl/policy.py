@@ -86,16 +86,23 @@ def _shard_and_wrap(
     save: the same for every kind of policy."""
     from runtime.parallel.parallelize import ParallelPlan, parallelize
     from runtime.train.dit import checkpointed
+    from runtime.train.job import site_plan
 
     reference = None
     needs = config.algo.kl_coef > 0 or getattr(config.algo, "needs_reference", False)  # dpo: always
     if needs and config.reference == "frozen_copy":
         reference = copy.deepcopy(module).requires_grad_(False).eval()
     precision = config.train.mixed_precision  # the trainer's rule (runtime/parallel/precision.py)
-    plan = ParallelPlan(mixed_precision=precision, activation_checkpointing=config.parallel.activation_checkpointing)
+    plan = ParallelPlan(
+        mixed_precision=precision,
+        activation_checkpointing=config.parallel.activation_checkpointing,
+        **site_plan(config.model.type),
+    )
     module = parallelize(module, state, plan, device)  # LoRA is in already: a DiT has no expert parallelism
     if reference is not None:  # sharded like the policy; frozen, so never recomputed
-        reference = parallelize(reference, state, ParallelPlan(mixed_precision=precision), device)
+        reference = parallelize(
+            reference, state, ParallelPlan(mixed_precision=precision, **site_plan(config.model.type)), device
+        )
     if not any(p.requires_grad for p in module.parameters()):
         raise ConfigError("lora: the policy has no trainable parameter; nothing would be trained")
     ema = None

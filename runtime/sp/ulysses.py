@@ -14,6 +14,7 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from runtime.parallel.collectives import gather_heads_scatter_seq
+from runtime.parallel.sites import mark_site
 from runtime.parallel.state import get_parallel_state
 from runtime.sp.heads import kv_repeat_factor, repeat_kv_heads
 from runtime.sp.overlap import seq_to_heads
@@ -21,6 +22,25 @@ from runtime.sp.usp import PREFIX as USP_PREFIX
 from runtime.sp.usp import usp_attn_implementation
 
 PREFIX = "ulysses_"
+
+
+# Keyword arguments indexed by query head (attention sinks: a learned per-head logit in the softmax denominator).
+PER_HEAD_KWARGS = ("s_aux",)
+
+
+def heads_of_rank(kwargs: dict[str, Any], num_heads: int, size: int, rank: int) -> dict[str, Any]:
+    """``kwargs`` with every per-head tensor (``PER_HEAD_KWARGS``) cut to the heads this rank attends with after the
+    all-to-all (the ``rank``-th of ``size`` contiguous head chunks): the inner implementation sees this rank's heads,
+    so a full per-head tensor would be applied to the wrong heads (or fail on its length)."""
+    out = dict(kwargs)
+    for name in PER_HEAD_KWARGS:
+        value = out.get(name)
+        if isinstance(value, torch.Tensor) and value.dim() >= 1 and size > 1:
+            if value.shape[0] != num_heads:
+                raise ValueError(f"{name}: expected one entry per query head ({num_heads}), got {tuple(value.shape)}")
+            chunk = num_heads // size
+            out[name] = value[rank * chunk : (rank + 1) * chunk]
+    return out
 
 
 class _HeadShard:
@@ -43,9 +63,11 @@ def ulysses_attention(inner: str):
         attention_mask: torch.Tensor | None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
+        mark_site(module)
         state = get_parallel_state()
         group, sp = state.sp_group, state.sp_size
         num_heads, num_kv_heads = query.shape[1], key.shape[1]
+        kwargs = heads_of_rank(kwargs, num_heads, sp, state.sp_rank)
         repeat = kv_repeat_factor(num_heads, num_kv_heads, sp)
         key, value = repeat_kv_heads(key, repeat), repeat_kv_heads(value, repeat)
         # (b, h, s/sp, d) -> (b, h/sp, s, d)

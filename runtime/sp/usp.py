@@ -26,6 +26,7 @@ from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from runtime.parallel.collectives import gather_heads_scatter_seq
+from runtime.parallel.sites import mark_site
 from runtime.parallel.state import get_parallel_state
 from runtime.sp.heads import kv_repeat_factor, repeat_kv_heads
 from runtime.sp.layout import zigzag_indices
@@ -43,9 +44,47 @@ def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
     return starts.long().cumsum(1)
 
 
+# What the ring implementation honours of the keyword arguments attention modules pass: the scale, the window
+# (through the ``RingMask``, which every sliding-window layer's mask builder returns), the global position ids it
+# finds the documents from; the packing metadata of flash-attention's varlen path and the SP padding mask are
+# derived from those position ids instead. A model's forward also hands its own flags down to every attention call
+# (``output_router_logits``, ...): booleans, integers and strings change no softmax. Any other tensor or float
+# (attention sinks ``s_aux``, a logit ``softcap``, ...) would change the softmax in a way ring attention does not
+# compute: it is refused, not ignored.
+HONOURED_KWARGS = frozenset(
+    {
+        "dropout",  # refused below when non-zero
+        "scaling",
+        "sliding_window",
+        "position_ids",
+        "cache_position",
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+        "token_mask",
+    }
+)
+
+
+def _unhonoured(kwargs: dict[str, Any]) -> list[str]:
+    return sorted(
+        key
+        for key, value in kwargs.items()
+        if key not in HONOURED_KWARGS and isinstance(value, torch.Tensor | float) and not isinstance(value, bool)
+    )
+
+
 def _refuse(module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
     if kwargs.get("dropout", 0.0):
         raise ValueError("ring attention does not support attention dropout; set the model's attention_dropout to 0")
+    unhonoured = _unhonoured(kwargs)
+    if unhonoured:
+        raise ValueError(
+            f"ring attention (parallel.ring > 1) does not compute what {type(module).__name__} asks of its attention: "
+            f"{', '.join(unhonoured)} (e.g. attention sinks or a logit softcap change the softmax); train this model "
+            f"with parallel.ring: 1 (Ulysses only)"
+        )
     if getattr(module, "is_causal", True) is not True:
         raise ValueError(f"ring attention serves causal language models; {type(module).__name__} is not causal")
 
@@ -59,6 +98,7 @@ def usp_attention(inner: str):
         attention_mask: torch.Tensor | None,
         **kwargs: Any,
     ) -> tuple[torch.Tensor, None]:
+        mark_site(module)
         _refuse(module, kwargs)
         if not isinstance(attention_mask, RingMask):
             raise ValueError(f"ring attention builds its masks itself; got a {type(attention_mask).__name__} mask")

@@ -35,6 +35,7 @@ from runtime.parallel.collectives import (
     slice_for_rank,
     unpad,
 )
+from runtime.parallel.sites import mark_site
 from runtime.parallel.state import get_parallel_state
 from runtime.sp.layout import rank_token_index, to_natural_order
 
@@ -90,9 +91,14 @@ def vit_pad_cu_seqlens(cu_seqlens: Tensor, pad_len: int) -> Tensor:
     return torch.cat([cu_seqlens, cu_seqlens[-1:] + pad_len])
 
 
-def vit_all_to_all(tensors: tuple[Tensor, ...], to: str, seq_dim: int, head_dim: int) -> tuple[Tensor, ...]:
+def vit_all_to_all(
+    tensors: tuple[Tensor, ...], to: str, seq_dim: int, head_dim: int, module: Any = None
+) -> tuple[Tensor, ...]:
     """Ulysses all-to-all of ViT attention tensors: ``to="heads"`` before attention (local patches x all heads ->
-    all patches x this rank's heads), ``to="sequence"`` after it (the inverse). Identity when SP is off."""
+    all patches x this rank's heads), ``to="sequence"`` after it (the inverse). Identity when SP is off.
+    ``module``: the attention module of the call, marked as having passed a checked site
+    (``runtime.parallel.sites``)."""
+    mark_site(module)
     group = _sp_group()
     if group is None:
         return tuple(tensors)

@@ -16,7 +16,7 @@ from runtime.parallel.state import ParallelState
 from runtime.train.config import RunConfig
 from runtime.train.metrics import MetricsLogger
 
-__all__ = ["Job", "StepWork", "all_reduce_sum", "parallel_plan", "to_device", "train_device"]
+__all__ = ["Job", "StepWork", "all_reduce_sum", "parallel_plan", "site_plan", "to_device", "train_device"]
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,18 @@ def parallel_plan(config: RunConfig) -> ParallelPlan:
         mixed_precision=config.train.mixed_precision,
         activation_checkpointing=config.parallel.activation_checkpointing,
         compile=config.train.compile,
+        **site_plan(config.model.type),
     )
+
+
+def site_plan(model_type: str) -> dict[str, Any]:
+    """The plan's fields for the attention-site check (``runtime/parallel/sites.py``), from the model's record."""
+    from runtime.models.registry import REGISTRY
+
+    entry = REGISTRY.get(model_type)
+    if entry is None:
+        return {}
+    return {"replicated_modules": entry.supports.replicated_modules, "model_name": entry.spec}
 
 
 def all_reduce_sum(value: torch.Tensor, group) -> torch.Tensor:

@@ -10,7 +10,7 @@ import transformers
 from runtime.config.errors import ConfigError
 from runtime.models.registry import lookup
 from runtime.models.submodel_checkpoint import drop_parts_left_out
-from runtime.moe.dispatch import register_experts_kernels
+from runtime.moe.dispatch import check_expert_layouts, register_experts_kernels
 from runtime.parallel.state import get_parallel_state
 from runtime.train.config import ModelConfig
 
@@ -96,6 +96,10 @@ def build_model(cfg: ModelConfig, fixed: dict[str, Any] | None = None) -> torch.
             config._experts_implementation = cfg.experts_implementation
         torch.manual_seed(cfg.seed)  # every rank builds identical weights before FSDP shards them
         model = cls(config)
+    try:
+        check_expert_layouts(model)
+    except ValueError as exc:
+        raise ConfigError(f"model.experts_implementation: {exc}") from None
     # training: no KV cache (it would also disable packed-sequence masks); a VLM's text model reads its own config
     model.config.use_cache = False
     model.config.get_text_config().use_cache = False

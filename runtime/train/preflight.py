@@ -208,6 +208,43 @@ def check_dit_transformer_config(config: RunConfig) -> None:
         raise ConfigError(f"model.path: {path}: {found[0]}: {found[1]}")
 
 
+def _model_config_values(config: RunConfig, dit: bool) -> tuple[dict, str]:
+    """The model's config as plain values, and the key an error about them names: a DiT's transformer config, a
+    checkpoint's config.json, or a random init's config (its type's defaults under ``model.config``)."""
+    if dit or config.model.path is not None:
+        path = Path(config.model.path) / ("transformer" if dit else "") / "config.json"
+        try:
+            values = json.loads(path.read_bytes())
+        except (OSError, ValueError, RecursionError):
+            return {}, str(path)  # unreadable: the path checks say so
+        return (values if isinstance(values, dict) else {}), f"model.path: {path}"
+    import transformers
+
+    try:
+        built = transformers.AutoConfig.for_model(config.model.type, **config.model.config)
+    except (TypeError, ValueError):
+        return {}, "model.config"  # check_random_init says why
+    return built.to_dict(), "model.config"
+
+
+def check_supported(config: RunConfig) -> None:
+    """The parallel layout and the model's config options against what the generated class declares it supports
+    (``runtime/models/supports.py``): a layout or an option its patched code would silently get wrong is refused,
+    every problem at once."""
+    from runtime.models.registry import REGISTRY
+    from runtime.models.supports import layout_problems, option_problems
+
+    entry = REGISTRY.get(config.model.type)
+    if entry is None:
+        return
+    p = config.parallel
+    problems = layout_problems(entry, p.sp, p.ring or 1, p.ep)
+    values, where = _model_config_values(config, entry.family == "dit")
+    problems += option_problems(entry, values, p.ring or 1, where)
+    if problems:
+        raise ConfigError(*problems)
+
+
 def check_resume_schedule(config: RunConfig, checkpoint: Path) -> None:
     """The resumed steps train at the learning rates the checkpoint's run planned, or ``checkpoint.schedule_change``
     says what else (``runtime/train/schedule_keys.py``): read from its recorded schedule before the model is built."""
@@ -235,6 +272,7 @@ def check_before_launch(config: RunConfig, exports: bool = True) -> None:
     else:
         check_model_path(config)
         check_random_init(config)
+    check_supported(config)
     check_output_dirs(config)
     if exports:
         check_export(config)
@@ -252,6 +290,7 @@ def check_inputs(config: RunConfig, state: ParallelState, exports: bool = True) 
 
         check_pipeline_dir(config)  # a diffusers pipeline directory, not an HF checkpoint
         check_dit_transformer_config(config)
+        check_supported(config)
         check_output_dirs(config)
         if exports:
             check_export(config)
@@ -267,6 +306,7 @@ def check_inputs(config: RunConfig, state: ParallelState, exports: bool = True) 
         check_export(config)
     samples = check_data(config)
     check_random_init(config)
+    check_supported(config)
     resume_from, skipped = select_checkpoint(config, state)
     if resume_from is not None:
         check_resume_schedule(config, resume_from)
