@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
@@ -39,8 +40,17 @@ MODEL_KEYS = {
     "tiny": "table",
     "data": "table",
     "conversions": "bool",
+    "handles": "handles",
 }
+# Config options a spec may declare its patched code honours (`handles`): the runtime refuses a config that sets one
+# of these to a value that changes the computation unless the model's record lists it.
+HANDLES = ("final_logit_softcapping",)
 REQUIRED_MODEL_KEYS = ("model_type", "class", "upstream", "family")
+# The patch kinds the record's `supports` is derived from (never declared by hand: the patches are the proof).
+SP_KINDS = ("sp/ulysses_attention", "dit/shard_tokens")
+RING_KINDS = ("sp/ulysses_attention", "dit/ring_attention")  # the LM Ulysses wrapper runs ring attention itself
+EP_KINDS = ("moe/ep_plan",)
+ATTENTION_SITE_KINDS = ("sp/ulysses_attention", "sp/vit_attention_all_to_all", "dit/ulysses_to_heads")
 SIDECAR_SUFFIX = ".model.json"
 # `tiny` and `data` are plain data the runtime builds models and data pipelines from: bounded, so a spec cannot make
 # a test or a demo allocate a huge model or loop for ever. `data.tiny_variants.<name>` tables are tiny configs too.
@@ -65,6 +75,7 @@ class ModelTable:
     tiny: dict[str, Any] = field(default_factory=dict, hash=False)
     data: dict[str, Any] = field(default_factory=dict, hash=False)
     conversions: bool = True  # a transformers model shares upstream's checkpoint-layout conversions (implied patch)
+    handles: tuple[str, ...] = ()  # config options the patched code honours (HANDLES)
 
     @property
     def implies_conversions(self) -> bool:
@@ -72,9 +83,15 @@ class ModelTable:
         loads every checkpoint layout its upstream class accepts (legacy key names, per-expert MoE files)."""
         return self.conversions and self.upstream.startswith("transformers.")
 
-    def to_json(self, spec_name: str, output: str, companions: list[str] | tuple[str, ...] = ()) -> str:
-        """The sidecar's text: deterministic (sorted keys), importable module path included, and the importable
-        paths of the spec's companion modules when it has any."""
+    def to_json(
+        self,
+        spec_name: str,
+        output: str,
+        companions: list[str] | tuple[str, ...] = (),
+        supports: dict[str, Any] | None = None,
+    ) -> str:
+        """The sidecar's text: deterministic (sorted keys), importable module path included, the importable paths of
+        the spec's companion modules when it has any, and what its patches support (`derive_supports`)."""
         record = {
             "spec": spec_name,
             "module": module_of(output),
@@ -85,10 +102,34 @@ class ModelTable:
             "capabilities": list(self.capabilities),
             "tiny": self.tiny,
             "data": self.data,
+            "supports": supports if supports is not None else derive_supports((), self.handles),
         }
         if companions:
             record["companions"] = list(companions)
         return json.dumps(record, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
+
+
+def derive_supports(patches: Iterable[tuple[str, str, dict[str, Any]]], handles: Iterable[str] = ()) -> dict[str, Any]:
+    """The record's `supports`, derived from the spec's applied patches ((template, scope, vars with defaults) each)
+    so that the runtime can refuse a layout the generated code was never patched for: sp (a Ulysses attention or a
+    DiT token split), ring (the LM Ulysses wrapper, or a DiT ring attention), ep (an EP plan), the scopes of the
+    attention sites, the module paths a DiT keeps replicated, and the config options the spec declares handled."""
+    patches = list(patches)
+    kinds = {template for template, _, _ in patches}
+    replicated = {
+        str(name)
+        for template, _, values in patches
+        if template == "dit/shard_tokens"
+        for name in values.get("replicated_modules", [])
+    }
+    return {
+        "sp": any(kind in kinds for kind in SP_KINDS),
+        "ring": any(kind in kinds for kind in RING_KINDS),
+        "ep": any(kind in kinds for kind in EP_KINDS),
+        "attention_sites": sorted({scope for template, scope, _ in patches if template in ATTENTION_SITE_KINDS}),
+        "replicated_modules": sorted(replicated),
+        "handles": sorted(set(handles)),
+    }
 
 
 def module_of(output: str) -> str:
@@ -128,6 +169,7 @@ def parse_model_table(table: Any, where: str) -> ModelTable:
             "list": lambda v: isinstance(v, list) and all(c in CAPABILITIES for c in v) and len(set(v)) == len(v),
             "table": lambda v: isinstance(v, dict),
             "bool": lambda v: isinstance(v, bool),
+            "handles": lambda v: isinstance(v, list) and all(h in HANDLES for h in v) and len(set(v)) == len(v),
         }[kind](value)
         if not ok:
             expected = {
@@ -137,6 +179,7 @@ def parse_model_table(table: Any, where: str) -> ModelTable:
                 "list": f"an array of distinct capabilities from {list(CAPABILITIES)}",
                 "table": "a table",
                 "bool": "true or false",
+                "handles": f"an array of distinct config options from {list(HANDLES)} that the patched code honours",
             }[kind]
             raise PatchgenError(f"{where}: [model] key {key!r} must be {expected}, found {value!r}")
     for key in ("tiny", "data"):
@@ -150,6 +193,7 @@ def parse_model_table(table: Any, where: str) -> ModelTable:
         dict(table.get("tiny", {})),
         dict(table.get("data", {})),
         table.get("conversions", True),
+        tuple(table.get("handles", [])),
     )
 
 

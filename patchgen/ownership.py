@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from patchgen.config import ProjectConfig
 from patchgen.errors import PatchgenError
 from patchgen.files import package_inits, recover
 from patchgen.journal import Confinement
-from patchgen.model import module_of, sidecar_path
-from patchgen.spec import Spec
+from patchgen.model import derive_supports, module_of, sidecar_path
+from patchgen.spec import Patch, Spec
 from patchgen.spec_set import check_output_path, declared_outputs
 
 if TYPE_CHECKING:
@@ -81,5 +81,14 @@ def outputs(config: ProjectConfig, gen: Generated) -> dict[Path, str]:
 
 
 def model_record(spec: Spec) -> str:
-    """The `.model.json` text of a spec with a `[model]` table, naming its companion modules too."""
-    return spec.model.to_json(spec.name, spec.output, [module_of(c.output) for c in spec.companions])
+    """The `.model.json` text of a spec with a `[model]` table, naming its companion modules too, and what its
+    patches support (derived from them, with each template variable's default where the spec gives no value)."""
+    applied = [(p.template.name, p.scope, _values(p)) for p in spec.patches]
+    supports = derive_supports(applied, spec.model.handles)
+    return spec.model.to_json(spec.name, spec.output, [module_of(c.output) for c in spec.companions], supports)
+
+
+def _values(patch: Patch) -> dict[str, Any]:
+    """A patch's variables: the spec's values over the template's defaults."""
+    defaults = {v.name: v.default for v in patch.template.vars if not v.required}
+    return {**defaults, **patch.vars}

@@ -3,9 +3,9 @@
 # template and run `patchgen regen cogvideox`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
 # spec: specs/cogvideox.toml sha256=be64ce913f6d6f8b0db3771cd3dacc96cace2850783812e28f89a7f9f5d7f004
-# templates: sha256=5374456e3893a7f22aa607fe1a43d2e55be0c9ad8ca19417f47e0067025cb802
-# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
-# body: sha256=3f7a3e3ce637de9cf0b20a14fc8ebd5f6f5b4219591eff8904e31cf08345549b
+# templates: sha256=056170b95852ff8aab778006a73277818f190bc1928cb0e4502fa3e85841e5d9
+# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# body: sha256=aea3a1cfe0fbe132a38c21076a42a04678cd30d53a40a3ab5e6a061d6d461ebe
 # patches:
 #   #4 core/add_parameter @ CogVideoXAttnProcessor2_0.__call__: diffusers' Attention passes a processor only the kwargs its signature names: the processor takes the split
 #   #5 dit/ulysses_to_heads @ CogVideoXAttnProcessor2_0.__call__: joint attention over [text, video] in (b, h, s, d): video tokens all-to-all to this rank's heads, text (first) keeps this rank's heads
@@ -101,7 +101,7 @@ class CogVideoXAttnProcessor2_0:
             if not attn.is_cross_attention:
                 key[:, :, text_seq_length:] = apply_rotary_emb(key[:, :, text_seq_length:], image_rotary_emb)
         # patchgen #5 dit/ulysses_to_heads (2 stmt): joint attention over [text, video] in (b, h, s, d): video tokens all-to-all to this rank's heads, text (first) keeps this rank's heads
-        dit_attn = attention_split(dit_sp, replicated="first", dims="bhsd", site="specs/cogvideox.toml patch 5 (dit/ulysses_to_heads in CogVideoXAttnProcessor2_0.__call__)")
+        dit_attn = attention_split(dit_sp, replicated="first", dims="bhsd", site="specs/cogvideox.toml patch 5 (dit/ulysses_to_heads in CogVideoXAttnProcessor2_0.__call__)", module=attn)
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
         # patchgen #7 dit/ring_attention (1 stmt): under a ring: ring attention over the video K/V, the text K/V attended once as extra K/V

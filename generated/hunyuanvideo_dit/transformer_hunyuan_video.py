@@ -3,9 +3,9 @@
 # template and run `patchgen regen hunyuanvideo`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_hunyuan_video.py sha256=c5de2f401716dad9d63a701dac70ae348debfc81640c33cb300c34f402b9f681
 # spec: specs/hunyuanvideo.toml sha256=c784f55eac49798f96cd0a4ab462502c5af64200a851661c18ab3931c5076bdb
-# templates: sha256=c9b5f849f4a03e9ed08bd7922fd86f9a718cfc53015b48df3f0e381cbe3d9a66
-# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
-# body: sha256=b83af0e4aa2bb7f57118e56a505bc254c2a868cf458fbf2d54a6b6c4b69cf0bb
+# templates: sha256=41a0ceb2a39f52bff96dd318f2874062331a3cabfe952e5f378554c8448e3b18
+# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# body: sha256=9e665b3f77e73a8327dd4b006b4fa96ff19e9d153c3f6c38429320c876273f70
 # patches:
 #   #1 dit/refuse_under_sp @ HunyuanVideoTransformer3DModel.forward: I2V token replacement indexes the first frame's tokens globally: refuse SP instead of modulating the wrong tokens
 #   #2 dit/shard_tokens @ HunyuanVideoTransformer3DModel.forward: each SP rank runs the blocks on its slice of the video tokens and their RoPE; the text (refined before the split) stays whole
@@ -155,7 +155,7 @@ class HunyuanVideoAttnProcessor2_0:
             key = torch.cat([key, encoder_key], dim=1)
             value = torch.cat([value, encoder_value], dim=1)
         # patchgen #4 dit/ulysses_to_heads (2 stmt): joint attention over [video, text]: video tokens all-to-all to this rank's heads, text (last) keeps this rank's heads
-        dit_attn = attention_split(image_rotary_emb, replicated="last", dims="bshd", site="specs/hunyuanvideo.toml patch 4 (dit/ulysses_to_heads in HunyuanVideoAttnProcessor2_0.__call__)")
+        dit_attn = attention_split(image_rotary_emb, replicated="last", dims="bshd", site="specs/hunyuanvideo.toml patch 4 (dit/ulysses_to_heads in HunyuanVideoAttnProcessor2_0.__call__)", module=attn)
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
         # 5. Attention

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen2/modeling_qwen2.py sha256=99fa98c5676604cf6ef505892b70fda5c1c4cd835971459f38d61090cccab1e4
 # spec: specs/qwen2.toml sha256=85ff5d72dd14bb8ac2a0e15bc15e68b635391472e7403389688f676294bdbd0b
 # templates: sha256=bcaf301be28e2e597d39214b7638d706de03403ff737e79537dbc3ca42936671
-# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
+# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
 # body: sha256=bf5f5f0ad867642d83a54def0a662dce125ddeb83009bcf375760ae3335c2f3c
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2Model.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

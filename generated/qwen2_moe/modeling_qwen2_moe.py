@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen2_moe/modeling_qwen2_moe.py sha256=48fa5f02ffeb3881a55ab047c547600f99fd0ecac02c0bdeb8ad002d76af344d
 # spec: specs/qwen2_moe.toml sha256=5eb1ce881b60ada454abda40e397eaac3d870e94aa193a894d809a975efd4fde
 # templates: sha256=2db36c176ba059b2fb3b58107cd13b93e89fb84e8ab0a131ef44304543739fe3
-# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
+# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
 # body: sha256=a61c0141542920b2171241fb0ff4241b3edd382303f65c4f892c87ced83a585b
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2MoeModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

@@ -3,9 +3,9 @@
 # template and run `patchgen regen qwen2_vl`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen2_vl/modeling_qwen2_vl.py sha256=6c124dace35b8a649c34ce5041808e183c4989f90049c6ea9ba1d52aa8bbea99
 # spec: specs/qwen2_vl.toml sha256=a0713dc89144bc7c0fa73ca0c455451d32f69f5a6a4e83cfa91ff7390cd942fb
-# templates: sha256=8d6c836b8cbe98dc0370569e63b780d42082f896546a94e38d817cfcc5a05ab5
-# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
-# body: sha256=9d820c8026ad65df1451855df530cd3b32f7f09371643386e3037f6bc8ab6428
+# templates: sha256=a9b752b953541c09f9d1e0dc0c2c5dbcfa2f54eb2f5b36f946e76208074ce5d8
+# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# body: sha256=fdcee756341c2b5792a5374adcfc586250dcba7e8d7bb79c64c8d47366502e9d
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2VLTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
 #   #2 sp/full_sequence_mask @ Qwen2VLTextModel.forward: same for the sliding-window layers (when the config has any)
@@ -429,7 +429,7 @@ class VisionAttention(nn.Module):
         key_states = key_states.transpose(0, 1).unsqueeze(0)
         value_states = value_states.transpose(0, 1).unsqueeze(0)
         # patchgen #7 sp/vit_attention_all_to_all (1 stmt): per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
-        query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1)
+        query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1, module=self)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -478,7 +478,7 @@ class VisionAttention(nn.Module):
             ]
             attn_output = torch.cat(attn_outputs, dim=1)
         # patchgen #8 sp/vit_attention_all_to_all (1 stmt): and back to this rank's patches x all heads
-        attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2)
+        attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2, module=self)
 
         attn_output = attn_output.reshape(seq_length, -1).contiguous()
         attn_output = self.proj(attn_output)

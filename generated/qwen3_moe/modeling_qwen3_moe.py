@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_moe/modeling_qwen3_moe.py sha256=f07ab1b3a17e27612006a447812b83667af7ab3d527afe3ebbdf89dc5dac8a90
 # spec: specs/qwen3_moe.toml sha256=685dd0de4347918fee1d1d5cf9f2b47a1e7bcc299de15fc1a439531d8d52f9bf
 # templates: sha256=2db36c176ba059b2fb3b58107cd13b93e89fb84e8ab0a131ef44304543739fe3
-# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
+# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
 # body: sha256=bce2c9c0dfd7e33818c0701a1a95d82172e8ae515eb04e0b65c3e1c451a3b147
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3MoeModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

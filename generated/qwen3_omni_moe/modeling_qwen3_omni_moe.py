@@ -3,9 +3,9 @@
 # template and run `patchgen regen qwen3_omni_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
 # spec: specs/qwen3_omni_moe.toml sha256=c6059011509fcbcd0c3dc3670c2e7dd3908bf0751cc06c1c02e464ea0e2d69ca
-# templates: sha256=1b474cb8c2ffe95632fef192983c9302ed1d2f79b9ed461ad231c8b2abede39d
-# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
-# body: sha256=1601b7cfefa0ffb21dfa2ed090764cd384398d28dd83ae148cbbda74236f57fe
+# templates: sha256=20e426568e2bc8647331286b8a37744421875e4f4de532682b9494fd8af32999
+# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# body: sha256=6a89ed3209bdd886c91ba856f83521ce47e18527523fe7f76d8cda0f3659d2f6
 # patches:
 #   #1 core/skip_isinstance @ Qwen3OmniMoePreTrainedModel._init_weights: code2wav (speech output) is pruned with the talker; its weight-init branch can match nothing here
 #   #2 sp/full_sequence_mask @ Qwen3OmniMoeThinkerTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens
@@ -615,7 +615,7 @@ class Qwen3OmniMoeAudioAttention(nn.Module):
         key_states = key_states.transpose(0, 1).unsqueeze(0)
         value_states = value_states.transpose(0, 1).unsqueeze(0)
         # patchgen #18 sp/vit_attention_all_to_all (1 stmt): windowed audio attention needs every frame: Ulysses all-to-all to all frames x this rank's heads
-        query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1)
+        query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1, module=self)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -663,7 +663,7 @@ class Qwen3OmniMoeAudioAttention(nn.Module):
             ]
             attn_output = torch.cat(attn_outputs, dim=1)
         # patchgen #19 sp/vit_attention_all_to_all (1 stmt): and back to this rank's frames x all heads
-        attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2)
+        attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2, module=self)
 
         attn_output = attn_output.reshape(seq_length, -1).contiguous()
         attn_output = self.out_proj(attn_output)
@@ -985,7 +985,7 @@ class Qwen3OmniMoeVisionAttention(nn.Module):
         key_states = key_states.transpose(0, 1).unsqueeze(0)
         value_states = value_states.transpose(0, 1).unsqueeze(0)
         # patchgen #9 sp/vit_attention_all_to_all (1 stmt): per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
-        query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1)
+        query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1, module=self)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -1034,7 +1034,7 @@ class Qwen3OmniMoeVisionAttention(nn.Module):
             ]
             attn_output = torch.cat(attn_outputs, dim=1)
         # patchgen #10 sp/vit_attention_all_to_all (1 stmt): and back to this rank's patches x all heads
-        attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2)
+        attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2, module=self)
 
         attn_output = attn_output.reshape(seq_length, -1).contiguous()
         attn_output = self.proj(attn_output)

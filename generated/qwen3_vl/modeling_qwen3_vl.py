@@ -3,9 +3,9 @@
 # template and run `patchgen regen qwen3_vl`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl/modeling_qwen3_vl.py sha256=fcb5571ef95e4a6679af866ef9ef4dfa5cee017f9f91453daf28c7804c7a50fe
 # spec: specs/qwen3_vl.toml sha256=0b764ff97590ec2a7fba011e97debd98066754a59117e4f929e3e9ae9042fa07
-# templates: sha256=71c574f676b2cafacbe6ee381114efb5bd74e38a3416d2702a6dcd4d4be84203
-# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
-# body: sha256=aa94bdc0154fd5e381aeed85eebd4ecea68e611d00d1bd77f78d300abf671f69
+# templates: sha256=ab360dcb9e3f0c9010a938d8d2daa3e2ef849effaa1437ca59cdb42e0aa76d2c
+# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# body: sha256=340642cd455e7a82ef0b9f1f7eb9befcea06a176304bd25741001d029fbba6f4
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel
 #   #2 vlm/local_submodel @ Qwen3VLModel.__init__: the text model is this file's patched class, not upstream's via AutoModel
@@ -265,7 +265,7 @@ class Qwen3VLVisionAttention(nn.Module):
         key_states = key_states.transpose(0, 1).unsqueeze(0)
         value_states = value_states.transpose(0, 1).unsqueeze(0)
         # patchgen #8 sp/vit_attention_all_to_all (1 stmt): per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
-        query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1)
+        query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1, module=self)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -314,7 +314,7 @@ class Qwen3VLVisionAttention(nn.Module):
             ]
             attn_output = torch.cat(attn_outputs, dim=1)
         # patchgen #9 sp/vit_attention_all_to_all (1 stmt): and back to this rank's patches x all heads
-        attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2)
+        attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2, module=self)
 
         attn_output = attn_output.reshape(seq_length, -1).contiguous()
         attn_output = self.proj(attn_output)

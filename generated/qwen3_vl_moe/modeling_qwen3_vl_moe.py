@@ -3,9 +3,9 @@
 # template and run `patchgen regen qwen3_vl_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
 # spec: specs/qwen3_vl_moe.toml sha256=364121ac405a08f14f28af3e3f0144c5b42e2759565740821b3b890eb066c47d
-# templates: sha256=1c4b131d931c735f0cfaa31f227817654252e7e6eba24245eb66ce7f10bf9bd8
-# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
-# body: sha256=81bbf66ac04427a79fa9912c2fd302a857280acfe9fb40769244c78ce03525f2
+# templates: sha256=417eb2e79c48e9c2eb9a7512aa4e39f1d59d4e6f67f034c68bdd4ece891098d6
+# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# body: sha256=ecd79cfc3ca6eee6e8d79b8f8c7df12c3511150714783a0106dea39e4c527875
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel
 #   #2 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the text model is this file's patched class, not upstream's via AutoModel
@@ -519,7 +519,7 @@ class Qwen3VLMoeVisionAttention(nn.Module):
         key_states = key_states.transpose(0, 1).unsqueeze(0)
         value_states = value_states.transpose(0, 1).unsqueeze(0)
         # patchgen #8 sp/vit_attention_all_to_all (1 stmt): per-image ViT attention needs every patch: Ulysses all-to-all to all patches x this rank's heads
-        query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1)
+        query_states, key_states, value_states = vit_all_to_all((query_states, key_states, value_states), to="heads", seq_dim=2, head_dim=1, module=self)
 
         attention_interface: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, eager_attention_forward
@@ -568,7 +568,7 @@ class Qwen3VLMoeVisionAttention(nn.Module):
             ]
             attn_output = torch.cat(attn_outputs, dim=1)
         # patchgen #9 sp/vit_attention_all_to_all (1 stmt): and back to this rank's patches x all heads
-        attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2)
+        attn_output, = vit_all_to_all((attn_output,), to="sequence", seq_dim=1, head_dim=2, module=self)
 
         attn_output = attn_output.reshape(seq_length, -1).contiguous()
         attn_output = self.proj(attn_output)

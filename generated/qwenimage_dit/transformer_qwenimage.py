@@ -3,9 +3,9 @@
 # template and run `patchgen regen qwenimage`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_qwenimage.py sha256=cea921e2dd8bba5fcd86ae99054d7320b2773cc653c04c218983d54e737e2cc5
 # spec: specs/qwenimage.toml sha256=e7345eceb1126a6c1b726715ebb40b1aea33158b59c62ad09ec352b48eb7620c
-# templates: sha256=8f4a712231fe50d5bab052f27349d5ff4f5c75a93c88bc88bbeb608d2cd7b4e7
-# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
-# body: sha256=14f245a68fc25cd9d41c5b1fe944599b638de874f83e51c96ae65077c9ffdf4f
+# templates: sha256=87b027b344f8a0a9c93d7950efa94f2dc6e3016de264bf17f504109c9aac481b
+# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# body: sha256=0efeab962938bea57f754363d998d496bfc9fc7d239c316cb4fde58c09de60b1
 # patches:
 #   #1 dit/shard_tokens @ QwenImageTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole
 #   #2 dit/shard_rotary @ QwenImageTransformer2DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
@@ -571,7 +571,7 @@ class QwenDoubleStreamAttnProcessor2_0:
         joint_key = torch.cat([txt_key, img_key], dim=1)
         joint_value = torch.cat([txt_value, img_value], dim=1)
         # patchgen #3 dit/ulysses_to_heads (2 stmt): joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
-        dit_attn = attention_split(image_rotary_emb, replicated="first", dims="bshd", site="specs/qwenimage.toml patch 3 (dit/ulysses_to_heads in QwenDoubleStreamAttnProcessor2_0.__call__)")
+        dit_attn = attention_split(image_rotary_emb, replicated="first", dims="bshd", site="specs/qwenimage.toml patch 3 (dit/ulysses_to_heads in QwenDoubleStreamAttnProcessor2_0.__call__)", module=attn)
         joint_query, joint_key, joint_value, attention_mask = ulysses_to_heads(dit_attn, joint_query, joint_key, joint_value, attention_mask)
 
         # patchgen #5 dit/ring_attention (1 stmt): under a ring: ring attention over the image K/V, the text K/V (key mask honoured) attended once as extra K/V

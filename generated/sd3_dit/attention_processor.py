@@ -3,9 +3,9 @@
 # template and run `patchgen regen sd3`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
 # spec: specs/sd3.toml sha256=34fdad8151d34e7d9719d3dd47dea54ae566f2f02c7ea54f5f25a0a025f67947
-# templates: sha256=b6b17fbde880be606b1593b9a52b6d75c04c1eb914e774e4a9b1bcc638faab55
-# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
-# body: sha256=a0ec1078d0cbc2ef65185aa43f742a20bfc3cdfd3e8779f93d0ce853afa391bd
+# templates: sha256=089ea0deca15fbc844262d4a41faa09400c7854cb08f3570de3136caad24aeb2
+# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# body: sha256=debc05bb72f85777dcf8fa451b1467d45a1f34721391e396c67b59510ada0e3d
 # patches:
 #   #4 core/add_parameter @ JointAttnProcessor2_0.__call__: diffusers' Attention passes a processor only the kwargs its signature names: the processor takes the split
 #   #5 dit/ulysses_to_heads @ JointAttnProcessor2_0.__call__: joint attention over [image, text] in (b, h, s, d): image tokens all-to-all to this rank's heads, text (last) keeps this rank's heads; attn2 has no text
@@ -111,7 +111,7 @@ class JointAttnProcessor2_0:
             key = torch.cat([key, encoder_hidden_states_key_proj], dim=2)
             value = torch.cat([value, encoder_hidden_states_value_proj], dim=2)
         # patchgen #5 dit/ulysses_to_heads (2 stmt): joint attention over [image, text] in (b, h, s, d): image tokens all-to-all to this rank's heads, text (last) keeps this rank's heads; attn2 has no text
-        dit_attn = attention_split(dit_sp, replicated="last", dims="bhsd", site="specs/sd3.toml patch 5 (dit/ulysses_to_heads in JointAttnProcessor2_0.__call__)")
+        dit_attn = attention_split(dit_sp, replicated="last", dims="bhsd", site="specs/sd3.toml patch 5 (dit/ulysses_to_heads in JointAttnProcessor2_0.__call__)", module=attn)
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
         # patchgen #7 dit/ring_attention (1 stmt): under a ring: ring attention over the image K/V, the text K/V attended once as extra K/V

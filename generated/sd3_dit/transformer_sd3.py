@@ -3,8 +3,8 @@
 # template and run `patchgen regen sd3`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_sd3.py sha256=0c9bcbf6c19c4eeb9c438332157d233f8191253125438e660054700e466c42d8
 # spec: specs/sd3.toml sha256=34fdad8151d34e7d9719d3dd47dea54ae566f2f02c7ea54f5f25a0a025f67947
-# templates: sha256=b6b17fbde880be606b1593b9a52b6d75c04c1eb914e774e4a9b1bcc638faab55
-# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
+# templates: sha256=089ea0deca15fbc844262d4a41faa09400c7854cb08f3570de3136caad24aeb2
+# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
 # body: sha256=f2e8d70b8cd7df382ce4f37d70e7cbf6105f60b72895a8e1d380d48e03b541d3
 # patches:
 #   #1 dit/refuse_under_sp @ SD3Transformer2DModel.forward: ControlNet residuals cover every image token: refuse SP instead of adding them to the wrong tokens

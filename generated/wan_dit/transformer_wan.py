@@ -3,9 +3,9 @@
 # template and run `patchgen regen wan`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_wan.py sha256=74741d74c9fa4b9d02be83de9840b37a732080a795aa2d19037c03e312c76907
 # spec: specs/wan.toml sha256=89d5774370da74980ec9394acab67583386f8afb1987081f39f5bd690d0cb906
-# templates: sha256=8f4a712231fe50d5bab052f27349d5ff4f5c75a93c88bc88bbeb608d2cd7b4e7
-# engine: patchgen==0.1.0 sha256=c3c48f77d3d9e45eca2388830b51956a8f41950ba362d3fcbc553e464b42c000
-# body: sha256=19f2246b68f85d0cb3ebabd0a908a1320e072bef673eaabeb29acda2c819c319
+# templates: sha256=87b027b344f8a0a9c93d7950efa94f2dc6e3016de264bf17f504109c9aac481b
+# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# body: sha256=25a09dc002fc9155cf602784a864679155aeba6fb90a7f2ba472701237bf113a
 # patches:
 #   #1 dit/shard_tokens @ WanTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables
 #   #2 dit/shard_rotary @ WanTransformer3DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
@@ -165,7 +165,7 @@ class WanAttnProcessor:
             hidden_states_img = hidden_states_img.flatten(2, 3)
             hidden_states_img = hidden_states_img.type_as(query)
         # patchgen #3 dit/ulysses_to_heads (2 stmt): self-attention (the call with RoPE) sees every token: all-to-all to this rank's heads
-        dit_attn = attention_split(rotary_emb, replicated="none", dims="bshd", site="specs/wan.toml patch 3 (dit/ulysses_to_heads in WanAttnProcessor.__call__)")
+        dit_attn = attention_split(rotary_emb, replicated="none", dims="bshd", site="specs/wan.toml patch 3 (dit/ulysses_to_heads in WanAttnProcessor.__call__)", module=attn)
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
         # patchgen #5 dit/ring_attention (1 stmt): under a ring the self-attention runs ring attention over the ring group (K/V passed around, padding hidden)

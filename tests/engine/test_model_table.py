@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
 from patchgen.errors import PatchgenError
+from patchgen.model import derive_supports
 from patchgen.project import check, regen
-from tests.engine.helpers import ALL_OPS, TOY, FixtureSource, body_of, spec_toml, upstream_text
+from tests.engine.helpers import ALL_OPS, REPO, TOY, FixtureSource, body_of, spec_toml, upstream_text
 
 MODEL = """
 [model]
@@ -48,6 +50,14 @@ def test_regen_writes_the_model_record_beside_the_output_and_check_guards_it(pro
         "capabilities": ["moe"],
         "tiny": {"hidden_size": 8, "sub": {"depth": 2, "names": ["a", "b"]}},
         "data": {"processor": "ToyProcessor"},
+        "supports": {
+            "sp": False,
+            "ring": False,
+            "ep": False,
+            "attention_sites": [],
+            "replicated_modules": [],
+            "handles": [],
+        },
     }
     assert check(proj.config, [proj.spec()], source=FixtureSource()) == []
     record.write_text(record.read_text().replace('"hidden_size": 8', '"hidden_size": 9'))
@@ -64,6 +74,12 @@ def test_regen_writes_the_model_record_beside_the_output_and_check_guards_it(pro
         (MODEL.replace('upstream = "fixturepkg.AutoToy"', 'upstream = "AutoToy"'), "key 'upstream' must be a dotted"),
         (MODEL.replace('family = "causal_lm"', 'family = "causal_lm"\ncolour = "red"'), "unknown key 'colour'"),
         (MODEL.replace('model_type = "toy"', 'model_type = "toy-2"'), "key 'model_type' must be a Python name"),
+        (MODEL.replace('["moe"]', '["moe"]\nhandles = ["attention_sinks"]'), "key 'handles' must be an array of"),
+        (MODEL.replace('["moe"]', '["moe"]\nhandles = "final_logit_softcapping"'), "key 'handles' must be an array"),
+        (
+            MODEL.replace('["moe"]', '["moe"]\nhandles = ["final_logit_softcapping", "final_logit_softcapping"]'),
+            "key 'handles' must be an array of distinct config options",
+        ),
     ],
 )
 def test_a_bad_model_table_names_the_file_and_key(project, table: str, message: str) -> None:
@@ -162,3 +178,77 @@ def test_the_model_class_must_be_a_class_of_the_generated_module(project, cls: s
     proj = project(with_model(spec_toml(), MODEL.replace('class = "ToyForTask"', f'class = "{cls}"')))
     with pytest.raises(PatchgenError, match=rf"\[model\] class '{cls}' is not a kept class of the generated module"):
         proj.generate()
+
+
+# The SP, ring and EP kinds from the real templates, applied to the toy module (their anchors need only an
+# expression of the right scope: the derivation reads which patches the spec applies, not what they compute).
+SP_PATCHES = [
+    dict(template="sp/ulysses_attention", scope="ToyLayer.forward", anchor="self.config.scale", why="ulysses"),
+    dict(
+        template="sp/vit_attention_all_to_all",
+        scope="ToyModel.forward",
+        before="norm = math.sqrt(sum(h * h for h in hidden) + EPS)",
+        vars=dict(tensors=["hidden"], to="heads", seq_dim=0, head_dim=1),
+        why="a vision tower's all-to-all",
+    ),
+    dict(template="moe/ep_plan", scope="ToyModel", vars=dict(params=["mlp.experts.w"]), why="EP plan"),
+]
+
+
+def test_supports_is_derived_from_the_applied_patches(project) -> None:
+    proj = project(
+        with_model(
+            spec_toml(patches=ALL_OPS[:2]), MODEL.replace('["moe"]', '["moe"]\nhandles = ["final_logit_softcapping"]')
+        )
+    )
+    for family in ("sp", "moe"):
+        shutil.copytree(REPO / "templates" / family, proj.root / "templates" / family)
+    regen(proj.config, [proj.spec()], source=FixtureSource())
+    record = proj.root / "generated/toy/modeling_toy.model.json"
+    without = json.loads(record.read_text())["supports"]
+    assert without == {
+        "sp": False,
+        "ring": False,
+        "ep": False,
+        "attention_sites": [],
+        "replicated_modules": [],
+        "handles": ["final_logit_softcapping"],
+    }
+    proj.write_spec(with_model(spec_toml(patches=[ALL_OPS[0], *SP_PATCHES]), MODEL))
+    regen(proj.config, [proj.spec()], source=FixtureSource())
+    assert json.loads(record.read_text())["supports"] == {
+        "sp": True,
+        "ring": True,  # the LM Ulysses wrapper runs ring attention itself
+        "ep": True,
+        "attention_sites": ["ToyLayer.forward", "ToyModel.forward"],
+        "replicated_modules": [],
+        "handles": [],
+    }
+    assert check(proj.config, [proj.spec()], source=FixtureSource()) == []
+
+
+def _dit(*kinds: str, replicated: tuple[list[str], ...] = ()) -> list[tuple[str, str, dict]]:
+    patches = [(kind, "Proc.__call__" if "ulysses" in kind else "Model.forward", {}) for kind in kinds]
+    return patches + [("dit/shard_tokens", "Model.forward", {"replicated_modules": r}) for r in replicated]
+
+
+@pytest.mark.parametrize(
+    "patches, expected",
+    [
+        (_dit(), dict(sp=False, ring=False, ep=False, attention_sites=[], replicated_modules=[])),
+        (  # a DiT with a token split but no ring attention patch: Ulysses only, a ring would attend locally
+            _dit("dit/ulysses_to_heads", replicated=(["refiner"],)),
+            dict(sp=True, ring=False, ep=False, attention_sites=["Proc.__call__"], replicated_modules=["refiner"]),
+        ),
+        (
+            _dit("dit/ulysses_to_heads", "dit/ring_attention", replicated=(["b", "a"], ["a"])),
+            dict(sp=True, ring=True, ep=False, attention_sites=["Proc.__call__"], replicated_modules=["a", "b"]),
+        ),
+        (  # attention sites without a token split (a ViT all-to-all alone) do not make the model SP-capable
+            [("sp/vit_attention_all_to_all", "V.forward", {}), ("sp/vit_attention_all_to_all", "V.forward", {})],
+            dict(sp=False, ring=False, ep=False, attention_sites=["V.forward"], replicated_modules=[]),
+        ),
+    ],
+)
+def test_supports_of_dit_patch_sets(patches: list, expected: dict) -> None:
+    assert derive_supports(patches) == {**expected, "handles": []}
