@@ -2,9 +2,9 @@
 # Made by patchgen 0.1.0 from specs/cogvideox.toml; to change it, edit the spec or a
 # template and run `patchgen regen cogvideox`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
-# spec: specs/cogvideox.toml sha256=be64ce913f6d6f8b0db3771cd3dacc96cace2850783812e28f89a7f9f5d7f004
+# spec: specs/cogvideox.toml sha256=8d71ee30a8854aa55f22bfbf8b1dd26e1263a6f16313faa95fc6feb08ce83c6a
 # templates: sha256=056170b95852ff8aab778006a73277818f190bc1928cb0e4502fa3e85841e5d9
-# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# engine: patchgen==0.1.0 sha256=0f996c6bbc9a934d53d4b500da1ca6dd5d9dae07f2eb7a70a13a41298a6e52e2
 # body: sha256=aea3a1cfe0fbe132a38c21076a42a04678cd30d53a40a3ab5e6a061d6d461ebe
 # patches:
 #   #4 core/add_parameter @ CogVideoXAttnProcessor2_0.__call__: diffusers' Attention passes a processor only the kwargs its signature names: the processor takes the split

@@ -2,9 +2,9 @@
 # Made by patchgen 0.1.0 from specs/qwen2_vl.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen2_vl`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen2_vl/modeling_qwen2_vl.py sha256=6c124dace35b8a649c34ce5041808e183c4989f90049c6ea9ba1d52aa8bbea99
-# spec: specs/qwen2_vl.toml sha256=a0713dc89144bc7c0fa73ca0c455451d32f69f5a6a4e83cfa91ff7390cd942fb
-# templates: sha256=a9b752b953541c09f9d1e0dc0c2c5dbcfa2f54eb2f5b36f946e76208074ce5d8
-# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# spec: specs/qwen2_vl.toml sha256=ad82ed3b9eb21aca9ad67216cfe42a102064ef28d16bdf7c69fa1812540b8ffe
+# templates: sha256=670230c5f16c37934e8fb313ba876460a9aab39c37bedc3a282812346e6392c9
+# engine: patchgen==0.1.0 sha256=0f996c6bbc9a934d53d4b500da1ca6dd5d9dae07f2eb7a70a13a41298a6e52e2
 # body: sha256=fdcee756341c2b5792a5374adcfc586250dcba7e8d7bb79c64c8d47366502e9d
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2VLTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

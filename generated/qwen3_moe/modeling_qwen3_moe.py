@@ -2,9 +2,9 @@
 # Made by patchgen 0.1.0 from specs/qwen3_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen3_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_moe/modeling_qwen3_moe.py sha256=f07ab1b3a17e27612006a447812b83667af7ab3d527afe3ebbdf89dc5dac8a90
-# spec: specs/qwen3_moe.toml sha256=685dd0de4347918fee1d1d5cf9f2b47a1e7bcc299de15fc1a439531d8d52f9bf
-# templates: sha256=2db36c176ba059b2fb3b58107cd13b93e89fb84e8ab0a131ef44304543739fe3
-# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# spec: specs/qwen3_moe.toml sha256=212f00fb4373c994d44d0aee3f9b451a5ea6c3209b818949b51452c5ac89e38e
+# templates: sha256=6dd75ec86c71322d3028e18ef228b72493dd20ac189e8684abb83f989d35df3c
+# engine: patchgen==0.1.0 sha256=0f996c6bbc9a934d53d4b500da1ca6dd5d9dae07f2eb7a70a13a41298a6e52e2
 # body: sha256=bce2c9c0dfd7e33818c0701a1a95d82172e8ae515eb04e0b65c3e1c451a3b147
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3MoeModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

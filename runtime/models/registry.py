@@ -70,6 +70,12 @@ class GeneratedModel:
     def has(self, capability: str) -> bool:
         return capability in self.capabilities
 
+    @property
+    def tiny_variants(self) -> dict[str, dict[str, Any]]:
+        """Named overrides of the tiny config (``[model.data.tiny_variants.<name>]``): each reaches config-gated
+        branches of the patched code the tiny config does not (tests/models/test_branch_reach.py)."""
+        return self.data.get("tiny_variants", {})
+
     def model_class(self) -> type:
         return getattr(importlib.import_module(self.module), self.causal_lm)
 
@@ -137,6 +143,17 @@ def lookup(model_type: str) -> GeneratedModel:
 
 def causal_lm_class(model_type: str) -> type:
     return lookup(model_type).model_class()
+
+
+def variant_cases(types: list[str]) -> list[tuple[str, str | None]]:
+    """``(model_type, None)`` for each type's tiny config, then ``(model_type, variant)`` for each of its variants:
+    what a parity suite runs so that every config-gated branch is compared."""
+    return [(t, v) for t in types for v in (None, *lookup(t).tiny_variants)]
+
+
+def variant_overrides(model_type: str, variant: str | None) -> dict[str, Any]:
+    """The overrides of a tiny variant (``{}`` for the tiny config itself)."""
+    return {} if variant is None else dict(lookup(model_type).tiny_variants[variant])
 
 
 def model_types(family: str | None = None, capability: str | None = None, without: str | None = None) -> list[str]:

@@ -35,7 +35,7 @@ def check_model(config: RLConfig) -> Any:
     from runtime.diffusion.conditions import condition_model_class
     from runtime.diffusion.registry import dit_model_types, lookup_dit
     from runtime.train.dit import check_pipeline_dir
-    from runtime.train.preflight import check_dit_transformer_config
+    from runtime.train.preflight import check_dit_transformer_config, supported_problems
 
     kinds = dit_model_types()
     if config.model.type not in kinds:
@@ -50,6 +50,9 @@ def check_model(config: RLConfig) -> Any:
         )
     check_pipeline_dir(config)
     check_dit_transformer_config(config)
+    problems = supported_problems(config.model.type, config.model.path, {}, config.parallel)
+    if problems:  # a layout the generated DiT was not patched for
+        raise ConfigError(*problems)
     return condition
 
 

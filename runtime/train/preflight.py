@@ -13,6 +13,7 @@ from runtime.checkpoint.dcp import latest_intact_checkpoint
 from runtime.checkpoint.export import ExportTargetError, check_export_target
 from runtime.checkpoint.rank_state import saved_extra
 from runtime.checkpoint.verify import CheckpointError, read_marker, verify_checkpoint
+from runtime.config.common import ParallelConfig
 from runtime.config.errors import ConfigError
 from runtime.data.samples import AudioPart, ChatSample, ImagePart, LocatedSample, VideoPart, read_samples_located
 from runtime.parallel.state import ParallelState
@@ -208,39 +209,43 @@ def check_dit_transformer_config(config: RunConfig) -> None:
         raise ConfigError(f"model.path: {path}: {found[0]}: {found[1]}")
 
 
-def _model_config_values(config: RunConfig, dit: bool) -> tuple[dict, str]:
+def _model_config_values(model_type: str, path: str | None, overrides: dict, dit: bool) -> tuple[dict, str]:
     """The model's config as plain values, and the key an error about them names: a DiT's transformer config, a
     checkpoint's config.json, or a random init's config (its type's defaults under ``model.config``)."""
-    if dit or config.model.path is not None:
-        path = Path(config.model.path) / ("transformer" if dit else "") / "config.json"
+    if dit or path is not None:
+        source = Path(path) / ("transformer" if dit else "") / "config.json"
         try:
-            values = json.loads(path.read_bytes())
+            values = json.loads(source.read_bytes())
         except (OSError, ValueError, RecursionError):
-            return {}, str(path)  # unreadable: the path checks say so
-        return (values if isinstance(values, dict) else {}), f"model.path: {path}"
+            return {}, str(source)  # unreadable: the path checks say so
+        return (values if isinstance(values, dict) else {}), f"model.path: {source}"
     import transformers
 
     try:
-        built = transformers.AutoConfig.for_model(config.model.type, **config.model.config)
+        built = transformers.AutoConfig.for_model(model_type, **overrides)
     except (TypeError, ValueError):
         return {}, "model.config"  # check_random_init says why
     return built.to_dict(), "model.config"
 
 
-def check_supported(config: RunConfig) -> None:
+def supported_problems(model_type: str, path: str | None, overrides: dict, parallel: ParallelConfig) -> list[str]:
     """The parallel layout and the model's config options against what the generated class declares it supports
-    (``runtime/models/supports.py``): a layout or an option its patched code would silently get wrong is refused,
-    every problem at once."""
+    (``runtime/models/supports.py``): one line per layout or option its patched code would silently get wrong.
+    Shared by the trainer and the RL job (a DiT's ``path`` is its pipeline directory)."""
     from runtime.models.registry import REGISTRY
     from runtime.models.supports import layout_problems, option_problems
 
-    entry = REGISTRY.get(config.model.type)
+    entry = REGISTRY.get(model_type)
     if entry is None:
-        return
-    p = config.parallel
-    problems = layout_problems(entry, p.sp, p.ring or 1, p.ep)
-    values, where = _model_config_values(config, entry.family == "dit")
-    problems += option_problems(entry, values, p.ring or 1, where)
+        return []
+    ring = parallel.ring or 1
+    values, where = _model_config_values(model_type, path, overrides, entry.family == "dit")
+    return layout_problems(entry, parallel.sp, ring, parallel.ep) + option_problems(entry, values, ring, where)
+
+
+def check_supported(config: RunConfig) -> None:
+    """``supported_problems`` of a run config, all at once."""
+    problems = supported_problems(config.model.type, config.model.path, config.model.config, config.parallel)
     if problems:
         raise ConfigError(*problems)
 

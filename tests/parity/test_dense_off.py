@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.models.registry import lookup, model_types
+from runtime.models.registry import lookup, model_types, variant_cases, variant_overrides
 from tests.parity.dense import grads, models, packed_batch, relative_error
 
 
-@pytest.mark.parametrize("model_type", model_types("causal_lm"))
+# every dense and MoE causal LM on its tiny config and each tiny variant (the config-gated branches they reach)
+@pytest.mark.parametrize(("model_type", "variant"), variant_cases(model_types("causal_lm")))
 @pytest.mark.parametrize("packed", [False, True])
-def test_bitwise_equal_to_upstream(model_type: str, packed: bool) -> None:
-    upstream, generated = models(model_type)
+def test_bitwise_equal_to_upstream(model_type: str, variant: str | None, packed: bool) -> None:
+    upstream, generated = models(model_type, **variant_overrides(model_type, variant))
     assert type(generated).__module__ == lookup(model_type).module
     if packed:
         batch = packed_batch((7, 10, 4))

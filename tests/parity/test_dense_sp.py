@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.models.registry import model_types
+from runtime.models.registry import model_types, variant_cases, variant_overrides
 from runtime.sp.ulysses import kv_repeat_factor
 from tests.dist_utils import run_distributed
 from tests.parity.dense import grads, models, packed_batch, relative_error, sp_worker
 
 # Every dense causal LM of the specs on a packed row whose sequence lengths are not multiples of 2 (odd total too);
-# then, on the first ones, a 1-KV-head case (sp > kv heads) and the loss computed chunk-wise from hidden states.
+# then every tiny variant (the config-gated branches the tiny configs do not reach); then, on the first ones, a
+# 1-KV-head case (sp > kv heads) and the loss computed chunk-wise from hidden states.
 DENSE = model_types("causal_lm", without="moe")
 CASES = [
     *((model_type, (7, 10) if index % 2 == 0 else (5, 9, 3), {}, {}) for index, model_type in enumerate(DENSE)),
+    *((t, (9, 6, 4), variant_overrides(t, v), {}) for t, v in variant_cases(DENSE) if v is not None),
     (DENSE[0], (11, 6), {"num_key_value_heads": 1}, {}),
     (DENSE[-1], (8, 5, 4), {}, {"loss_chunk_size": 3}),
 ]

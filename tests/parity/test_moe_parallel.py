@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.models.registry import model_types
+from runtime.models.registry import model_types, variant_cases
 from tests.dist_utils import run_distributed
 from tests.parity.dense import relative_error
 
@@ -16,14 +16,17 @@ from tests.parity.dense import relative_error
 LENGTHS = [(9, 14), (7, 5, 11), (13, 7), (4, 17)]
 
 
-MOE_MODELS = model_types("causal_lm", capability="moe")
+# every MoE causal LM's tiny config and each tiny variant, named "<model_type>" or "<model_type>/<variant>"
+MOE_MODELS = [t if v is None else f"{t}/{v}" for t, v in variant_cases(model_types("causal_lm", capability="moe"))]
 
 
-def _model(model_type: str, experts_implementation: str):
-    from runtime.models.registry import causal_lm_class
+def _model(case: str, experts_implementation: str):
+    from runtime.models.registry import causal_lm_class, variant_overrides
     from runtime.models.tiny_configs import tiny_config
 
-    config = tiny_config(model_type, experts_implementation=experts_implementation)
+    model_type, _, variant = case.partition("/")
+    overrides = variant_overrides(model_type, variant or None)
+    config = tiny_config(model_type, experts_implementation=experts_implementation, **overrides)
     torch.manual_seed(0)
     model = causal_lm_class(model_type)(config)
     with torch.no_grad():  # skewed routing: some experts get no token on some rank

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.models.registry import lookup, model_types
+from runtime.models.registry import lookup, model_types, variant_cases, variant_overrides
 from tests.parity.dense import grads
 from tests.parity.vlm import GRIDS, vlm_batch, vlm_models
 
@@ -15,9 +15,9 @@ VLMS = model_types("vlm")
 DEEPSTACK = set(model_types("vlm", capability="deepstack"))
 
 
-@pytest.mark.parametrize("model_type", VLMS)
-def test_vlm_bitwise_equal_to_upstream(model_type: str) -> None:
-    upstream, generated = vlm_models(model_type)
+@pytest.mark.parametrize(("model_type", "variant"), variant_cases(VLMS))  # each tiny variant's branches too
+def test_vlm_bitwise_equal_to_upstream(model_type: str, variant: str | None) -> None:
+    upstream, generated = vlm_models(model_type, **variant_overrides(model_type, variant))
     assert type(generated).__module__ == f"generated.{model_type}.modeling_{model_type}"
     # the sub-models are the generated (patched) classes, not upstream's via AutoModel
     assert type(generated.model.visual).__module__ == type(generated).__module__

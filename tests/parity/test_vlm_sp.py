@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.models.registry import lookup, model_types
+from runtime.models.registry import lookup, model_types, variant_cases, variant_overrides
 from tests.dist_utils import run_distributed
 from tests.parity.dense import grads, relative_error
 from tests.parity.vlm import vlm_batch, vlm_models
@@ -74,7 +74,9 @@ def shard(batch: dict[str, torch.Tensor], sp: int, rank: int, ring: int = 1) -> 
     return out
 
 
-def sp_vlm_worker(rank: int, world_size: int, model_type: str, ring: int = 1) -> list[dict]:
+def sp_vlm_worker(
+    rank: int, world_size: int, model_type: str, ring: int = 1, variant: str | None = None
+) -> list[dict]:
     """SP = world size (the LM on Ulysses ``world / ring`` x ring ``ring``; the ViT on Ulysses over all of SP)."""
     import torch.distributed as dist
 
@@ -86,7 +88,7 @@ def sp_vlm_worker(rank: int, world_size: int, model_type: str, ring: int = 1) ->
     results = []
     for case in [*CASES, VIDEO_CASE]:
         batch = full_batch(model_type, *case)
-        _, model = vlm_models(model_type)
+        _, model = vlm_models(model_type, **variant_overrides(model_type, variant))
         out = model(**shard(batch, world_size, state.sp_rank, ring), **forward_kwargs(model_type))
         out.loss.backward()
         partial = grads(model)
@@ -98,20 +100,20 @@ def sp_vlm_worker(rank: int, world_size: int, model_type: str, ring: int = 1) ->
     return results
 
 
-def single_process(model_type: str, grids, text, videos=()) -> dict:
+def single_process(model_type: str, grids, text, videos=(), variant: str | None = None) -> dict:
     """The reference run: the unpadded row in one process (MoE: the load-balancing loss of its own tokens only)."""
-    _, model = vlm_models(model_type)
+    _, model = vlm_models(model_type, **variant_overrides(model_type, variant))
     out = model(**full_batch(model_type, grids, text, videos), **forward_kwargs(model_type))
     out.loss.backward()
     return {"loss": out.loss.detach(), "logits": out.logits.detach(), "grads": grads(model)}
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("model_type", MODELS)
-def test_vlm_sp2_matches_single_process(model_type: str) -> None:
-    per_rank = run_distributed(sp_vlm_worker, 2, model_type, timeout=300)
+@pytest.mark.parametrize(("model_type", "variant"), variant_cases(MODELS))  # each tiny variant's branches too
+def test_vlm_sp2_matches_single_process(model_type: str, variant: str | None) -> None:
+    per_rank = run_distributed(sp_vlm_worker, 2, model_type, 1, variant, timeout=300)
     for index, case in enumerate([*CASES, VIDEO_CASE]):
-        ref = single_process(model_type, *case)
+        ref = single_process(model_type, *case, variant=variant)
         if model_type in DEEPSTACK:
             assert any(n.startswith("model.visual.deepstack_merger_list.") for n in ref["grads"])
         if lookup(model_type).is_moe:
