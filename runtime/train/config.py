@@ -30,8 +30,10 @@ Example (every key shown with its default unless marked required)::
             # lr_scheduler_type: cosine_with_min_lr | cosine | linear | constant | constant_with_warmup
     train: {steps: 100, micro_batches: 1, loss_chunk_size: null, nonfinite: stop,  # nonfinite: stop | skip
             compile: false,    # compile: torch.compile every transformer block (runtime/parallel/compile.py)
-            mixed_precision: auto}  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32; bf16: bf16 parameters and
+            mixed_precision: auto,  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32; bf16: bf16 parameters and
                                     # compute, fp32 gradient reduction, fp32 master weights and optimizer state
+            self_check: true}  # before step 1, a shrunk copy of the model under this run's layout against one
+                               # process and against upstream (runtime/train/self_check.py); false: skip it
     checkpoint: {dir: null, interval: 0, resume: auto, save_total_limit: 2, schedule_change: refuse}
                                # schedule_change: refuse | continue | replan (a resume that changes the schedule)
     log: {dir: runs/latest, interval: 1, report_to: [], project: patchgen, run_name: null, peak_tflops: null,
@@ -143,6 +145,9 @@ class TrainConfig:
     # auto: bf16 parameters/compute with fp32 gradient reduction and fp32 master weights on GPU, fp32 on CPU;
     # bf16 / fp32: that, on any device (accelerate's --mixed_precision, torchtitan's mixed_precision_param)
     mixed_precision: str = "auto"
+    # before step 1: one forward/backward of a shrunk copy of the model under the job's layout against one process,
+    # and the generated class against upstream; a mismatch stops the run (runtime/train/self_check.py)
+    self_check: bool = True
 
 
 @dataclass(frozen=True)

@@ -4,17 +4,13 @@
 text and vision-language models here (packed rows, global token-weighted loss), DiTs in ``runtime/train/dit.py``
 (frozen condition model, flow matching).
 
-Text loss convention: every rank's loss is its share of the global token-weighted mean (the SP group's token losses
-divided by the token count of the whole global batch, passed to the model as `num_items_in_batch`), so gradients
-summed over all ranks (FSDP configured to sum) are exactly the gradients of the global mean.
+Text loss convention: ``runtime/train/text_step.py``.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +23,6 @@ from runtime.checkpoint.identity import model_identity
 from runtime.checkpoint.lora_weights import adapter_modules
 from runtime.checkpoint.verify import CheckpointError
 from runtime.config.errors import ConfigError
-from runtime.data.sp_batch import packed_attention_kwargs, shard_for_sp
 from runtime.models.registry import lookup
 from runtime.moe.dispatch import check_ep_kernel
 from runtime.parallel.expert_parallel import check_ep
@@ -45,23 +40,23 @@ from runtime.train.data import (
 )
 from runtime.train.evaluate import TextEvaluator, build_eval_loader, eval_due, read_eval_samples
 from runtime.train.finite import check_mode, guard_update, micro_batches
-from runtime.train.job import Job, StepWork, all_reduce_sum, parallel_plan, to_device, train_device
+from runtime.train.job import Job, parallel_plan, train_device
+from runtime.train.job import StepWork as StepWork  # re-exported: a Job's step work, beside Job
 from runtime.train.lora import add_text_lora, lora_identity
 from runtime.train.metrics import (
     MetricsLogger,
     StepMetrics,
     detect_peak_tflops,
     flops_per_token,
-    step_flops,
     tflops_per_device,
 )
 from runtime.train.model import build_model
 from runtime.train.optim import build_optimizer, build_scheduler
 from runtime.train.preflight import CheckedInputs, check_inputs
 from runtime.train.schedule_keys import follow_schedule, followed_schedule, schedule_record
+from runtime.train.self_check_job import self_check
 from runtime.train.summary import model_summary, run_summary, say
-
-IGNORE_INDEX = -100
+from runtime.train.text_step import sample_names, text_forward_backward
 
 
 @dataclass(frozen=True)
@@ -87,11 +82,6 @@ def setup_parallel(config: RunConfig) -> ParallelState:
         raise ConfigError(f"parallel: {exc}") from None
 
 
-def target_count(rows: list[dict[str, torch.Tensor]]) -> torch.Tensor:
-    """Valid next-token targets in full (unsliced) rows: the denominator of the token-weighted mean."""
-    return sum((row["labels"][:, 1:] != IGNORE_INDEX).sum() for row in rows)
-
-
 def train(config: RunConfig) -> RunResult:
     state = setup_parallel(config)
     say(state, run_summary(config, state))  # the first thing printed: what runs where
@@ -106,6 +96,7 @@ def train(config: RunConfig) -> RunResult:
     else:
         job = build_text_job(config, state, inputs)
     say(state, model_summary(job.model, len(inputs.dit_samples if is_dit(config) else inputs.samples)))
+    self_check(config, state, job.model)  # a shrunk copy of the model, this layout vs one process; stops on a mismatch
     return run_job(job, config, state, inputs.resume_from, inputs.skipped_checkpoints)
 
 
@@ -326,75 +317,4 @@ def train_step(
         tflops_per_device=tflops,
         mfu=None if peak_tflops is None else tflops / peak_tflops,
         skipped_nonfinite=skipped + (not applied),
-    )
-
-
-def sample_names(samples: Sequence[Any]) -> list[str]:
-    """Each located sample's ``file:line``; a text file's documents (all named by the file) by their number."""
-    names = [s.where for s in samples]
-    if len(set(names)) < len(names):
-        names = [f"{name} document {index + 1}" for index, name in enumerate(names)]
-    return names
-
-
-def describe_rows(
-    loader: Any, position: dict, count: int, names: Sequence[str] | None, dp_rank: int
-) -> list[list[str]]:
-    """The samples of the ``count`` rows ``loader`` handed out from ``position`` (its ``state_dict()`` then): the
-    sampler is deterministic, so a copy of it replays them. Without ``names`` (the loader left samples out up front,
-    so its indices are not the data file's), the rows' place in the data order."""
-    sampler = copy.copy(loader.sampler)
-    sampler.load_state_dict(position)
-    rows = [next(sampler) for _ in range(count)]
-    if names is None:
-        epoch, first = position["epoch"], position["position"]
-        return [[f"data row {first + i} of epoch {epoch} (data-parallel rank {dp_rank})"] for i in range(count)]
-    return [[names[i] for i in row] for row in rows]
-
-
-def text_forward_backward(
-    model, loader, state: ParallelState, config: RunConfig, names: Sequence[str] | None = None
-) -> StepWork:
-    """Packed rows: every rank's loss is its share of the global token-weighted mean (see the module docstring)."""
-    position = loader.state_dict()
-    rows = [next(loader) for _ in range(config.train.micro_batches)]
-    micro_losses = []
-    device = train_device(state)
-    tokens = all_reduce_sum(target_count(rows).to(device), state.dp_group)  # NCCL reduces device tensors only
-    loss_share, aux = torch.zeros((), device=device), torch.zeros((), device=device)
-    # MoE: the load-balancing loss, asked for explicitly (some models read the switch only from forward kwargs,
-    # others from a config flag a real checkpoint may leave off); its coefficient sits in the text config.
-    moe = lookup(config.model.type).is_moe
-    aux_coef = getattr(model.config.get_text_config(), "router_aux_loss_coef", 0.0) if moe else 0.0
-    moe_kwargs = {"output_router_logits": True} if aux_coef else {}
-    varlen = model.config.get_text_config()._attn_implementation.startswith("flash")
-    for row in rows:
-        batch = shard_for_sp(row, state)
-        if varlen:  # the packed segments, computed here rather than by a device sync inside the forward
-            batch.update(packed_attention_kwargs(batch["position_ids"]))  # multimodal: (4, bs, L), text row first
-        out = model(
-            **to_device(batch, device),
-            num_items_in_batch=tokens,
-            loss_chunk_size=config.train.loss_chunk_size,
-            **moe_kwargs,
-        )
-        out.loss.backward()
-        # MoE: the load-balancing term is the global value on every rank (not a share); report it once.
-        row_aux = getattr(out, "aux_loss", None)
-        row_aux = torch.zeros((), device=device) if row_aux is None else aux_coef * row_aux.detach()
-        loss_share += out.loss.detach() - row_aux
-        aux += row_aux / len(rows)
-        micro_losses.append(out.loss.detach())
-    loss = all_reduce_sum(loss_share, state.dp_group) + aux  # SP ranks already agree; DP shares add up
-    # the real tokens and model FLOPs of every DP replica's rows (each packed document attends only to itself)
-    text_config = model.config.get_text_config()
-    mine = [sum(row["input_ids"].numel() for row in rows), step_flops(text_config, rows)]
-    processed, flops = all_reduce_sum(torch.tensor(mine, dtype=torch.float64, device=device), state.dp_group).tolist()
-    return StepWork(
-        loss=loss,
-        count=int(tokens),
-        processed=int(processed),
-        flops=flops,
-        micro_losses=micro_losses,
-        describe=lambda: describe_rows(loader, position, len(rows), names, state.dp_rank),
     )

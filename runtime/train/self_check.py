@@ -1,0 +1,175 @@
+"""Every run proves itself before step 1: a shrunk copy of the job's own model (``self_check_shrink.py``) runs one
+forward and backward under the job's exact parallel layout (the same ``parallelize`` and step code: SP, ring, EP,
+FSDP/HSDP, mixed precision, checkpointing) and once in one process, and the generated class runs against its
+upstream class (parallelism off, same weights); the loss and every parameter's gradient must agree within
+``tolerance``. A mismatch stops the run before any step (one line, exit 2) naming the parameter, the error, the
+tolerance, the layout and the key that turns the check off (``train.self_check: false``).
+
+Why at start-up and not only in the test suite: the suite proves the tiny configs of the specs on CPU and gloo; a job
+runs its own options (softcaps, biases, windows, expert routing) on its own layout, kernels and device, where a
+silent defect (doubled gradient shares, attention limited to a rank's tokens, a dropped option) would otherwise
+train for days before anyone saw a loss curve. The families a proof exists for are in ``PROOFS``; the others print
+that the check is not available yet and go on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from runtime.config.errors import ConfigError
+from runtime.parallel.state import ParallelState
+
+__all__ = ["Comparison", "Proof", "compare", "gradients", "layout_text", "report", "tolerance", "untouched_rng"]
+
+# fp32: the project's parity standard is 1e-5 (docs/parallelism.md, CPU gloo); the proof runs on the job's own
+# kernels and device, where reductions run in other orders, and must never stop a correct run: 10x margin. The
+# defects it is for (a doubled or lost gradient share, attention limited to a rank's tokens, a dropped softcap or
+# bias) move gradients by 1e-2 to 1.
+FP32_TOLERANCE = 1e-4
+# bf16 (train.mixed_precision): the job's side computes with bf16 parameters and activations (8 bits of mantissa,
+# 2**-9 = 2e-3 relative per rounding, through every layer) against the fp32 one-process run. Measured on CPU (gloo,
+# world 2): worst 1.4e-2 on a dense qwen3 (dp_shard 2), 9.4e-2 on a qwen3_moe router (sp 2 x ep 2; a rounding can
+# flip a token's top-k choice). 0.25 is 2.5x that, and 2x below the smallest layout defect it is for: a gradient
+# share lost at sp 2 (0.5) or doubled (1.0).
+BF16_TOLERANCE = 0.25
+# A parameter whose true gradient is (near) zero (an expert no token reached) is compared in absolute terms against
+# the model's largest gradient instead: relative to nothing, float noise would look infinite.
+ZERO_GRADIENT_FLOOR = 1e-6
+
+
+def tolerance(compute_dtype: torch.dtype) -> float:
+    """The relative tolerance of a proof whose job computes in ``compute_dtype`` (the constants' comments: why)."""
+    return FP32_TOLERANCE if compute_dtype == torch.float32 else BF16_TOLERANCE
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One side against the one-process reference: the loss's relative error and each parameter's."""
+
+    what: str  # "sp 2 x ... vs one process", "generated vs upstream ..."
+    loss_error: float
+    errors: dict[str, float]
+    tolerance: float
+
+    def worst(self) -> tuple[str, float]:
+        """(parameter or "loss", its error): the largest error relative to the tolerance."""
+        name, value = max(self.errors.items(), key=lambda item: item[1], default=("loss", 0.0))
+        return ("loss", self.loss_error) if self.loss_error >= value else (name, value)
+
+
+@dataclass(frozen=True)
+class Proof:
+    """What a family's proof found: its comparisons and what it ran (for the start-up line)."""
+
+    shrunk: str  # "2 layers, hidden 64, 8 experts"
+    comparisons: list[Comparison] = field(default_factory=list)
+
+
+def relative(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
+    """Norm-wise relative error ``||a - b|| / ||b||`` in fp64, the denominator at least ``floor``."""
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).norm() / b.norm().clamp_min(max(floor, 1e-30))).item()
+
+
+def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every trained parameter's full gradient (sharded DTensors gathered: collective, every rank in the same
+    order), zeros where none was computed, on the CPU in fp32."""
+    found = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        grad = param.grad
+        if grad is None:
+            grad = torch.zeros(param.shape)
+        elif isinstance(grad, DTensor):
+            grad = grad.full_tensor()
+        found[name.replace("_orig_mod.", "")] = grad.detach().float().cpu()
+    return found
+
+
+def compare(
+    what: str,
+    loss: torch.Tensor,
+    grads: dict[str, torch.Tensor],
+    ref_loss: torch.Tensor,
+    ref_grads: dict[str, torch.Tensor],
+    tol: float,
+) -> Comparison:
+    """``loss``/``grads`` against the reference; a parameter one side lacks is an error of 1 (as wrong as it gets)."""
+    floor = ZERO_GRADIENT_FLOOR * max((g.double().norm().item() for g in ref_grads.values()), default=0.0)
+    errors = {
+        name: relative(grads[name], ref, floor) if name in grads and grads[name].shape == ref.shape else 1.0
+        for name, ref in ref_grads.items()
+    }
+    errors.update({name: 1.0 for name in grads.keys() - ref_grads.keys()})
+    return Comparison(what, relative(loss, ref_loss), errors, tol)
+
+
+def agree(comparisons: list[Comparison], group: Any) -> list[Comparison]:
+    """Every rank's comparisons replaced by the worst each error is on any rank, so that all ranks reach the same
+    verdict (a rank that stopped alone would leave the others waiting in the first step's collectives)."""
+    if group is None or not dist.is_initialized():
+        return comparisons
+    values = torch.tensor(
+        [v for c in comparisons for v in (c.loss_error, *[c.errors[n] for n in sorted(c.errors)])], dtype=torch.float64
+    )
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+    values = values.to(device)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
+    flat, out = values.cpu().tolist(), []
+    for c in comparisons:
+        names = sorted(c.errors)
+        loss_error, errors = flat[0], dict(zip(names, flat[1 : 1 + len(names)], strict=True))
+        flat = flat[1 + len(names) :]
+        out.append(Comparison(c.what, loss_error, errors, c.tolerance))
+    return out
+
+
+def layout_text(state: ParallelState, mixed_precision: str, dtype: torch.dtype, checkpointing: bool) -> str:
+    """The job's layout in words, as the error line names it."""
+    text = f"dp_replicate {state.dp_replicate_size} x dp_shard {state.dp_shard_size} x sp {state.sp_size}"
+    text += f" (ulysses {state.ulysses_size} x ring {state.ring_size})" if state.ring_size > 1 else ""
+    text += f", ep {state.ep_size}" if state.ep_size > 1 else ""
+    text += f", {str(dtype).removeprefix('torch.')} (train.mixed_precision {mixed_precision})"
+    return text + (", activation checkpointing" if checkpointing else "")
+
+
+def report(proof: Proof, seconds: float, off_key: str) -> str:
+    """The start-up line of a proof that passed; raises ``ConfigError`` (one line, exit 2) for one that did not."""
+    for c in proof.comparisons:
+        name, value = c.worst()
+        if not value <= c.tolerance:  # NaN fails too
+            what = "the loss" if name == "loss" else f"{name}: its gradient"
+            raise ConfigError(
+                f"{off_key}: the start-up self-check failed: {what} differs by {value:.2e} relative (tolerance "
+                f"{c.tolerance:.0e}) in {c.what}; this run would train wrongly. Report it with this line; {off_key}: "
+                f"false skips the check"
+            )
+    parts = [f"{c.what}: worst {c.worst()[0]} {c.worst()[1]:.1e}" for c in proof.comparisons]
+    tol = ", ".join(sorted({f"{c.tolerance:.0e}" for c in proof.comparisons}))
+    return f"self-check: passed in {seconds:.2f} s ({proof.shrunk}; {'; '.join(parts)}; tolerance {tol})"
+
+
+@contextmanager
+def untouched_rng(device: torch.device):
+    """The proof draws its own weights and tokens; the job's random streams (dropout, init) continue as if it had
+    not run, so a run with the check and one without train identically."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
+def run_proof(prove: Callable[[], Proof], off_key: str, say: Callable[[str], None], group: Any) -> None:
+    """Run ``prove``, agree on its errors over ``group`` (the world), print the start-up line or raise."""
+    started = time.perf_counter()
+    proof = prove()
+    proof = Proof(proof.shrunk, agree(proof.comparisons, group))
+    say(report(proof, time.perf_counter() - started, off_key))

@@ -1,0 +1,135 @@
+"""The start-up self-check of text language models (the ``causal_lm`` family): ``runtime/train/self_check.py`` says
+why and what it compares.
+
+The proof's batch: one packed row per data-parallel replica (several documents each, of lengths that leave SP
+padding to add and exceed the shrunk window), exactly as the trainer's loader hands them out. The job's side runs
+the trainer's own step (``text_forward_backward``: ``shard_for_sp``, the global token count as
+``num_items_in_batch``, the job's ``loss_chunk_size`` and MoE load-balancing switch) on a model made ready by the
+job's ``parallelize``. The reference runs every replica's row, concatenated into one packed row (documents stay
+apart: position ids restart, and no label crosses a row), in one process, fp32, with the generated class; the
+upstream class runs the same row with the same weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import torch
+import transformers
+
+from runtime.models.registry import lookup
+from runtime.models.tiny_configs import random_packed_batch
+from runtime.parallel.parallelize import parallelize
+from runtime.parallel.precision import compute_dtype
+from runtime.parallel.state import ParallelState, parallel_state
+from runtime.train.config import RunConfig
+from runtime.train.job import parallel_plan, to_device, train_device
+from runtime.train.self_check import Comparison, Proof, compare, gradients, layout_text, tolerance
+from runtime.train.self_check_shrink import ShrinkLayout, shrink_values
+from runtime.train.text_step import target_count, text_forward_backward
+
+__all__ = ["DOCUMENTS", "prove_text", "proof_rows", "shrunk_text_config"]
+
+# Documents of replica d's row: d + DOCUMENTS[i]; 23 + d tokens (odd for d = 0, so SP pads), the longest past the
+# shrunk window (capped at a quarter of ROW_LENGTH, or the tiny config's window).
+DOCUMENTS = (7, 11, 5)
+ROW_LENGTH = sum(DOCUMENTS)
+SEED = 1234  # the proof's own weights and tokens (the job's random streams are untouched)
+
+
+def shrunk_text_config(job_config: transformers.PretrainedConfig, state: ParallelState) -> Any:
+    """The job's config shrunk by ``self_check_shrink``'s rule, with the job's attention and experts kernels."""
+    entry = lookup(job_config.model_type)
+    layout = ShrinkLayout(ep_size=state.ep_size, head_split=state.ulysses_size, row_length=ROW_LENGTH)
+    values = shrink_values(job_config.to_dict(), entry.tiny, layout, sub_configs=tuple(job_config.sub_configs))
+    config = transformers.AutoConfig.for_model(job_config.model_type, **{**values, "use_cache": False})
+    config._attn_implementation = job_config._attn_implementation
+    experts = getattr(job_config, "_experts_implementation", None)
+    if entry.is_moe and experts is not None:
+        config._experts_implementation = experts
+    return config
+
+
+def proof_rows(replicas: int, vocab_size: int) -> list[dict[str, torch.Tensor]]:
+    """One packed row per data-parallel replica, different lengths and tokens for each."""
+    return [random_packed_batch(tuple(n + d for n in DOCUMENTS), vocab_size, seed=SEED + d) for d in range(replicas)]
+
+
+class _Rows:
+    """The loader ``text_forward_backward`` pulls from: this replica's proof row, no data position."""
+
+    def __init__(self, row: dict[str, torch.Tensor]) -> None:
+        self.row = row
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        return self.row
+
+    def state_dict(self) -> dict:
+        return {}
+
+
+def _concatenated(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {key: torch.cat([row[key] for row in rows], dim=-1) for key in rows[0]}
+
+
+def _summary(config: Any) -> str:
+    parts = [f"{config.num_hidden_layers} layers", f"hidden {config.hidden_size}"]
+    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    return ", ".join(parts + ([f"{experts} experts"] if experts else []))
+
+
+def prove_text(
+    config: RunConfig,
+    state: ParallelState,
+    job_config: transformers.PretrainedConfig,
+    model_class: type | None = None,
+    upstream_class: type | None = None,
+) -> Proof:
+    """The proof of a ``causal_lm`` job (the module docstring). ``model_class`` / ``upstream_class`` replace the
+    registry's classes (tests plant defects through them)."""
+    entry = lookup(config.model.type)
+    model_class = model_class or entry.model_class()
+    upstream_class = upstream_class or entry.upstream_class()
+    shrunk = shrunk_text_config(job_config, state)
+    device = train_device(state)
+    rows = proof_rows(state.dp_size, shrunk.vocab_size)
+    torch.manual_seed(SEED)
+    model = model_class(shrunk)
+    initial = copy.deepcopy(model.state_dict())
+    reference = copy.deepcopy(model)
+    plan = parallel_plan(config)
+    dtype = compute_dtype(plan.mixed_precision, state.device_type)
+    comparisons: list[Comparison] = []
+
+    aux_coef = getattr(shrunk, "router_aux_loss_coef", 0.0) if entry.is_moe else 0.0
+    moe_kwargs = {"output_router_logits": True} if aux_coef else {}
+    row = to_device(_concatenated(rows), device)
+    count = target_count(rows).to(device)
+    with parallel_state(ParallelState()):  # one process, fp32, the generated class: the reference
+        reference.to(device).train()
+        out = reference(**row, num_items_in_batch=count, **moe_kwargs)
+        out.loss.backward()
+        ref_loss, ref_grads = out.loss.detach(), gradients(reference)
+        upstream = upstream_class.from_config(shrunk, attn_implementation=shrunk._attn_implementation)
+        upstream.load_state_dict(initial)
+        upstream.to(device).train()
+        out = upstream(**row, num_items_in_batch=count, **moe_kwargs)
+        out.loss.backward()
+        what = f"generated vs upstream {entry.upstream_auto} (one process, fp32)"
+        comparisons.append(
+            compare(what, out.loss.detach(), gradients(upstream), ref_loss, ref_grads, tolerance(torch.float32))
+        )
+    del reference, upstream
+
+    if state.world_size > 1:  # the job's layout against one process
+        model = parallelize(model, state, plan, device)
+        model.train()
+        step_config = dataclasses.replace(config, train=dataclasses.replace(config.train, micro_batches=1))
+        work = text_forward_backward(model, _Rows(rows[state.dp_rank]), state, step_config)
+        layout = layout_text(state, plan.mixed_precision, dtype, plan.activation_checkpointing)
+        comparisons.append(
+            compare(f"{layout} vs one process", work.loss, gradients(model), ref_loss, ref_grads, tolerance(dtype))
+        )
+    return Proof(_summary(shrunk), comparisons)

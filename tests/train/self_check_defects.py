@@ -1,0 +1,75 @@
+"""Generated classes with planted defects of the kinds the start-up self-check exists for (module level, so that the
+gloo ranks of ``tests/dist_utils`` can unpickle them), and the workers that run the check with them."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from types import SimpleNamespace
+
+import transformers
+
+from runtime.models.registry import causal_lm_class
+from runtime.parallel.state import get_parallel_state
+
+Qwen3 = causal_lm_class("qwen3")
+
+
+class DoubledSPLoss(Qwen3):
+    """Under SP, each rank's loss is the whole SP group's loss instead of its share: the gradient shares, summed over
+    the group by FSDP, come out twice the true gradient while the logged loss looks right on every rank."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        if out.loss is not None and get_parallel_state().sp_size > 1:
+            out.loss = out.loss * get_parallel_state().sp_size
+        return out
+
+
+def job_config(model_type: str = "qwen3", **values) -> transformers.PretrainedConfig:
+    """A real-sized job config of ``model_type`` (the transformers defaults plus ``values``), sdpa attention."""
+    config = transformers.AutoConfig.for_model(model_type, use_cache=False, **values)
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def check_worker(rank: int, world_size: int, raw: dict, model_class: type | None, values: dict) -> tuple[str, str]:
+    """Run the self-check of run config ``raw`` on a job config of ``values`` with ``model_class``: (rank 0's stdout,
+    the error it raised or "")."""
+    from runtime.config.errors import ConfigError
+    from runtime.moe.dispatch import register_experts_kernels
+    from runtime.parallel.state import set_parallel_state
+    from runtime.train.config import parse_config
+    from runtime.train.loop import setup_parallel
+    from runtime.train.self_check_job import self_check
+
+    register_experts_kernels()
+    config = parse_config(raw)
+    state = setup_parallel(config)
+    job = job_config(config.model.type, **config.model.config, **values)
+    job._experts_implementation = config.model.experts_implementation  # what build_model sets
+    out, error = io.StringIO(), ""
+    classes = {} if model_class is None else {"model_class": model_class}
+    try:
+        with contextlib.redirect_stdout(out):
+            self_check(config, state, SimpleNamespace(config=job), **classes)
+    except ConfigError as exc:
+        error = str(exc)
+    finally:
+        set_parallel_state(None)
+    return out.getvalue(), error
+
+
+def train_printing_worker(rank: int, world_size: int, raw: dict) -> tuple[str, list[float]]:
+    """Train with ``raw``: (this rank's stdout, the per-step losses)."""
+    from runtime.parallel.state import set_parallel_state
+    from runtime.train.config import parse_config
+    from runtime.train.loop import train
+
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            result = train(parse_config(raw))
+    finally:
+        set_parallel_state(None)
+    return out.getvalue(), [m.loss for m in result.metrics]

@@ -1,0 +1,157 @@
+"""The start-up self-check of text language models: a clean run passes and says so before step 1; planted defects
+of the silent kinds (a doubled SP gradient share, a generated class that loses an option upstream honours) stop the
+run naming the parameter; the shrink rule keeps the job's options and drops its big sizes and token ids."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.config.errors import ConfigError
+from runtime.parallel.state import ParallelState
+from runtime.train.self_check import untouched_rng
+from runtime.train.self_check_shrink import ShrinkLayout, fit_layer_types, shrink_values
+from tests.dist_utils import run_distributed
+from tests.train.common import TINY_MODEL, TINY_MOE, run_config
+from tests.train.self_check_defects import DoubledSPLoss, check_worker, job_config, train_printing_worker
+
+QWEN3_TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+@pytest.mark.dist
+def test_clean_sp2_run_passes_and_says_so_before_step_1(tmp_path: Path) -> None:
+    raw = run_config(tmp_path, parallel={"sp": 2}, train={"steps": 1})
+    (out0, losses0), (out1, _) = run_distributed(train_printing_worker, 2, raw, timeout=300)
+    lines = [line for line in out0.splitlines() if line.startswith("self-check:")]
+    assert len(lines) == 1 and lines[0].startswith("self-check: passed in "), out0
+    assert "dp_replicate 1 x dp_shard 1 x sp 2" in lines[0] and "generated vs upstream" in lines[0], lines[0]
+    first_step = re.search(r"step +1/1 loss", out0)
+    assert first_step and out0.index("self-check:") < first_step.start(), out0  # before step 1 is reported
+    assert "self-check" not in out1  # rank 0 speaks
+    assert len(losses0) == 1
+
+
+@pytest.mark.dist
+def test_doubled_sp_gradient_share_stops_the_run_naming_a_parameter(tmp_path: Path) -> None:
+    raw = run_config(tmp_path, parallel={"sp": 2}, model={"config": TINY_MODEL})
+    results = run_distributed(check_worker, 2, raw, DoubledSPLoss, {}, timeout=300)
+    for _, error in results:  # every rank stops, with the same line
+        assert error == results[0][1] and "\n" not in error, results
+    error = results[0][1]
+    assert error.startswith("train.self_check: the start-up self-check failed: "), error
+    assert "gradient differs by 1.00e+00 relative (tolerance 1e-04)" in error, error  # twice the gradient: error 1
+    assert "dp_replicate 1 x dp_shard 1 x sp 2" in error and "train.self_check: false skips the check" in error
+    assert "model." in error or "lm_head." in error, error  # a parameter is named
+
+
+@pytest.mark.dist
+def test_moe_ep2_with_a_job_option_passes(tmp_path: Path) -> None:
+    """qwen3_moe at ep=2 x sp=2... on world 2: ep 2 (dp_shard 2), with the job's router coefficient and biases."""
+    moe = {"type": "qwen3_moe", "config": TINY_MOE}
+    raw = run_config(tmp_path, parallel={"ep": 2}, model=moe)
+    results = run_distributed(check_worker, 2, raw, None, {"attention_bias": True}, timeout=300)
+    out, error = results[0]
+    assert error == "" and out.startswith("self-check: passed in "), results
+    assert "dp_replicate 1 x dp_shard 2 x sp 1, ep 2" in out and "experts" in out, out
+
+
+def test_generated_class_that_loses_the_window_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The generated module builds the sliding-window layers' mask as a plain causal mask (what a patch that lost
+    the window would do); upstream keeps it. The job sets a window (4096, capped to the proof's documents)."""
+    import generated.qwen3.modeling_qwen3 as gen
+    from runtime.train.config import parse_config
+    from runtime.train.self_check_job import self_check
+
+    monkeypatch.setattr(gen, "create_sliding_window_causal_mask", gen.create_causal_mask)
+    config = parse_config(run_config(tmp_path))
+    values = {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 1}
+    layers = {"layer_types": ["full_attention", "sliding_attention", "sliding_attention"], "num_hidden_layers": 3}
+    model = type("Job", (), {"config": job_config("qwen3", **values, **layers)})
+    with pytest.raises(ConfigError) as caught:
+        self_check(config, ParallelState(), model)
+    message = str(caught.value)
+    assert "generated vs upstream AutoModelForCausalLM" in message and "train.self_check: false" in message, message
+    assert "gradient differs by" in message or "the loss differs by" in message, message
+
+
+def test_clean_single_process_check_passes_and_can_be_turned_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from runtime.train.config import parse_config
+    from runtime.train.self_check_job import self_check
+
+    model = type("Job", (), {"config": job_config("qwen3", attention_bias=True, rope_theta=5e5)})
+    self_check(parse_config(run_config(tmp_path)), ParallelState(), model)
+    self_check(parse_config(run_config(tmp_path, train={"self_check": False})), ParallelState(), model)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("self-check: passed in ") and "generated vs upstream" in lines[0], lines
+    assert lines[1] == "self-check: off (train.self_check: false)", lines
+
+
+def test_shrink_keeps_the_jobs_options_and_drops_its_sizes_and_token_ids() -> None:
+    job = {
+        **{k: v * 64 for k, v in QWEN3_TINY.items()},
+        "vocab_size": 151936,
+        "rope_theta": 1e6,
+        "final_logit_softcapping": 30.0,
+        "attention_bias": True,
+        "hidden_act": "gelu",
+        "attention_dropout": 0.1,
+        "sliding_window": 4096,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+        "bos_token_id": 151643,
+        "image_token_index": 151655,
+        "moe_intermediate_size": 768,
+        "architectures": ["Qwen3ForCausalLM"],
+        "dtype": "bfloat16",
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    }
+    tiny = {**QWEN3_TINY, "vocab_size": 97, "sliding_window": 6}
+    out = shrink_values(job, tiny, ShrinkLayout(row_length=23))
+    assert out["rope_theta"] == 1e6 and out["final_logit_softcapping"] == 30.0  # floats: the job's
+    assert out["attention_bias"] is True and out["hidden_act"] == "gelu"  # booleans, strings: the job's
+    assert out["rope_parameters"] == job["rope_parameters"]  # the scaling the job computes with
+    assert out["vocab_size"] == 97 and out["hidden_size"] == 64  # sizes: the tiny config's
+    assert out["sliding_window"] == 6  # capped below the proof's documents
+    assert out["layer_types"] == ["sliding_attention", "full_attention"] and out["num_hidden_layers"] == 2
+    assert out["attention_dropout"] == 0.0  # randomness is not what the proof compares
+    for dropped in ("bos_token_id", "image_token_index", "moe_intermediate_size", "architectures", "dtype"):
+        assert dropped not in out, dropped  # big token ids and sizes the tiny config lacks: config defaults
+
+
+def test_shrink_fits_the_layout() -> None:
+    tiny = {"num_experts": 6, "num_experts_per_tok": 2, "n_shared_experts": 1, "num_attention_heads": 4}
+    job = {"num_experts": 128, "num_experts_per_tok": 8, "n_shared_experts": 2, "num_attention_heads": 32}
+    out = shrink_values(job, tiny, ShrinkLayout(ep_size=4, head_split=8))
+    assert out["num_experts"] == 4 and out["n_shared_experts"] == 1  # a multiple of ep >= top-k; shared: not sharded
+    assert out["num_attention_heads"] == 8  # Ulysses 8 splits them
+    assert shrink_values(job, tiny, ShrinkLayout(ep_size=3))["num_experts"] == 6  # 3 divides the tiny count
+    assert shrink_values({"sliding_window": None}, {"sliding_window": 6}, ShrinkLayout())["sliding_window"] is None
+    sub = shrink_values({"text_config": {"vocab_size": 9000}}, {"text_config": {"vocab_size": 97}}, ShrinkLayout())
+    assert sub == {"text_config": {"vocab_size": 97}}
+
+
+@pytest.mark.parametrize(
+    ("types", "layers", "expected"),
+    [
+        (["a", "a", "a", "b"], 2, ["a", "b"]),
+        (["a", "b", "a", "b"], 2, ["a", "b"]),
+        (["a", "b", "c"], 2, ["a", "b", "c"]),
+        (["a", "a", "b", "a"], 3, ["a", "a", "b"]),
+    ],
+)
+def test_layer_types_keep_every_type(types: list[str], layers: int, expected: list[str]) -> None:
+    assert fit_layer_types(types, layers) == expected
+
+
+def test_the_proof_leaves_the_jobs_random_stream_alone() -> None:
+    torch.manual_seed(5)
+    expected = torch.rand(3)
+    torch.manual_seed(5)
+    with untouched_rng(torch.device("cpu")):
+        torch.manual_seed(0)
+        torch.rand(100)
+    assert torch.equal(torch.rand(3), expected)
