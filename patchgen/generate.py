@@ -25,6 +25,7 @@ from patchgen.cst.locate import ANCHOR_MOVED, SCOPE_MISSING, code_of
 from patchgen.cst.names import check_identifier_vars
 from patchgen.cst.plan import RENDER_ERROR, Plan, PlanError, resolve
 from patchgen.cst.prune import DanglingReference, check_dangling, companion_layout, parsed, prune
+from patchgen.cst.removals import check_removals
 from patchgen.cst.scopes import scopes_matching
 from patchgen.cst.transform import PatchTransformer, insert_imports
 from patchgen.errors import PatchgenError
@@ -234,6 +235,7 @@ def build_file(spec: Spec, source: UnitSource, plan: Plan, config: ProjectConfig
         count = transformer.applied.get(patch.index, 0)
         if count != 1:
             raise PatchgenError(f"{spec.path}: {patch.label}: applied {count} times, expected exactly once")
+    check_removals(str(spec.path), plan, module, upstream.relpath, functools.partial(upstream_lines, module))
     if layout is not None and layout.imported:
         line = f"from {unit.module} import {', '.join(layout.imported)}"
         patched = insert_imports(patched, [line], "companion", "upstream definitions this module does not redefine")

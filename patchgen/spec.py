@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from patchgen.accounting import parse_removes
 from patchgen.errors import PatchgenError
 from patchgen.model import ModelTable, parse_model_table
 from patchgen.ops import OPS
@@ -51,6 +52,7 @@ class Patch:
     through: str | None = None  # op replace: last statement of the replaced run
     source: str = field(default="", compare=False)  # "specs/<name>.toml" that states it: generated code names it
     module: str = ""  # `attention_processor` of `scope = "attention_processor:Cls.fn"`; "" when not qualified
+    removes: tuple[str, ...] = ()  # statement starts of the upstream statements it deliberately removes
 
     @property
     def label(self) -> str:
@@ -128,6 +130,19 @@ def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patc
     if missing:
         docs = "; ".join(v.describe() for v in template.vars if v.name in missing)
         raise PatchgenError(f"{path}: {where}: template {template.name} needs vars {missing}: {docs}")
+    removes = ()
+    if "removes" in table:
+        if not op.replaces:
+            raise PatchgenError(
+                f"{path}: {where}: 'removes' names upstream statements a patch deletes; op {op.name!r} of template "
+                f"{template.name} deletes none: drop the key"
+            )
+        removes = parse_removes(table["removes"])
+        if removes is None:
+            raise PatchgenError(
+                f"{path}: {where}: key 'removes' must be an array of statement starts (non-empty strings, e.g. "
+                f'"loss = None" or "if x is not None:"), found {table["removes"]!r}'
+            )
     why = table["why"].strip()
     if not why or not why.isprintable() or len(why) > MAX_WHY_CHARS:
         raise PatchgenError(
@@ -137,7 +152,7 @@ def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patc
     module, scope = parse_scope(table["scope"], path, where)
     anchors = (table.get(k) for k in ANCHOR_KEYS)
     source = f"{path.parent.name}/{path.name}"
-    return Patch(index, template, scope, why, values, *anchors, source=source, module=module)
+    return Patch(index, template, scope, why, values, *anchors, source=source, module=module, removes=removes)
 
 
 IMPLIED_CONVERSIONS = "core/upstream_weight_conversions"

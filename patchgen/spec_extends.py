@@ -41,11 +41,13 @@ def prefix_renamer(rule: Any, path: Path) -> Callable[[str], str]:
 
 
 def _renamed_patch(patch: dict, rename, templates_dir: Path, path: Path) -> dict:
-    """A base spec's patch table with class names renamed in its scope, anchors and code-valued vars."""
+    """A base spec's patch table with class names renamed in its scope, anchors, removals and code-valued vars."""
     out = dict(patch)
     for key in ("scope", *ANCHOR_KEYS):
         if isinstance(out.get(key), str):
             out[key] = rename(out[key])
+    if isinstance(out.get("removes"), list):  # statement starts: upstream code, like the anchors
+        out["removes"] = [rename(v) if isinstance(v, str) else v for v in out["removes"]]
     if isinstance(out.get("vars"), dict) and isinstance(out.get("template"), str):
         try:
             template = load_template(templates_dir, out["template"])

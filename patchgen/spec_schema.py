@@ -36,6 +36,7 @@ PATCH_KEYS = {
     "through": str,
     "vars": dict,
     "why": str,
+    "removes": list,
 }
 REQUIRED_PATCH_KEYS = ("template", "scope", "why")
 ANCHOR_KEYS = ("before", "after", "anchor", "through")

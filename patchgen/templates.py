@@ -32,6 +32,7 @@ from typing import Any
 
 import jinja2
 
+from patchgen.accounting import NAME_KINDS, Reimplemented, parse_reimplements
 from patchgen.errors import PatchgenError
 from patchgen.ops import OPS
 from patchgen.sandbox import BoundedEnvironment, render
@@ -75,6 +76,7 @@ class Template:
     imports: tuple[str, ...]
     body: str
     sha256: str
+    reimplements: tuple[Reimplemented, ...] = ()  # upstream statements a replacing template's code re-implements
 
     def var(self, name: str) -> TemplateVar | None:
         return next((v for v in self.vars if v.name == name), None)
@@ -169,9 +171,11 @@ def parse_template(name: str, path: Path, text: str) -> Template:
         meta = tomllib.loads(text[2:end])
     except tomllib.TOMLDecodeError as exc:
         raise PatchgenError(f"{path}: front matter is not valid TOML: {exc}") from exc
-    unknown = set(meta) - {"op", "doc", "imports", "vars"}
+    unknown = set(meta) - {"op", "doc", "imports", "vars", "reimplements"}
     if unknown:
-        raise PatchgenError(f"{path}: unknown front matter key(s) {sorted(unknown)}; expected op, doc, imports, vars")
+        raise PatchgenError(
+            f"{path}: unknown front matter key(s) {sorted(unknown)}; expected op, doc, imports, vars, reimplements"
+        )
     op = meta.get("op")
     if op not in OPS:
         raise PatchgenError(f"{path}: op must be one of {sorted(OPS)}, found {op!r}")
@@ -190,14 +194,23 @@ def parse_template(name: str, path: Path, text: str) -> Template:
     if not isinstance(declared, dict):
         raise PatchgenError(f"{path}: 'vars' must be a table of variable declarations")
     variables = tuple(_parse_var(path, var_name, decl) for var_name, decl in declared.items())
+    reimplements = ()
+    if "reimplements" in meta:
+        if not OPS[op].replaces:
+            raise PatchgenError(f"{path}: 'reimplements' is for templates whose op replaces upstream code, not {op!r}")
+        defaults = {v.name: not v.required for v in variables}
+        names = tuple(v.name for v in variables if not v.kind.is_list and v.kind.scalar in NAME_KINDS)
+        parsed = parse_reimplements(meta["reimplements"], defaults, names, str(path))
+        if isinstance(parsed, str):
+            raise PatchgenError(parsed)
+        reimplements = parsed
     body = text[end + 2 :].lstrip("\n")
     try:
         _compiled(body)
     except jinja2.TemplateSyntaxError as exc:
         raise PatchgenError(f"{path}:{exc.lineno}: template body is not valid jinja2: {exc.message}") from exc
-    return Template(
-        name, path, op, meta["doc"], variables, tuple(imports), body, hashlib.sha256(text.encode()).hexdigest()
-    )
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    return Template(name, path, op, meta["doc"], variables, tuple(imports), body, digest, reimplements)
 
 
 def _is_import(line: str) -> bool:

@@ -3,8 +3,8 @@
 # template and run `patchgen regen llama`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/llama/modeling_llama.py sha256=46d313ec0f1116bcc1bb7f2379467ab249c140415c64fb758e2d5915cd8b89a5
 # spec: specs/llama.toml sha256=2a15c94f8f1f915f559e4fb2485fbba7c2c37b6bcfb90a1a1aaae876d8f51fa4
-# templates: sha256=bcaf301be28e2e597d39214b7638d706de03403ff737e79537dbc3ca42936671
-# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# templates: sha256=9632944bc0dd1e475299f45a26547801f70071ab2d477a749c5bac0517520a79
+# engine: patchgen==0.1.0 sha256=0f996c6bbc9a934d53d4b500da1ca6dd5d9dae07f2eb7a70a13a41298a6e52e2
 # body: sha256=8a572fcaef5afeed7015425052fe7b5206b09b1f5f1aa7577ed5cdcd7f2f3337
 # patches:
 #   #1 sp/full_sequence_mask @ LlamaModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

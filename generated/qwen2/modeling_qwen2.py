@@ -2,9 +2,9 @@
 # Made by patchgen 0.1.0 from specs/qwen2.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen2`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen2/modeling_qwen2.py sha256=99fa98c5676604cf6ef505892b70fda5c1c4cd835971459f38d61090cccab1e4
-# spec: specs/qwen2.toml sha256=85ff5d72dd14bb8ac2a0e15bc15e68b635391472e7403389688f676294bdbd0b
-# templates: sha256=bcaf301be28e2e597d39214b7638d706de03403ff737e79537dbc3ca42936671
-# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# spec: specs/qwen2.toml sha256=dcb3cc52ce82df5a1d71c7654061b2456f50951d58f41361f0b57d87b334f00a
+# templates: sha256=9632944bc0dd1e475299f45a26547801f70071ab2d477a749c5bac0517520a79
+# engine: patchgen==0.1.0 sha256=0f996c6bbc9a934d53d4b500da1ca6dd5d9dae07f2eb7a70a13a41298a6e52e2
 # body: sha256=bf5f5f0ad867642d83a54def0a662dce125ddeb83009bcf375760ae3335c2f3c
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2Model.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

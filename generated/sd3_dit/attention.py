@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/attention.py sha256=a530e769345d20ed9296b608c5332351ecd94b12e7fedc289f9983afa04a3e4a
 # spec: specs/sd3.toml sha256=34fdad8151d34e7d9719d3dd47dea54ae566f2f02c7ea54f5f25a0a025f67947
 # templates: sha256=089ea0deca15fbc844262d4a41faa09400c7854cb08f3570de3136caad24aeb2
-# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# engine: patchgen==0.1.0 sha256=0f996c6bbc9a934d53d4b500da1ca6dd5d9dae07f2eb7a70a13a41298a6e52e2
 # body: sha256=171598d5debb5a0ab650bf3225b692169bc465d22113e19431ce643392cd76af
 # patches:
 # ---- end of patchgen provenance ----

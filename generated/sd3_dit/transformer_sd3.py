@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_sd3.py sha256=0c9bcbf6c19c4eeb9c438332157d233f8191253125438e660054700e466c42d8
 # spec: specs/sd3.toml sha256=34fdad8151d34e7d9719d3dd47dea54ae566f2f02c7ea54f5f25a0a025f67947
 # templates: sha256=089ea0deca15fbc844262d4a41faa09400c7854cb08f3570de3136caad24aeb2
-# engine: patchgen==0.1.0 sha256=47806318c97f50609f2d671a181ea200d1ca952386b4b80b1c7480fd85c84d81
+# engine: patchgen==0.1.0 sha256=0f996c6bbc9a934d53d4b500da1ca6dd5d9dae07f2eb7a70a13a41298a6e52e2
 # body: sha256=f2e8d70b8cd7df382ce4f37d70e7cbf6105f60b72895a8e1d380d48e03b541d3
 # patches:
 #   #1 dit/refuse_under_sp @ SD3Transformer2DModel.forward: ControlNet residuals cover every image token: refuse SP instead of adding them to the wrong tokens

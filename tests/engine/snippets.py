@@ -44,6 +44,10 @@ def code_template(op: str) -> str:
         "{#",
         f'op = "{op}"',
         f'doc = "{op.capitalize()} one of the named fixture snippets (tests/engine/snippets.py)."',
+        *(
+            ['reimplements = ["*"]  # a generic test template: the spec picks the snippet, whatever it replaces']
+            * (op == "replace")
+        ),
         "",
         "[vars.code]",
         'kind = "word"',

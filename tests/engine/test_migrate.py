@@ -58,6 +58,7 @@ MOVED = OLD.replace("        keep = len(hidden) - 1\n", "").replace(
 HEAD_VAR = """{#
 op = "replace"
 doc = "the head call, with what it reads as a variable (test)"
+reimplements = ["out = head("]
 
 [vars.hidden]
 kind = "expr"
@@ -69,6 +70,7 @@ out = head({{ hidden }}) + []
 HEAD_FIXED = """{#
 op = "replace"
 doc = "the head call, with what it reads written in the template (test)"
+reimplements = ["out = head("]
 #}
 out = head(hidden[:keep]) + []
 """

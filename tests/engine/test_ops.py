@@ -277,7 +277,9 @@ def test_an_excluded_definition_keeps_nothing_alive(project) -> None:
         "    def default_mask(length):\n        unused_function()\n        return [1.0] * length\n",
     )
     assert "unused_function()\n        return [1.0]" in upstream
-    replace = dict(template="fx/replace_method", scope="ToyModel.default_mask", why="no more unused_function")
+    replace = dict(
+        template="fx/replace_method", scope="ToyModel.default_mask", removes=["unused_function()"], why="no more"
+    )
     proj = project(spec_toml(exclude=["unused_function"], patches=[replace]))
     text = proj.generate(source=FixtureSource(overrides={TOY: upstream})).text
     assert "def unused_function" not in text and "unused_function()" not in text
