@@ -4,7 +4,8 @@ With SP each rank holds a slice of the sequence. Labels must be shifted on the *
 a rank's last token lives on the next rank), and the mean must be taken over all valid tokens of the group.
 With `loss_chunk_size` set (a keyword argument of the model's forward, like HF's `num_items_in_batch`), the loss
 is computed from the hidden states chunk by chunk and full-vocabulary logits are never materialised; the model
-then returns `logits=None`.
+then returns `logits=None`. A final-logit softcap (`softcap=`, gemma2/gemma3's `final_logit_softcapping`) is applied
+to the logits before the loss in every path, in upstream's op order.
 """
 
 from __future__ import annotations
@@ -72,6 +73,16 @@ def sp_causal_lm_loss(loss_function: Callable[..., torch.Tensor]) -> Callable[..
     return loss
 
 
+def apply_softcap(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Upstream's final-logit softcap (`logits / cap`, `tanh`, `* cap`: the same ops in the same order, so the
+    result is bitwise upstream's); the logits themselves without a cap."""
+    if softcap is None:
+        return logits
+    logits = logits / softcap
+    logits = torch.tanh(logits)
+    return logits * softcap
+
+
 def causal_lm_logits_and_loss(
     lm_head: torch.nn.Module,
     hidden_states: torch.Tensor,
@@ -79,11 +90,13 @@ def causal_lm_logits_and_loss(
     loss_function: Callable[..., torch.Tensor],
     vocab_size: int,
     loss_chunk_size: int | None = None,
+    softcap: float | None = None,
     **kwargs: Any,
 ):
-    """(logits, loss) exactly as upstream computes them unless SP is on or `loss_chunk_size` is given."""
+    """(logits, loss) exactly as upstream computes them unless SP is on or `loss_chunk_size` is given; `softcap`
+    (the model's final-logit softcap, None: none) is applied to the logits before the loss in every path."""
     if loss_chunk_size is None or labels is None:
-        logits = lm_head(hidden_states)
+        logits = apply_softcap(lm_head(hidden_states), softcap)
         if labels is None:
             return logits, None
         return logits, sp_causal_lm_loss(loss_function)(logits=logits, labels=labels, vocab_size=vocab_size, **kwargs)
@@ -96,6 +109,11 @@ def causal_lm_logits_and_loss(
             else F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
         )
     loss_sum, count = linear_cross_entropy_sum(
-        hidden_states, lm_head.weight, shift_labels, bias=getattr(lm_head, "bias", None), chunk_size=loss_chunk_size
+        hidden_states,
+        lm_head.weight,
+        shift_labels,
+        bias=getattr(lm_head, "bias", None),
+        chunk_size=loss_chunk_size,
+        softcap=softcap,
     )
     return None, _token_weighted(loss_sum, count, kwargs.get("num_items_in_batch"), state)
