@@ -34,6 +34,7 @@ from patchgen.ops.exclude import check_roots, kept_definitions
 from patchgen.ops.rename import Rename
 from patchgen.provenance import engine_sha256, templates_sha256, unified_diff
 from patchgen.spec import Patch, Spec
+from patchgen.spec_sites import check_processor_sites
 from patchgen.units import Redefined, Unit, assign, check_links, redefined, units
 from patchgen.upstream import UpstreamFile, UpstreamSource
 
@@ -214,6 +215,7 @@ def build(
         (s.unit, plan.added_names) for s, plan in zip(sources, plans, strict=True) if s.unit.companion
     )
     files = [build_file(spec, s, plan, config, companions) for s, plan in zip(sources, plans, strict=True)]
+    check_processor_sites(spec)
     check_links(spec, [(f.relpath, f.text) for f in files], companions, source)
     return dataclasses.replace(files[0], companions=tuple(files[1:]))
 

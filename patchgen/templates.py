@@ -52,6 +52,7 @@ class TemplateVar:
     default: Any = _MISSING
     choices: tuple[str, ...] = ()
     binds: bool = False  # an identifier the template assigns (a new local name): never checked as a reference
+    module_level: bool = False  # an identifier naming a definition or import of the module (a class), never a local
 
     @property
     def required(self) -> bool:
@@ -123,14 +124,16 @@ def _parse_var(path: Path, var_name: str, decl: Any) -> TemplateVar:
         raise PatchgenError(f"{where}: a variable name must be a Python identifier")
     if not isinstance(decl, dict):
         raise PatchgenError(f"{where} must be a table with kind, doc and optional default/choices; found {decl!r}")
-    unknown = set(decl) - {"kind", "doc", "default", "choices", "binds"}
+    unknown = set(decl) - {"kind", "doc", "default", "choices", "binds", "module_level"}
     if "type" in decl:
         raise PatchgenError(
             f"{where}: 'type' is now 'kind' (one of int, float, bool, identifier, dotted, expr, str, "
             f"word, or list[...] of them)"
         )
     if unknown:
-        raise PatchgenError(f"{where}: unknown key(s) {sorted(unknown)}; expected kind, doc, default, choices, binds")
+        raise PatchgenError(
+            f"{where}: unknown key(s) {sorted(unknown)}; expected kind, doc, default, choices, binds, module_level"
+        )
     kind = parse_kind(decl.get("kind"))
     if kind is None:
         raise PatchgenError(
@@ -151,7 +154,15 @@ def _parse_var(path: Path, var_name: str, decl: Any) -> TemplateVar:
             f"{where}: binds = true marks an identifier (or list[identifier]) the template assigns, so it is not "
             f"checked as a name the generated module must define; found binds = {binds!r} on kind {kind.name!r}"
         )
-    var = TemplateVar(var_name, kind, decl.get("doc", ""), decl.get("default", _MISSING), tuple(choices), binds)
+    module_level = decl.get("module_level", False)
+    if not isinstance(module_level, bool) or module_level and (kind.scalar != "identifier" or binds):
+        raise PatchgenError(
+            f"{where}: module_level = true marks an identifier (or list[identifier]) that must name a definition or "
+            f"import of the generated module (not one the template binds); found module_level = {module_level!r} "
+            f"on kind {kind.name!r}"
+        )
+    default = decl.get("default", _MISSING)
+    var = TemplateVar(var_name, kind, decl.get("doc", ""), default, tuple(choices), binds, module_level)
     if not var.required:
         try:
             var.prepare(var.default)

@@ -3,8 +3,8 @@
 # template and run `patchgen regen flux`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_flux.py sha256=19c283790c6ecce114759c47daf98b448292dec9c5070ad04eda1580fbf31770
 # spec: specs/flux.toml sha256=5b29df8992d96a506a9a5bcc5cc3ce479f7463735f31c458e7e441149ef02f8b
-# templates: sha256=87b027b344f8a0a9c93d7950efa94f2dc6e3016de264bf17f504109c9aac481b
-# engine: patchgen==0.1.0 sha256=0f996c6bbc9a934d53d4b500da1ca6dd5d9dae07f2eb7a70a13a41298a6e52e2
+# templates: sha256=7edd747d9ebfbe2c54a8b8e3d0426184f67f263afb8b256180fab11785776245
+# engine: patchgen==0.1.0 sha256=4bd58097ed1c9e983c097f1eba44d64550b38b19e86bb7d7b2471f9b31cfb2cc
 # body: sha256=0bc923b91612f124b026c46daf8a10f9bbc061e14f3f4e8318f349a82593f08a
 # patches:
 #   #1 dit/shard_tokens @ FluxTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens and their RoPE; text tokens and positions stay whole

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen2_vl/modeling_qwen2_vl.py sha256=6c124dace35b8a649c34ce5041808e183c4989f90049c6ea9ba1d52aa8bbea99
 # spec: specs/qwen2_vl.toml sha256=ad82ed3b9eb21aca9ad67216cfe42a102064ef28d16bdf7c69fa1812540b8ffe
 # templates: sha256=670230c5f16c37934e8fb313ba876460a9aab39c37bedc3a282812346e6392c9
-# engine: patchgen==0.1.0 sha256=0f996c6bbc9a934d53d4b500da1ca6dd5d9dae07f2eb7a70a13a41298a6e52e2
+# engine: patchgen==0.1.0 sha256=4bd58097ed1c9e983c097f1eba44d64550b38b19e86bb7d7b2471f9b31cfb2cc
 # body: sha256=fdcee756341c2b5792a5374adcfc586250dcba7e8d7bb79c64c8d47366502e9d
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2VLTextModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

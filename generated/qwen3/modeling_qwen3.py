@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3/modeling_qwen3.py sha256=fbdcfeeb1b54135ca67ba7df924da92f4b264e1252b517eea2de989289ebaeab
 # spec: specs/qwen3.toml sha256=2fb2e016c089c84cb46485677903ecab9b274b004fcaeb43b07f49526d09c7a8
 # templates: sha256=9632944bc0dd1e475299f45a26547801f70071ab2d477a749c5bac0517520a79
-# engine: patchgen==0.1.0 sha256=0f996c6bbc9a934d53d4b500da1ca6dd5d9dae07f2eb7a70a13a41298a6e52e2
+# engine: patchgen==0.1.0 sha256=4bd58097ed1c9e983c097f1eba44d64550b38b19e86bb7d7b2471f9b31cfb2cc
 # body: sha256=0146a1dc622bfb1ecc692c02dcf0178231af05d471ade378b6e6f20d552617dc
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen3Model.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

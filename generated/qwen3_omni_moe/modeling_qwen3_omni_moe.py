@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
 # spec: specs/qwen3_omni_moe.toml sha256=c6059011509fcbcd0c3dc3670c2e7dd3908bf0751cc06c1c02e464ea0e2d69ca
 # templates: sha256=a6f5bc5fcada8e753b59e607a79debc21744d7ea77a525937dbeefc53cfeadc0
-# engine: patchgen==0.1.0 sha256=0f996c6bbc9a934d53d4b500da1ca6dd5d9dae07f2eb7a70a13a41298a6e52e2
+# engine: patchgen==0.1.0 sha256=4bd58097ed1c9e983c097f1eba44d64550b38b19e86bb7d7b2471f9b31cfb2cc
 # body: sha256=6a89ed3209bdd886c91ba856f83521ce47e18527523fe7f76d8cda0f3659d2f6
 # patches:
 #   #1 core/skip_isinstance @ Qwen3OmniMoePreTrainedModel._init_weights: code2wav (speech output) is pruned with the talker; its weight-init branch can match nothing here

@@ -3,8 +3,8 @@
 # template and run `patchgen regen sd3`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/attention.py sha256=a530e769345d20ed9296b608c5332351ecd94b12e7fedc289f9983afa04a3e4a
 # spec: specs/sd3.toml sha256=34fdad8151d34e7d9719d3dd47dea54ae566f2f02c7ea54f5f25a0a025f67947
-# templates: sha256=089ea0deca15fbc844262d4a41faa09400c7854cb08f3570de3136caad24aeb2
-# engine: patchgen==0.1.0 sha256=0f996c6bbc9a934d53d4b500da1ca6dd5d9dae07f2eb7a70a13a41298a6e52e2
+# templates: sha256=400e92c4d15e7c508d9f3fe4f200752f473bc926758662ef7c6c3c430339273e
+# engine: patchgen==0.1.0 sha256=4bd58097ed1c9e983c097f1eba44d64550b38b19e86bb7d7b2471f9b31cfb2cc
 # body: sha256=171598d5debb5a0ab650bf3225b692169bc465d22113e19431ce643392cd76af
 # patches:
 # ---- end of patchgen provenance ----

@@ -5,7 +5,9 @@ A template variable of kind `identifier` (or `list[identifier]`) is code: when t
 imports and compiles and fails with NameError only when that line runs. It resolves when it is a definition or an
 import of the generated module, a builtin, a name the patched scope binds (upstream's parameters and locals, or what
 another patch of that scope assigns), or a name the patch's own code assigned in an earlier statement. A variable a
-template declares `binds = true` names what the template itself assigns and is never checked.
+template declares `binds = true` names what the template itself assigns and is never checked; one it declares
+`module_level = true` (a class list such as `dit/shard_tokens`' processors) must be a definition or import of the
+module, never a local.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ def read_before_bound(code: str) -> set[str]:
     return read
 
 
-def _identifier_values(patch: Patch) -> list[tuple[str, str]]:
-    """(var name, value) of every identifier value the template does not declare as a name it binds."""
+def _identifier_values(patch: Patch) -> list[tuple[str, str, bool]]:
+    """(var name, value, whether it must be module-level) of every identifier value the template does not declare
+    as a name it binds."""
     out = []
     for var in patch.template.vars:
         if var.kind.scalar != "identifier" or var.binds:
@@ -50,7 +53,7 @@ def _identifier_values(patch: Patch) -> list[tuple[str, str]]:
         value = patch.vars.get(var.name, None if var.required else var.default)
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, str):
-                out.append((var.name, item))
+                out.append((var.name, item, var.module_level))
     return out
 
 
@@ -92,11 +95,18 @@ def check_identifier_vars(
         if not values or not codes:
             continue
         read = set().union(*(read_before_bound(code) for code in codes))
-        unresolved = [(var, value) for var, value in values if value in read and value not in BUILTINS]
+        unresolved = [(v, value, top_only) for v, value, top_only in values if value in read and value not in BUILTINS]
         if not unresolved:
             continue
         top = module_names(table) if top is None else top
-        unresolved = [(var, value) for var, value in unresolved if value not in top]
+        unresolved = [(v, value, top_only) for v, value, top_only in unresolved if value not in top]
+        for var, value, top_only in unresolved:
+            if top_only:  # a class list (processors): a local of the scope would be no class of the module
+                raise PatchgenError(
+                    f"{where}: {patch.label}: vars.{var} = {value!r} names no definition or import of {output}: "
+                    f"{var} names classes of the module, never a parameter or local of {patch.where}. Name a class "
+                    f"the module defines or imports (a pruned definition: add it to 'keep'), or correct the name"
+                )
         if not unresolved:
             continue
         others = [
@@ -106,7 +116,7 @@ def check_identifier_vars(
             for code in plan.rendered_by.get(other.index, [])
         ]
         scope = _scope_names(tree(), patch, others) if patch.scope != "<module>" else set()
-        for var, value in unresolved:
+        for var, value, _ in unresolved:
             if value not in scope:
                 raise PatchgenError(
                     f"{where}: {patch.label}: vars.{var} = {value!r} names nothing {output} defines or imports, nor "

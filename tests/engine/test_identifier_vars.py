@@ -130,7 +130,11 @@ def test_the_reported_case_a_processor_the_module_never_imports(tmp_path) -> Non
     (tmp_path / "specs/hunyuanvideo.toml").write_text(wrong)
     config = load_config(tmp_path)
     [loaded] = load_specs(config, ["hunyuanvideo"])
-    with pytest.raises(
-        PatchgenError, match=r"\(dit/shard_tokens\): vars.processors = 'AttnProcessor2_0' names nothing"
-    ):
+    with pytest.raises(PatchgenError, match=r"\(dit/shard_tokens\): vars.processors = 'AttnProcessor2_0' names no"):
         generate(loaded, PinnedSource(config.pins), config)
+
+
+def test_module_level_is_for_identifier_vars_only() -> None:
+    text = '{#\nop = "insert"\ndoc = "d"\n[vars.n]\nkind = "int"\nmodule_level = true\ndoc = "d"\n#}\nx = {{ n }}\n'
+    with pytest.raises(PatchgenError, match="module_level = true marks an identifier"):
+        parse_template("fx/bad", Path("bad.py.j2"), text)
