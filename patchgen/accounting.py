@@ -19,7 +19,7 @@ from typing import Any
 WILDCARD = "*"  # a generic test template whose rendered code is the spec's own choice: it accounts for anything
 MAX_STARTS = 256
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")  # `{{ target }} =`: the patch's value of an identifier var
-NAME_KINDS = ("identifier", "dotted", "word")
+PLACEHOLDER_KINDS = ("identifier", "dotted", "word", "expr")  # values that are one line of normalized code
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,8 @@ def matches(start: str, statement: str) -> bool:
 
 
 def substitute(start: str, values: dict[str, Any]) -> str:
-    """An entry with each `{{ var }}` placeholder replaced by the patch's value of that (name-valued) variable."""
+    """An entry with each `{{ var }}` placeholder replaced by the patch's value of that variable (a name, or an
+    expression in its normalized one-line form)."""
     return PLACEHOLDER.sub(lambda m: str(values.get(m.group(1), m.group(0))), start)
 
 
@@ -60,7 +61,7 @@ def parse_reimplements(
 ) -> tuple[Reimplemented, ...] | str:
     """A template's `reimplements` list (strings, or tables `{ start = "...", when_set = "<var>" }`), or what is
     wrong with it; `declared` maps each variable name to whether it has a default, `names` are the variables
-    whose value is a name (identifier, dotted, word), which a start may use as `{{ var }}`."""
+    whose value is one line of code (identifier, dotted, word, expr), which a start may use as `{{ var }}`."""
     if not isinstance(value, list) or len(value) > MAX_STARTS:
         return f"{where}: 'reimplements' must be a list of at most {MAX_STARTS} statement starts"
     out = []
@@ -83,8 +84,8 @@ def parse_reimplements(
         unknown = [m.group(1) for m in PLACEHOLDER.finditer(text) if m.group(1) not in names]
         if unknown:
             return (
-                f"{where}: reimplements[{number}]: {{{{ {unknown[0]} }}}} must name a declared identifier, dotted or "
-                f"word variable (its value is substituted)"
+                f"{where}: reimplements[{number}]: {{{{ {unknown[0]} }}}} must name a declared identifier, dotted, "
+                f"word or expr variable (its value is substituted)"
             )
         out.append(Reimplemented(_start(text), when))
     return tuple(out)

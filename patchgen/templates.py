@@ -32,7 +32,7 @@ from typing import Any
 
 import jinja2
 
-from patchgen.accounting import NAME_KINDS, Reimplemented, parse_reimplements
+from patchgen.accounting import PLACEHOLDER_KINDS, Reimplemented, parse_reimplements
 from patchgen.errors import PatchgenError
 from patchgen.ops import OPS
 from patchgen.sandbox import BoundedEnvironment, render
@@ -210,7 +210,7 @@ def parse_template(name: str, path: Path, text: str) -> Template:
         if not OPS[op].replaces:
             raise PatchgenError(f"{path}: 'reimplements' is for templates whose op replaces upstream code, not {op!r}")
         defaults = {v.name: not v.required for v in variables}
-        names = tuple(v.name for v in variables if not v.kind.is_list and v.kind.scalar in NAME_KINDS)
+        names = tuple(v.name for v in variables if not v.kind.is_list and v.kind.scalar in PLACEHOLDER_KINDS)
         parsed = parse_reimplements(meta["reimplements"], defaults, names, str(path))
         if isinstance(parsed, str):
             raise PatchgenError(parsed)

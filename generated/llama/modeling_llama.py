@@ -3,8 +3,8 @@
 # template and run `patchgen regen llama`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/llama/modeling_llama.py sha256=46d313ec0f1116bcc1bb7f2379467ab249c140415c64fb758e2d5915cd8b89a5
 # spec: specs/llama.toml sha256=2a15c94f8f1f915f559e4fb2485fbba7c2c37b6bcfb90a1a1aaae876d8f51fa4
-# templates: sha256=9632944bc0dd1e475299f45a26547801f70071ab2d477a749c5bac0517520a79
-# engine: patchgen==0.1.0 sha256=4bd58097ed1c9e983c097f1eba44d64550b38b19e86bb7d7b2471f9b31cfb2cc
+# templates: sha256=0c0c0a48e25934266fb2ec97234c7139fa2555dcd05551184bc27e44d0917abe
+# engine: patchgen==0.1.0 sha256=cddbce79bb2b541c8ed4a9de9e1cd958a3d2a3437d29894e91adc08f4fb37c44
 # body: sha256=8a572fcaef5afeed7015425052fe7b5206b09b1f5f1aa7577ed5cdcd7f2f3337
 # patches:
 #   #1 sp/full_sequence_mask @ LlamaModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

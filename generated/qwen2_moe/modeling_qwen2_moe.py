@@ -3,8 +3,8 @@
 # template and run `patchgen regen qwen2_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen2_moe/modeling_qwen2_moe.py sha256=48fa5f02ffeb3881a55ab047c547600f99fd0ecac02c0bdeb8ad002d76af344d
 # spec: specs/qwen2_moe.toml sha256=5eb1ce881b60ada454abda40e397eaac3d870e94aa193a894d809a975efd4fde
-# templates: sha256=6dd75ec86c71322d3028e18ef228b72493dd20ac189e8684abb83f989d35df3c
-# engine: patchgen==0.1.0 sha256=4bd58097ed1c9e983c097f1eba44d64550b38b19e86bb7d7b2471f9b31cfb2cc
+# templates: sha256=915ee20d5d79b45911a7800db65c9b8f320ef3cb4c1fd1e70ee0052344050579
+# engine: patchgen==0.1.0 sha256=cddbce79bb2b541c8ed4a9de9e1cd958a3d2a3437d29894e91adc08f4fb37c44
 # body: sha256=a61c0141542920b2171241fb0ff4241b3edd382303f65c4f892c87ced83a585b
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2MoeModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

@@ -3,8 +3,8 @@
 # template and run `patchgen regen qwen3_vl_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
 # spec: specs/qwen3_vl_moe.toml sha256=364121ac405a08f14f28af3e3f0144c5b42e2759565740821b3b890eb066c47d
-# templates: sha256=4166232c44d33c2a2cd5e6c392938597d001d9cfba081c1e50e46631cbba8ed9
-# engine: patchgen==0.1.0 sha256=4bd58097ed1c9e983c097f1eba44d64550b38b19e86bb7d7b2471f9b31cfb2cc
+# templates: sha256=8bb4abb187402e70f4b4e270201be145f99b5fcb7abf7115d8d68ee429cd522e
+# engine: patchgen==0.1.0 sha256=cddbce79bb2b541c8ed4a9de9e1cd958a3d2a3437d29894e91adc08f4fb37c44
 # body: sha256=ecd79cfc3ca6eee6e8d79b8f8c7df12c3511150714783a0106dea39e4c527875
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLMoeModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel

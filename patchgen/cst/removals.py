@@ -79,7 +79,9 @@ def check_removals(where: str, plan: Plan, module: cst.Module, relpath: str, lin
         if not edit.replaces_target:
             continue
         patch = edit.patch
-        values = {v.name: patch.vars.get(v.name, v.default) for v in patch.template.vars if not v.kind.is_list}
+        values = {
+            v.name: v.prepare(patch.vars.get(v.name, v.default)) for v in patch.template.vars if not v.kind.is_list
+        }
         active = [substitute(e.start, values) for e in patch.template.reimplements if _active(patch, e)]
         starts = active + list(patch.removes)
         statements = replaced_statements(edit)

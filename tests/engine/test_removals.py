@@ -22,16 +22,22 @@ doc = "The toy loss region through one expression (tests of removal accounting).
 reimplements = [
     "loss = None",
     "if labels is not None:",
-    "loss = self.loss_function(",
+    "loss = self.loss_function({{ out }}, labels)",
     { start = "loss = loss * self.config.scale", when_set = "scale" },
 ]
+
+[vars.out]
+kind = "expr"
+default = "out"
+doc = "what the loss reads"
 
 [vars.scale]
 kind = "expr"
 default = "None"
 doc = "a factor the loss is multiplied by"
 #}
-loss = None if labels is None else self.loss_function(out, labels){% if scale != "None" %} * {{ scale }}{% endif %}
+{% set factor = " * " ~ scale if scale != "None" else "" %}
+loss = None if labels is None else self.loss_function({{ out }}, labels){{ factor }}
 """
 LOSS = "loss = self.loss_function(out, labels)"
 EXTRA = "loss = loss * self.config.scale"  # an upstream statement the region gains (a config-gated scale)
@@ -139,3 +145,12 @@ def test_no_shipped_template_accounts_for_everything() -> None:
     """The wildcard is for generic test templates whose code the spec picks; a shipped template names statements."""
     for path in sorted((REPO / "templates").rglob("*.py.j2")):
         assert '"*"' not in path.read_text().split("#}")[0], path
+
+
+def test_a_placeholder_entry_reimplements_only_the_statement_of_the_patch_s_value(project) -> None:
+    """`loss = self.loss_function({{ out }}, labels)`: with out = out[:1] the template computes another loss than
+    upstream's `loss = self.loss_function(out, labels)`, which is then deleted, not re-implemented."""
+    with pytest.raises(PatchgenError, match=re.escape(f"`{LOSS}` in ToyForTask.forward")):
+        loss_project(project, vars=dict(out="out[ : 1]")).generate()
+    text = loss_project(project, vars=dict(out="out[ : 1]"), removes=[LOSS]).generate().text
+    assert "self.loss_function(out[:1], labels)\n" in text
