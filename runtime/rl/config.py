@@ -48,7 +48,8 @@ Example (every key with its default unless marked required)::
                                  # ulysses: u, ring: r (sp = u x r), as in the trainer's run config
     optim: {lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, max_grad_norm: 1.0, warmup_steps: 0,
             min_lr_ratio: 0.1}
-    train: {steps: 100, nonfinite: stop, mixed_precision: auto}  # steps: RL iterations (rollout, reward, update)
+    train: {steps: 100, nonfinite: stop, mixed_precision: auto,  # steps: RL iterations (rollout, reward, update)
+           self_check: true}  # before the first iteration: the policy's layout proven on a shrunk copy
     checkpoint: {dir: null, interval: 0, resume: auto, save_total_limit: 2, schedule_change: refuse}
     log: {dir: runs/latest, interval: 1, report_to: [], project: patchgen, run_name: null, progress: true}
     export: {dir: null, overwrite: false, fuse_lora: false}  # a pipeline directory, or the LoRA file
@@ -137,6 +138,9 @@ class RLTrainConfig:
     steps: int = 100
     nonfinite: str = "stop"
     mixed_precision: str = "auto"  # the trainer's train.mixed_precision: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
+    # before the first iteration: a shrunk copy of the policy's transformer under this layout against one process and
+    # against upstream, as the trainer's train.self_check (runtime/train/self_check.py); false: skip it
+    self_check: bool = True
 
 
 @dataclass(frozen=True)

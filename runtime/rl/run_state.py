@@ -59,6 +59,7 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
     (the run, the step it resumes after, the checked inputs)."""
     from runtime.train.loop import resume, setup_parallel, train_device
     from runtime.train.optim import build_optimizer, build_scheduler
+    from runtime.train.self_check_job import self_check_policy
 
     state = setup_parallel(config)
     model = config.model.type or config.model.architecture
@@ -76,6 +77,7 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
     agree(error, state)
     torch.manual_seed(config.model.seed)
     policy = build_policy(config, state, train_device(state))
+    self_check_policy(config, state, policy.module)  # this layout proven on a shrunk copy; stops on a mismatch
     optimizer = build_optimizer(policy.trainable, config.optim)
     scheduler = build_scheduler(optimizer, config.optim, config.train.steps)
     sampler = PromptSampler(

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import transformers
 
+from runtime.diffusion.registry import training_class
 from runtime.models.registry import causal_lm_class
 from runtime.parallel.state import get_parallel_state
 
@@ -73,3 +74,50 @@ def train_printing_worker(rank: int, world_size: int, raw: dict) -> tuple[str, l
     finally:
         set_parallel_state(None)
     return out.getvalue(), [m.loss for m in result.metrics]
+
+
+def dit_check_worker(
+    rank: int, world_size: int, model_type: str, parallel: dict, values: dict, model_class: type | None = None
+) -> tuple[str, str]:
+    """The DiT proof of ``model_type``'s tiny config with ``values`` over it, under ``parallel`` (init_parallel_state
+    keywords): (the start-up line, or the error it raised)."""
+    from runtime.config.errors import ConfigError
+    from runtime.diffusion.registry import lookup_dit, training_class
+    from runtime.parallel.parallelize import ParallelPlan
+    from runtime.parallel.state import init_parallel_state, set_parallel_state
+    from runtime.train.job import site_plan
+    from runtime.train.self_check import run_proof
+    from runtime.train.self_check_dit import prove_dit
+
+    state = init_parallel_state(**parallel)
+    cls = training_class(model_type)
+    job = cls.config_class(**{**lookup_dit(model_type).tiny, **values})
+    lines: list[str] = []
+    try:
+        run_proof(
+            lambda: prove_dit(model_type, ParallelPlan(**site_plan(model_type)), state, job, model_class=model_class),
+            "train.self_check",
+            lines.append,
+            state.loss_group,
+        )
+    except ConfigError as exc:
+        return "", str(exc)
+    finally:
+        set_parallel_state(None)
+    return lines[0], ""
+
+
+WanShell = training_class("wan")
+
+
+class DoubledSPGradientDiT(WanShell):
+    """Under SP, the prediction's gradient comes back ``sp`` times (a gather whose backward sums what every rank
+    already holds): the values, and so the loss every rank logs, are unchanged."""
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        sp = get_parallel_state().sp_size
+        if sp == 1:
+            return out
+        prediction = out[0]
+        return (prediction + (sp - 1) * (prediction - prediction.detach()), *out[1:])

@@ -1,0 +1,143 @@
+"""Random forward kwargs of a DiT transformer, one builder per condition model type (a spec's ``[model.data]
+condition_model_type``), laid out as the condition model's ``process_condition`` lays them out, never zeros, with
+token counts that sp = 2 and 4 do not divide (every SP run pads). The trainer's start-up self-check
+(``runtime/train/self_check_dit.py``) feeds them to a shrunk copy of the job's transformer; the parity, SP,
+checkpoint and pipeline suites (``tests/dit/cases.py``) and the RL export test feed them to the tiny transformers.
+A new DiT adds its builder here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["example_inputs"]
+
+Inputs = dict[str, Any]
+
+
+def _cogvideox(config: dict[str, Any], generator: torch.Generator) -> Inputs:
+    """3 latent frames of 6x10, patch 2 -> 3 x 3 x 5 = 45 tokens (frames before channels, as the transformer
+    takes them); ``max_text_seq_length`` text tokens (the position embeddings cover exactly that many, as the
+    pipeline pads them); integer timesteps; the pipeline's RoPE when the config uses it."""
+    from runtime.diffusion.conditions.cogvideox import TEXT_LENGTH, _rotary
+
+    batch, frames, h, w = 2, 3, 6, 10
+    text = config.get("max_text_seq_length", TEXT_LENGTH)
+    out = {
+        "hidden_states": torch.randn(batch, frames, config["in_channels"], h, w, generator=generator),
+        "encoder_hidden_states": torch.randn(batch, text, config["text_embed_dim"], generator=generator),
+        "timestep": torch.randint(0, 1000, (batch,), generator=generator),
+        "return_dict": False,
+    }
+    rotary = _rotary(config, h * 8, w * 8, frames)
+    if rotary is not None:
+        out["image_rotary_emb"] = rotary
+    return out
+
+
+def _flux(config: dict[str, Any], generator: torch.Generator) -> Inputs:
+    """3x5 = 15 packed image tokens, 7 text tokens, a batch of 2, guidance 3.5."""
+    batch, h, w, text = 2, 3, 5, 7
+    rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    img_ids = torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).reshape(h * w, 3).float()
+    return {
+        "hidden_states": torch.randn(batch, h * w, config["in_channels"], generator=generator),
+        "encoder_hidden_states": torch.randn(batch, text, config["joint_attention_dim"], generator=generator),
+        "pooled_projections": torch.randn(batch, config["pooled_projection_dim"], generator=generator),
+        "timestep": torch.rand(batch, generator=generator),
+        "img_ids": img_ids,  # (0, row, col) per packed token, as FluxPipeline lays them out
+        "txt_ids": torch.zeros(text, 3),
+        "guidance": torch.full((batch,), 3.5),
+        "return_dict": False,
+    }
+
+
+def _hunyuanvideo(config: dict[str, Any], generator: torch.Generator) -> Inputs:
+    """3 frames of 6x10 latents, patch 2 -> 3 x 3 x 5 = 45 tokens; 7 text tokens of which the last sample's last
+    3 are padding; guidance 6.0 (x1000, as the pipeline passes it)."""
+    batch, text = 2, 7
+    mask = torch.ones(batch, text, dtype=torch.long)
+    mask[-1, text - 3 :] = 0
+    return {
+        "hidden_states": torch.randn(batch, config["in_channels"], 3, 6, 10, generator=generator),
+        "timestep": torch.rand(batch, generator=generator) * 1000,
+        "encoder_hidden_states": torch.randn(batch, text, config["text_embed_dim"], generator=generator),
+        "encoder_attention_mask": mask,
+        "pooled_projections": torch.randn(batch, config["pooled_projection_dim"], generator=generator),
+        "guidance": torch.full((batch,), 6000.0),
+        "return_dict": False,
+    }
+
+
+def _qwenimage(config: dict[str, Any], generator: torch.Generator) -> Inputs:
+    """3x5 = 15 packed image tokens (zero_cond_t: plus a 2x3 condition image, batch 1), 7 text tokens of which
+    the last sample's last 2 are padding."""
+    h, w, text = 3, 5, 7
+    zero_cond_t = bool(config.get("zero_cond_t"))
+    batch = 1 if zero_cond_t else 2
+    shapes = [(1, h, w), (1, 2, 3)] if zero_cond_t else [(1, h, w)]
+    mask = torch.ones(batch, text, dtype=torch.long)
+    mask[-1, text - 2 :] = 0
+    tokens = sum(f * y * x for f, y, x in shapes)
+    return {
+        "hidden_states": torch.randn(batch, tokens, config["in_channels"], generator=generator),
+        "encoder_hidden_states": torch.randn(batch, text, config["joint_attention_dim"], generator=generator),
+        "encoder_hidden_states_mask": mask,
+        "timestep": torch.rand(batch, generator=generator),
+        "img_shapes": [shapes] * batch,
+        "return_dict": False,
+    }
+
+
+def _sd3(config: dict[str, Any], generator: torch.Generator) -> Inputs:
+    """6x10 latents, patch 2 -> 3 x 5 = 15 tokens; 7 text tokens; a batch of 2."""
+    batch, text = 2, 7
+    return {
+        "hidden_states": torch.randn(batch, config["in_channels"], 6, 10, generator=generator),
+        "encoder_hidden_states": torch.randn(batch, text, config["joint_attention_dim"], generator=generator),
+        "pooled_projections": torch.randn(batch, config["pooled_projection_dim"], generator=generator),
+        "timestep": torch.rand(batch, generator=generator) * 1000,
+        "return_dict": False,
+    }
+
+
+def _wan(config: dict[str, Any], generator: torch.Generator) -> Inputs:
+    """3 frames of 6x10 latents -> 3 x 3 x 5 = 45 tokens; I2V: batch 1 with exactly 512 text tokens (its
+    attention splits image and text context there) and 5 CLIP image tokens."""
+    from runtime.diffusion.conditions.wan import TEXT_LENGTH
+
+    i2v = bool(config.get("image_dim"))
+    batch, text = (1, TEXT_LENGTH) if i2v else (2, 7)
+    out = {
+        "hidden_states": torch.randn(batch, config["in_channels"], 3, 6, 10, generator=generator),
+        "timestep": torch.rand(batch, generator=generator) * 1000,
+        "encoder_hidden_states": torch.randn(batch, text, config["text_dim"], generator=generator),
+        "return_dict": False,
+    }
+    if i2v:
+        out["encoder_hidden_states_image"] = torch.randn(batch, 5, config["image_dim"], generator=generator)
+    return out
+
+
+_BUILDERS: dict[str, Callable[[dict[str, Any], torch.Generator], Inputs]] = {
+    "cogvideox": _cogvideox,
+    "flux": _flux,
+    "hunyuanvideo": _hunyuanvideo,
+    "qwenimage": _qwenimage,
+    "sd3": _sd3,
+    "wan": _wan,
+}
+
+
+def example_inputs(condition_model_type: str, config: dict[str, Any], generator: torch.Generator) -> Inputs:
+    """Random forward kwargs, with ``return_dict=False``, for a transformer built from ``config`` whose spec names
+    ``condition_model_type``; identical for identically seeded generators."""
+    if condition_model_type not in _BUILDERS:
+        raise KeyError(
+            f"no example inputs for condition model {condition_model_type!r}: add a builder to "
+            f"runtime/diffusion/conditions/example_inputs.py (known: {', '.join(sorted(_BUILDERS))})"
+        )
+    return _BUILDERS[condition_model_type](config, generator)

@@ -1,0 +1,128 @@
+"""The start-up self-check of diffusion transformers (the ``dit`` family), for the trainer (``runtime.train``) and the
+RL job (``runtime.rl``): ``runtime/train/self_check.py`` says why and what it compares.
+
+The shrunk config: the job's transformer config (``to_diffuser_dict``: the diffusers ``__init__`` arguments) on the
+spec's tiny config, with each of the spec's tiny variants whose branch the job turns on merged in first (a variant
+key the tiny config lacks and the job sets: Wan's ``image_dim`` makes it image-to-video), by
+``self_check_shrink``'s rule.
+
+The proof's batch: per data-parallel replica, random latents and condition tensors in the shapes the job's condition
+model hands the transformer (``runtime/diffusion/conditions/example_inputs.py``: token counts SP does not divide),
+and a random target. Loss: the mean squared error of the prediction, divided by the replica count (each replica's
+share of the global mean, as the trainer's step); under SP every rank computes the same loss from the gathered
+prediction and the partial gradients add up over the group (``runtime/diffusion/sp.py``). The reference runs every
+replica's inputs in turn in one process, fp32, accumulating gradients; the upstream diffusers class runs the same.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Any
+
+import torch
+
+from runtime.diffusion.conditions.example_inputs import example_inputs
+from runtime.diffusion.registry import lookup_dit
+from runtime.parallel.parallelize import ParallelPlan, parallelize
+from runtime.parallel.precision import compute_dtype
+from runtime.parallel.state import ParallelState, parallel_state
+from runtime.train.job import all_reduce_sum, to_device, train_device
+from runtime.train.self_check import Comparison, Proof, compare, gradients, layout_text, tolerance
+from runtime.train.self_check_shrink import ShrinkLayout, shrink_values
+
+__all__ = ["prove_dit", "shrunk_dit_values", "tiny_with_variants"]
+
+SEED = 1234  # the proof's own weights, inputs and targets (the job's random streams are untouched)
+
+
+def tiny_with_variants(entry: Any, job: dict[str, Any]) -> dict[str, Any]:
+    """The spec's tiny config with every tiny variant merged in whose branch the job turns on: a variant key the
+    tiny config lacks, set in the job (not None, False or empty)."""
+    tiny = dict(entry.tiny)
+    for variant in (entry.data.get("tiny_variants") or {}).values():
+        if any(key not in entry.tiny and job.get(key) not in (None, False, [], ()) for key in variant):
+            tiny.update(variant)
+    return tiny
+
+
+def shrunk_dit_values(model_type: str, job: dict[str, Any], state: ParallelState) -> dict[str, Any]:
+    """The diffusers ``__init__`` arguments of the shrunk transformer."""
+    entry = lookup_dit(model_type)
+    layout = ShrinkLayout(head_split=state.ulysses_size)
+    return shrink_values(job, tiny_with_variants(entry, job), layout)
+
+
+def _loss_and_backward(
+    model: torch.nn.Module, inputs: dict[str, Any], target: torch.Tensor, replicas: int, device: torch.device
+) -> torch.Tensor:
+    with warnings.catch_warnings():  # FSDP2 warns that unpatchify's view is returned: no in-place op follows
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+        prediction = model(**to_device(inputs, device))[0]
+    loss = (prediction.float() - target.to(device)).pow(2).mean() / replicas
+    loss.backward()
+    return loss.detach()
+
+
+def _one_process(
+    model: torch.nn.Module, batches: list[dict[str, Any]], targets: list[torch.Tensor], device: torch.device
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Every replica's batch in turn, gradients accumulated: the loss and gradients of the global mean."""
+    model.to(device).train()
+    loss = sum(_loss_and_backward(model, b, t, len(batches), device) for b, t in zip(batches, targets, strict=True))
+    return loss, gradients(model)
+
+
+def prove_dit(
+    model_type: str,
+    plan: ParallelPlan,
+    state: ParallelState,
+    job_config: Any,
+    model_class: type | None = None,
+    upstream_class: type | None = None,
+) -> Proof:
+    """The proof of a DiT job (the module docstring): ``job_config`` is the built transformer's config, ``plan``
+    what the job asks of ``parallelize``. ``model_class`` / ``upstream_class`` replace the registry's classes (tests
+    plant defects through them)."""
+    entry = lookup_dit(model_type)
+    model_class = model_class or entry.model_class()
+    upstream_class = upstream_class or entry.upstream_class()
+    values = shrunk_dit_values(model_type, job_config.to_diffuser_dict(), state)
+    backend = getattr(job_config, "attention_backend", None)
+    device = train_device(state)
+    batches = [
+        example_inputs(entry.data["condition_model_type"], values, torch.Generator().manual_seed(SEED + d))
+        for d in range(state.dp_size)
+    ]
+    torch.manual_seed(SEED)
+    model = model_class(model_class.config_class(**values, attention_backend=backend))
+    initial = copy.deepcopy(model.state_dict())
+    reference = copy.deepcopy(model)
+    with parallel_state(ParallelState()), torch.no_grad():  # the targets: shaped like the prediction
+        shapes = [reference(**b)[0].shape for b in batches]
+    targets = [torch.randn(s, generator=torch.Generator().manual_seed(SEED + 100 + d)) for d, s in enumerate(shapes)]
+    comparisons: list[Comparison] = []
+    with parallel_state(ParallelState()):  # one process, fp32, the generated class: the reference
+        ref_loss, ref_grads = _one_process(reference, batches, targets, device)
+        upstream = upstream_class(**values)
+        upstream.load_state_dict(initial)
+        if backend:
+            upstream.set_attention_backend(backend)
+        up_loss, up_grads = _one_process(upstream, batches, targets, device)
+        what = f"generated vs upstream {entry.upstream_auto} (one process, fp32)"
+        comparisons.append(compare(what, up_loss, up_grads, ref_loss, ref_grads, tolerance(torch.float32)))
+    del reference, upstream
+
+    if state.world_size > 1:  # the job's layout against one process
+        model = parallelize(model, state, plan, device)
+        model.train()
+        share = _loss_and_backward(model, batches[state.dp_rank], targets[state.dp_rank], state.dp_size, device)
+        loss = all_reduce_sum(share, state.dp_group)  # SP ranks hold the same share; replicas add up
+        dtype = compute_dtype(plan.mixed_precision, state.device_type)
+        layout = layout_text(state, plan.mixed_precision, dtype, plan.activation_checkpointing)
+        comparisons.append(
+            compare(f"{layout} vs one process", loss, gradients(model), ref_loss, ref_grads, tolerance(dtype))
+        )
+    blocks = values.get("num_layers", "?")
+    shrunk = f"{blocks} layers, {values.get('num_attention_heads')} heads of {values.get('attention_head_dim')}"
+    return Proof(shrunk, comparisons)

@@ -1,0 +1,67 @@
+"""The start-up self-check of diffusion transformers: every DiT's shrunk transformer passes at sp = 2, a planted
+doubled SP gradient is caught naming a parameter, and the shrink keeps a job's branch (Wan image-to-video) through
+the spec's tiny variants."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from runtime.diffusion.registry import dit_model_types, lookup_dit
+from runtime.parallel.parallelize import ParallelPlan
+from runtime.parallel.state import ParallelState
+from runtime.train.self_check import report
+from runtime.train.self_check_dit import prove_dit, shrunk_dit_values
+from tests.dist_utils import run_distributed
+from tests.rl.common import rl_config, start
+from tests.train.self_check_defects import DoubledSPGradientDiT, WanShell, dit_check_worker
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("model_type", dit_model_types())
+def test_every_dit_passes_at_sp2(model_type: str) -> None:
+    results = run_distributed(dit_check_worker, 2, model_type, {"sp_size": 2}, {}, timeout=300)
+    line, error = results[0]
+    assert error == "" and line.startswith("self-check: passed in "), results
+    assert (
+        "dp_replicate 1 x dp_shard 1 x sp 2" in line
+        and f"generated vs upstream {lookup_dit(model_type).upstream_auto}" in line
+    )
+
+
+@pytest.mark.dist
+def test_doubled_sp_gradient_of_a_dit_is_caught() -> None:
+    results = run_distributed(dit_check_worker, 2, "wan", {"sp_size": 2}, {}, DoubledSPGradientDiT, timeout=300)
+    assert results[0] == results[1] and results[0][0] == "", results  # every rank stops, with the same line
+    error = results[0][1]
+    assert "gradient differs by 1.00e+00 relative (tolerance 1e-04)" in error, error  # twice the gradient: error 1
+    assert "sp 2" in error and "train.self_check: false skips the check" in error, error
+
+
+def test_wan_image_to_video_keeps_its_branch() -> None:
+    """A Wan I2V job (image_dim set) is proven with the spec's i2v variant merged in: the image cross-attention
+    (add_k_proj) is part of the shrunk model, at the tiny variant's sizes."""
+    job = {**lookup_dit("wan").tiny, "image_dim": 1280, "added_kv_proj_dim": 5120, "in_channels": 36}
+    values = shrunk_dit_values("wan", job, ParallelState())
+    variant = lookup_dit("wan").data["tiny_variants"]["i2v"]
+    assert {k: values[k] for k in variant} == variant
+    config = WanShell.config_class(**job)
+    line = report(prove_dit("wan", ParallelPlan(), ParallelState(), config), 0.0, "train.self_check")
+    assert line.startswith("self-check: passed in ") and "WanTransformer3DModel" in line, line
+    assert "image_dim" not in {
+        k for k, v in shrunk_dit_values("wan", lookup_dit("wan").tiny, ParallelState()).items() if v
+    }
+
+
+def test_rl_policy_is_proven_before_the_first_iteration(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``runtime.rl``'s start-up proves the policy's DiT (the same proof, the RL config's ``train.self_check``)."""
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
+
+    pipeline = save_tiny_pipeline("flux", tmp_path / "flux")
+    start(rl_config("flux", pipeline, tmp_path))
+    start(rl_config("flux", pipeline, tmp_path, train={"steps": 2, "self_check": False}))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("self-check:")]
+    assert len(lines) == 2 and lines[0].startswith("self-check: passed in "), lines
+    assert "FluxTransformer2DModel" in lines[0], lines
+    assert lines[1] == "self-check: off (train.self_check: false)", lines
