@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["OFF_KEY", "PROVEN_FAMILIES", "self_check", "self_check_policy"]
 
 OFF_KEY = "train.self_check"
-PROVEN_FAMILIES = ("causal_lm", "dit")
+PROVEN_FAMILIES = ("causal_lm", "vlm", "omni", "dit")
 
 
 def self_check(config: RunConfig, state: ParallelState, model: torch.nn.Module, **classes: Any) -> None:

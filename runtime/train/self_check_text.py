@@ -1,5 +1,6 @@
-"""The start-up self-check of text language models (the ``causal_lm`` family): ``runtime/train/self_check.py`` says
-why and what it compares.
+"""The start-up self-check of language models: text models (``causal_lm``), and vision-language and omni models on
+text-only rows (their language model, and every rank's FSDP dummy forward of the towers); ``runtime/train/
+self_check.py`` says why and what it compares.
 
 The proof's batch: one packed row per data-parallel replica (several documents each, of lengths that leave SP
 padding to add and exceed the shrunk window), exactly as the trainer's loader hands them out. The job's side runs
@@ -27,7 +28,7 @@ from runtime.parallel.state import ParallelState, parallel_state
 from runtime.train.config import RunConfig
 from runtime.train.job import parallel_plan, to_device, train_device
 from runtime.train.self_check import Comparison, Proof, compare, gradients, layout_text, tolerance
-from runtime.train.self_check_shrink import ShrinkLayout, shrink_values
+from runtime.train.self_check_shrink import ShrinkLayout, is_token_id, shrink_values
 from runtime.train.text_step import target_count, text_forward_backward
 
 __all__ = ["DOCUMENTS", "prove_text", "proof_rows", "shrunk_text_config"]
@@ -40,11 +41,16 @@ SEED = 1234  # the proof's own weights and tokens (the job's random streams are 
 
 
 def shrunk_text_config(job_config: transformers.PretrainedConfig, state: ParallelState) -> Any:
-    """The job's config shrunk by ``self_check_shrink``'s rule, with the job's attention and experts kernels."""
+    """The job's config shrunk by ``self_check_shrink``'s rule, with the job's attention and experts kernels. The
+    language model's heads fit the Ulysses degree, a tower's (vision, audio) sp: towers run Ulysses over all of SP."""
     entry = lookup(job_config.model_type)
     layout = ShrinkLayout(ep_size=state.ep_size, head_split=state.ulysses_size, row_length=ROW_LENGTH)
-    values = shrink_values(job_config.to_dict(), entry.tiny, layout, sub_configs=tuple(job_config.sub_configs))
+    towers = ShrinkLayout(ep_size=state.ep_size, head_split=state.sp_size, row_length=ROW_LENGTH)
+    subs = tuple(job_config.sub_configs)
+    sub_layouts = {name: layout if name == "text_config" else towers for name in subs}
+    values = shrink_values(job_config.to_dict(), entry.tiny, layout, sub_layouts, sub_configs=subs)
     config = transformers.AutoConfig.for_model(job_config.model_type, **{**values, "use_cache": False})
+    config.get_text_config().use_cache = False  # training: no KV cache (as build_model sets it)
     config._attn_implementation = job_config._attn_implementation
     experts = getattr(job_config, "_experts_implementation", None)
     if entry.is_moe and experts is not None:
@@ -52,9 +58,18 @@ def shrunk_text_config(job_config: transformers.PretrainedConfig, state: Paralle
     return config
 
 
-def proof_rows(replicas: int, vocab_size: int) -> list[dict[str, torch.Tensor]]:
-    """One packed row per data-parallel replica, different lengths and tokens for each."""
-    return [random_packed_batch(tuple(n + d for n in DOCUMENTS), vocab_size, seed=SEED + d) for d in range(replicas)]
+def proof_rows(replicas: int, config: Any, multimodal: bool) -> list[dict[str, torch.Tensor]]:
+    """One packed row per data-parallel replica, different lengths and tokens for each, of text tokens only (below
+    every special token id). A vision-language or omni row is laid out as its data path lays out a text-only
+    sample: M-RoPE position ids ``(4, 1, L)`` (every channel the text positions) and text token types."""
+    ids = [v for k, v in config.to_dict().items() if is_token_id(k) and isinstance(v, int) and v > 1]
+    limit = min([config.get_text_config().vocab_size, *ids])
+    rows = [random_packed_batch(tuple(n + d for n in DOCUMENTS), limit, seed=SEED + d) for d in range(replicas)]
+    if multimodal:
+        for row in rows:
+            row["position_ids"] = row["position_ids"][None].expand(4, -1, -1).clone()
+            row["mm_token_type_ids"] = torch.zeros_like(row["input_ids"], dtype=torch.int32)
+    return rows
 
 
 class _Rows:
@@ -75,7 +90,11 @@ def _concatenated(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor
 
 
 def _summary(config: Any) -> str:
-    parts = [f"{config.num_hidden_layers} layers", f"hidden {config.hidden_size}"]
+    text = config.get_text_config()
+    parts = [f"{text.num_hidden_layers} layers", f"hidden {text.hidden_size}"]
+    vision = getattr(config, "vision_config", None)
+    parts += [f"vision depth {vision.depth}"] if vision is not None and hasattr(vision, "depth") else []
+    config = text
     experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
     return ", ".join(parts + ([f"{experts} experts"] if experts else []))
 
@@ -94,7 +113,7 @@ def prove_text(
     upstream_class = upstream_class or entry.upstream_class()
     shrunk = shrunk_text_config(job_config, state)
     device = train_device(state)
-    rows = proof_rows(state.dp_size, shrunk.vocab_size)
+    rows = proof_rows(state.dp_size, shrunk, entry.is_vlm)
     torch.manual_seed(SEED)
     model = model_class(shrunk)
     initial = copy.deepcopy(model.state_dict())
@@ -103,7 +122,7 @@ def prove_text(
     dtype = compute_dtype(plan.mixed_precision, state.device_type)
     comparisons: list[Comparison] = []
 
-    aux_coef = getattr(shrunk, "router_aux_loss_coef", 0.0) if entry.is_moe else 0.0
+    aux_coef = getattr(shrunk.get_text_config(), "router_aux_loss_coef", 0.0) if entry.is_moe else 0.0
     moe_kwargs = {"output_router_logits": True} if aux_coef else {}
     row = to_device(_concatenated(rows), device)
     count = target_count(rows).to(device)

@@ -58,6 +58,22 @@ def test_moe_ep2_with_a_job_option_passes(tmp_path: Path) -> None:
     assert "dp_replicate 1 x dp_shard 2 x sp 1, ep 2" in out and "experts" in out, out
 
 
+@pytest.mark.dist
+@pytest.mark.parametrize(
+    ("model_type", "parallel"), [("qwen3_vl", {"dp_shard": 2}), ("qwen3_omni_moe_thinker", {"sp": 2})]
+)
+def test_vision_language_and_omni_jobs_pass(tmp_path: Path, model_type: str, parallel: dict) -> None:
+    """Text-only proof rows (M-RoPE ids as the data path lays out a text-only sample) through the language model,
+    the towers' dummy forward on every rank; the job's config is the transformers default (real sizes, a text
+    config that would keep a KV cache), shrunk."""
+    raw = run_config(tmp_path, model={"type": model_type, "config": {}}, parallel=parallel)
+    raw["data"] = {**raw["data"], "processor": str(tmp_path / "processor"), "tokenizer": None}
+    results = run_distributed(check_worker, 2, raw, None, {}, timeout=300)
+    out, error = results[0]
+    assert error == "" and out.startswith("self-check: passed in ") and "vision depth" in out, results
+    assert "AutoModelForImageTextToText" in out and "x dp_shard" in out, out
+
+
 def test_generated_class_that_loses_the_window_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The generated module builds the sliding-window layers' mask as a plain causal mask (what a patch that lost
     the window would do); upstream keeps it. The job sets a window (4096, capped to the proof's documents)."""
