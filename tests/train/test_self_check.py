@@ -15,7 +15,7 @@ from runtime.parallel.state import ParallelState
 from runtime.train.self_check import untouched_rng
 from runtime.train.self_check_shrink import ShrinkLayout, fit_layer_types, shrink_values
 from tests.dist_utils import run_distributed
-from tests.train.common import TINY_MODEL, TINY_MOE, run_config
+from tests.train.common import TINY_MODEL, TINY_MOE, run_config, run_main
 from tests.train.self_check_defects import DoubledSPLoss, check_worker, job_config, train_printing_worker
 
 QWEN3_TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -91,6 +91,37 @@ def test_generated_class_that_loses_the_window_is_caught(tmp_path: Path, monkeyp
     message = str(caught.value)
     assert "generated vs upstream AutoModelForCausalLM" in message and "train.self_check: false" in message, message
     assert "gradient differs by" in message or "the loss differs by" in message, message
+
+
+def test_a_mismatch_exits_2_with_one_line_before_step_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through ``python -m runtime.train``: the lost window (as above) on a job whose second layer slides stops the
+    run with exit code 2 and one line naming the key that turns the check off; no step ran."""
+    import generated.qwen3.modeling_qwen3 as gen
+
+    monkeypatch.setattr(gen, "create_sliding_window_causal_mask", gen.create_causal_mask)
+    window = {"use_sliding_window": True, "sliding_window": 64, "layer_types": ["full_attention", "sliding_attention"]}
+    raw = run_config(tmp_path, model={"config": {**TINY_MODEL, **window}})
+    code, stderr = run_main(raw, tmp_path)
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1, (code, stderr)
+    assert "train.self_check: the start-up self-check failed: " in lines[0], lines
+    assert "generated vs upstream" in lines[0] and "train.self_check: false skips the check" in lines[0], lines
+    assert not (tmp_path / "log" / "metrics.jsonl").exists()  # before step 1
+
+
+def test_the_shrunk_model_keeps_the_jobs_options() -> None:
+    """The proof's model computes with the job's biases, rope theta and activation, at the tiny sizes."""
+    from runtime.models.registry import causal_lm_class
+    from runtime.train.self_check_text import shrunk_text_config
+
+    job = job_config("qwen3", attention_bias=True, rope_theta=5e5, hidden_act="gelu", eos_token_id=151645)
+    shrunk = shrunk_text_config(job, ParallelState())
+    assert (
+        shrunk.attention_bias is True and shrunk.rope_parameters["rope_theta"] == 5e5 and shrunk.hidden_act == "gelu"
+    )
+    assert shrunk.hidden_size == 64 and shrunk.vocab_size == 97 and shrunk.eos_token_id is None
+    model = causal_lm_class("qwen3")(shrunk)
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
 
 
 def test_clean_single_process_check_passes_and_can_be_turned_off(
