@@ -12,14 +12,23 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from patchgen.errors import PatchgenError
 from patchgen.spec_schema import COMPANION_KEYS, MAX_COMPANIONS, check_keys, names
 from patchgen.varkinds import is_dotted, is_identifier, type_name
 
-if TYPE_CHECKING:
-    from patchgen.spec import Patch
+
+class Qualified(Protocol):
+    """What ``check_qualifiers`` reads of a patch (``patchgen.spec.Patch``, which imports this module)."""
+
+    module: str  # "" when the scope is not qualified
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def where(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,7 @@ def parse_scope(text: str, path: Path, where: str) -> tuple[str, str]:
     return module, scope
 
 
-def check_qualifiers(patches: Iterable[Patch], module: str, companions: tuple[Companion, ...], path: Path) -> None:
+def check_qualifiers(patches: Iterable[Qualified], module: str, companions: tuple[Companion, ...], path: Path) -> None:
     """Every qualified scope names the spec's module or one of its companions (by the last dotted component)."""
     known = [module.rsplit(".", 1)[-1], *(c.name for c in companions)]
     for patch in patches:

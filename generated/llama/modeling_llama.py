@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/llama/modeling_llama.py sha256=46d313ec0f1116bcc1bb7f2379467ab249c140415c64fb758e2d5915cd8b89a5
 # spec: specs/llama.toml sha256=2a15c94f8f1f915f559e4fb2485fbba7c2c37b6bcfb90a1a1aaae876d8f51fa4
 # templates: sha256=0c0c0a48e25934266fb2ec97234c7139fa2555dcd05551184bc27e44d0917abe
-# engine: patchgen==0.1.0 sha256=cddbce79bb2b541c8ed4a9de9e1cd958a3d2a3437d29894e91adc08f4fb37c44
+# engine: patchgen==0.1.0 sha256=42654e4d21b6a4a3ec02f8cf182ad2f59431d2e64f2b1935a653c9587d575639
 # body: sha256=8a572fcaef5afeed7015425052fe7b5206b09b1f5f1aa7577ed5cdcd7f2f3337
 # patches:
 #   #1 sp/full_sequence_mask @ LlamaModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

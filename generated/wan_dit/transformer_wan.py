@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_wan.py sha256=74741d74c9fa4b9d02be83de9840b37a732080a795aa2d19037c03e312c76907
 # spec: specs/wan.toml sha256=89d5774370da74980ec9394acab67583386f8afb1987081f39f5bd690d0cb906
 # templates: sha256=7edd747d9ebfbe2c54a8b8e3d0426184f67f263afb8b256180fab11785776245
-# engine: patchgen==0.1.0 sha256=cddbce79bb2b541c8ed4a9de9e1cd958a3d2a3437d29894e91adc08f4fb37c44
+# engine: patchgen==0.1.0 sha256=42654e4d21b6a4a3ec02f8cf182ad2f59431d2e64f2b1935a653c9587d575639
 # body: sha256=25a09dc002fc9155cf602784a864679155aeba6fb90a7f2ba472701237bf113a
 # patches:
 #   #1 dit/shard_tokens @ WanTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables
