@@ -63,9 +63,19 @@ class Comparison:
     tolerance: float
 
     def worst(self) -> tuple[str, float]:
-        """(parameter or "loss", its error): the largest error relative to the tolerance."""
-        name, value = max(self.errors.items(), key=lambda item: item[1], default=("loss", 0.0))
-        return ("loss", self.loss_error) if self.loss_error >= value else (name, value)
+        """(parameter, its error): the parameter whose gradient differs most; ("loss", 0.0) without any."""
+        return max(self.errors.items(), key=lambda item: item[1], default=("loss", 0.0))
+
+    def failure(self) -> str | None:
+        """What is outside the tolerance, naming the parameter whenever a gradient is (NaN fails too); None if
+        nothing is."""
+        name, value = self.worst()
+        loss = f"{self.loss_error:.2e}"
+        if not value <= self.tolerance:
+            return f"{name}: its gradient differs by {value:.2e} relative (the loss by {loss})"
+        if not self.loss_error <= self.tolerance:
+            return f"the loss differs by {loss} relative (every gradient within the tolerance)"
+        return None
 
 
 @dataclass(frozen=True)
@@ -146,19 +156,21 @@ def layout_text(state: ParallelState, mixed_precision: str, dtype: torch.dtype, 
     return text + (", activation checkpointing" if checkpointing else "")
 
 
+def _shown(tol: float) -> str:
+    return f"{tol:.0e}" if tol < 1e-2 else f"{tol:g}"
+
+
 def report(proof: Proof, seconds: float, off_key: str) -> str:
     """The start-up line of a proof that passed; raises ``ConfigError`` (one line, exit 2) for one that did not."""
     for c in proof.comparisons:
-        name, value = c.worst()
-        if not value <= c.tolerance:  # NaN fails too
-            what = "the loss" if name == "loss" else f"{name}: its gradient"
+        what = c.failure()
+        if what is not None:
             raise ConfigError(
-                f"{off_key}: the start-up self-check failed: {what} differs by {value:.2e} relative (tolerance "
-                f"{c.tolerance:.0e}) in {c.what}; this run would train wrongly. Report it with this line; {off_key}: "
-                f"false skips the check"
+                f"{off_key}: the start-up self-check failed: {what}, tolerance {_shown(c.tolerance)}, in {c.what}; "
+                f"this run would train wrongly. Report it with this line; {off_key}: false skips the check"
             )
-    parts = [f"{c.what}: worst {c.worst()[0]} {c.worst()[1]:.1e}" for c in proof.comparisons]
-    tol = ", ".join(sorted({f"{c.tolerance:.0e}" for c in proof.comparisons}))
+    parts = [f"{c.what}: loss {c.loss_error:.1e}, worst {c.worst()[0]} {c.worst()[1]:.1e}" for c in proof.comparisons]
+    tol = ", ".join(_shown(t) for t in sorted({c.tolerance for c in proof.comparisons}))
     return f"self-check: passed in {seconds:.2f} s ({proof.shrunk}; {'; '.join(parts)}; tolerance {tol})"
 
 

@@ -99,7 +99,8 @@ def prove_dit(
     initial = copy.deepcopy(model.state_dict())
     reference = copy.deepcopy(model)
     with parallel_state(ParallelState()), torch.no_grad():  # the targets: shaped like the prediction
-        shapes = [reference(**b)[0].shape for b in batches]
+        reference.to(device)  # the job's device: its attention backend may not run elsewhere
+        shapes = [reference(**to_device(b, device))[0].shape for b in batches]
     targets = [torch.randn(s, generator=torch.Generator().manual_seed(SEED + 100 + d)) for d, s in enumerate(shapes)]
     comparisons: list[Comparison] = []
     with parallel_state(ParallelState()):  # one process, fp32, the generated class: the reference

@@ -17,13 +17,15 @@ Qwen3 = causal_lm_class("qwen3")
 
 
 class DoubledSPLoss(Qwen3):
-    """Under SP, each rank's loss is the whole SP group's loss instead of its share: the gradient shares, summed over
-    the group by FSDP, come out twice the true gradient while the logged loss looks right on every rank."""
+    """Under SP, each rank's loss carries the gradient of the whole SP group's loss instead of its share (a loss
+    reduction whose backward sums over the group again): the gradient shares, summed over the group by FSDP, come out
+    ``sp`` times the true gradient, while the loss every rank logs keeps its right value."""
 
     def forward(self, *args, **kwargs):
         out = super().forward(*args, **kwargs)
-        if out.loss is not None and get_parallel_state().sp_size > 1:
-            out.loss = out.loss * get_parallel_state().sp_size
+        sp = get_parallel_state().sp_size
+        if out.loss is not None and sp > 1:
+            out.loss = out.loss + (sp - 1) * (out.loss - out.loss.detach())
         return out
 
 
