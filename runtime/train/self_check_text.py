@@ -29,6 +29,7 @@ from runtime.train.config import RunConfig
 from runtime.train.job import parallel_plan, to_device, train_device
 from runtime.train.self_check import Comparison, Proof, compare, gradients, layout_text, tolerance
 from runtime.train.self_check_shrink import ShrinkLayout, is_token_id, shrink_values
+from runtime.train.self_check_vision import concatenated, with_image
 from runtime.train.text_step import target_count, text_forward_backward
 
 __all__ = ["DOCUMENTS", "prove_text", "proof_rows", "shrunk_text_config"]
@@ -58,10 +59,13 @@ def shrunk_text_config(job_config: transformers.PretrainedConfig, state: Paralle
     return config
 
 
-def proof_rows(replicas: int, config: Any, multimodal: bool) -> list[dict[str, torch.Tensor]]:
-    """One packed row per data-parallel replica, different lengths and tokens for each, of text tokens only (below
+def proof_rows(
+    replicas: int, config: Any, multimodal: bool, model: torch.nn.Module | None = None
+) -> list[dict[str, torch.Tensor]]:
+    """One packed row per data-parallel replica, different lengths and tokens for each, of text tokens (below
     every special token id). A vision-language or omni row is laid out as its data path lays out a text-only
-    sample: M-RoPE position ids ``(4, 1, L)`` (every channel the text positions) and text token types."""
+    sample: M-RoPE position ids ``(4, 1, L)`` (every channel the text positions) and text token types; with
+    ``model`` (a vision-language model), even replicas' rows end with an image sample (``self_check_vision.py``)."""
     ids = [v for k, v in config.to_dict().items() if is_token_id(k) and isinstance(v, int) and v > 1]
     limit = min([config.get_text_config().vocab_size, *ids])
     rows = [random_packed_batch(tuple(n + d for n in DOCUMENTS), limit, seed=SEED + d) for d in range(replicas)]
@@ -69,6 +73,8 @@ def proof_rows(replicas: int, config: Any, multimodal: bool) -> list[dict[str, t
         for row in rows:
             row["position_ids"] = row["position_ids"][None].expand(4, -1, -1).clone()
             row["mm_token_type_ids"] = torch.zeros_like(row["input_ids"], dtype=torch.int32)
+    if model is not None:
+        rows = [with_image(row, config, model, SEED + d) if d % 2 == 0 else row for d, row in enumerate(rows)]
     return rows
 
 
@@ -83,10 +89,6 @@ class _Rows:
 
     def state_dict(self) -> dict:
         return {}
-
-
-def _concatenated(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {key: torch.cat([row[key] for row in rows], dim=-1) for key in rows[0]}
 
 
 def _summary(config: Any) -> str:
@@ -113,9 +115,9 @@ def prove_text(
     upstream_class = upstream_class or entry.upstream_class()
     shrunk = shrunk_text_config(job_config, state)
     device = train_device(state)
-    rows = proof_rows(state.dp_size, shrunk, entry.is_vlm)
     torch.manual_seed(SEED)
     model = model_class(shrunk)
+    rows = proof_rows(state.dp_size, shrunk, entry.is_vlm, model if entry.family == "vlm" else None)
     initial = copy.deepcopy(model.state_dict())
     reference = copy.deepcopy(model)
     plan = parallel_plan(config)
@@ -124,7 +126,7 @@ def prove_text(
 
     aux_coef = getattr(shrunk.get_text_config(), "router_aux_loss_coef", 0.0) if entry.is_moe else 0.0
     moe_kwargs = {"output_router_logits": True} if aux_coef else {}
-    row = to_device(_concatenated(rows), device)
+    row = to_device(concatenated(rows), device)
     count = target_count(rows).to(device)
     with parallel_state(ParallelState()):  # one process, fp32, the generated class: the reference
         reference.to(device).train()

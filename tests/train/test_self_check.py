@@ -63,9 +63,9 @@ def test_moe_ep2_with_a_job_option_passes(tmp_path: Path) -> None:
     ("model_type", "parallel"), [("qwen3_vl", {"dp_shard": 2}), ("qwen3_omni_moe_thinker", {"sp": 2})]
 )
 def test_vision_language_and_omni_jobs_pass(tmp_path: Path, model_type: str, parallel: dict) -> None:
-    """Text-only proof rows (M-RoPE ids as the data path lays out a text-only sample) through the language model,
-    the towers' dummy forward on every rank; the job's config is the transformers default (real sizes, a text
-    config that would keep a KV cache), shrunk."""
+    """qwen3_vl at dp_shard 2: replica 0's row holds an image (ViT, fill-back, deepstack), replica 1's none (the
+    tower's dummy forward); the omni thinker on text-only rows at sp 2. The job's config is the transformers default
+    (real sizes, a text config that would keep a KV cache), shrunk."""
     raw = run_config(tmp_path, model={"type": model_type, "config": {}}, parallel=parallel)
     raw["data"] = {**raw["data"], "processor": str(tmp_path / "processor"), "tokenizer": None}
     results = run_distributed(check_worker, 2, raw, None, {}, timeout=300)
@@ -215,3 +215,26 @@ def test_the_proof_leaves_the_jobs_random_stream_alone() -> None:
         torch.manual_seed(0)
         torch.rand(100)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_vision_language_proof_rows_hold_an_image_on_even_replicas() -> None:
+    """Replica 0's row ends with an image sample (its image tokens, pixels and grid; M-RoPE ids from the model's
+    get_rope_index), replica 1's has none (its rank runs the tower's dummy forward); the reference row holds both
+    rows' tokens and replica 0's image; no label crosses a document."""
+    from runtime.models.registry import lookup
+    from runtime.train.self_check_text import proof_rows, shrunk_text_config
+    from runtime.train.self_check_vision import GRID, concatenated
+
+    shrunk = shrunk_text_config(job_config("qwen3_vl"), ParallelState())
+    model = lookup("qwen3_vl").model_class()(shrunk)
+    rows = proof_rows(2, shrunk, True, model)
+    assert "pixel_values" in rows[0] and "pixel_values" not in rows[1]
+    image_tokens = int((rows[0]["input_ids"] == shrunk.image_token_id).sum())
+    assert image_tokens == GRID[0] * GRID[1] * GRID[2] // 4  # 2x2 merge
+    assert rows[0]["position_ids"].shape == (4, 1, rows[0]["input_ids"].shape[1])
+    assert not torch.equal(rows[0]["position_ids"][1], rows[0]["position_ids"][0])  # M-RoPE, not the text row
+    row = concatenated(rows)
+    assert row["input_ids"].shape[1] == sum(r["input_ids"].shape[1] for r in rows)
+    assert torch.equal(row["pixel_values"], rows[0]["pixel_values"])
+    starts = (row["position_ids"][0, 0] == 0).nonzero().flatten()
+    assert (row["labels"][0, starts] == -100).all()
