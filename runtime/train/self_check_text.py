@@ -96,8 +96,7 @@ def _summary(config: Any) -> str:
     parts = [f"{text.num_hidden_layers} layers", f"hidden {text.hidden_size}"]
     vision = getattr(config, "vision_config", None)
     parts += [f"vision depth {vision.depth}"] if vision is not None and hasattr(vision, "depth") else []
-    config = text
-    experts = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+    experts = getattr(text, "num_experts", None) or getattr(text, "num_local_experts", None)
     return ", ".join(parts + ([f"{experts} experts"] if experts else []))
 
 
@@ -108,8 +107,8 @@ def prove_text(
     model_class: type | None = None,
     upstream_class: type | None = None,
 ) -> Proof:
-    """The proof of a ``causal_lm`` job (the module docstring). ``model_class`` / ``upstream_class`` replace the
-    registry's classes (tests plant defects through them)."""
+    """The proof of a language-model job (text, vision-language, omni; the module docstring). ``model_class`` /
+    ``upstream_class`` replace the registry's classes (tests plant defects through them)."""
     entry = lookup(config.model.type)
     model_class = model_class or entry.model_class()
     upstream_class = upstream_class or entry.upstream_class()
