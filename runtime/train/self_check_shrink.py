@@ -14,7 +14,8 @@ what the job costs. The rule, applied key by key (sub-configs such as ``text_con
    otherwise (randomness is not what it proves);
 3. integer sizes and integer lists come from the tiny config where it has the key; size keys
    (``runtime/train/model_limits.py`` ``size_kind``) and token ids (``*_token_id``, ``*_token_index``) it lacks are
-   dropped (the config's defaults apply); other integers of the job are kept;
+   dropped (the config's defaults apply); other integers of the job are kept; ``max_position_embeddings`` stays the
+   job's when its RoPE scaling names an original length (yarn, llama3, longrope scale by the ratio of the two);
 4. window sizes (``sliding_window`` and the like) are capped below the proof's documents (the tiny config's value,
    else a quarter of the proof's row) so the window branch is really reached; a window the job turns off (None)
    stays off;
@@ -172,6 +173,10 @@ def shrink_values(
         keep, shrunk = _overlay(name, value, tiny, layout)
         if keep:
             out[name] = shrunk
+    rope = out.get("rope_parameters") or out.get("rope_scaling")
+    if isinstance(rope, Mapping) and "original_max_position_embeddings" in rope:
+        if _is_int(job.get("max_position_embeddings")):
+            out["max_position_embeddings"] = job["max_position_embeddings"]
     layers = next((k for k in LAYER_COUNT_KEYS if _is_int(out.get(k))), None)
     if layers is not None and _is_str_list(out.get("layer_types")):
         out["layer_types"] = fit_layer_types(out["layer_types"], out[layers])

@@ -168,8 +168,9 @@ def test_shrink_keeps_the_jobs_options_and_drops_its_sizes_and_token_ids() -> No
         "architectures": ["Qwen3ForCausalLM"],
         "dtype": "bfloat16",
         "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+        "max_position_embeddings": 131072,
     }
-    tiny = {**QWEN3_TINY, "vocab_size": 97, "sliding_window": 6}
+    tiny = {**QWEN3_TINY, "vocab_size": 97, "sliding_window": 6, "max_position_embeddings": 128}
     out = shrink_values(job, tiny, ShrinkLayout(row_length=23))
     assert out["rope_theta"] == 1e6 and out["final_logit_softcapping"] == 30.0  # floats: the job's
     assert out["attention_bias"] is True and out["hidden_act"] == "gelu"  # booleans, strings: the job's
@@ -178,6 +179,7 @@ def test_shrink_keeps_the_jobs_options_and_drops_its_sizes_and_token_ids() -> No
     assert out["sliding_window"] == 6  # capped below the proof's documents
     assert out["layer_types"] == ["sliding_attention", "full_attention"] and out["num_hidden_layers"] == 2
     assert out["attention_dropout"] == 0.0  # randomness is not what the proof compares
+    assert out["max_position_embeddings"] == 131072  # the yarn scaling's ratio to its original length kept
     for dropped in ("bos_token_id", "image_token_index", "moe_intermediate_size", "architectures", "dtype"):
         assert dropped not in out, dropped  # big token ids and sizes the tiny config lacks: config defaults
 
