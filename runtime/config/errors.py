@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-__all__ = ["ConfigError", "ConfigErrors", "message_key"]
+__all__ = ["ConfigError", "ConfigErrors", "LayoutRefused", "message_key"]
 
 _KEY_PREFIX = re.compile(r"^([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?:\[\d+\])*:")  # `data.buckets[2]:` is data.buckets
 
@@ -18,6 +18,12 @@ class ConfigError(ValueError):
     def __init__(self, *messages: str) -> None:
         super().__init__("\n".join(messages))
         self.messages = list(messages)
+
+
+class LayoutRefused(ConfigError):
+    """A layout the model's code would compute wrongly, found while it runs: an attention module that passed no
+    checked site, an argument ring attention does not compute, experts the fused kernels would misread, a key mask
+    a ring cannot honour. Reported like a config error (one line, exit 2), never trained through."""
 
 
 def message_key(message: str) -> str | None:

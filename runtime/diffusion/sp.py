@@ -52,6 +52,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
+from runtime.config.errors import LayoutRefused
 from runtime.diffusion.sp_layout import AttentionLayout, check_layout
 from runtime.parallel.collectives import (
     gather_along_dim,
@@ -281,7 +282,7 @@ def _sharded_key_mask(shard: TokenShard, local: Tensor, site: str) -> Tensor:
         return unpad(full, 3, shard.pad)
     hidden = ~full[..., : shard.tokens] if flag else full[..., : shard.tokens] != 0
     if bool(hidden.any()):
-        raise ValueError(
+        raise LayoutRefused(
             f"{site}: the attention mask hides some of the sharded tokens' keys, which ring attention does not "
             f"honour (it hides only the SP padding); train with parallel.ring: 1 (Ulysses honours the mask)"
         )

@@ -14,6 +14,7 @@ import torch
 from torch.distributed.tensor import DTensor
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface, _default_apply_gate
 
+from runtime.config.errors import LayoutRefused
 from runtime.moe.ep import ep_experts_forward
 from runtime.moe.experts import experts_forward
 from runtime.parallel.state import get_parallel_state
@@ -73,7 +74,7 @@ def _experts_kernel(impl: str) -> Callable[..., torch.Tensor]:
     ) -> torch.Tensor:
         problem = expert_layout_problem(module)  # every call: a layout the kernels misread must never run
         if problem is not None:
-            raise ValueError(problem)
+            raise LayoutRefused(problem)
         gate_up, down = _local(module.gate_up_proj), _local(module.down_proj)
         if getattr(module, "ep_sharded", False):
             return ep_experts_forward(

@@ -20,12 +20,14 @@ from typing import Any
 
 from torch import nn
 
+from runtime.config.errors import LayoutRefused
+
 __all__ = ["attention_modules", "install_site_checks", "mark_site", "UnpatchedAttentionError"]
 
 _COUNT = "_patchgen_site_calls"
 
 
-class UnpatchedAttentionError(RuntimeError):
+class UnpatchedAttentionError(LayoutRefused):
     """An attention module ran under a sharded layout without passing through a checked site."""
 
 

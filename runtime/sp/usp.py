@@ -25,6 +25,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from runtime.config.errors import LayoutRefused
 from runtime.parallel.collectives import gather_heads_scatter_seq
 from runtime.parallel.sites import mark_site
 from runtime.parallel.state import get_parallel_state
@@ -80,7 +81,7 @@ def _refuse(module: torch.nn.Module, kwargs: dict[str, Any]) -> None:
         raise ValueError("ring attention does not support attention dropout; set the model's attention_dropout to 0")
     unhonoured = _unhonoured(kwargs)
     if unhonoured:
-        raise ValueError(
+        raise LayoutRefused(
             f"ring attention (parallel.ring > 1) does not compute what {type(module).__name__} asks of its attention: "
             f"{', '.join(unhonoured)} (e.g. attention sinks or a logit softcap change the softmax); train this model "
             f"with parallel.ring: 1 (Ulysses only)"
