@@ -14,7 +14,7 @@ from runtime.train.model_keys import model_config_problems, model_type_problem
 from runtime.train.tracking.requirements import missing_backend
 
 if TYPE_CHECKING:
-    from runtime.train.config import RunConfig
+    from runtime.train.config_sections import RunConfig
 
 __all__ = ["ATTN_IMPLEMENTATIONS", "CHECKS", "DIFFUSERS_ATTENTION_BACKENDS", "EXPERTS_IMPLEMENTATIONS"]
 
