@@ -64,6 +64,7 @@ HONOURED_KWARGS = frozenset(
         "max_length_q",
         "max_length_k",
         "token_mask",
+        "num_items_in_batch",  # the loss's denominator, handed down with the model's kwargs: no softmax input
     }
 )
 

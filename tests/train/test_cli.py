@@ -446,9 +446,16 @@ def test_resume_under_a_changed_schedule_is_refused(tmp_path: Path) -> None:
     started = time.perf_counter()
     run = _launch(path, "--train.steps=6")
     elapsed = time.perf_counter() - started
-    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
-        line for line in run.stderr.strip().splitlines() if line.startswith("error: override --train.steps: 6 here")
-    ] != [], run.stderr
+    assert (
+        run.returncode == 2
+        and run.stderr.strip().splitlines()
+        == [
+            line
+            for line in run.stderr.strip().splitlines()
+            if line.startswith("error: override --train.steps: 6 here")
+        ]
+        != []
+    ), run.stderr
     assert elapsed < 30, f"{elapsed:.1f} s"
 
 
