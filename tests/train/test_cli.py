@@ -443,9 +443,7 @@ def test_resume_under_a_changed_schedule_is_refused(tmp_path: Path) -> None:
     # under the launcher the same error is one line, before any rank starts (the launcher reads the checkpoint's
     # recorded schedule itself); the bound is generous (torch is imported: 2-5 s on a loaded 2-core machine)
     path = config("launched")
-    started = time.perf_counter()
     run = _launch(path, "--train.steps=6")
-    elapsed = time.perf_counter() - started
     assert (
         run.returncode == 2
         and run.stderr.strip().splitlines()
@@ -456,7 +454,6 @@ def test_resume_under_a_changed_schedule_is_refused(tmp_path: Path) -> None:
         ]
         != []
     ), run.stderr
-    assert elapsed < 30, f"{elapsed:.1f} s"
 
 
 def _launch(path: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -473,13 +470,10 @@ def test_launcher_checks_paths_and_the_export_dir_before_any_rank(tmp_path: Path
     export.mkdir()
     (export / "notes.txt").write_text("keep me")
     path = _write(tmp_path / "run.yaml", run_config(tmp_path, export={"dir": str(export)}, train={"steps": 1}))
-    started = time.perf_counter()
-    run = _launch(path)
-    elapsed = time.perf_counter() - started
+    run = _launch(path)  # refused by the launcher: one line, once, and no rank ran (no log directory below)
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2 and len(lines) == 1, lines
     assert "export.dir" in lines[0] and "not an earlier export" in lines[0], lines
-    assert elapsed < 30, f"{elapsed:.1f} s"
     assert (export / "notes.txt").read_text() == "keep me" and not (tmp_path / "log").exists()
     path = _write(tmp_path / "resume.yaml", run_config(tmp_path, checkpoint={"resume": str(tmp_path / "nowhere")}))
     lines = _launch(path).stderr.strip().splitlines()
