@@ -29,6 +29,7 @@ def _local(param: torch.Tensor) -> torch.Tensor:
 
 # The one weight layout our kernels compute (``runtime/moe/experts.py``): transformers' default experts layout.
 KERNEL_PARAMETERS = frozenset({"gate_up_proj", "down_proj"})
+_LAYOUT_CHECKED = "_patchgen_expert_layout_checked"
 
 
 def expert_layout_problem(module: torch.nn.Module) -> str | None:
@@ -72,9 +73,11 @@ def _experts_kernel(impl: str) -> Callable[..., torch.Tensor]:
     def forward(
         module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
-        problem = expert_layout_problem(module)  # every call: a layout the kernels misread must never run
-        if problem is not None:
-            raise LayoutRefused(problem)
+        if not module.__dict__.get(_LAYOUT_CHECKED):  # once per module, not on every call of the hot path
+            problem = expert_layout_problem(module)  # a layout the kernels misread must never run
+            if problem is not None:
+                raise LayoutRefused(problem)
+            module.__dict__[_LAYOUT_CHECKED] = True
         gate_up, down = _local(module.gate_up_proj), _local(module.down_proj)
         if getattr(module, "ep_sharded", False):
             return ep_experts_forward(
