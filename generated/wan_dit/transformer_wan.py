@@ -2,18 +2,19 @@
 # Made by patchgen 0.1.0 from specs/wan.toml; to change it, edit the spec or a
 # template and run `patchgen regen wan`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_wan.py sha256=74741d74c9fa4b9d02be83de9840b37a732080a795aa2d19037c03e312c76907
-# spec: specs/wan.toml sha256=89d5774370da74980ec9394acab67583386f8afb1987081f39f5bd690d0cb906
-# templates: sha256=7edd747d9ebfbe2c54a8b8e3d0426184f67f263afb8b256180fab11785776245
+# spec: specs/wan.toml sha256=7047dd2930a265cbb2b1bd1a2f47853ab8530d36c701610521b4bf0fb24f1ab4
+# templates: sha256=36840485cb493335ee0fe7cfc2c1f4a82ef80858580fadff61762094f1c140ab
 # engine: patchgen==0.1.0 sha256=42654e4d21b6a4a3ec02f8cf182ad2f59431d2e64f2b1935a653c9587d575639
-# body: sha256=25a09dc002fc9155cf602784a864679155aeba6fb90a7f2ba472701237bf113a
+# body: sha256=1f2204f7e3acd9f373ec14fdffcdef569195d480f81c8401fd38d4d120de886f
 # patches:
 #   #1 dit/shard_tokens @ WanTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables
 #   #2 dit/shard_rotary @ WanTransformer3DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
-#   #3 dit/ulysses_to_heads @ WanAttnProcessor.__call__: self-attention (the call with RoPE) sees every token: all-to-all to this rank's heads
-#   #4 dit/ulysses_to_sequence @ WanAttnProcessor.__call__: and back to this rank's tokens x all heads
-#   #5 dit/ring_attention @ WanAttnProcessor.__call__: under a ring the self-attention runs ring attention over the ring group (K/V passed around, padding hidden)
-#   #6 dit/gather_tokens @ WanTransformer3DModel.forward: gather the projected tokens (out_channels x patch, not the hidden size) and drop the padding before unpatchify
-#   #7 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+#   #3 dit/shard_per_token @ WanTransformer3DModel.forward: Wan2.2 TI2V's per-token timesteps (batch, tokens): sliced with the tokens, so temb and timestep_proj are too
+#   #4 dit/ulysses_to_heads @ WanAttnProcessor.__call__: self-attention (the call with RoPE) sees every token: all-to-all to this rank's heads
+#   #5 dit/ulysses_to_sequence @ WanAttnProcessor.__call__: and back to this rank's tokens x all heads
+#   #6 dit/ring_attention @ WanAttnProcessor.__call__: under a ring the self-attention runs ring attention over the ring group (K/V passed around, padding hidden)
+#   #7 dit/gather_tokens @ WanTransformer3DModel.forward: gather the projected tokens (out_channels x patch, not the hidden size) and drop the padding before unpatchify
+#   #8 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
 # Copyright 2025 The Wan Team and The HuggingFace Team. All rights reserved.
 #
@@ -48,9 +49,10 @@ from diffusers.models.embeddings import PixArtAlphaTextProjection, TimestepEmbed
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.normalization import FP32LayerNorm
-# patchgen imports (7 stmt): names the patches below use
+# patchgen imports (8 stmt): names the patches below use
 from runtime.diffusion.sp import shard_tokens, token_shard
 from runtime.diffusion.sp import shard_rotary
+from runtime.diffusion.sp_per_token import shard_per_token
 from runtime.diffusion.sp import attention_split, ulysses_to_heads
 from runtime.diffusion.sp import ulysses_to_sequence
 from runtime.diffusion.sp_ring import ring_dispatch
@@ -164,11 +166,11 @@ class WanAttnProcessor:
             )
             hidden_states_img = hidden_states_img.flatten(2, 3)
             hidden_states_img = hidden_states_img.type_as(query)
-        # patchgen #3 dit/ulysses_to_heads (2 stmt): self-attention (the call with RoPE) sees every token: all-to-all to this rank's heads
-        dit_attn = attention_split(rotary_emb, replicated="none", dims="bshd", site="specs/wan.toml patch 3 (dit/ulysses_to_heads in WanAttnProcessor.__call__)", module=attn)
+        # patchgen #4 dit/ulysses_to_heads (2 stmt): self-attention (the call with RoPE) sees every token: all-to-all to this rank's heads
+        dit_attn = attention_split(rotary_emb, replicated="none", dims="bshd", site="specs/wan.toml patch 4 (dit/ulysses_to_heads in WanAttnProcessor.__call__)", module=attn)
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
-        # patchgen #5 dit/ring_attention (1 stmt): under a ring the self-attention runs ring attention over the ring group (K/V passed around, padding hidden)
+        # patchgen #6 dit/ring_attention (1 stmt): under a ring the self-attention runs ring attention over the ring group (K/V passed around, padding hidden)
         hidden_states = ring_dispatch(dit_attn, dispatch_attention_fn)(
             query,
             key,
@@ -180,7 +182,7 @@ class WanAttnProcessor:
             # Reference: https://github.com/huggingface/diffusers/pull/12909
             parallel_config=(self._parallel_config if encoder_hidden_states is None else None),
         )
-        # patchgen #4 dit/ulysses_to_sequence (1 stmt): and back to this rank's tokens x all heads
+        # patchgen #5 dit/ulysses_to_sequence (1 stmt): and back to this rank's tokens x all heads
         hidden_states = ulysses_to_sequence(dit_attn, hidden_states)
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.type_as(query)
@@ -698,6 +700,8 @@ class WanTransformer3DModel(
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
         # patchgen #2 dit/shard_rotary (1 stmt): this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
         rotary_emb = shard_rotary(rotary_emb, dit_sp, dim=1, parts=(0, 1))
+        # patchgen #3 dit/shard_per_token (1 stmt): Wan2.2 TI2V's per-token timesteps (batch, tokens): sliced with the tokens, so temb and timestep_proj are too
+        timestep = shard_per_token(timestep, dit_sp, dim=1, per_token=timestep.ndim == 2, site="specs/wan.toml patch 3 (dit/shard_per_token in WanTransformer3DModel.forward)")
 
         # timestep shape: batch_size, or batch_size, seq_len (wan 2.2 ti2v)
         if timestep.ndim == 2:
@@ -748,7 +752,7 @@ class WanTransformer3DModel(
 
         hidden_states = (self.norm_out(hidden_states.float()) * (1 + scale) + shift).type_as(hidden_states)
         hidden_states = self.proj_out(hidden_states)
-        # patchgen #6 dit/gather_tokens (1 stmt): gather the projected tokens (out_channels x patch, not the hidden size) and drop the padding before unpatchify
+        # patchgen #7 dit/gather_tokens (1 stmt): gather the projected tokens (out_channels x patch, not the hidden size) and drop the padding before unpatchify
         hidden_states = gather_tokens(hidden_states, dit_sp)
 
         hidden_states = hidden_states.reshape(
@@ -763,7 +767,7 @@ class WanTransformer3DModel(
         return Transformer2DModelOutput(sample=output)
 
 
-# patchgen #7 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+# patchgen #8 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 class WanTransformer3DModelConfig(PatchgenDiTConfig):
     """WanTransformer3DModel's __init__ parameters as a transformers config (model_type "wan")."""
 

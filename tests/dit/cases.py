@@ -50,7 +50,9 @@ CASES = {
 
 def inputs(case: Case, seed: int = 1) -> dict[str, Any]:
     """Random forward kwargs for ``case`` (never zeros), identical for a given seed."""
-    return example_inputs(case.condition_model_type, case.config, torch.Generator().manual_seed(seed))
+    return example_inputs(
+        case.condition_model_type, case.config, torch.Generator().manual_seed(seed), variant=case.variant
+    )
 
 
 def target_like(output: torch.Tensor, seed: int = 2) -> torch.Tensor:

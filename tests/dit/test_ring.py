@@ -21,7 +21,8 @@ from tests.dist_utils import run_distributed
 from tests.dit.cases import CASES, inputs, loss_and_grads, shell
 from tests.dit.test_sp import _compare
 
-RING2 = [(name, None) for name in sorted(CASES) if CASES[name].variant is None]  # one case per DiT spec
+# one case per DiT spec, and Wan2.2 TI2V's per-token timesteps (sharded with the tokens)
+RING2 = [(name, None) for name in sorted(CASES) if CASES[name].variant is None or name == "wan_ti2v"]
 WORLD4 = [("wan", None), ("flux", None), ("wan", 2)]
 
 

@@ -8,6 +8,7 @@ A new DiT adds its builder here.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -104,16 +105,22 @@ def _sd3(config: dict[str, Any], generator: torch.Generator) -> Inputs:
     }
 
 
-def _wan(config: dict[str, Any], generator: torch.Generator) -> Inputs:
+def _wan(config: dict[str, Any], generator: torch.Generator, variant: str | None = None) -> Inputs:
     """3 frames of 6x10 latents -> 3 x 3 x 5 = 45 tokens; I2V: batch 1 with exactly 512 text tokens (its
-    attention splits image and text context there) and 5 CLIP image tokens."""
+    attention splits image and text context there) and 5 CLIP image tokens. Wan2.2 TI2V (variant ``ti2v``):
+    per-token timesteps ``(batch, tokens)`` as the pipelines' ``expand_timesteps`` lays them out, the first
+    frame's 15 tokens at 0 (first-frame conditioning)."""
     from runtime.diffusion.conditions.wan import TEXT_LENGTH
 
     i2v = bool(config.get("image_dim"))
     batch, text = (1, TEXT_LENGTH) if i2v else (2, 7)
+    timestep = torch.rand(batch, generator=generator) * 1000
+    if variant == "ti2v":
+        timestep = timestep[:, None].repeat(1, 45)
+        timestep[:, :15] = 0
     out = {
         "hidden_states": torch.randn(batch, config["in_channels"], 3, 6, 10, generator=generator),
-        "timestep": torch.rand(batch, generator=generator) * 1000,
+        "timestep": timestep,
         "encoder_hidden_states": torch.randn(batch, text, config["text_dim"], generator=generator),
         "return_dict": False,
     }
@@ -132,12 +139,18 @@ _BUILDERS: dict[str, Callable[[dict[str, Any], torch.Generator], Inputs]] = {
 }
 
 
-def example_inputs(condition_model_type: str, config: dict[str, Any], generator: torch.Generator) -> Inputs:
+def example_inputs(
+    condition_model_type: str, config: dict[str, Any], generator: torch.Generator, variant: str | None = None
+) -> Inputs:
     """Random forward kwargs, with ``return_dict=False``, for a transformer built from ``config`` whose spec names
-    ``condition_model_type``; identical for identically seeded generators."""
+    ``condition_model_type``; identical for identically seeded generators. ``variant``: the spec's tiny variant,
+    for a builder whose inputs differ by more than the config (a builder takes it as a ``variant`` parameter)."""
     if condition_model_type not in _BUILDERS:
         raise KeyError(
             f"no example inputs for condition model {condition_model_type!r}: add a builder to "
             f"runtime/diffusion/conditions/example_inputs.py (known: {', '.join(sorted(_BUILDERS))})"
         )
-    return _BUILDERS[condition_model_type](config, generator)
+    builder = _BUILDERS[condition_model_type]
+    if variant is not None and "variant" in inspect.signature(builder).parameters:
+        return builder(config, generator, variant=variant)
+    return builder(config, generator)
