@@ -99,3 +99,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if not item.get_closest_marker("slow") and _is_slow(item):
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``gpu``-marked tests (tests/gpu, run by ``make gpu-check``) skip with the reason where there is no CUDA."""
+    if item.get_closest_marker("gpu"):
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("gpu: no CUDA device here (torch.cuda.is_available() is False)")
