@@ -46,8 +46,15 @@ def latent_tokens(latents: torch.Tensor) -> int:
 def weighted_flow_matching_loss(
     prediction: torch.Tensor, inputs: Any, condition_model: Any, seq_len: int, denominator: int
 ) -> torch.Tensor:
-    """``sum_i w(sigma_i) * mse_i / denominator`` over the micro-batch (float32)."""
+    """``sum_i w(sigma_i) * mse_i / denominator`` over the micro-batch (float32). A condition model's ``loss_mask``
+    (0 where the latents are given, not predicted: Wan2.2 TI2V's first frame) restricts each ``mse_i`` to the rest."""
     target = inputs.target.to(prediction.device)
-    per_sample = (prediction.float() - target.float()).pow(2).flatten(1).mean(dim=1)
+    squared = (prediction.float() - target.float()).pow(2).flatten(1)
+    mask = getattr(inputs, "loss_mask", None)
+    if mask is None:
+        per_sample = squared.mean(dim=1)
+    else:
+        mask = mask.to(squared).flatten(1)
+        per_sample = (squared * mask).sum(dim=1) / mask.sum(dim=1)
     weights = condition_model.loss_weight(inputs.sigmas, seq_len).to(per_sample.device)
     return (weights * per_sample).sum() / denominator

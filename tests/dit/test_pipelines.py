@@ -99,6 +99,8 @@ def test_condition_model_feeds_what_the_pipeline_feeds(name: str, tiny_pipelines
     if "condition" in context:  # Wan I2V: the first-frame mask + latents the pipeline concatenates
         z = cond["latents"][0].shape[0]
         assert torch.equal(seen["hidden_states"][0, z:], context["condition"])
+    if "first_frame_latents" in context:  # Wan2.2 TI2V: the first latent frame is the image's clean latents
+        assert torch.equal(seen["hidden_states"][0][:, :1], context["first_frame_latents"])
     expected = _expected_latents(pipe, pixels)
     if case.condition_class.video and cond["latents"][0].shape != expected.shape:  # CogVideoX: (F, C, h, w)
         expected = expected.transpose(0, 1)
@@ -111,6 +113,10 @@ def test_condition_model_feeds_what_the_pipeline_feeds(name: str, tiny_pipelines
     for key in ("img_ids", "txt_ids", "img_shapes", "guidance"):
         if key in inputs:
             assert (torch.equal if key != "img_shapes" else list.__eq__)(inputs[key], seen[key]), key
+    # per-sample or per-token timesteps (Wan2.2 TI2V: one per token, the conditioned first frame's at 0), as the call
+    assert inputs["timestep"].shape[1:] == seen["timestep"].shape[1:]
+    if inputs["timestep"].dim() == 2:
+        assert torch.equal(inputs["timestep"][0] == 0, seen["timestep"][0] == 0)
     out = transformer(**inputs, return_dict=False)[0]
     assert out.shape == inputs.target.shape == (inputs["hidden_states"][:, : out.shape[1]]).shape
 
@@ -130,6 +136,10 @@ def test_condition_model_feeds_what_the_pipeline_feeds(name: str, tiny_pipelines
         a = (1 - s**2).sqrt()
         noise = (target + s * x0) / a
         expected = a * x0 + s * noise
+    given = getattr(batch, "loss_mask", None)  # latents the model is given (TI2V's first frame), not noised
+    if given is not None:
+        keep = given.bool()
+        noisy, expected = noisy[keep], expected[keep]
     assert torch.allclose(noisy, expected, atol=1e-5)
     assert transformer(**batch, return_dict=False)[0].shape == batch.target.shape
 

@@ -1,5 +1,8 @@
-"""Wan2.1 condition model: UMT5 text encoder + AutoencoderKLWan (T2V); I2V adds the CLIP image encoder and the
-first-frame condition (latents of the first frame followed by zeros, and the first-frame mask).
+"""Wan condition model: UMT5 text encoder + AutoencoderKLWan (T2V); I2V adds the CLIP image encoder and the
+first-frame condition (latents of the first frame followed by zeros, and the first-frame mask). Wan2.2 TI2V (a
+pipeline saved with ``expand_timesteps=True``, no image encoder): per-token timesteps ``(b, tokens)`` and, with a
+first frame (``WanImageToVideoPipeline``), the first latent frame replaced by the image's clean latents, its tokens at
+timestep 0 and left out of the loss (``loss_mask``), as the pipeline conditions on it.
 
 Loaded from a ``WanPipeline`` or ``WanImageToVideoPipeline`` directory (I2V when its ``model_index.json`` names the
 image-to-video pipeline). Text and image embeddings and the I2V condition come from the pipeline's own methods, so
@@ -48,7 +51,7 @@ class WanConditionModel(ConditionModel):
 
     @classmethod
     def tiny_pipeline_class(cls, variant: str | None) -> type:
-        return WanImageToVideoPipeline if variant == "i2v" else WanPipeline
+        return WanImageToVideoPipeline if variant in ("i2v", "ti2v") else WanPipeline
 
     @classmethod
     def tiny_components(cls, config: dict[str, Any], variant: str | None) -> dict[str, Any]:
@@ -74,6 +77,8 @@ class WanConditionModel(ConditionModel):
         )
         if variant == "i2v":
             components["image_encoder"], components["image_processor"] = tiny_clip_vision(config["image_dim"])
+        if variant == "ti2v":  # Wan2.2 TI2V-5B: per-token timesteps, first-frame conditioning, no CLIP
+            components["expand_timesteps"] = True
         return components
 
     def pipeline_inputs(self, pixels: Tensor) -> dict[str, Any]:
@@ -82,6 +87,7 @@ class WanConditionModel(ConditionModel):
     def __init__(self, pipeline: Any, sampler: TimestepSampler) -> None:
         super().__init__(pipeline, sampler)
         self.i2v = isinstance(pipeline, WanImageToVideoPipeline)
+        self.expand_timesteps = bool(getattr(pipeline.config, "expand_timesteps", False))
         if self.has_encoders:
             vae = pipeline.vae.config
             mean, std = torch.tensor(vae.latents_mean), torch.tensor(vae.latents_std)
@@ -121,16 +127,21 @@ class WanConditionModel(ConditionModel):
         return {"latents": latents, "context": context}
 
     def _first_frame(self, video: Tensor, x0: Tensor) -> dict[str, Tensor]:
-        """I2V: CLIP embeddings of the first frame and the pipeline's condition (mask + first-frame latents)."""
+        """I2V: CLIP embeddings of the first frame (when the pipeline has an image encoder) and the pipeline's
+        condition (mask + first-frame latents); TI2V (``expand_timesteps``): the first frame's clean latents."""
         pipe = self.pipeline
         frames, height, width = video.shape[1:]
         image = _to_pil(video[:, 0])
-        image_embeds = pipe.encode_image(image, self.device)[0].float()
         pixels = pipe.video_processor.preprocess(image, height=height, width=width).to(self.device, torch.float32)
-        _, condition = pipe.prepare_latents(
+        prepared = pipe.prepare_latents(
             pixels, 1, x0.shape[0], height, width, frames, torch.float32, self.device, None, x0[None]
         )
-        return {"encoder_hidden_states_image": image_embeds, "condition": condition[0]}
+        if self.expand_timesteps:
+            return {"first_frame_latents": prepared[1][0]}
+        out = {"condition": prepared[1][0]}
+        if getattr(pipe, "image_encoder", None) is not None:
+            out["encoder_hidden_states_image"] = pipe.encode_image(image, self.device)[0].float()
+        return out
 
     # ---- sampling (WanPipeline.__call__) ---------------------------------------------------------------------------
 
@@ -158,12 +169,37 @@ class WanConditionModel(ConditionModel):
             "timestep": (sigmas * self.num_train_timesteps).to(latents.device),
             "encoder_hidden_states": stack_context(context, "encoder_hidden_states").to(latents.device),
         }
-        if self.i2v:
+        if self.expand_timesteps:
+            mask = self.first_frame_mask(latents, context)
+            if "first_frame_latents" in context[0]:
+                first = stack_context(context, "first_frame_latents").to(latents)
+                inputs["hidden_states"] = (1 - mask) * first + mask * latents
+            # the pipelines' expand_timesteps: one timestep per patchified token, the first frame's at 0
+            per_token = mask[0, 0][:: self.patch[0], :: self.patch[1], :: self.patch[2]].flatten()
+            inputs["timestep"] = per_token[None] * inputs["timestep"].view(-1, 1)
+        elif self.i2v:
             condition = stack_context(context, "condition").to(latents)
             inputs["hidden_states"] = torch.cat([latents, condition], dim=1)
             inputs["encoder_hidden_states_image"] = stack_context(context, "encoder_hidden_states_image").to(
                 latents.device
             )
+        return inputs
+
+    def first_frame_mask(self, latents: Tensor, context: Sequence[dict[str, Tensor]]) -> Tensor:
+        """TI2V: ``(1, 1, F, h, w)``, 0 on the first latent frame when the sample is conditioned on it, else 1."""
+        mask = latents.new_ones((1, 1, *latents.shape[2:]))
+        if "first_frame_latents" in context[0]:
+            mask[:, :, 0] = 0
+        return mask
+
+    def process_condition(
+        self, latents: Sequence[Tensor], context: Sequence[dict[str, Tensor]], generator: torch.Generator | None = None
+    ) -> Any:
+        """The flow-matching recipe; TI2V with a first frame: its latents are the clean condition, not predicted,
+        so the loss leaves them out (``loss_mask``, read by the trainer's loss)."""
+        inputs = super().process_condition(latents, context, generator)
+        if self.expand_timesteps and "first_frame_latents" in context[0]:
+            inputs.loss_mask = self.first_frame_mask(inputs.target, context).expand_as(inputs.target)
         return inputs
 
     @torch.no_grad()
