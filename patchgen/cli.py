@@ -7,6 +7,7 @@ check (`patchgen check`, a pre-commit hook) starts fast.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -200,17 +201,56 @@ def upgrade(
         list[str] | None,
         typer.Option("--verify-model", help="with --verify: prove only this model (spec name); repeatable"),
     ] = None,
+    with_specs: Annotated[
+        Path | None,
+        typer.Option(
+            "--with-specs",
+            help="read specs/ with each DIR/<name>.toml in place of its spec (a reviewed migration, e.g. "
+            "docs/upgrades/transformers-5.23.0/specs); only anchors, scopes and vars may differ; specs/ is not "
+            "written (with --migrate --apply-specs: the replaced files and the proposed edits are)",
+        ),
+    ] = None,
     root: RootOption = None,
 ) -> None:
     """Regenerate every spec against a release read from its wheel (never installed) and report each patch:
     applied / anchor moved / scope missing / conflict ... Exit 0 when every patch applies, 1 otherwise."""
     if apply_specs and not migrate_:
         raise PatchgenError("--apply-specs writes what --migrate proposes: pass --migrate too")
+    if with_specs is not None and apply_:
+        raise PatchgenError(
+            "--apply writes generated/ from specs/: apply the --with-specs files first (--apply-specs)"
+        )
+    config = open_project(root)
+    if with_specs is None:
+        _upgrade(config, to, apply_, report, migrate_, apply_specs, verify_, verify_models, None)
+        return
+    from patchgen.upgrade_review import with_specs as overlay
+
+    run_config, replaced = overlay(config, with_specs.resolve())
+    try:
+        run = (config, replaced, with_specs.as_posix())
+        _upgrade(run_config, to, apply_, report, migrate_, apply_specs, verify_, verify_models, run)
+    finally:
+        shutil.rmtree(run_config.specs_dir, ignore_errors=True)
+
+
+def _upgrade(
+    config: ProjectConfig,
+    to: list[str],
+    apply_: bool,
+    report: Path | None,
+    migrate_: bool,
+    apply_specs: bool,
+    verify_: bool,
+    verify_models: list[str] | None,
+    replaced: tuple[ProjectConfig, dict[Path, str], str] | None,
+) -> None:
+    """`upgrade`, with `config` reading specs/ or its `--with-specs` copy (then `replaced`: the project's config,
+    the replaced texts by specs/ path and the folder as given)."""
     from patchgen.report import console, generated_diffs, markdown
     from patchgen.upgrade import analyze, apply, baseline_source
     from patchgen.upgrade_review import write_review
 
-    config = open_project(root)
     specs = load_specs(config, None)
     unknown = sorted(set(verify_models or []) - {s.name for s in specs})
     if unknown:
@@ -229,14 +269,26 @@ def upgrade(
         from patchgen.migrate import migrate
 
         migration = migrate(config, result, baseline, WheelSource(wheels))
+        if replaced is not None:  # restated against specs/: the reviewed files with the rules' edits on top
+            from patchgen.migrate import onto_specs
+
+            migration = onto_specs(migration, replaced[0], config.specs_dir, replaced[1])
         section = "\n" + migration_markdown(migration, ", ".join(w.pin for w in wheels))
+    flag = ""
+    if replaced is not None:
+        flag = f" --with-specs {replaced[2]}"
+        names = ", ".join(p.name for p in sorted(replaced[1]))
+        section += (
+            f"\n## Specs (`--with-specs`)\n\nThis run read specs/ with {names} replaced by those of `{replaced[2]}`.\n"
+        )
     verification, migrated = None, time.perf_counter()
     if verify_ or verify_models:
         from patchgen import verify
 
-        edits = {p.relative_to(config.root).as_posix(): t for p, t in migration.texts.items()} if migration else None
+        texts = migration.texts if migration else (replaced[1] if replaced else None)
+        edits = {p.relative_to(config.root).as_posix(): t for p, t in texts.items()} if texts else None
         verification = verify.verify(config.root, wheels, baseline, cache, verify_models, edits)
-        command = result.command + (" --migrate" if migrate_ else "") + " --verify"
+        command = result.command + flag + (" --migrate" if migrate_ else "") + " --verify"
         command += "".join(f" --verify-model {m}" for m in verify_models or [])
         section += "\n" + verify.markdown(verification, command)
     text = markdown(result) + section

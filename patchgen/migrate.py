@@ -304,6 +304,15 @@ def spec_diff(config: ProjectConfig, texts: dict[Path, str]) -> str:
     return "".join(out)
 
 
+def onto_specs(migration: Migration, config: ProjectConfig, run_specs: Path, replaced: dict[Path, str]) -> Migration:
+    """A migration made from a `--with-specs` copy (`run_specs`) restated against specs/: every text by its specs/
+    path, the replaced files included (migrated further where the rules edited them), and the diff from specs/. So
+    `specs.diff`, `--apply-specs` and `--verify` carry the reviewed files and the rules' edits together."""
+    texts = dict(replaced)
+    texts.update({config.specs_dir / path.relative_to(run_specs): text for path, text in migration.texts.items()})
+    return dataclasses.replace(migration, texts=texts, diff=spec_diff(config, texts))
+
+
 def apply_specs(migration: Migration) -> list[Path]:
     """Write the migrated spec files, all or none: each new text is staged beside its file first, then the staged
     files are renamed over theirs (a failure while staging changes nothing). Every text was loaded and resolved."""
