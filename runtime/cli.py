@@ -312,6 +312,13 @@ def run_command(
         except UsageError as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return USER_ERROR
+    from runtime.torch_compat import require_supported_torch  # imports torch: only where a rank runs the job
+
+    try:
+        require_supported_torch()
+    except RuntimeError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return USER_ERROR
     failure: BaseException | None = None
     try:
         run(config)

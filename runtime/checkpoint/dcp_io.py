@@ -15,30 +15,15 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
+from runtime import torch_compat
 from runtime.checkpoint.verify import CheckpointError
 
-# (module, name) of every global a DCP FileSystemWriter's .metadata refers to (torch 2.13), besides torch dtypes.
-_METADATA_GLOBALS = {
-    ("torch.distributed.checkpoint.metadata", name)
-    for name in (
-        "Metadata",
-        "MetadataIndex",
-        "StorageMeta",
-        "TensorStorageMetadata",
-        "BytesStorageMetadata",
-        "ChunkStorageMetadata",
-        "TensorProperties",
-        "_MEM_FORMAT_ENCODING",
-    )
-} | {
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("torch", "Size"),
-    ("torch.serialization", "_get_layout"),
+# What a DCP .metadata pickle may name: torch's own classes (version-specific, runtime/torch_compat.py) and paths.
+_METADATA_GLOBALS = torch_compat.DCP_METADATA_GLOBALS | {
     ("pathlib", "PosixPath"),
     ("pathlib", "PurePosixPath"),
     ("pathlib", "WindowsPath"),
@@ -111,6 +96,8 @@ class SafeLoadPlanner(DefaultLoadPlanner):
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
         loaded = torch.load(value, weights_only=True)
         if self.flatten_state_dict:
-            set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            torch_compat.set_state_dict_element(
+                self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded
+            )
         else:
             self.state_dict[read_item.dest_index.fqn] = loaded

@@ -37,6 +37,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from runtime import torch_compat
+
 __all__ = ["GROUPED_BACKENDS", "grouped_linear", "pick_backend"]
 
 GROUPED_BACKENDS = ("torch", "segment", "bmm")
@@ -56,7 +58,7 @@ def _aligned(*tensors: Tensor) -> bool:
 def pick_backend(x: Tensor, weight: Tensor) -> str:
     """The fixed rule: ``torch`` where ``torch._grouped_mm`` can run the problem, else ``segment``. ``grouped_linear``
     uses it for problems too small to time (``runtime.moe.autotune``), which also asks it whether ``torch`` may run."""
-    if not hasattr(torch, "_grouped_mm") or x.dtype != weight.dtype:
+    if not torch_compat.has_grouped_mm() or x.dtype != weight.dtype:
         return "segment"
     if x.device.type == "cuda":
         ok = x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (8, 0)
@@ -116,7 +118,7 @@ def _offsets(counts_t: Tensor) -> Tensor:
 def _forward_mm(x: Tensor, w_t: Tensor, counts_t: Tensor, counts: list[int] | None, backend: str) -> Tensor:
     """``x[block e] @ w_t[e]`` for ``w_t`` (E, K, N), any layout."""
     if backend == "torch":
-        return torch._grouped_mm(x, w_t, offs=_offsets(counts_t))
+        return torch_compat.grouped_mm(x, w_t, _offsets(counts_t))
     assert counts is not None
     if backend == "bmm":
         return _bmm_padded(x, w_t, counts_t, counts)
@@ -145,7 +147,7 @@ class _GroupedLinear(torch.autograd.Function):
             grad_x = _forward_mm(grad, weight, counts_t, counts, backend)
         if ctx.needs_input_grad[1]:
             if backend == "torch":
-                grad_w = torch._grouped_mm(grad.t(), x, offs=_offsets(counts_t))
+                grad_w = torch_compat.grouped_mm(grad.t(), x, _offsets(counts_t))
                 # Groups without rows are not written by the kernel. On CPU, find them on the host rather than
                 # rewriting the whole gradient with masked_fill (~30 ms per projection at the bench shape).
                 empty = counts_t == 0
@@ -172,7 +174,7 @@ def grouped_linear(x: Tensor, weight: Tensor, counts: Tensor, backend: str | Non
         backend = choose_backend(x, weight, counts, grouped_linear, pick_backend, GROUPED_BACKENDS)
     if backend not in GROUPED_BACKENDS:
         raise ValueError(f"grouped_linear: unknown backend {backend!r}; expected one of {GROUPED_BACKENDS}")
-    if backend == "torch" and not hasattr(torch, "_grouped_mm"):
+    if backend == "torch" and not torch_compat.has_grouped_mm():
         raise ValueError("grouped_linear: backend 'torch' needs torch._grouped_mm (torch >= 2.8)")
     host_counts = None if backend == "torch" else [int(c) for c in counts.tolist()]
     if x.size(0) == 0:

@@ -65,8 +65,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-from torch.distributed.utils import _apply_to_tensors
 
+from runtime import torch_compat
 from runtime.parallel.state import ParallelState, get_parallel_state
 
 __all__ = [
@@ -108,9 +108,7 @@ def apply_activation_checkpointing(model: nn.Module, *, prefer_hf: bool = True) 
             block.gradient_checkpointing = True
             block._gradient_checkpointing_func = checkpoint_fn
         else:
-            from torch.distributed._composable import checkpoint
-
-            checkpoint(block)
+            torch_compat.composable_checkpoint(block)
     return model
 
 
@@ -189,10 +187,10 @@ def _input_cast(model: nn.Module, dtype: torch.dtype, keep: Collection[str]):
 
     def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         args = tuple(
-            value if i < len(names) and names[i] in keep else _apply_to_tensors(cast, value)
+            value if i < len(names) and names[i] in keep else torch_compat.apply_to_tensors(cast, value)
             for i, value in enumerate(args)
         )
-        kwargs = {k: value if k in keep else _apply_to_tensors(cast, value) for k, value in kwargs.items()}
+        kwargs = {k: value if k in keep else torch_compat.apply_to_tensors(cast, value) for k, value in kwargs.items()}
         return args, kwargs
 
     return hook

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from runtime import torch_compat
 from runtime.parallel.state import set_parallel_state
 
 # Thread names (``/proc/<pid>/task/*/comm``, 15 characters) of the native threads a process group owns: gloo's
@@ -54,19 +55,6 @@ def native_thread_names() -> list[str]:
 def comm_threads() -> list[str]:
     """Native threads that belong to a process group; empty once every group was freed."""
     return [name for name in native_thread_names() if any(m in name.lower() for m in COMM_THREAD_MARKERS)]
-
-
-def clear_dtensor_caches() -> None:
-    """Empty DTensor's sharding caches: they key on specs that hold a ``DeviceMesh``, which holds its groups.
-
-    A fresh process has empty caches; a reused test rank needs them empty too: a mesh compares equal to any mesh of
-    the same layout whatever its groups, so a later call would get specs holding this call's destroyed groups
-    ("Could not resolve the process group registered under the name 15")."""
-    from torch.distributed.tensor._redistribute import _gen_transform_infos
-    from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-
-    _clear_sharding_prop_cache()
-    _gen_transform_infos.cache_clear()
 
 
 def _drop_mesh_groups() -> None:
@@ -120,7 +108,9 @@ def release_process_groups(
         dist.destroy_process_group()
     set_parallel_state(None)
     if dist.is_available():
-        clear_dtensor_caches()
+        # a mesh compares equal to any mesh of the same layout whatever its groups: a reused rank's next call would
+        # get cached specs holding this call's destroyed groups ("Could not resolve the process group ...")
+        torch_compat.clear_dtensor_caches()
     _clear_exception_frames(failure)
     if collect:
         gc.collect()  # the meshes form cycles: only the collector frees them, and with them the groups

@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from runtime import torch_compat
 from runtime.plan.config import PlanConfig
+from runtime.torch_compat import TorchDispatchMode
 
 __all__ = ["Footprint", "measure"]
 
@@ -80,7 +80,7 @@ class _LivePeak(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        for t in pytree.tree_leaves(out):
+        for t in torch_compat.tree_leaves(out):
             if isinstance(t, Tensor):
                 storage = t.untyped_storage()
                 key = storage._cdata
@@ -293,9 +293,8 @@ def _step(model: nn.Module, inputs: dict[str, Any], fake: Any, dtype: torch.dtyp
 
 def measure(plan: PlanConfig, dtype: torch.dtype = torch.bfloat16) -> Footprint:
     """The footprint of one micro-batch of ``plan`` in one process, in compute dtype ``dtype``."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
+    fake = torch_compat.fake_tensor_mode()
     with fake, _default_dtype(dtype):
         model = build_model(plan)
         model.train()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from torch.utils._python_dispatch import TorchDispatchMode
+from runtime.torch_compat import TorchDispatchMode
 
 __all__ = ["MallocPeak"]
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from runtime import torch_compat
+
 __all__ = ["additive_mask", "attention_with_lse", "attention_with_lse_backward", "merge_partials"]
 
 
@@ -43,14 +45,9 @@ def attention_with_lse(
     """
     bias = additive_mask(allowed, q.dtype)
     if q.device.type == "cuda":  # UNTESTED: no GPU where this project is tested
-        out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
-            q, k, v, bias, True, 0.0, False, scale=scale
-        )
-        lse = lse[..., : q.shape[2]]  # the kernel pads the LSE's sequence dim to a multiple of 32
+        out, lse = torch_compat.cuda_attention_with_lse(q, k, v, bias, scale)
     else:
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=bias, scale=scale
-        )
+        out, lse = torch_compat.cpu_attention_with_lse(q, k, v, bias, scale)
     lse = lse.to(_lse_dtype(q.dtype))
     if allowed is not None:
         seen = allowed.any(-1).expand(lse.shape)
@@ -73,16 +70,9 @@ def attention_with_lse_backward(
     """(dq, dk, dv) of one block given the *final* ``out`` and ``lse`` of the whole attention (see module doc)."""
     bias = additive_mask(allowed, q.dtype)
     if q.device.type == "cuda":  # UNTESTED: no GPU where this project is tested
-        empty = torch.empty(0, device=q.device, dtype=torch.int64)
-        padded = torch.nn.functional.pad(lse.float(), (0, -lse.shape[-1] % 32))
-        grads = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-            grad_out, q, k, v, bias, out, padded, empty, empty, 0.0, (True, True, True, False), False, scale=scale
-        )
-        return grads[0], grads[1], grads[2]
+        return torch_compat.cuda_attention_with_lse_backward(grad_out, q, k, v, bias, out, lse, scale)
     lse = lse.to(q.dtype) if q.dtype == torch.float64 else lse.float()
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad_out, q, k, v, out, lse, 0.0, False, attn_mask=bias, scale=scale
-    )
+    return torch_compat.cpu_attention_with_lse_backward(grad_out, q, k, v, bias, out, lse, scale)
 
 
 def merge_partials(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> tuple[Tensor, Tensor]:
