@@ -47,10 +47,11 @@ def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def _copy_pipeline(source: Path, out_dir: Path) -> None:
-    """Every pipeline component but the transformer(s), as files (a later change of the source leaves it alone)."""
+def _copy_pipeline(source: Path, out_dir: Path, component: str = _TRANSFORMER) -> None:
+    """Every pipeline component but the trained transformer ``component``, as files (a later change of the source
+    leaves it alone): a pipeline's other expert (Wan2.2 A14B's ``transformer_2``) is copied as it is."""
     for entry in sorted(source.iterdir()):
-        if entry.name.startswith(".") or entry.name in (_TRANSFORMER, "transformer_2"):
+        if entry.name.startswith(".") or entry.name == component:
             continue
         if entry.is_dir():
             shutil.copytree(entry, out_dir / entry.name)
@@ -66,12 +67,15 @@ def export_dit(
     lora: tuple[dict[str, torch.Tensor], dict[str, Any]] | None = None,
     overwrite: bool = False,
     rank: int = 0,
+    component: str = _TRANSFORMER,
 ) -> Path:
     """Write ``out_dir`` on rank 0 (every rank calls it; it ends with a barrier).
 
     Full weights: ``write_weights(transformer_dir)`` writes the transformer's diffusers model directory, and the rest
     of ``pipeline_dir`` is copied beside it. LoRA: ``lora = (tensors keyed like blocks.0.attn1.to_q.lora_A.weight,
-    peft config metadata)``, written by the pipeline class's ``save_lora_weights``.
+    peft config metadata)``, written by the pipeline class's ``save_lora_weights``. ``component``: the pipeline's
+    transformer folder that was trained (``transformer_2``: the low-noise expert of Wan2.2 A14B; its LoRA file loads
+    with ``load_lora_weights(dir, load_into_transformer_2=True)``).
     """
     if (write_weights is None) == (lora is None):
         raise ValueError("export_dit: pass exactly one of write_weights or lora")
@@ -94,8 +98,8 @@ def export_dit(
                 transformer_lora_adapter_metadata=metadata,
             )
         else:
-            _copy_pipeline(Path(pipeline_dir), tmp)
-            write_weights(tmp / _TRANSFORMER)
+            _copy_pipeline(Path(pipeline_dir), tmp, component)
+            write_weights(tmp / component)
         _write_marker(tmp)  # now listing every file written
         replace_dir_atomically(tmp, out_dir)
     if distributed:

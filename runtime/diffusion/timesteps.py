@@ -17,6 +17,11 @@ Loss weighting (``weighting``; the per-sample factor on the flow-matching MSE, `
   value at the ends (so sigma = 0 and 1 weigh 0), scaled to mean 1 under this sampler's own distribution of sigma
   (DiffSynth-Studio's Wan recipe weights its MSE by this bump over the timestep, normalised over its training grid).
 
+Range (``low``, ``high``: noise levels in [0, 1]): levels drawn from this distribution conditioned on
+``low <= sigma < high`` (uniform ``u`` over the preimage of the range under the static shift), e.g. one expert of a
+pipeline whose two transformers switch at ``boundary_ratio`` (Wan2.2 A14B: ``transformer`` at
+``sigma >= boundary_ratio``, ``transformer_2`` below); the bell weighting is normalised over the range.
+
 Generators: ``sample`` takes one generator for the whole batch, or one per sample (a sequence of ``batch``
 generators: each sample's level comes from its own generator), so a sample's draw does not depend on which other
 samples share its micro-batch or rank.
@@ -49,8 +54,16 @@ class TimestepSampler:
     base_shift: float = 0.5
     max_shift: float = 1.15
     weighting: Literal["none", "bell"] = "none"
+    low: float = 0.0
+    high: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.low < self.high <= 1.0:
+            raise ValueError(f"timestep range must satisfy 0 <= low < high <= 1, got [{self.low}, {self.high})")
+        if (self.low, self.high) != (0.0, 1.0) and (self.distribution != "uniform" or self.dynamic):
+            raise ValueError(
+                "a timestep range (one expert's noise levels) needs the uniform distribution with a static shift"
+            )
         if self.distribution not in ("uniform", "logit_normal"):
             raise ValueError(f"timestep distribution must be 'uniform' or 'logit_normal', got {self.distribution!r}")
         if self.shift <= 0:
@@ -81,10 +94,22 @@ class TimestepSampler:
         slope = (self.max_shift - self.base_shift) / (self.max_seq_len - self.base_seq_len)
         return self.base_shift + slope * (seq_len - self.base_seq_len)
 
+    def _u_range(self) -> tuple[float, float]:
+        """The draws ``u`` whose static-shifted level lies in [low, high): the shift's inverse at both ends."""
+
+        def inverse(sigma: float) -> float:
+            return sigma / (self.shift - (self.shift - 1) * sigma)
+
+        return inverse(self.low), inverse(self.high)
+
     def _draw(self, batch: int, generator: torch.Generator | None) -> torch.Tensor:
         if self.distribution == "logit_normal":
             return torch.sigmoid(torch.randn(batch, generator=generator) * self.logit_std + self.logit_mean)
-        return torch.rand(batch, generator=generator)
+        u = torch.rand(batch, generator=generator)
+        if (self.low, self.high) == (0.0, 1.0):
+            return u
+        lo, hi = self._u_range()
+        return lo + (hi - lo) * u.double()
 
     def _shifted(self, u: torch.Tensor, seq_len: int) -> torch.Tensor:
         u = u.double().clamp(1e-6, 1 - 1e-6)
@@ -108,7 +133,12 @@ class TimestepSampler:
             u = torch.cat([self._draw(1, g) for g in generator]) if batch else torch.zeros(0)
         else:
             u = self._draw(batch, generator)
-        return self._shifted(u, seq_len).float()
+        sigmas = self._shifted(u, seq_len).float()
+        if (self.low, self.high) != (0.0, 1.0):  # rounding to float32 never leaves the range (an expert's levels)
+            high = torch.tensor(self.high, dtype=torch.float32)
+            below = torch.nextafter(high, torch.tensor(0.0)) if self.high < 1 else high
+            sigmas = sigmas.clamp(torch.tensor(self.low, dtype=torch.float32), below)
+        return sigmas
 
     def loss_weight(self, sigmas: torch.Tensor, seq_len: int = 0) -> torch.Tensor:
         """The per-sample factor of the flow-matching MSE at noise levels ``sigmas`` (float32, ``sigmas``' shape)."""
@@ -116,6 +146,9 @@ class TimestepSampler:
             return torch.ones_like(sigmas, dtype=torch.float32)
         # bell: normalised to mean 1 over this sampler's distribution (midpoint quadrature of the draw u)
         grid = (torch.arange(_GRID, dtype=torch.float64) + 0.5) / _GRID
+        if (self.low, self.high) != (0.0, 1.0):
+            lo, hi = self._u_range()
+            grid = lo + (hi - lo) * grid
         if self.distribution == "logit_normal":  # u = sigmoid(normal): the grid is over the normal's quantiles
             normal = torch.distributions.Normal(self.logit_mean, self.logit_std)
             grid = torch.sigmoid(normal.icdf(grid))

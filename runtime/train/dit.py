@@ -13,6 +13,7 @@ its scheduler settings are loaded (``encoders=False``).
 from __future__ import annotations
 
 import functools
+import json
 import sys
 import warnings
 from pathlib import Path
@@ -115,6 +116,20 @@ def setup_conditions(config: RunConfig, state: ParallelState, dataset: Any, devi
     return light.to(device), CachedConditions(cache, keys)
 
 
+def transformer_folder(config: RunConfig) -> str:
+    """The pipeline's transformer this job trains: ``transformer``, or of a pipeline with two experts switched at
+    ``boundary_ratio`` (Wan2.2 A14B) the one ``dit.condition.expert`` names (its noise levels only)."""
+    index = json.loads((Path(config.model.path) / "model_index.json").read_text())
+    expert = config.dit.condition.get("expert")
+    if index.get("transformer_2", [None])[0] is not None and expert is None:
+        raise ConfigError(
+            f"dit.condition.expert: {config.model.path} holds two transformers switched at boundary_ratio "
+            f"{index.get('boundary_ratio')} (Wan2.2 A14B): set 'transformer' (high noise) or 'transformer_2' (low "
+            f"noise); training both in one job is not supported (they share no parameters: run one job per expert)"
+        )
+    return expert or "transformer"
+
+
 def load_transformer(config: RunConfig) -> torch.nn.Module:
     from runtime.diffusion.registry import training_class
 
@@ -124,7 +139,7 @@ def load_transformer(config: RunConfig) -> torch.nn.Module:
     )
     try:
         model, info = cls.from_pretrained(
-            config.model.path, subfolder="transformer", output_loading_info=True, **backend
+            config.model.path, subfolder=transformer_folder(config), output_loading_info=True, **backend
         )
     except (OSError, ValueError) as exc:
         message = " ".join(str(exc).split())[:300]
@@ -315,7 +330,12 @@ def export(config: RunConfig, state: ParallelState, model: torch.nn.Module, ema:
     if ema is not None:
         averaged = full_state_dict(ema)
         weights.update({ema.parameter_name(k): v for k, v in averaged.items()})
-    common = dict(pipeline_dir=config.model.path, overwrite=config.export.overwrite, rank=state.rank)
+    common = dict(
+        pipeline_dir=config.model.path,
+        overwrite=config.export.overwrite,
+        rank=state.rank,
+        component=transformer_folder(config),
+    )
     if peft_config is not None and not config.export.fuse_lora:
         lora = (lora_state_dict(weights), lora_metadata(peft_config)) if state.rank == 0 else ({}, {})
         export_dit(config.export.dir, lora=lora, **common)
@@ -348,7 +368,9 @@ def check_transformer(config: RunConfig, ulysses: int) -> None:
 
     cls = training_class(config.model.type)
     try:
-        raw = read_config(Path(config.model.path) / "transformer", cls.config_class.diffusers_class.__name__)
+        raw = read_config(
+            Path(config.model.path) / transformer_folder(config), cls.config_class.diffusers_class.__name__
+        )
         with torch.device("meta"):
             model = cls(cls.config_class(**raw))
     except (OSError, TypeError, ValueError) as exc:

@@ -27,9 +27,26 @@ from torch import Tensor
 from runtime.diffusion.conditions.base import ConditionModel, stack_context
 from runtime.diffusion.timesteps import TimestepSampler
 
-__all__ = ["WanConditionModel"]
+__all__ = ["EXPERTS", "WanConditionModel", "expert_boundary"]
 
+# Wan2.2 A14B's experts: `transformer` denoises the high noise levels (timestep >= boundary_ratio * 1000),
+# `transformer_2` the rest (WanPipeline.__call__)
+EXPERTS = ("transformer", "transformer_2")
 TEXT_LENGTH = 512  # the pipelines' max_sequence_length; Wan I2V attention requires exactly 512 text tokens
+
+
+def expert_boundary(index: dict[str, Any], expert: str | None) -> tuple[float, float] | None:
+    """The noise-level range [low, high) of ``expert`` of a pipeline's ``model_index.json`` (two transformers
+    switched at ``boundary_ratio``: Wan2.2 A14B); None for no expert. A ValueError names what does not fit."""
+    ratio = index.get("boundary_ratio")
+    two = index.get("transformer_2", [None])[0] is not None and ratio is not None
+    if expert is None:
+        return None
+    if not two:
+        raise ValueError(f"expert {expert!r}: the pipeline has one transformer (no transformer_2 and boundary_ratio)")
+    if expert not in EXPERTS:
+        raise ValueError(f"expert must be one of {', '.join(EXPERTS)}, got {expert!r}")
+    return (float(ratio), 1.0) if expert == "transformer" else (0.0, float(ratio))
 
 
 def _to_pil(frame: Tensor) -> PIL.Image.Image:
@@ -87,6 +104,7 @@ class WanConditionModel(ConditionModel):
     def __init__(self, pipeline: Any, sampler: TimestepSampler) -> None:
         super().__init__(pipeline, sampler)
         self.i2v = isinstance(pipeline, WanImageToVideoPipeline)
+        self.expert: str | None = None  # from_pretrained's expert: the trained one of two (Wan2.2 A14B)
         self.expand_timesteps = bool(getattr(pipeline.config, "expand_timesteps", False))
         if self.has_encoders:
             vae = pipeline.vae.config
@@ -97,17 +115,25 @@ class WanConditionModel(ConditionModel):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | os.PathLike, encoders: bool = True, **sampler_overrides: Any
+        cls, path: str | os.PathLike, encoders: bool = True, expert: str | None = None, **sampler_overrides: Any
     ) -> WanConditionModel:
         """``sampler_overrides`` change the recipe: uniform levels shifted by the scheduler's shift, MSE weighted by
-        the ``bell`` bump over the noise level (``runtime/diffusion/timesteps.py``)."""
+        the ``bell`` bump over the noise level (``runtime/diffusion/timesteps.py``). ``expert``: of a pipeline with
+        two transformers switched at ``boundary_ratio`` (Wan2.2 A14B), the one trained (``transformer``: the
+        high-noise levels ``sigma >= boundary_ratio``; ``transformer_2``: below); the levels are drawn in its range
+        only, so each sample's loss belongs to the expert the pipeline would run at its timestep."""
         index = json.loads((Path(path) / "model_index.json").read_text())
         pipeline_class = WanImageToVideoPipeline if index["_class_name"] == "WanImageToVideoPipeline" else WanPipeline
+        boundary = expert_boundary(index, expert)
+        if boundary is not None:
+            sampler_overrides = {**dict(zip(("low", "high"), boundary, strict=True)), **sampler_overrides}
         pipeline = cls.load_pipeline(path, encoders=encoders, pipeline_class=pipeline_class)
         sampler = TimestepSampler.from_scheduler_config(
             pipeline.scheduler.config, **{"weighting": "bell", **sampler_overrides}
         )
-        return cls(pipeline, sampler)
+        model = cls(pipeline, sampler)
+        model.expert = expert
+        return model
 
     def encode_sample(self, pixels: Tensor) -> Tensor:
         """Normalized VAE latents of one (C, F, H, W) video (per-channel ``latents_mean`` / ``latents_std``)."""
