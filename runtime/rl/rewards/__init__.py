@@ -12,6 +12,10 @@ Config (``rewards:``, a list; each item names exactly one kind, plus ``weight`` 
     - {http: "http://127.0.0.1:8000/score", timeout: 30}  # runtime/rl/rewards/http.py (the JSON contract)
     - {clip: checkpoints/clip}                            # runtime/rl/rewards/models.py: CLIP image-text score
     - {pickscore: checkpoints/pickscore, processor: ...}  # a preference score (CLIP with a learned head)
+    - {aesthetic: checkpoints/clip-l14, head: sac+logos+ava1-l14-linearMSE.pth}  # rewards/aesthetic.py: LAION's
+    - {vlm_judge: checkpoints/qwen2.5-vl, question: "..."}  # rewards/vlm.py: p(yes) of a local VLM's answer
+    - {ocr: checkpoints/qwen2.5-vl}                       # rewards/vlm.py: flow_grpo's OCR accuracy, a VLM reading
+    - {jpeg_compressibility: true, scale: 0.002}          # rewards/jpeg.py: -scale * JPEG kB (and incompressibility)
 
 The combined reward is ``sum_k weight_k * reward_k``; the metrics keep each reward's mean and std too.
 """
@@ -147,6 +151,10 @@ def _build_one(index: int, spec: dict[str, Any]) -> Reward:
         from runtime.rl.rewards.http import HttpReward
 
         fn = HttpReward.from_spec(target, spec, key)
+    elif kind in ("jpeg_compressibility", "jpeg_incompressibility"):
+        from runtime.rl.rewards.jpeg import JpegSizeReward
+
+        fn = JpegSizeReward(kind, spec.get("scale"))
     else:
         from runtime.rl.rewards.models import build_model_reward
 
