@@ -286,7 +286,7 @@ def dit_forward_backward(
             latents, context = conditions(batch)
         except CacheError as exc:  # a shard changed after the run verified it
             raise ConfigError(f"data.cache: {exc}") from None
-        seq_len = latent_tokens(latents[0])
+        seq_len = latent_tokens(latents[0], condition_model.patch)
         position = micro * state.dp_size + state.dp_rank
         generators = noise_generators(config.model.seed, step, position, len(batch))
         inputs = condition_model.process_condition(latents, context, generators)

@@ -21,6 +21,7 @@ single-process ones (``runtime/diffusion/sp.py``).
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any
 
 import torch
@@ -37,10 +38,13 @@ def noise_generators(seed: int, step: int, position: int, count: int) -> list[to
     return gens
 
 
-def latent_tokens(latents: torch.Tensor) -> int:
-    """Transformer tokens of one sample's latents ``(C, F, H, W)`` or ``(C, H, W)``: 2x2 spatial patches (Wan's
-    patch size (1, 2, 2), Flux's and Qwen-Image's 2x2 packing)."""
-    return latents[0].numel() // 4
+def latent_tokens(latents: torch.Tensor, patch: tuple[int, ...] = (2, 2)) -> int:
+    """Transformer tokens of one sample's latents ``(C, F, H, W)`` or ``(C, H, W)``: ``patch`` over the trailing
+    dims (the condition model's ``patch``: Wan's (1, 2, 2), Flux's and Qwen-Image's 2x2 packing), the other dims after
+    the first taken whole."""
+    shape = latents.shape[1:]
+    lead, tail = shape[: len(shape) - len(patch)], shape[len(shape) - len(patch) :]
+    return math.prod(lead) * math.prod(size // p for size, p in zip(tail, patch, strict=True))
 
 
 def weighted_flow_matching_loss(
