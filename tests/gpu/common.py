@@ -11,9 +11,10 @@ import torch
 CUDA = torch.device("cuda")
 
 
-def on(value: Any, device: torch.device = CUDA, dtype: torch.dtype | None = None) -> Any:
+def on(value: Any, device: torch.device | None = None, dtype: torch.dtype | None = None) -> Any:
     """Tensors (in dicts and lists too) on ``device``; floating ones in ``dtype`` when given (a DiT's timestep stays
     fp32, as pipelines pass it)."""
+    device = CUDA if device is None else device
     if isinstance(value, dict):
         return {k: on(v, device, None if k == "timestep" else dtype) for k, v in value.items()}
     if isinstance(value, list | tuple):
