@@ -3,7 +3,7 @@
 # template and run `patchgen regen qwen3_omni_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
 # spec: specs/qwen3_omni_moe.toml sha256=c6059011509fcbcd0c3dc3670c2e7dd3908bf0751cc06c1c02e464ea0e2d69ca
-# templates: sha256=946637c3bcb17434a931dbd5418923e3848151c59afe795817f3e57504bb6294
+# templates: sha256=cb3328ce2571643bcae3226968548878f0601fa3b27970e5df40047122010898
 # engine: patchgen==0.1.0 sha256=42654e4d21b6a4a3ec02f8cf182ad2f59431d2e64f2b1935a653c9587d575639
 # body: sha256=6a89ed3209bdd886c91ba856f83521ce47e18527523fe7f76d8cda0f3659d2f6
 # patches:

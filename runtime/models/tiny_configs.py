@@ -31,13 +31,14 @@ def tiny_vision_config(model_type: str) -> dict:
 
 def tiny_config(model_type: str, **overrides) -> transformers.PretrainedConfig:
     """A small config of `model_type` (its spec's `[model.tiny]`, `overrides` merged in, sub-config tables
-    key by key); sdpa attention, and eager experts (the numerical reference) for MoE models unless
+    key by key); sdpa attention (or the spec's ``[model.data] attn_implementation`` where transformers refuses sdpa,
+    gpt_oss's eager), and eager experts (the numerical reference) for MoE models unless
     `experts_implementation` says otherwise. Training configs never use a KV cache (it also disables packing
     masks)."""
     entry = lookup(model_type)
     experts_implementation = overrides.pop("experts_implementation", "eager")
     config = transformers.AutoConfig.for_model(model_type, **merge_tables(tiny_config_dict(model_type), overrides))
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = entry.data.get("attn_implementation", "sdpa")
     if entry.is_moe:
         config._experts_implementation = experts_implementation  # propagates to a VLM's text sub-config
     return config

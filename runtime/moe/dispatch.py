@@ -2,8 +2,12 @@
 
 Generated MoE models keep upstream's experts class, whose forward dispatches on `config._experts_implementation`.
 `patchgen_grouped` (sorted tokens + grouped matmuls) and `patchgen_triton` (GPU) are the training kernels; both
-run expert parallelism when the experts were sharded by `runtime.parallel.expert_parallel.apply_ep`. `eager` stays
-upstream's own loop: the numerical reference and the parity baseline.
+run expert parallelism when the experts were sharded by `runtime.parallel.expert_parallel.apply_ep`. They compute
+transformers' default experts layout only. `patchgen_eager` computes any layout the experts class declares to
+``use_experts_implementation`` (biases, transposed weights, interleaved gate/up, its own ``_apply_gate`` such as
+gpt_oss's clamped SwiGLU; transformers' ``batched_mm`` over the module's own flags and methods) and runs expert
+parallelism too: the way to train such experts sharded. `eager` stays upstream's own loop: the numerical
+reference and the parity baseline.
 """
 
 from __future__ import annotations
@@ -12,14 +16,20 @@ from collections.abc import Callable
 
 import torch
 from torch.distributed.tensor import DTensor
-from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface, _default_apply_gate
+from transformers.integrations.moe import (
+    ALL_EXPERTS_FUNCTIONS,
+    ExpertsInterface,
+    _default_apply_gate,
+    batched_mm_experts_forward,
+)
 
 from runtime.config.errors import LayoutRefused
 from runtime.moe.ep import ep_experts_forward
 from runtime.moe.experts import experts_forward
 from runtime.parallel.state import get_parallel_state
 
-KERNELS = {"patchgen_grouped": "grouped", "patchgen_triton": "triton"}
+KERNELS = {"patchgen_grouped": "grouped", "patchgen_triton": "triton"}  # the fused kernels: default layout only
+LAYOUT_KERNEL = "patchgen_eager"  # any declared layout, with expert parallelism
 
 
 def _local(param: torch.Tensor) -> torch.Tensor:
@@ -55,8 +65,8 @@ def expert_layout_problem(module: torch.nn.Module) -> str | None:
         return None
     return (
         f"{type(module).__name__} has {', '.join(found)}, which the fused expert kernels (experts_implementation "
-        f"{sorted(KERNELS)}) do not compute; use model.experts_implementation: eager (upstream's loop; no expert "
-        f"parallelism)"
+        f"{sorted(KERNELS)}) do not compute; use model.experts_implementation: {LAYOUT_KERNEL} (the module's own "
+        f"layout, expert parallelism too) or eager (upstream's loop; no expert parallelism)"
     )
 
 
@@ -106,12 +116,52 @@ def _experts_kernel(impl: str) -> Callable[..., torch.Tensor]:
     return forward
 
 
+class _LocalExperts:
+    """An experts module as transformers' ``batched_mm`` must see it: this rank's shard of every parameter (local
+    expert ids), the module's own flags and gate (``_apply_gate`` stays bound to the module: its clamp, ``alpha``)."""
+
+    def __init__(self, module: torch.nn.Module, num_experts: int) -> None:
+        self._module, self.num_experts = module, num_experts
+
+    def __getattr__(self, name: str) -> object:
+        value = getattr(self._module, name)
+        return _local(value) if isinstance(value, torch.Tensor) else value
+
+
+def _layout_kernel(
+    module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
+    """``patchgen_eager``: the module's own layout (transformers' ``batched_mm`` over its flags), sharded or not."""
+    local = _local(module.gate_up_proj if getattr(module, "has_gate", True) else module.up_proj)
+    view = _LocalExperts(module, local.size(0))
+
+    def compute(hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        return batched_mm_experts_forward(view, hidden, index, weights)
+
+    if not getattr(module, "ep_sharded", False):
+        return compute(hidden_states, top_k_index, top_k_weights)
+    down = _local(module.down_proj)
+    return ep_experts_forward(
+        hidden_states,
+        top_k_index,
+        top_k_weights,
+        local,
+        down,
+        None,
+        module.num_experts,
+        get_parallel_state().ep_group,
+        compute=compute,
+    )
+
+
 def check_ep_kernel(model: torch.nn.Module) -> None:
     """Expert parallelism needs one of our kernels: upstream's experts loop knows nothing of sharded experts."""
     register_experts_kernels()
     impl = getattr(model.config, "_experts_implementation", None)
-    if impl not in KERNELS:
-        raise ValueError(f"expert parallelism needs experts_implementation in {sorted(KERNELS)}, found {impl!r}")
+    if impl not in KERNELS and impl != LAYOUT_KERNEL:
+        raise ValueError(
+            f"expert parallelism needs experts_implementation in {sorted([*KERNELS, LAYOUT_KERNEL])}, found {impl!r}"
+        )
 
 
 def register_experts_kernels() -> None:
@@ -119,6 +169,8 @@ def register_experts_kernels() -> None:
     for name, impl in KERNELS.items():
         if name not in ALL_EXPERTS_FUNCTIONS:
             ExpertsInterface.register(name, _experts_kernel(impl))
+    if LAYOUT_KERNEL not in ALL_EXPERTS_FUNCTIONS:
+        ExpertsInterface.register(LAYOUT_KERNEL, _layout_kernel)
 
 
 register_experts_kernels()

@@ -90,11 +90,14 @@ def ep_experts_forward(
     num_experts: int,
     group: ProcessGroup | None,
     impl: str = "grouped",
+    compute: Callable[[Tensor, Tensor, Tensor], Tensor] | None = None,
 ) -> Tensor:
     """Routed experts with the experts sharded over ``group`` (the EP group): ``(T, H)`` -> ``(T, H)``.
 
     ``top_k_index`` holds global expert ids; ``local_gate_up`` (E/ep, 2I, H) and ``local_down`` (E/ep, H, I) are
-    this rank's experts. ``impl`` is the local ``experts_forward`` implementation. ``group=None`` runs all
+    this rank's experts. ``impl`` is the local ``experts_forward`` implementation; ``compute`` (``(hidden,
+    local_ids, weights) -> out``), when given, replaces it: the experts module's own layout (biases, interleaved or
+    transposed weights, its own gate; ``runtime.moe.dispatch``'s ``patchgen_eager``). ``group=None`` runs all
     ``num_experts`` experts locally.
     """
     ep_size = 1 if group is None else dist.get_world_size(group)
@@ -112,6 +115,8 @@ def ep_experts_forward(
             f"{tuple(top_k_weights.shape)} must both be (tokens={hidden.size(0)}, top_k)"
         )
     if group is None:
+        if compute is not None:
+            return compute(hidden, top_k_index, top_k_weights)
         return experts_forward(
             hidden, top_k_index, top_k_weights, local_gate_up, local_down, act_fn, impl, num_experts=num_experts
         )
@@ -137,9 +142,12 @@ def ep_experts_forward(
 
     dispatched = all_to_all_uneven(hidden.index_select(0, token_idx), send_splits, recv_splits, group)
     ones = torch.ones(dispatched.size(0), 1, dtype=top_k_weights.dtype, device=hidden.device)
-    expert_out = experts_forward(
-        dispatched, local_ids[:, None], ones, local_gate_up, local_down, act_fn, impl, num_experts=per_rank
-    )
+    if compute is not None:
+        expert_out = compute(dispatched, local_ids[:, None], ones)
+    else:
+        expert_out = experts_forward(
+            dispatched, local_ids[:, None], ones, local_gate_up, local_down, act_fn, impl, num_experts=per_rank
+        )
     returned = all_to_all_uneven(expert_out, recv_splits, send_splits, group)
     weighted = returned * top_k_weights.reshape(-1).index_select(0, order)[:, None]
     return torch.zeros_like(hidden).index_add(0, token_idx, weighted.to(hidden.dtype))

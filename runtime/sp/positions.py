@@ -32,35 +32,41 @@ def slice_position_embeddings(position_embeddings: tuple[torch.Tensor, ...], seq
 @dataclass(frozen=True)
 class RingMask:
     """What a mask builder stands for under ring attention, instead of an ``L x L`` tensor: causal, with this
-    sliding ``window`` (None: none); documents come from the global position ids (``runtime.sp.usp``)."""
+    sliding ``window`` (None: none); documents come from the global position ids (``runtime.sp.usp``) when the
+    model's mask builder saw them (``documents``), as transformers finds packed documents only then."""
 
     window: int | None = None
+    documents: bool = True
 
 
 RING_MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask")
 
 
-def _ring_mask(make_mask: Callable[..., Any], config: Any) -> RingMask:
+def _ring_mask(make_mask: Callable[..., Any], config: Any, documents: bool = True) -> RingMask:
     name = getattr(make_mask, "__name__", repr(make_mask))
     if name not in RING_MASK_BUILDERS:
         raise ValueError(f"ring attention (parallel.ring > 1) supports the masks {RING_MASK_BUILDERS}, not {name}")
-    return RingMask(config.sliding_window if name == "create_sliding_window_causal_mask" else None)
+    return RingMask(config.sliding_window if name == "create_sliding_window_causal_mask" else None, documents)
 
 
-def full_sequence_mask(make_mask: Callable[..., Any]) -> Callable[..., Any]:
+def full_sequence_mask(make_mask: Callable[..., Any], position_ids: torch.Tensor | None = None) -> Callable[..., Any]:
     """Build the attention mask for the full (gathered) sequence that Ulysses attention sees.
 
     Mask builders only read the shape, dtype and device of `inputs_embeds`, so a zero-copy expanded view of
-    the local embeddings stands in for the full sequence.
+    the local embeddings stands in for the full sequence. ``position_ids``: the forward's, for a model that calls
+    its mask builders without them (gpt_oss): they give the global length only, the mask stays upstream's (no
+    document boundaries from the ids, under a ring too).
     """
     state = get_parallel_state()
     if not state.sp_enabled:
         return make_mask
+    outside = position_ids
 
     def make_full_mask(*args: Any, **kwargs: Any) -> Any:
         embeds = kwargs["inputs_embeds"]
         full = embeds.shape[1] * state.sp_size
-        position_ids = kwargs.get("position_ids")
+        documents = kwargs.get("position_ids") is not None
+        position_ids = kwargs.get("position_ids") if documents else outside
         if position_ids is None or position_ids.shape[-1] != full:
             got = None if position_ids is None else tuple(position_ids.shape)
             raise ValueError(
@@ -70,7 +76,7 @@ def full_sequence_mask(make_mask: Callable[..., Any]) -> Callable[..., Any]:
         if kwargs.get("past_key_values") is not None:
             raise ValueError("sequence parallel training does not support a KV cache (past_key_values)")
         if state.ring_enabled:  # ring attention masks block by block (runtime.sp.usp): no L x L tensor
-            return _ring_mask(make_mask, kwargs["config"])
+            return _ring_mask(make_mask, kwargs["config"], documents)
         kwargs["inputs_embeds"] = embeds[:, :1].expand(embeds.shape[0], full, *embeds.shape[2:])
         return make_mask(*args, **kwargs)
 

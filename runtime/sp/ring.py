@@ -23,6 +23,12 @@ Backward does not store all K/V: the autograd function saves only local q, k, v,
 backward re-circulates K/V around the ring together with the dK/dV accumulators, which finally reach their owner.
 ``extra_kv`` is a key/value segment every query must see exactly once (e.g. a DiT's replicated text tokens in
 joint attention): it is attended locally, never passed around, and its gradient is this rank's queries' part.
+
+Attention sinks (``sink``: one learned logit per query head in the softmax denominator, gpt_oss's ``s_aux``): with
+the merged output ``O`` and log-sum-exp ``L`` of a query, the sink-corrected output is ``O * exp(L - L')`` with
+``L' = logaddexp(L, sink)`` (``O * sigmoid(L - sink)``). ``O'`` and ``L'`` are exactly the attention over the keys
+plus a key of logit ``sink`` and value 0, so each block's backward from ``(O', L')`` is exact as before, and the
+sink's gradient is ``-sum_i exp(sink - L'_i) * (dO'_i . O'_i)`` over this rank's queries.
 """
 
 from __future__ import annotations
@@ -112,6 +118,7 @@ class _RingAttention(torch.autograd.Function):
         causal: bool,
         scale: float,
         window: int | None,
+        sink: Tensor | None,
     ) -> Tensor:
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         repeat = q.shape[1] // k.shape[1]
@@ -141,14 +148,17 @@ class _RingAttention(torch.autograd.Function):
             if pending is not None:
                 _wait(pending[1])
                 held = pending[0]
+        if sink is not None:  # a key of logit `sink` and value 0 in every query's softmax
+            total = torch.logaddexp(lse, sink.detach().to(lse.dtype)[None, :, None].expand_as(lse))
+            out, lse = out * torch.exp(lse - total)[..., None], total
         out = out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, extra_k, extra_v, out, lse, index, docs, kv_valid, extra_allowed)
+        ctx.save_for_backward(q, k, v, extra_k, extra_v, out, lse, index, docs, kv_valid, extra_allowed, sink)
         ctx.group, ctx.causal, ctx.scale, ctx.repeat, ctx.window = group, causal, scale, repeat, window
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, k, v, extra_k, extra_v, out, lse, index, docs, kv_valid, extra_allowed = ctx.saved_tensors
+        q, k, v, extra_k, extra_v, out, lse, index, docs, kv_valid, extra_allowed, sink = ctx.saved_tensors
         group, repeat, scale = ctx.group, ctx.repeat, ctx.scale
         size, rank = dist.get_world_size(group), dist.get_rank(group)
         grad_out = grad_out.contiguous()
@@ -201,7 +211,11 @@ class _RingAttention(torch.autograd.Function):
         _wait(dkv_pending[1])
         dk, dv = dkv_pending[0]
         grads = (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), d_extra_k, d_extra_v)
-        return (*grads, None, None, None, None, None, None, None, None)
+        d_sink = None
+        if sink is not None:
+            row = (grad_out.to(lse.dtype) * out.to(lse.dtype)).sum(-1)  # (b, h, s): dO' . O'
+            d_sink = -(torch.exp(sink.to(lse.dtype)[None, :, None] - lse) * row).sum((0, 2)).to(sink.dtype)
+        return (*grads, None, None, None, None, None, None, None, None, d_sink)
 
 
 def _local_attention(
@@ -216,6 +230,7 @@ def _local_attention(
     window: int | None,
     k_valid: Tensor | None,
     extra_valid: Tensor | None,
+    sink: Tensor | None = None,
 ) -> Tensor:
     """``ring_attention`` without a ring: SDPA over the local tokens (and ``extra_kv`` first), same masking."""
     allowed = _allowed(index, index, docs, docs, causal, window, k_valid)
@@ -232,7 +247,14 @@ def _local_attention(
             batch, rows = max(local.shape[0], seen.shape[0]), max(local.shape[2], seen.shape[2])
             parts = [x.to(q.device).expand(batch, 1, rows, x.shape[-1]) for x in (seen, local)]
             allowed = torch.cat(parts, -1)
-    return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, scale=scale)
+    if sink is None:
+        return torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, scale=scale)
+    logits = torch.matmul(q, keys.transpose(-1, -2)) * scale
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    column = sink.to(logits.dtype)[None, :, None, None].expand(*logits.shape[:-1], 1)
+    probs = torch.softmax(torch.cat([logits, column], -1), -1)[..., :-1]
+    return torch.matmul(probs, values)
 
 
 def ring_attention(
@@ -249,6 +271,7 @@ def ring_attention(
     window: int | None = None,
     kv_valid: Tensor | None = None,
     extra_valid: Tensor | None = None,
+    sink: Tensor | None = None,
 ) -> Tensor:
     """Attention of this rank's queries over the keys of every rank of the ring ``group``: (b, hq, s, d).
 
@@ -258,7 +281,8 @@ def ring_attention(
     query sees only keys of its own document), or None. ``extra_kv``: a (b, hkv, se, d) pair every query sees once,
     unmasked unless ``extra_valid`` ((b or 1, se) bool) hides some of its keys. ``kv_valid``: (ring, b or 1, s) bool,
     False for a rank's key no query may see (e.g. padding), or None. ``window``: sliding-window size (transformers'
-    rule), or None. With ``group=None`` (no ring) this is plain attention over the local tokens.
+    rule), or None. ``sink``: (hq,) attention-sink logits (see module doc), or None. With ``group=None`` (no ring)
+    this is plain attention over the local tokens.
     """
     size = 1 if group is None else dist.get_world_size(group)
     if index is None:
@@ -267,8 +291,8 @@ def ring_attention(
     if group is None:
         docs = None if doc_ids is None else doc_ids[0]
         valid = None if kv_valid is None else kv_valid[0]
-        return _local_attention(q, k, v, index[0], docs, causal, scale, extra_kv, window, valid, extra_valid)
+        return _local_attention(q, k, v, index[0], docs, causal, scale, extra_kv, window, valid, extra_valid, sink)
     extra_k, extra_v = extra_kv if extra_kv is not None else (None, None)
     return _RingAttention.apply(
-        q, k, v, extra_k, extra_v, index, doc_ids, kv_valid, extra_valid, group, causal, scale, window
+        q, k, v, extra_k, extra_v, index, doc_ids, kv_valid, extra_valid, group, causal, scale, window, sink
     )

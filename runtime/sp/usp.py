@@ -29,6 +29,7 @@ from runtime.config.errors import LayoutRefused
 from runtime.parallel.collectives import gather_heads_scatter_seq
 from runtime.parallel.sites import mark_site
 from runtime.parallel.state import get_parallel_state
+from runtime.sp.head_kwargs import heads_of_rank
 from runtime.sp.heads import kv_repeat_factor, repeat_kv_heads
 from runtime.sp.layout import zigzag_indices
 from runtime.sp.overlap import seq_to_heads
@@ -49,11 +50,13 @@ def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
 # (through the ``RingMask``, which every sliding-window layer's mask builder returns), the global position ids it
 # finds the documents from; the packing metadata of flash-attention's varlen path and the SP padding mask are
 # derived from those position ids instead. A model's forward also hands its own flags down to every attention call
-# (``output_router_logits``, ...): booleans, integers and strings change no softmax. Any other tensor or float
-# (attention sinks ``s_aux``, a logit ``softcap``, ...) would change the softmax in a way ring attention does not
-# compute: it is refused, not ignored.
+# (``output_router_logits``, ...): booleans, integers and strings change no softmax. Attention sinks (``s_aux``, one
+# learned logit per query head in the softmax denominator) are computed: the merged output is rescaled by
+# ``exp(lse - logaddexp(lse, sink))`` (``runtime.sp.ring``). Any other tensor or float (a logit ``softcap``, ...)
+# would change the softmax in a way ring attention does not compute: it is refused, not ignored.
 HONOURED_KWARGS = frozenset(
     {
+        "s_aux",
         "dropout",  # refused below when non-zero
         "scaling",
         "sliding_window",
@@ -118,7 +121,8 @@ def usp_attention(inner: str):
         ring = state.ring_size
         index = torch.stack([zigzag_indices(full, ring, r) for r in range(ring)])
         docs = document_ids(position_ids.to(query.device))
-        doc_ids = torch.stack([docs[:, i] for i in index.to(docs.device)])
+        doc_ids = torch.stack([docs[:, i] for i in index.to(docs.device)]) if attention_mask.documents else None
+        sink = heads_of_rank(kwargs, query.shape[1] * ulysses, ulysses, state.ulysses_rank).get("s_aux")
         scale = kwargs.get("scaling") or module.scaling
         out = ring_attention(
             query,
@@ -130,6 +134,7 @@ def usp_attention(inner: str):
             index=index,
             doc_ids=doc_ids,
             window=attention_mask.window,
+            sink=sink,
         )
         # (b, h/u, s/ring, d) -> (b, s/ring, h/u, d) -> (b, s/sp, h, d)
         return gather_heads_scatter_seq(out.transpose(1, 2), head_dim=2, seq_dim=1, group=group), None

@@ -27,19 +27,41 @@ def detect_peak_tflops() -> float | None:
     return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
 
+def _first(config: Any, *names: str) -> Any:
+    """The first of ``names`` the config sets (model families name the same size differently)."""
+    return next((value for name in names if (value := getattr(config, name, None))), None)
+
+
+def _mlp_params(config: Any) -> int:
+    """Matmul parameters of the MLPs one token runs through, summed over the layers, from what the config has:
+    dense (``intermediate_size``) or MoE (the top-k routed experts of ``moe_intermediate_size``, or
+    ``intermediate_size`` where that is the expert's size as in gpt_oss; the router over ``num_experts`` /
+    ``num_local_experts`` / ``n_routed_experts``; shared experts; the leading dense layers of
+    ``first_k_dense_replace``)."""
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    dense = 3 * hidden * config.intermediate_size
+    top_k, experts = getattr(config, "num_experts_per_tok", None), _first(config, *EXPERT_COUNTS)
+    if not (top_k and experts):
+        return layers * dense
+    expert = _first(config, "moe_intermediate_size", "intermediate_size")
+    shared = (getattr(config, "n_shared_experts", None) or 0) * expert
+    shared = shared or getattr(config, "shared_expert_intermediate_size", None) or 0
+    sparse = 3 * hidden * (expert * top_k + shared) + hidden * experts
+    dense_layers = min(getattr(config, "first_k_dense_replace", None) or 0, layers)
+    return dense_layers * dense + (layers - dense_layers) * sparse
+
+
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
 def _matmul_params(config: Any) -> int:
-    """Non-embedding matmul parameters a token runs through: q/k/v/o, the gated MLP (for MoE: the top-k experts and
-    the router) per layer, and the LM head."""
+    """Non-embedding matmul parameters a token runs through: q/k/v/o and the MLPs (``_mlp_params``) per layer, and
+    the LM head."""
     hidden, layers = config.hidden_size, config.num_hidden_layers
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     attn = hidden * head_dim * (2 * heads + 2 * kv_heads)
-    top_k = getattr(config, "num_experts_per_tok", None)
-    if top_k:  # MoE: each token runs top_k experts plus the router
-        mlp = 3 * hidden * config.moe_intermediate_size * top_k + hidden * config.num_experts
-    else:
-        mlp = 3 * hidden * config.intermediate_size
-    return layers * (attn + mlp) + hidden * config.vocab_size
+    return layers * attn + _mlp_params(config) + hidden * config.vocab_size
 
 
 def causal_lm_flops(config: PretrainedConfig, lengths: Iterable[int]) -> float:

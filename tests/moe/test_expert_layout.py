@@ -37,7 +37,13 @@ def test_gpt_oss_experts_are_refused_by_the_fused_kernels() -> None:
     module = _gpt_oss_experts("patchgen_grouped")
     problem = expert_layout_problem(module)
     assert problem is not None
-    for part in ("expert biases", "transposed", "interleaved", "_apply_gate", "experts_implementation: eager"):
+    for part in (
+        "expert biases",
+        "transposed",
+        "interleaved",
+        "_apply_gate",
+        "experts_implementation: patchgen_eager",
+    ):
         assert part in problem
     index, weights = _routing(5, 4, 2)
     with pytest.raises(ValueError, match="expert biases"):
@@ -56,6 +62,29 @@ def test_eager_keeps_upstream_forward_for_biased_experts() -> None:
     with torch.no_grad():
         module.gate_up_proj_bias.zero_()
     assert not torch.equal(out, module(x, index, weights))  # the biases take part in upstream's result
+
+
+def test_the_layout_kernel_computes_upstreams_experts() -> None:
+    """``patchgen_eager`` (the kernel expert parallelism runs for such experts) is upstream's loop up to rounding:
+    biases, interleaved gate/up and the clamped gate included, outputs and every gradient (1e-6 relative: fp32
+    sums over 16 terms in another order)."""
+    from runtime.moe.dispatch import LAYOUT_KERNEL, register_experts_kernels
+
+    register_experts_kernels()
+    results = []
+    for impl in ("eager", LAYOUT_KERNEL):
+        module = _gpt_oss_experts(impl)
+        with torch.no_grad():
+            module.gate_up_proj.mul_(40.0)  # pre-activations past the clamp limit (7)
+        index, weights = _routing(6, 4, 2)
+        x = torch.randn(6, 16, generator=torch.Generator().manual_seed(1))
+        out = module(x, index, weights)
+        out.square().sum().backward()
+        results.append((out.detach(), {n: p.grad for n, p in module.named_parameters()}))
+    (ref, ref_grads), (got, got_grads) = results
+    assert ((got - ref).norm() / ref.norm()) < 1e-6
+    for name, grad in ref_grads.items():
+        assert ((got_grads[name] - grad).norm() / grad.norm()) < 1e-6, name
 
 
 def test_a_bias_parameter_on_default_layout_experts_is_refused() -> None:

@@ -1,9 +1,10 @@
 """What the SP attention functions do with the keyword arguments an attention module passes them.
 
-Ring attention computes a plain causal softmax over documents (with a window when the layer has one): attention
-sinks (``s_aux``, gpt-oss) or a logit softcap would change the softmax, so they are refused instead of ignored (they
-used to be dropped: logits 0.18 off, the sinks without gradient). Ulysses hands the arguments to the inner
-implementation, which attends with this rank's heads only: per-head tensors are cut to those heads.
+Ring attention computes a causal softmax over documents (with a window when the layer has one) and attention sinks
+(``s_aux``, gpt-oss: tests/parallel/test_ring_sinks.py); a logit softcap would change the softmax in a way it does
+not compute, so it is refused instead of ignored (sinks used to be dropped: logits 0.18 off, the sinks without
+gradient). Ulysses hands the arguments to the inner implementation, which attends with this rank's heads only:
+per-head tensors are cut to those heads.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def _qkv() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
 
 
-@pytest.mark.parametrize("name, value", [("s_aux", torch.zeros(4)), ("softcap", 30.0)])
+@pytest.mark.parametrize("name, value", [("softcap", 30.0), ("logit_bias", torch.zeros(4))])
 def test_ring_refuses_what_it_does_not_compute(name: str, value: object) -> None:
     with pytest.raises(ValueError, match=rf"does not compute .*{name}.*parallel.ring: 1"):
         usp_attention("sdpa")(_Attention(), *_qkv(), None, scaling=0.25, **{name: value})
@@ -32,7 +33,7 @@ def test_ring_refuses_what_it_does_not_compute(name: str, value: object) -> None
 
 def test_ring_takes_the_arguments_it_honours_to_the_mask_check() -> None:
     """The honoured arguments pass the refusal; the call then stops at the next check (it needs a RingMask)."""
-    kwargs = {"dropout": 0.0, "scaling": 0.25, "sliding_window": None, "position_ids": None, "s_aux": None}
+    kwargs = {"dropout": 0.0, "scaling": 0.25, "sliding_window": None, "position_ids": None, "s_aux": torch.zeros(4)}
     with pytest.raises(ValueError, match="builds its masks itself"):
         usp_attention("sdpa")(_Attention(), *_qkv(), None, **kwargs)
 

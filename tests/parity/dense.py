@@ -12,10 +12,11 @@ VOCAB = tiny_config("qwen3").vocab_size
 
 
 def models(model_type: str, seed: int = 0, **config_overrides):
-    """(upstream, generated) with identical weights, fp32."""
+    """(upstream, generated) with identical weights, fp32, the attention the tiny config names (sdpa unless the
+    spec says otherwise)."""
     config = tiny_config(model_type, **config_overrides)
     torch.manual_seed(seed)
-    upstream = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    upstream = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=config._attn_implementation)
     generated = causal_lm_class(model_type)(config)
     generated.load_state_dict(upstream.state_dict())
     return upstream, generated
