@@ -30,19 +30,21 @@ DEFAULT_OUT = ROOT / "bench" / "results" / "gpu_check"
 class Step:
     name: str
     module: str  # bench.gpu_check.<module>.run(ctx), or "pytest" for the CUDA tests
-    budget_gpu: int  # seconds on one H100/H200
-    budget_dry: int  # seconds on 2 CPU cores (the dry run)
+    budget: int  # seconds on one H100/H200 (the dry run only guards against a hang: DRY_RUN_GUARD)
 
 
 # Budgets add up to 450 s (7.5 min) on the GPU: the CUDA tests first (they decide whether the figures mean anything).
 STEPS = (
-    Step("cuda tests (pytest -m gpu)", "pytest", 150, 60),
-    Step("dense LM step, generated vs upstream", "measure_dense", 60, 30),
-    Step("MoE experts fwd+bwd", "measure_moe", 45, 30),
-    Step("Wan DiT step, generated vs diffusers", "measure_dit", 60, 30),
-    Step("FlowGRPO iteration", "measure_flowgrpo", 75, 45),
-    Step("plan estimate vs measured peak", "measure_plan", 60, 30),
+    Step("cuda tests (pytest -m gpu)", "pytest", 150),
+    Step("dense LM step, generated vs upstream", "measure_dense", 60),
+    Step("MoE experts fwd+bwd", "measure_moe", 45),
+    Step("Wan DiT step, generated vs diffusers", "measure_dit", 60),
+    Step("FlowGRPO iteration", "measure_flowgrpo", 75),
+    Step("plan estimate vs measured peak", "measure_plan", 60),
 )
+# The dry run runs inside `make test` on a shared CPU machine: a budget there would be a wall-clock assertion that a
+# loaded machine fails, so it only stops a step that hangs.
+DRY_RUN_GUARD = 600
 
 
 class BudgetExceeded(Exception):
@@ -72,6 +74,7 @@ def run_pytest(out: Path, cuda: bool, seconds: int) -> dict[str, Any]:
 
     xml = out / "pytest-gpu.xml"
     env = {**os.environ, "TRITON_INTERPRET": "0" if cuda else "1", "HF_HUB_OFFLINE": "1"}
+    env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # deterministic cuBLAS: the bitwise parity and resume tests
     cmd = [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-rs"]
     cmd += [f"--junitxml={xml}", "-o", "addopts="]
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=seconds)
@@ -90,13 +93,13 @@ def run_step(step: Step, ctx: Any, out: Path) -> dict[str, Any]:
     """One step's record: status ok / skipped / failed, its seconds and what it measured."""
     from bench.gpu_check.common import Skipped, release
 
-    seconds = step.budget_gpu if ctx.cuda else step.budget_dry
+    seconds = step.budget if ctx.cuda else DRY_RUN_GUARD
     start = time.perf_counter()
     record: dict[str, Any] = {"step": step.name, "budget_s": seconds}
     try:
         release(ctx.device)
         if step.module == "pytest":
-            record.update(status="ok", **run_pytest(out, ctx.cuda, seconds))
+            record.update({"status": "ok", **run_pytest(out, ctx.cuda, seconds)})
         else:
             with budget(seconds):
                 module = importlib.import_module(f"bench.gpu_check.{step.module}")
