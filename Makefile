@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: test test-fast test-portability demo regen check bench lint venv clean
+.PHONY: test test-fast test-portability demo regen check bench lint venv clean gpu-check gpu-wheels
 
 # Each step says what it installs before it starts (the whole takes minutes on a fresh machine; pip's own output is
 # kept to its warnings and errors).
@@ -61,6 +61,17 @@ bench: $(STAMP)
 	$(BIN)/python bench/dit_train.py
 	$(BIN)/python bench/flowgrpo.py
 	$(BIN)/python bench/context_parallel.py
+
+# One command for a lent H100/H200, under 8 minutes: versions, `pytest -m gpu` (tests/gpu), generated vs upstream
+# measurements, plan vs measured memory (docs/performance.md, "GPU check"). Without CUDA it runs the dry run (tiny
+# sizes on CPU, CUDA-only steps reported skipped). GPU_CHECK_OUT: the results folder.
+GPU_CHECK_OUT ?= bench/results/gpu_check
+gpu-check: $(STAMP)
+	$(BIN)/python -m bench.gpu_check --out $(GPU_CHECK_OUT)
+
+# The wheels a GPU machine lacks (no network there), downloaded into .whl/ to be carried with the checkout.
+gpu-wheels: $(STAMP)
+	PY=$(BIN)/python bash bench/gpu_check/wheels.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
