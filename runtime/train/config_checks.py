@@ -64,7 +64,7 @@ DIFFUSERS_ATTENTION_BACKENDS = (
     "_sage_qk_int8_pv_fp16_triton",
     "xformers",
 )
-EXPERTS_IMPLEMENTATIONS = ("eager", "patchgen_grouped", "patchgen_triton")  # runtime/moe/dispatch.py
+EXPERTS_IMPLEMENTATIONS = ("eager", "patchgen_grouped", "patchgen_triton", "patchgen_eager")  # runtime/moe/dispatch.py
 
 
 def _check_betas(config: RunConfig) -> None:
