@@ -280,7 +280,9 @@ def _values(patch: Patch) -> dict[str, object]:
     return {v.name: patch.vars.get(v.name, None if v.required else v.default) for v in patch.template.vars}
 
 
-def _rebound_rule(patch: Patch, module: cst.Module, old: cst.Module | None, where: str | None = None):
+def _rebound_rule(
+    patch: Patch, module: cst.Module, old: cst.Module | None, where: str | None = None
+) -> tuple[dict[str, str], str] | str | None:
     """Rule 3, or None when the anchor is no single assignment the rule speaks about. An `after` insert runs once
     its anchor's variables are bound; a `replace` whose template declares it re-implements `target =` rewrites the
     whole statement. Either keeps its meaning when upstream binds the same targets by other code (a tuple became a
@@ -326,7 +328,9 @@ def _conjuncts(text: str | None) -> frozenset[str] | None:
     return frozenset(canonical(ast.unparse(part)) for part in parts)
 
 
-def _condition_rule(patch: Patch, module: cst.Module, where: str | None = None):
+def _condition_rule(
+    patch: Patch, module: cst.Module, where: str | None = None
+) -> tuple[dict[str, str], str] | str | None:
     """Rule 4, or None when the anchor is no `if` header of a before/after insert. The insert stays before (after)
     the same branch when exactly one `if` of the scope tests the old conditions with one more or one fewer and-ed
     (`if pixel_values is not None:` -> `if mm_encoder_outputs.get('image') is None and pixel_values is not None:`)."""
@@ -375,13 +379,15 @@ def _delegates(module: cst.Module, scope: str) -> list[str]:
     return sorted(set(out))
 
 
-def _delegate_rule(patch: Patch, module: cst.Module, old: cst.Module | None):
+def _delegate_rule(
+    patch: Patch, module: cst.Module, old: cst.Module | None
+) -> tuple[dict[str, str], str] | str | None:
     """Rule 5: the old scope still exists but its code now runs in the definition it delegates to; there the
     anchor matches unchanged, or by rule 1, 3 or 4. Exactly one delegate may fit."""
     key = "before" if patch.before else "after" if patch.after else "anchor"
     if patch.through is not None or patch.scope == "<module>":
         return None
-    found = []
+    found: list[tuple[str, dict[str, str], str]] = []
     for where in _delegates(module, patch.scope):
         try:
             scope, index = find_scope(module, where), NodeIndex()
@@ -432,6 +438,3 @@ def propose(error: PlanError, new: UnitSource, old: UnitSource | None) -> tuple[
     except (LocateError, SyntaxError, cst.ParserSyntaxError) as exc:
         return f"cannot analyse: {getattr(exc, 'message', exc)}"
     return f"no migration rule for `{error.kind}`"
-
-
-# ---- where a patch is written, and editing it in place --------------------------------------------------------
