@@ -5,7 +5,8 @@ Generated MoE models keep upstream's experts class, whose forward dispatches on 
 run expert parallelism when the experts were sharded by `runtime.parallel.expert_parallel.apply_ep`. They compute
 transformers' default experts layout only. `patchgen_eager` computes any layout the experts class declares to
 ``use_experts_implementation`` (biases, transposed weights, interleaved gate/up, its own ``_apply_gate`` such as
-gpt_oss's clamped SwiGLU; transformers' ``batched_mm`` over the module's own flags and methods) and runs expert
+gpt_oss's clamped SwiGLU; transformers' ``grouped_mm`` over the module's own flags and methods: tokens sorted by
+expert, no per-token copy of the weights) and runs expert
 parallelism too: the way to train such experts sharded. `eager` stays upstream's own loop: the numerical
 reference and the parity baseline.
 """
@@ -20,7 +21,7 @@ from transformers.integrations.moe import (
     ALL_EXPERTS_FUNCTIONS,
     ExpertsInterface,
     _default_apply_gate,
-    batched_mm_experts_forward,
+    grouped_mm_experts_forward,
 )
 
 from runtime.config.errors import LayoutRefused
@@ -117,7 +118,7 @@ def _experts_kernel(impl: str) -> Callable[..., torch.Tensor]:
 
 
 class _LocalExperts:
-    """An experts module as transformers' ``batched_mm`` must see it: this rank's shard of every parameter (local
+    """An experts module as transformers' ``grouped_mm`` must see it: this rank's shard of every parameter (local
     expert ids), the module's own flags and gate (``_apply_gate`` stays bound to the module: its clamp, ``alpha``)."""
 
     def __init__(self, module: torch.nn.Module, num_experts: int) -> None:
@@ -131,12 +132,12 @@ class _LocalExperts:
 def _layout_kernel(
     module: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
 ) -> torch.Tensor:
-    """``patchgen_eager``: the module's own layout (transformers' ``batched_mm`` over its flags), sharded or not."""
+    """``patchgen_eager``: the module's own layout (transformers' ``grouped_mm`` over its flags), sharded or not."""
     local = _local(module.gate_up_proj if getattr(module, "has_gate", True) else module.up_proj)
     view = _LocalExperts(module, local.size(0))
 
     def compute(hidden: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        return batched_mm_experts_forward(view, hidden, index, weights)
+        return grouped_mm_experts_forward(view, hidden, index, weights)
 
     if not getattr(module, "ep_sharded", False):
         return compute(hidden_states, top_k_index, top_k_weights)

@@ -136,8 +136,16 @@ class _GroupedLinearSaved(torch.autograd.Function):
 
 
 def _plan_experts(module: nn.Module, hidden: Tensor, top_k_index: Tensor, top_k_weights: Tensor) -> Tensor:
-    """The grouped training experts (``experts_from_sorted``) on a balanced routing: no data-dependent shape."""
+    """The grouped training experts (``experts_from_sorted``) on a balanced routing: no data-dependent shape.
+    Experts of a layout the fused kernels do not compute (gpt_oss: biases, interleaved gate/up, a clamped gate)
+    run what the trainer runs for them, ``patchgen_eager`` (transformers' grouped_mm over the module's layout)."""
+    from runtime.moe.dispatch import expert_layout_problem
     from runtime.moe.experts import experts_from_sorted
+
+    if expert_layout_problem(module) is not None:
+        from transformers.integrations.moe import grouped_mm_experts_forward
+
+        return grouped_mm_experts_forward(module, hidden, top_k_index, top_k_weights)
 
     experts, top_k = module.gate_up_proj.size(0), top_k_index.size(1)
     rows = hidden.size(0) * top_k
