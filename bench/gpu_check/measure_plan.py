@@ -33,10 +33,10 @@ def plans(size: str) -> dict[str, Any]:
 def measured_peak(ctx: Context, name: str) -> int:
     """Peak CUDA bytes of one step above the parameters, gradients dropped as they arrive."""
     if name == "dense":
-        _, model = measure_dense.models(ctx, measure_dense.config(ctx.size))
+        model = measure_dense.models(ctx, measure_dense.config(ctx.size))[1]  # the upstream copy freed here
         inputs = measure_dense.batch(ctx, model.config.vocab_size)
     else:
-        _, model = measure_dit.models(ctx)
+        model = measure_dit.models(ctx)[1]
         inputs, _ = measure_dit.inputs(ctx, model.config)
     for p in model.parameters():
         p.register_post_accumulate_grad_hook(lambda p: setattr(p, "grad", None))

@@ -7,19 +7,13 @@ from pathlib import Path
 from typing import Any
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
-
-
 def line(record: dict[str, Any]) -> str:
     """One step's result in a line: its headline figures, or why it was skipped / how it failed."""
     if record["status"] == "skipped":
         return f"skipped: {record['reason']}"
     if record["status"] == "failed":
         return f"failed: {record['error'].splitlines()[0]}"
-    return record.get("summary") or ", ".join(f"{k} {_fmt(v)}" for k, v in record.items() if k in ("passed",))
+    return record.get("summary", "")
 
 
 def table(results: dict[str, Any]) -> str:
