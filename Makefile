@@ -37,7 +37,7 @@ test-fast: $(STAMP)
 
 # The numerics-sensitive suites under every CPU capability this machine can run (default, avx2, avx512): each selects
 # other vectorised kernels, i.e. the summation orders of other CPUs. Not part of `make test` (about 2 x its time).
-NUMERICS := tests/parity tests/rl tests/flowgrpo tests/dit tests/parallel tests/fidelity
+NUMERICS := tests/parity tests/rl tests/dit tests/parallel tests/fidelity
 test-portability: $(STAMP)
 	set -e; for cap in $$(env -u ATEN_CPU_CAPABILITY $(BIN)/python -m tests.cpu_capabilities); do \
 		echo "== ATEN_CPU_CAPABILITY=$$cap =="; \

@@ -129,9 +129,9 @@ def _memory_worker(rank: int, world: int, raw: dict) -> int:
     of a rollout through the job's own adapter and policy (FSDP2-wrapped, SP hooks live)."""
     import warnings
 
-    from runtime.flowgrpo.rollout import rollout
     from runtime.parallel.state import set_parallel_state
     from runtime.rl.loop import sample_generators
+    from runtime.rl.sampling.rollout import rollout
 
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     torch.set_num_threads(1)

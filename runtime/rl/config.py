@@ -66,7 +66,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -89,7 +89,18 @@ from runtime.config.yaml_file import load_config, locate_error
 from runtime.rl.reward_entries import reward_entry_problems
 from runtime.train.tracking.requirements import report_to_errors
 
-__all__ = ["ALGORITHMS", "RLConfig", "algorithm_module", "load_rl_config", "locate_rl_error", "parse_rl_config"]
+if TYPE_CHECKING:
+    from runtime.rl.algorithms.base import Algorithm
+
+__all__ = [
+    "ALGORITHMS",
+    "RLConfig",
+    "algorithm",
+    "algorithm_module",
+    "load_rl_config",
+    "locate_rl_error",
+    "parse_rl_config",
+]
 
 # algorithm name -> the module that owns its config section, rollout-window choice and per-step objective
 ALGORITHMS = {
@@ -185,8 +196,13 @@ _SHARED_KEYS = tuple(f.name for f in dataclasses.fields(RLConfig) if f.name != "
 
 
 def algorithm_module(name: str) -> Any:
-    """The module of algorithm ``name``: ``Settings`` (its config section), ``RULES``, ``check(config)``."""
+    """The module of algorithm ``name`` (its docstring is the config reference ``--help`` prints)."""
     return importlib.import_module(ALGORITHMS[name])
+
+
+def algorithm(name: str) -> Algorithm:
+    """Algorithm ``name`` as the loop calls it (``runtime/rl/algorithms/base.py``: the contract)."""
+    return algorithm_module(name).ALGORITHM
 
 
 def parse_rl_config(raw: Any) -> RLConfig:
@@ -201,16 +217,16 @@ def parse_rl_config(raw: Any) -> RLConfig:
         close = difflib.get_close_matches(str(name), list(ALGORITHMS), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise ConfigError(f"algorithm: unknown algorithm {name!r}{hint}; expected one of {', '.join(ALGORITHMS)}")
-    module = algorithm_module(name)
+    algo = algorithm(name)
     section = raw.pop(name, {})
     errors = ConfigErrors()
     unknown = sorted(set(raw) - set(_SHARED_KEYS), key=str)
     errors.add(*(unknown_key_message("", key, (*_SHARED_KEYS, name), RL_RULES.renamed) for key in unknown))
     known = {key: value for key, value in raw.items() if key in _SHARED_KEYS}
     config = collect_section(RLConfig, known, "", RL_RULES, errors)
-    config = dataclasses.replace(config, algo=collect_section(module.Settings, section, name, module.RULES, errors))
+    config = dataclasses.replace(config, algo=collect_section(algo.Settings, section, name, algo.rules, errors))
     errors.run(lambda: _check_shared(config))
-    errors.run(lambda: module.check(config))
+    errors.run(lambda: algo.check(config))
     errors.raise_if_any()
     return config
 
@@ -220,7 +236,7 @@ def _check_shared(config: RLConfig) -> None:
     problem found in one ``ConfigError``."""
     errors = ConfigErrors()
     rewards = config.rewards or []
-    online = not getattr(algorithm_module(config.algorithm), "OFFLINE", False)  # dpo checks its data itself
+    online = algorithm(config.algorithm).data == "prompts"  # dpo checks its pairs itself
     if online and config.data is not None and config.data.pairs is not None:
         errors.add(f"data.pairs: preference pairs are dpo's data; {config.algorithm} samples data.prompts")
     elif online and config.data is not None and config.data.prompts is None:

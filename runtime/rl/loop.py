@@ -6,7 +6,7 @@ checkpoints: ``run_state.py``.
 
 Seeds. Sample ``i`` of replica ``r`` at iteration ``k`` is global sample ``q = r * B + i`` and gets its own
 ``torch.Generator`` seeded from ``(model.seed, k, q)`` alone: it draws the sample's window start, its initial noise
-and its SDE noise (``runtime/flowgrpo/rollout.py``). So the SP ranks of a replica roll out identical samples (same
+and its SDE noise (``runtime/rl/sampling/rollout.py``). So the SP ranks of a replica roll out identical samples (same
 prompts: ``PromptSampler`` reads only the replica), ``D`` replicas roll out, sample for sample, what one process with
 ``D`` times the prompts rolls out, and a run resumed at iteration ``k`` draws exactly what the uninterrupted run drew
 (the per-sample seeds are a function of the step and the data position, both checkpointed).
@@ -24,7 +24,6 @@ Guards (each one line, exit 2 through ``python -m runtime.rl``):
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 import warnings
 from collections.abc import Sequence
@@ -34,11 +33,12 @@ from typing import Any
 import torch
 
 from runtime.config.errors import ConfigError
-from runtime.flowgrpo.rollout import RolloutResult, rollout
-from runtime.flowgrpo.trainer import repeat_batch, select_rows
 from runtime.kernels.timing import Clock
+from runtime.rl.batch import repeat_batch, select_rows
 from runtime.rl.config import RLConfig
+from runtime.rl.offline import offline_iteration
 from runtime.rl.run_state import RLRun, save, start_run
+from runtime.rl.sampling.rollout import RolloutResult, rollout
 from runtime.rl.scoring import score
 from runtime.rl.update import train_forward, train_steps
 
@@ -78,16 +78,17 @@ def concat_rollouts(parts: Sequence[RolloutResult]) -> RolloutResult:
     )
 
 
-def iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
+def iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult | None]:
     """Iteration ``step`` (1-based): rollout, rewards, advantages, update; (its metrics, its rollout)."""
     with warnings.catch_warnings():  # FSDP2 warns that unpatchify's view is returned: no in-place op follows
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         return _iteration(run, step)
 
 
-def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
-    if getattr(run.algo, "OFFLINE", False):  # no rollout, no reward: the algorithm's own step (dpo)
-        return run.algo.iteration(run, step)
+def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult | None]:
+    algo = run.algo  # called through its contract only (runtime/rl/algorithms/base.py)
+    if algo.data == "pairs":  # offline preference pairs: no rollout, no reward (dpo)
+        return offline_iteration(run, step), None
     c, s, state, policy = run.config, run.config.algo, run.state, run.policy
     adapter = policy.adapter
     cpu = Clock()  # user CPU seconds of this process: the phases' cost whatever else the machine runs
@@ -99,16 +100,12 @@ def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
     sample_prompts = [t for t in texts for _ in range(g)]
     names = [f"{p.where} (sample {k})" for p in chosen for k in range(g)]
     b = len(sample_prompts)
-    if getattr(run.algo, "WINDOW_PER_ITERATION", False):  # a window that moves over training (MixGRPO)
-        window_size, window_range = run.algo.window(s, c.sampling.num_inference_steps, step)
-    else:
-        window_size, window_range = run.algo.window(s, c.sampling.num_inference_steps)
+    window_size, window_range = algo.window(s, c.sampling.num_inference_steps, step)  # MixGRPO's moves with step
     policy.module.eval()
     generators = sample_generators(c.model.seed, step, state.dp_rank * b, b)
     chunk = c.sampling.batch_size or b
-    initial = None  # the starting noise when the algorithm shares it within a group (DanceGRPO)
-    if hasattr(run.algo, "initial_noise"):
-        initial = run.algo.initial_noise(s, c.model.seed, step, state.dp_rank * b, b, adapter.latent_shape)
+    # the starting noise when the algorithm shares it within a group (DanceGRPO), else None: each sample its own
+    initial = algo.initial_noise(s, c.model.seed, step, state.dp_rank * b, b, adapter.latent_shape)
     parts = [
         rollout(
             adapter,
@@ -130,10 +127,10 @@ def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
     every = score(run, pixels, sample_prompts)  # [1 + K, D * B]
     scored, cpu_scored = time.perf_counter(), cpu.now()
     group_ids = torch.arange(every.shape[1]) // g
-    advantages_all = run.algo.advantages(s, every[0], group_ids)
+    advantages_all = algo.advantages(s, every[0], group_ids)
     advantages = advantages_all[state.dp_rank * b : (state.dp_rank + 1) * b]
     lr = run.optimizer.param_groups[0]["lr"]
-    if getattr(run.algo, "FORWARD_PROCESS", False):  # trains on the clean samples, not the steps (DiffusionNFT)
+    if algo.trains_on == "clean_samples":  # the forward process on the final samples, not the steps (DiffusionNFT)
         trained = train_forward(run, step, res, batch, advantages, names)
     else:
         trained = train_steps(run, step, res, batch, advantages, names)
@@ -142,15 +139,14 @@ def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult]:
     for k, name in enumerate(run.reward_names, 1):
         metrics[f"reward/{name}"] = every[k].mean().item()
         metrics[f"reward_std/{name}"] = every[k].std().item()
-    if hasattr(run.algo, "iteration_metrics"):  # the algorithm's own (e.g. MixGRPO's window position)
-        metrics.update(run.algo.iteration_metrics(s, c.sampling.num_inference_steps, step))
+    metrics.update(algo.iteration_metrics(s, c.sampling.num_inference_steps, step))  # e.g. MixGRPO's window
     metrics.update(
         advantage_mean=advantages_all.mean().item(),
         advantage_std=advantages_all.std().item(),
         advantage_abs_max=advantages_all.abs().max().item(),
         **trained,
         lr=lr,
-        logprob_gap_alarm=int(trained.get("logprob_gap_max", 0.0) > getattr(s, "logprob_gap_alarm", math.inf)),
+        logprob_gap_alarm=int(trained.get("logprob_gap_max", 0.0) > algo.gap_alarm(s)),
         skipped_nonfinite=run.skipped_nonfinite,
         wall_time_rollout=rolled - started,
         wall_time_reward=scored - rolled,
@@ -192,7 +188,7 @@ def run_rl(config: RLConfig) -> RLResult:
             if ckpt.interval and step % ckpt.interval == 0:
                 save(run, step)
         if history:
-            offline = getattr(run.algo, "OFFLINE", False)
+            offline = run.algo.data == "pairs"
             run.logger.finish(history[-1]["step"], run.reward_names, offline)  # the PNG: run dir and trackers
     finally:
         run.logger.close()

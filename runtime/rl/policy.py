@@ -34,7 +34,7 @@ __all__ = ["Policy", "build_dit_policy", "build_nondiffusers_policy", "build_pol
 @dataclass
 class Policy:
     module: nn.Module  # the trained transformer (FSDP2-sharded when distributed)
-    adapter: Any  # runtime.flowgrpo.dit.DiTFlowGRPO, or a non-diffusers adapter bound to its tokenizer and VAE
+    adapter: Any  # runtime.rl.adapters.dit.DiTFlowGRPO, or a non-diffusers adapter bound to its tokenizer and VAE
     reference: nn.Module | None  # a frozen copy, or None (lora_disabled, or no KL)
     peft_config: Any  # None for full fine-tuning
     ema: Any
@@ -85,11 +85,12 @@ def _shard_and_wrap(
     """The reference (a frozen copy before sharding), FSDP2 (or checkpointing alone), the EMA and what checkpoints
     save: the same for every kind of policy."""
     from runtime.parallel.parallelize import ParallelPlan, parallelize
+    from runtime.rl.config import algorithm
     from runtime.train.dit import checkpointed
     from runtime.train.job import site_plan
 
     reference = None
-    needs = config.algo.kl_coef > 0 or getattr(config.algo, "needs_reference", False)  # dpo: always
+    needs = algorithm(config.algorithm).needs_reference(config.algo)  # a KL term on; dpo: always
     if needs and config.reference == "frozen_copy":
         reference = copy.deepcopy(module).requires_grad_(False).eval()
     precision = config.train.mixed_precision  # the trainer's rule (runtime/parallel/precision.py)
@@ -143,10 +144,10 @@ def build_nondiffusers_policy(config: RLConfig, state: ParallelState, device: to
     from diffusers import AutoencoderKL
     from transformers import AutoTokenizer
 
-    from runtime.flowgrpo.registry import get_diffusion_model_cls
+    from runtime.rl.adapters.registry import get_diffusion_model_cls
 
     path, algo = config.model.path, config.algo
-    cls = get_diffusion_model_cls(config.model.architecture, config.algorithm)
+    cls = get_diffusion_model_cls(config.model.architecture)
     try:
         adapter = cls(**config.model.adapter, noise_level=algo.noise_level, method=algo.sde_type)
     except (TypeError, ValueError) as exc:
@@ -200,8 +201,8 @@ def export_nondiffusers(config: RLConfig, state: ParallelState, policy: Policy) 
     from runtime.checkpoint.diffusers_export import full_state_dict
     from runtime.checkpoint.export import _write_marker, check_export_target
     from runtime.checkpoint.lora_weights import merged_state_dict
-    from runtime.flowgrpo.bagel.checkpoint import BAGEL_WEIGHTS_NAME, to_bagel_keys
-    from runtime.flowgrpo.nondiffusers import WEIGHTS_NAME
+    from runtime.rl.adapters.bagel.checkpoint import BAGEL_WEIGHTS_NAME, to_bagel_keys
+    from runtime.rl.adapters.nondiffusers import WEIGHTS_NAME
 
     weights = full_state_dict(policy.module)
     if policy.ema is not None:
@@ -233,7 +234,7 @@ def export_nondiffusers(config: RLConfig, state: ParallelState, policy: Policy) 
 
 def build_dit_policy(config: RLConfig, state: ParallelState, device: torch.device) -> Policy:
     """The policy of ``config`` (an ``RLConfig``) on ``device``, sharded over ``state``'s ranks."""
-    from runtime.flowgrpo.dit import adapter_for
+    from runtime.rl.adapters.dit import adapter_for
     from runtime.train.dit import check_transformer, export, load_condition_model_for, load_transformer, quiet_loading
 
     quiet_loading()

@@ -67,16 +67,15 @@ def _flow_models(kinds: list[str]) -> list[str]:
 def check_nondiffusers_model(config: RLConfig) -> Any:
     """``model.architecture`` has an adapter with a module class, and ``model.path`` is its checkpoint directory
     (config.json naming it, the weights, vae/); returns the adapter class."""
-    from runtime.flowgrpo.nondiffusers import CONFIG_NAME, WEIGHTS_NAME
-    from runtime.flowgrpo.registry import get_diffusion_model_cls, registered_diffusion_models
+    from runtime.rl.adapters.nondiffusers import CONFIG_NAME, WEIGHTS_NAME
+    from runtime.rl.adapters.registry import get_diffusion_model_cls, registered_diffusion_models
 
     name, path = config.model.architecture, Path(config.model.path)
     try:
-        adapter = get_diffusion_model_cls(name, config.algorithm)
+        adapter = get_diffusion_model_cls(name)
     except KeyError:
-        models = registered_diffusion_models()
-        known = [a for a, alg in models if getattr(get_diffusion_model_cls(a, alg), "module_class", None)]
-        raise ConfigError(f"model.architecture: no {config.algorithm} adapter for {name!r}; known: {known}") from None
+        known = [a for a in registered_diffusion_models() if getattr(get_diffusion_model_cls(a), "module_class", None)]
+        raise ConfigError(f"model.architecture: no adapter for {name!r}; known: {known}") from None
     if getattr(adapter, "module_class", None) is None:
         raise ConfigError(f"model.architecture: {name!r} is a diffusers model; name it by model.type")
     try:

@@ -13,7 +13,8 @@ import torch
 
 from runtime.config.errors import ConfigError
 from runtime.parallel.state import ParallelState
-from runtime.rl.config import RLConfig, algorithm_module
+from runtime.rl.algorithms.base import Algorithm
+from runtime.rl.config import RLConfig, algorithm
 from runtime.rl.metrics import RLMetricsLogger
 from runtime.rl.policy import Policy, build_policy
 from runtime.rl.preflight import CheckedRLInputs, check_rl_inputs
@@ -40,7 +41,7 @@ class RLRun:
     sampler: PromptSampler
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    algo: Any  # the algorithm module
+    algo: Algorithm  # the algorithm, called through its contract only
     logger: RLMetricsLogger
     schedule: dict[str, Any]  # the schedule keys the run follows (runtime/train/schedule_keys.py), as saved
     skipped_nonfinite: int = 0
@@ -99,18 +100,30 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
         start_step=start,
         samples_per_step=sampler.per_iteration * config.algo.group_size,  # global samples per iteration
     )
-    algo = algorithm_module(config.algorithm)
+    algo = algorithm(config.algorithm)
     names = reward_names(config.rewards)
     run = RLRun(
         config, state, policy, rewards, names, inputs.prompts, sampler, optimizer, scheduler, algo, logger, schedule
     )
     run.skipped_nonfinite = skipped
     if inputs.resume_from is not None:
+        algo.load_state_dict(_saved_algorithm_state(Path(inputs.resume_from), state.rank))
         logger.say(f"resumed from {inputs.resume_from} at step {start}")
     if note is not None:
         logger.say(note)
     logger.say(f"{config.algorithm}: {algo.conventions(config.algo)}")
     return run, start, inputs
+
+
+def _saved_algorithm_state(path: Path, rank: int) -> dict[str, Any]:
+    """The algorithm's state saved with checkpoint ``path`` (this rank's extra; rank 0's when the checkpoint was
+    written by fewer ranks), {} when it has none (a checkpoint from before the contract saved it)."""
+    import json
+
+    for name in (f"rank_{rank:05d}.json", "rank_00000.json"):
+        if (path / name).is_file():
+            return json.loads((path / name).read_text()).get("extra", {}).get("algorithm", {})
+    return {}
 
 
 def save(run: RLRun, step: int) -> Path:
@@ -130,6 +143,7 @@ def save(run: RLRun, step: int) -> Path:
             "data": run.sampler.state_dict(),
             "skipped_nonfinite": run.skipped_nonfinite,
             "schedule": run.schedule,
+            "algorithm": run.algo.state_dict(),  # the contract's checkpoint state (JSON; {} for the built-ins)
         },
         identity=run.policy.identity,
         keep=ckpt.save_total_limit,

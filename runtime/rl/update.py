@@ -1,7 +1,7 @@
 """The training side of an RL iteration, shared by every algorithm: the objective recomputed with grad over the
 rollout's window steps (``train_steps``) or, for forward-process algorithms, over the rollout's clean samples
 (``train_forward``), each inner epoch ending in one optimizer ``update`` (clipping, the non-finite guard, the step,
-the EMA, the policy-moved check; the offline DPO step calls it too).
+the EMA, the policy-moved check; the offline pair trainer, ``offline.py``, calls it too).
 
 Gradients. Each replica's loss is its share of the global mean (``runtime/rl/algorithms/flowgrpo.py``); FSDP2 sums
 gradients over every rank (``apply_fsdp``), SP ranks' partial gradients add up to the single-process ones.
@@ -24,15 +24,15 @@ import torch
 import torch.distributed as dist
 
 from runtime.config.errors import ConfigError
-from runtime.flowgrpo.trainer import select_rows
 from runtime.parallel.fsdp import clip_grad_norm_
+from runtime.rl.batch import select_rows
 from runtime.rl.policy import lora_disabled
 from runtime.rl.replicas import gather, replica_mean
 from runtime.train.finite import guard_update, micro_batches
 
 if TYPE_CHECKING:
-    from runtime.flowgrpo.rollout import RolloutResult
     from runtime.rl.run_state import RLRun
+    from runtime.rl.sampling.rollout import RolloutResult
 
 __all__ = ["PolicyUnchangedError", "StepLosses", "train_forward", "train_steps", "update"]
 
@@ -153,16 +153,14 @@ def train_steps(
     train_batch = {**batch, "schedule": res.schedule.to(device)}
     params = policy.trainable
     # the window positions each sample trains on ([B, K]; DanceGRPO subsamples them), or all W in order
-    positions = None
-    if hasattr(run.algo, "train_positions"):
-        positions = run.algo.train_positions(s, w, c.model.seed, step, state.dp_rank * b, b)
+    positions = run.algo.train_positions(s, w, c.model.seed, step, state.dp_rank * b, b)
     k = w if positions is None else positions.shape[1]
     share = 1.0 / (b * k * state.dp_size)
     stats: dict[str, list[float]] = {}
     gaps: list[torch.Tensor] = []
     grad_norms, changed_checked = [], False
     # the policy's step means before this iteration's first update (algorithms whose objective reads them)
-    old_means: list[torch.Tensor | None] | None = [None] * w if getattr(run.algo, "NEEDS_OLD_MEAN", False) else None
+    old_means: list[torch.Tensor | None] | None = [None] * w if run.algo.needs_old_mean else None
     module.train()
     for epoch in range(s.inner_epochs):
         order = torch.arange(b)
@@ -188,15 +186,15 @@ def train_steps(
                 if s.kl_coef > 0:
                     ref_mean = _reference_mean(run, sub, x, step_index, prev, levels)
                     kl_terms = (mean, ref_mean, std_dev_t, sqrt_dt)
-                extra = {}
+                gaussian = None
                 if old_means is not None:
                     if epoch == 0:  # the policy has not moved yet: these are the old policy's means
                         if old_means[j] is None:
                             old_means[j] = torch.empty((b, *mean.shape[1:]), dtype=mean.dtype, device=mean.device)
                         old_means[j][rows.to(mean.device)] = mean.detach()
-                    extra["gaussian"] = (mean, old_means[j][rows.to(mean.device)], std_dev_t, sqrt_dt)
+                    gaussian = (mean, old_means[j][rows.to(mean.device)], std_dev_t, sqrt_dt)
                 loss, step_stats = run.algo.step_objective(
-                    s, log_prob, old, advantages[rows].to(device), kl_terms, **extra
+                    s, log_prob, old, advantages[rows].to(device), kl_terms, gaussian
                 )
                 losses.backward(loss, len(rows) * share, step, [names[r] for r in rows.tolist()])
                 step_stats["ratio_mean"] = torch.exp(log_prob.detach() - old).mean()
@@ -228,7 +226,8 @@ def train_forward(
     """Every inner epoch's optimizer step of a forward-process algorithm on the rollout's clean samples: per sample
     and draw, a seeded ``(t, eps)``, ``x_t`` and its target velocity; the module's ``objective`` on the trained and
     the old velocity (the first epoch's, before any update)."""
-    from runtime.flowgrpo.scheduler import FlowMatchSchedule
+    from runtime.rl.sampling.forward import forward_draws, noised
+    from runtime.rl.sampling.scheduler import FlowMatchSchedule
 
     c, s, state, policy = run.config, run.config.algo, run.state, run.policy
     module, adapter, algo = policy.module, policy.adapter, run.algo
@@ -239,7 +238,7 @@ def train_forward(
     params = policy.trainable
     draws = []
     for j in range(k):
-        u, eps = algo.forward_draws(c.model.seed, step, j, state.dp_rank * b, b, x0.shape[1:])
+        u, eps = forward_draws(c.model.seed, step, j, state.dp_rank * b, b, x0.shape[1:])
         draws.append((s.t_min + (s.t_max - s.t_min) * u, eps.to(device=device, dtype=x0.dtype)))
     old_v: list[torch.Tensor | None] = [None] * k
     stats: dict[str, list[float]] = {}
@@ -258,13 +257,13 @@ def train_forward(
                 sigmas = torch.cat([t, torch.zeros(1)]).float()
                 schedule = FlowMatchSchedule(sigmas, sigmas[:-1] * 1000, 1000)
                 sub = {**select_rows(batch, rows), "schedule": schedule.to(device)}
-                xt, target = algo.noised(x0[rows], eps_all[rows.to(device)], t.to(device))
+                xt, target = noised(x0[rows], eps_all[rows.to(device)], t.to(device))
                 v = adapter.velocity(module, sub, xt, torch.arange(len(rows), device=device))
                 if epoch == 0:
                     if old_v[j] is None:
                         old_v[j] = torch.empty((b, *v.shape[1:]), dtype=v.dtype, device=v.device)
                     old_v[j][rows.to(v.device)] = v.detach()
-                loss, step_stats = algo.objective(
+                loss, step_stats = algo.forward_objective(
                     s, v, old_v[j][rows.to(v.device)], target.to(v.dtype), weights[rows].to(v.device)
                 )
                 losses.backward(loss, len(rows) * share, step, [names[r] for r in rows.tolist()])

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from runtime.rl.algorithms import diffusionnft
+from runtime.rl.sampling import forward
 
 SHAPE = (6, 3, 4, 5)
 
@@ -106,7 +107,7 @@ def test_nft_forward_process() -> None:
     g = torch.Generator().manual_seed(3)
     x0, eps = torch.randn(SHAPE, generator=g), torch.randn(SHAPE, generator=g)
     t = torch.tensor([0.0, 1.0, 0.25, 0.5, 0.75, 0.1])
-    xt, v = diffusionnft.noised(x0, eps, t)
+    xt, v = forward.noised(x0, eps, t)
     for i, ti in enumerate(t.tolist()):
         torch.testing.assert_close(xt[i], (1 - ti) * x0[i] + ti * eps[i])
     torch.testing.assert_close(v, eps - x0)
@@ -138,7 +139,7 @@ def test_nft_moves_a_1d_gaussian_flow_towards_the_reward(sign: float) -> None:
         for _ in range(4):
             eps = torch.randn(groups * size, generator=g, dtype=torch.float64)
             t = torch.rand(groups * size, generator=g, dtype=torch.float64).clamp(0.02, 0.98)
-            xt, target = diffusionnft.noised(x0, eps, t)
+            xt, target = forward.noised(x0, eps, t)
             loss, _ = diffusionnft.objective(
                 settings,
                 _gaussian_velocity(m, xt, t)[:, None],

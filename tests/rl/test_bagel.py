@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.flowgrpo.bagel import BagelMoT, save_tiny_bagel
+from runtime.rl.adapters.bagel import BagelMoT, save_tiny_bagel
 from tests.rl.common import PROMPTS, write_prompts
 
 LORA = {"rank": 4, "alpha": 4, "target_modules": ["q_proj_moe_gen", "v_proj_moe_gen", "llm2vae"]}
@@ -101,7 +101,7 @@ def test_bagel_job_logprobs_resume_and_export(bagel: Path, tmp_path: Path) -> No
     ("update", "words"),
     [
         ({"model": {"type": "wan"}}, "not both"),
-        ({"model": {"architecture": "Nope"}}, "no flowgrpo adapter for 'Nope'; known: ['BagelMoT']"),
+        ({"model": {"architecture": "Nope"}}, "no adapter for 'Nope'; known: ['BagelMoT']"),
         ({"model": {"architecture": "SD3Transformer2DModel"}}, "a diffusers model"),
         ({"parallel": {"sp": 2}}, "parallel.sp: not for the non-diffusers"),
         ({"sampling": {"height": 40}}, "sampling.height: 40: expected a multiple of 16"),
@@ -120,3 +120,16 @@ def test_bad_bagel_configs(update, words, bagel: Path, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as err:
         run_rl(parse_rl_config(raw))
     assert words in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("name", ["grpo_guard", "mixgrpo", "dancegrpo", "diffusionnft"])
+def test_bagel_is_accepted_under_every_online_algorithm(name: str, bagel: Path, tmp_path: Path) -> None:
+    """The adapter registry is keyed by architecture: BAGEL's adapter serves every algorithm (keyed by
+    ``(architecture, algorithm)`` it was registered for flowgrpo only and ``algorithm: grpo_guard`` was refused)."""
+    from runtime.rl.adapters.bagel import BagelMoTFlowGRPO
+    from runtime.rl.config import parse_rl_config
+    from runtime.rl.preflight import check_nondiffusers_model
+    from tests.rl.common import for_algorithm
+
+    raw = for_algorithm(_config(bagel, tmp_path), name)
+    assert check_nondiffusers_model(parse_rl_config(raw)) is BagelMoTFlowGRPO

@@ -1,4 +1,4 @@
-"""Diffusion-DPO on the shared job (``runtime/rl/algorithms/dpo.py``, ``runtime/rl/dpo_step.py``,
+"""Diffusion-DPO on the shared job (``runtime/rl/algorithms/dpo.py``, ``runtime/rl/offline.py``,
 ``runtime/rl/pairs.py``). The objective and its gradient against the paper's formula are in
 ``test_algorithms_nft_dpo.py``; here: the pair file's and the config's user errors, the first step against the
 reference it starts equal to (``-log sigmoid(0) = log 2``), a tiny Flux LoRA run that checkpoints, resumes bitwise
@@ -239,7 +239,8 @@ def test_dpo_moves_a_1d_gaussian_flow_toward_the_chosen_side() -> None:
     two reference samples, the larger one chosen (``sign = 1``; the smaller one for ``-1``). Adam on the DPO
     objective (this package's ``dpo.objective``: the paper-reference test checks it) at random ``t`` with shared
     noise per pair: the mean passes ``+-0.5`` in the chosen direction within 40 steps (measured: 0.58)."""
-    from runtime.rl.algorithms import diffusionnft, dpo
+    from runtime.rl.algorithms import dpo
+    from runtime.rl.sampling import forward
     from tests.rl.test_algorithms_nft_dpo import _gaussian_velocity
 
     for sign in (1.0, -1.0):
@@ -254,7 +255,7 @@ def test_dpo_moves_a_1d_gaussian_flow_toward_the_chosen_side() -> None:
             win, lose = torch.where(first, a, b), torch.where(first, b, a)
             eps = torch.randn(64, generator=g, dtype=torch.float64)
             t = torch.rand(64, generator=g, dtype=torch.float64).clamp(0.02, 0.98)
-            (xw, vw), (xl, vl) = diffusionnft.noised(win, eps, t), diffusionnft.noised(lose, eps, t)
+            (xw, vw), (xl, vl) = forward.noised(win, eps, t), forward.noised(lose, eps, t)
             loss, _ = dpo.objective(
                 settings,
                 _gaussian_velocity(m, xw, t)[:, None],

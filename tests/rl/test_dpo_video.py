@@ -60,8 +60,8 @@ def test_video_dpo_trains_from_the_reference(model: str, tiny_pipelines, tmp_pat
     """The pairs' latents have the rollout's latent shape (``sampling`` size and frame count). Step 1: the LoRA policy
     is its LoRA-disabled reference (B = 0), so ``d = 0``: loss ``log 2``, no pair preferred; the updates move the
     policy; at step 2 the policy's errors differ from the reference's."""
-    from runtime.rl.dpo_step import _latents
     from runtime.rl.loop import iteration
+    from runtime.rl.offline import _latents
     from tests.rl.common import trainable_state
 
     run, _ = start(video_dpo_raw(model, tiny_pipelines, tmp_path))

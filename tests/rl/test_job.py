@@ -22,7 +22,7 @@ from tests.rl.common import ACCEPTANCE, MODELS, rl_config, start, trainable_stat
 
 @pytest.mark.parametrize("model", MODELS)
 def test_recomputed_log_probs_are_the_rollouts_bitwise(model, tiny_pipelines, tmp_path: Path) -> None:
-    from runtime.flowgrpo.trainer import repeat_batch
+    from runtime.rl.batch import repeat_batch
     from runtime.rl.loop import iteration
     from runtime.rl.prompts import PromptSampler
 

@@ -28,7 +28,7 @@ pipeline components around the spec's tiny transformer, for tests and demos) and
 (``example_pixels``, ``pipeline_call``, ``pipeline_inputs``). The spec-driven DiT suites read only these (and the
 transformer's random inputs from ``tests/fixtures/dit_inputs.py``).
 
-Sampling (what a Flow-GRPO rollout needs to denoise as the model's own pipeline does, ``runtime/flowgrpo/dit.py``):
+Sampling (what a Flow-GRPO rollout needs to denoise as the model's own pipeline does, ``runtime/rl/adapters/dit.py``):
 ``sampling_latent_shape`` (one sample's latents for a pixel size), ``sampling_schedule`` (the arguments the
 pipeline gives ``scheduler.set_timesteps``: its ``sigmas`` and resolution shift ``mu``), ``encode_prompts`` (the
 per-sample context ``get_condition`` returns, without pixels), ``transformer_inputs`` (the transformer's kwargs

@@ -2,7 +2,7 @@
 stochastic, under DanceGRPO's SDE; each sample trains on a random subset of its steps; the samples of a prompt
 start from the same noise. The clipped objective and the KL are Flow-GRPO's (``runtime/rl/algorithms/flowgrpo.py``).
 
-SDE (``sde_type: dance``, ``runtime/flowgrpo/scheduler.py``). The reverse-time SDE of a rectified flow with a
+SDE (``sde_type: dance``, ``runtime/rl/sampling/scheduler.py``). The reverse-time SDE of a rectified flow with a
 constant diffusion coefficient ``eps_t = noise_level`` (the paper's ``eta``)::
 
     dz = [v - eps_t^2 / 2 * score(z, t)] dt + eps_t dw,     score(z, t) = -(z - (1 - t) x0_hat) / t^2,
@@ -22,6 +22,21 @@ Shared initial noise (``init_same_noise: true``). The ``group_size`` samples of 
 tensor, drawn from a generator seeded by ``(model.seed, iteration, global group)``, so the group's rewards differ
 only through the SDE noise and the advantage compares trajectories, not starting points.
 
+KL to the reference (``kl_coef > 0``). The step's std is ``eta * sqrt(-d)``: verl-omni's ``dance_grpo`` keeps the
+``sqrt(-d)`` inside its ``std_dev_t``, so its KL, ``mean((mean - ref)^2) / (2 std_dev_t^2)``, is the exact Gaussian
+KL: ``kl_form: exact`` here (the default). ``kl_form: scaled`` divides by ``eta^2`` alone (Flow-GRPO's form, which
+leaves out ``-d``): the exact KL times ``-d``, 0.10-0.14 of verl-omni's at 7-10 steps; no DanceGRPO peer uses it.
+The authors' scripts train without a KL term.
+
+Advantages. ``advantage_eps`` is the std's additive epsilon: 1e-4 (verl-omni's, the default) or the authors' 1e-8
+(``train_grpo_flux.py``: ``(r - mean) / (std + 1e-8)``); only a group whose rewards are within ~1e-4 of each other
+tells them apart.
+
+Schedule. The rollout samples on the model's own schedule (its pipeline's shifted sigmas, as every algorithm
+here); the authors' and verl-omni's DanceGRPO scripts sample on ``sd3_time_shift(3, linspace(1, 0, N + 1))``
+whatever the model. Set the model's scheduler shift to 3 (Flux: a fixed ``shift: 3`` instead of its dynamic
+shifting) to sample their grid.
+
 Config (defaults: the paper's Flux recipe where it has one; ``advantage: group`` as its ``--use_group``)::
 
     dancegrpo:
@@ -33,10 +48,11 @@ Config (defaults: the paper's Flux recipe where it has one; ``advantage: group``
       init_same_noise: true      # one starting noise per prompt group
       advantage: group           # global | group | none (Flow-GRPO's)
       advantage_std_ddof: 1
+      advantage_eps: 1.0e-4      # the std's epsilon: 1e-4 (verl-omni) | 1e-8 (the DanceGRPO authors)
       clip_range: 1.0e-4
       adv_clip_max: 5.0
       kl_coef: 0.0
-      kl_form: scaled
+      kl_form: exact             # exact (verl-omni's dance_grpo) | scaled (exact x -dt, Flow-GRPO's form)
       cps_log_prob: squared_error
       micro_batch_size: null
       inner_epochs: 1
@@ -60,7 +76,18 @@ if TYPE_CHECKING:
 
     from runtime.rl.config import RLConfig
 
-__all__ = ["RULES", "Settings", "check", "conventions", "initial_noise", "step_objective", "train_positions", "window"]
+__all__ = [
+    "ALGORITHM",
+    "DanceGRPO",
+    "RULES",
+    "Settings",
+    "check",
+    "conventions",
+    "initial_noise",
+    "step_objective",
+    "train_positions",
+    "window",
+]
 
 NAME = "dancegrpo"
 
@@ -75,10 +102,11 @@ class Settings:
     init_same_noise: bool = True
     advantage: str = "group"
     advantage_std_ddof: int = 1
+    advantage_eps: float = 1e-4
     clip_range: float = 1e-4
     adv_clip_max: float = 5.0
     kl_coef: float = 0.0
-    kl_form: str = "scaled"
+    kl_form: str = "exact"
     cps_log_prob: str = "squared_error"
     micro_batch_size: int | None = None
     inner_epochs: int = 1
@@ -88,13 +116,21 @@ class Settings:
 
 RULES = flowgrpo.rules_as(NAME, flowgrpo.COMMON_RULES).merged(
     KeyRules(
-        positive=frozenset({f"{NAME}.timestep_fraction"}),
+        positive=frozenset({f"{NAME}.timestep_fraction", f"{NAME}.advantage_eps"}),
         unit_interval=frozenset({f"{NAME}.timestep_fraction"}),
         choices={f"{NAME}.sde_type": ("dance", "sde", "cps")},
     )
 )
-advantages = flowgrpo.advantages
 step_objective = flowgrpo.step_objective
+
+
+def advantages(settings: Settings, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """Flow-GRPO's advantages of the global batch with this section's std epsilon (``advantage_eps``)."""
+    from runtime.rl.algorithms.objectives import group_advantages
+
+    return group_advantages(
+        rewards, group_ids, settings.advantage, eps=settings.advantage_eps, ddof=settings.advantage_std_ddof
+    )
 
 
 def check(config: RLConfig) -> None:
@@ -164,8 +200,56 @@ def initial_noise(
 
 
 def conventions(settings: Settings) -> str:
+    """The conventions in use, named for the log: the KL's label differs from Flow-GRPO's (module docstring)."""
     k = f"{settings.timestep_fraction:g} of the steps{' but the last' if settings.ignore_last else ''}"
     noise = "shared initial noise per group" if settings.init_same_noise else "own initial noise per sample"
-    return (
-        f"{flowgrpo.conventions(settings)}, SDE {settings.sde_type} eta {settings.noise_level:g}, trains {k}, {noise}"
-    )
+    ddof = {1: "ddof=1 (verl-omni)", 0: "ddof=0"}[settings.advantage_std_ddof]
+    eps = {1e-4: " (verl-omni)", 1e-8: " (DanceGRPO authors)"}.get(settings.advantage_eps, "")
+    kl = {
+        "exact": "exact Gaussian KL (verl-omni's dance_grpo: its std_dev_t carries sqrt(-dt))",
+        "scaled": "scaled = exact x -dt (Flow-GRPO's form; no DanceGRPO peer)",
+    }[settings.kl_form]
+    parts = [f"advantage {settings.advantage} std {ddof} eps {settings.advantage_eps:g}{eps}", f"KL {kl}"]
+    if settings.sde_type == "cps":
+        form = {"squared_error": "-mean((x-mu)^2) (verl-omni)", "gaussian": "full Gaussian"}[settings.cps_log_prob]
+        parts.append(f"CPS log-prob {form}")
+    parts += [
+        f"SDE {settings.sde_type} eta {settings.noise_level:g}",
+        f"trains {k}",
+        noise,
+        "the model's own schedule",
+    ]
+    return ", ".join(parts)
+
+
+class DanceGRPO(flowgrpo.FlowGRPO):
+    """Every step stochastic, a seeded subset of them trained per sample, one initial noise per group."""
+
+    name = NAME
+    Settings = Settings
+    rules = RULES
+
+    def check(self, config: RLConfig) -> None:
+        check(config)
+
+    def advantages(self, settings: Settings, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        return advantages(settings, rewards, group_ids)
+
+    def conventions(self, settings: Settings) -> str:
+        return conventions(settings)
+
+    def window(self, settings: Settings, num_steps: int, step: int) -> tuple[int, tuple[int, int]]:
+        return window(settings, num_steps)
+
+    def initial_noise(
+        self, settings: Settings, seed: int, step: int, first: int, count: int, latent_shape: Sequence[int]
+    ) -> torch.Tensor | None:
+        return initial_noise(settings, seed, step, first, count, latent_shape)
+
+    def train_positions(
+        self, settings: Settings, window_size: int, seed: int, step: int, first: int, count: int
+    ) -> torch.Tensor | None:
+        return train_positions(settings, window_size, seed, step, first, count)
+
+
+ALGORITHM = DanceGRPO()

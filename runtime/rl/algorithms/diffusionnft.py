@@ -4,13 +4,22 @@ any sampler; only its clean samples ``x0`` and their rewards are kept: no trajec
 Optimality probability. The raw rewards of a prompt's group become ``r in [0, 1]``::
 
     r = 1/2 + 1/2 * clip((R - mean_group(R)) / Z_c, -1, 1)
-    Z_c = reward_norm                        reward_std: none
-    Z_c = reward_norm * std(R of the batch)  reward_std: global (the global batch, divisor N - 1)
-    Z_c = reward_norm * std(R of c's group)  reward_std: group
+    Z_c = reward_norm                                    reward_std: none
+    Z_c = reward_norm * (std(R of the batch) + eps)      reward_std: global
+    Z_c = reward_norm * (std(R of c's group) + eps)      reward_std: group
 
-(The paper leaves ``Z_c > 0`` to the user and names a reward std as the usual choice; verl-omni divides by the
-global std (+ 1e-4) and clips at ``adv_clip_max``: ``reward_std: global`` with ``reward_norm = adv_clip_max``. A
-std of 0 means equal rewards, whose ``r`` is 1/2.)
+with the std's divisor ``n - reward_std_ddof`` (1: ``torch.std``, verl-omni's; 0: ``np.std``, the population std)
+and ``eps = reward_std_eps``. (The paper leaves ``Z_c > 0`` to the user and names a reward std as the usual choice;
+verl-omni divides by the global sample std + 1e-4 and clips at ``adv_clip_max``: ``reward_std: global``,
+``reward_norm: <adv_clip_max>``, ``reward_std_eps: 1.0e-4``, ``reward_std_ddof: 1``. Without the epsilon (ours,
+the default) a group whose rewards lie 1e-4 apart has ``|dR| / std`` of order 1 and saturates to ``r`` 0 or 1
+where verl-omni's ``+ 1e-4`` damps it towards 1/2. A std of 0 (equal rewards, or a group or batch of one) has
+``dR = 0``, whose ``r`` is 1/2.)
+
+Not taken: the paper's adaptive loss weighting (verl-omni's ``diffusion_nft``: each sample's loss computed on x0-space
+errors and divided by its detached mean absolute x0 error, times ``adv_clip_max / beta``). It rescales each sample's
+gradient by ``1 / mean|x0_hat - x0|``, which varies with ``t`` and the sample; ours weighs every sample and ``t``
+alike (the difference is that per-sample factor; not measured on a real model here).
 
 (``r = 1`` wholly positive, ``r = 0`` wholly negative, ``1/2`` neither).
 
@@ -35,6 +44,8 @@ Config::
       beta: 1.0                  # the implicit policies' step (the paper's beta)
       reward_norm: 1.0           # Z: the reward difference (in reward stds with reward_std) that makes r 0 or 1
       reward_std: none           # none | global | group: Z_c in units of the batch's or the group's reward std
+      reward_std_ddof: 1         # the std's divisor n - ddof: 1 (torch.std, verl-omni) | 0 (np.std, population)
+      reward_std_eps: 0.0        # added to the std: 0 (ours) | 1.0e-4 (verl-omni)
       t_min: 0.0                 # the forward-process times drawn uniformly from [t_min, t_max]
       t_max: 1.0
       timesteps_per_sample: 1    # forward-process draws per clean sample and inner epoch
@@ -42,19 +53,20 @@ Config::
       inner_epochs: 1
 
 The loop (``runtime/rl/loop.py``) rolls out with the ODE (one window step at noise 0, never trained), reads
-``FORWARD_PROCESS = True`` and trains on the clean samples: per sample and draw ``j`` one ``(t, eps)`` from a
-generator seeded by ``(model.seed, iteration, j, global sample)`` (resume and any layout draw alike); ``v_old`` is
-the policy's velocity on the first inner epoch (before any update of the iteration). ``advantages`` is ``r`` (the
-``advantage_*`` metrics report it).
+``trains_on = "clean_samples"`` and trains on the clean samples: per sample and draw ``j`` one ``(t, eps)``
+(``runtime/rl/sampling/forward.py``) from a generator seeded by ``(model.seed, iteration, j, global sample)``
+(resume and any layout draw alike); ``v_old`` is the policy's velocity on the first inner epoch (before any update
+of the iteration). ``advantages`` is ``r`` (the ``advantage_*`` metrics report it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runtime.config.errors import ConfigErrors
 from runtime.config.sections import KeyRules
+from runtime.rl.algorithms.base import Algorithm
 
 if TYPE_CHECKING:
     import torch
@@ -62,19 +74,17 @@ if TYPE_CHECKING:
     from runtime.rl.config import RLConfig
 
 __all__ = [
+    "ALGORITHM",
+    "DiffusionNFT",
     "RULES",
     "Settings",
     "advantages",
     "check",
     "conventions",
-    "forward_draws",
-    "noised",
     "objective",
     "optimality",
     "window",
 ]
-
-FORWARD_PROCESS = True
 
 NAME = "diffusionnft"
 
@@ -85,6 +95,8 @@ class Settings:
     beta: float = 1.0
     reward_norm: float = 1.0
     reward_std: str = "none"
+    reward_std_ddof: int = 1
+    reward_std_eps: float = 0.0
     t_min: float = 0.0
     t_max: float = 1.0
     timesteps_per_sample: int = 1
@@ -103,6 +115,7 @@ RULES = KeyRules(
         for k in ("group_size", "beta", "reward_norm", "timesteps_per_sample", "micro_batch_size", "inner_epochs")
     ),
     unit_interval=frozenset({f"{NAME}.t_min", f"{NAME}.t_max"}),
+    non_negative=frozenset({f"{NAME}.reward_std_eps"}),
     choices={f"{NAME}.reward_std": ("none", "global", "group")},
 )
 
@@ -115,6 +128,8 @@ def check(config: RLConfig) -> None:
         errors.add(f"{NAME}.group_size: at least 2 (a group of one has no relative reward), found {s.group_size}")
     if not s.t_min < s.t_max:
         errors.add(f"{NAME}.t_max: expected t_min < t_max, found t_min={s.t_min}, t_max={s.t_max}")
+    if s.reward_std_ddof not in (0, 1):
+        errors.add(f"{NAME}.reward_std_ddof: 1 (torch.std, verl-omni) or 0 (np.std), found {s.reward_std_ddof!r}")
     errors.raise_if_any()
 
 
@@ -126,25 +141,31 @@ def conventions(settings: Settings) -> str:
 
 
 def _z(settings: Settings) -> str:
-    unit = {"none": "", "global": " x batch std", "group": " x group std"}[settings.reward_std]
-    return f"{settings.reward_norm:g}{unit}"
+    if settings.reward_std == "none":
+        return f"{settings.reward_norm:g}"
+    ddof = {1: "ddof=1 (verl-omni)", 0: "ddof=0 (population)"}[settings.reward_std_ddof]
+    eps = f" + {settings.reward_std_eps:g}" + (" (verl-omni)" if settings.reward_std_eps == 1e-4 else "")
+    return f"{settings.reward_norm:g} x ({settings.reward_std} std {ddof}{eps if settings.reward_std_eps else ''})"
 
 
 def optimality(settings: Settings, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """``r`` in ``[0, 1]`` of each sample of the GLOBAL batch: its reward against its group's mean, over ``Z_c``."""
+    """``r`` in ``[0, 1]`` of each sample of the GLOBAL batch: its reward against its group's mean, over ``Z_c``
+    (module docstring). Finite for a group or batch of one: its centred reward is 0, its ``r`` 1/2."""
     import torch
 
     groups, inverse = torch.unique(group_ids, return_inverse=True)
     sums = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, rewards)
     counts = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, torch.ones_like(rewards))
     centred = rewards - (sums / counts)[inverse]
+    ddof, eps = settings.reward_std_ddof, settings.reward_std_eps
     z = torch.full_like(rewards, settings.reward_norm)
     if settings.reward_std == "global":
-        z = z * rewards.std()
+        spread = (rewards - rewards.mean()).square().sum() / max(rewards.numel() - ddof, 1)
+        z = z * (spread.sqrt() + eps)
     elif settings.reward_std == "group":
         squares = torch.zeros(len(groups), dtype=rewards.dtype).index_add_(0, inverse, centred.square())
-        z = z * (squares / (counts - 1)).sqrt()[inverse]
-    # a std of 0: every reward equal, centred 0, r = 1/2 (not 0/0)
+        z = z * ((squares / (counts - ddof).clamp_min(1)).sqrt()[inverse] + eps)
+    # a std of 0: every reward equal (or one sample), centred 0, r = 1/2 (not 0/0)
     return 0.5 + 0.5 * (centred / z.clamp_min(torch.finfo(z.dtype).tiny)).clamp(-1.0, 1.0)
 
 
@@ -156,27 +177,6 @@ def window(settings: Settings, num_steps: int) -> tuple[int, tuple[int, int]]:
 def advantages(settings: Settings, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """``r`` of the global batch (what the loop passes to ``objective``)."""
     return optimality(settings, rewards, group_ids)
-
-
-def forward_draws(seed: int, step: int, draw: int, first: int, count: int, shape: Any) -> tuple[torch.Tensor, ...]:
-    """``(t [count], eps [count, *shape])`` of global samples ``first ..`` for draw ``draw`` of iteration ``step``."""
-    import hashlib
-
-    import torch
-
-    ts, noises = [], []
-    for q in range(first, first + count):
-        digest = hashlib.sha256(f"patchgen.rl.diffusionnft:{seed}:{step}:{draw}:{q}".encode()).digest()
-        g = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
-        ts.append(torch.rand((), generator=g))
-        noises.append(torch.randn(tuple(shape), generator=g))
-    return torch.stack(ts), torch.stack(noises)
-
-
-def noised(x0: torch.Tensor, eps: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x_t, v)``: the forward process at per-sample times ``t`` ``[B]`` and its target velocity."""
-    tt = t.reshape(-1, *([1] * (x0.dim() - 1))).to(x0.dtype)
-    return (1 - tt) * x0 + tt * eps, eps - x0
 
 
 def objective(
@@ -200,3 +200,35 @@ def objective(
         "optimality_mean": rr.detach().mean(),
     }
     return loss, stats
+
+
+class DiffusionNFT(Algorithm):
+    """The forward process on the rollout's clean samples, weighted by each sample's optimality."""
+
+    name = NAME
+    Settings = Settings
+    rules = RULES
+    trains_on = "clean_samples"
+
+    def check(self, config: RLConfig) -> None:
+        check(config)
+
+    def conventions(self, settings: Settings) -> str:
+        return conventions(settings)
+
+    def needs_reference(self, settings: Settings) -> bool:
+        return False
+
+    def window(self, settings: Settings, num_steps: int, step: int) -> tuple[int, tuple[int, int]]:
+        return window(settings, num_steps)
+
+    def advantages(self, settings: Settings, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        return advantages(settings, rewards, group_ids)
+
+    def forward_objective(
+        self, settings: Settings, v: torch.Tensor, v_old: torch.Tensor, target: torch.Tensor, weights: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return objective(settings, v, v_old, target, weights)
+
+
+ALGORITHM = DiffusionNFT()

@@ -26,32 +26,29 @@ Config (``data.pairs`` replaces ``data.prompts``; no ``rewards``; ``reference`` 
       t_max: 1.0
       micro_batch_size: null     # pairs per forward
 
-Each iteration (``runtime/rl/dpo_step.py``, the loop's ``OFFLINE`` path): this replica's pairs from the seeded
-sampler, their images (a video model: the first ``sampling.frames`` frames of their videos) encoded by the model's
-VAE, ``(t, eps)`` per pair from a generator seeded by ``(model.seed, iteration, global pair)`` (SP ranks and a resumed
-run draw alike), the policy's and the reference's velocities, one optimizer update with the job's guards. Every
-flow-matching DiT of the job: image pairs for the image models (Flux, SD3, Qwen-Image), video pairs for the video
-models (Wan, HunyuanVideo; ``runtime/rl/pairs.py`` refuses a video shorter than ``sampling.frames``); CogVideoX is
-refused as for every algorithm (v-prediction).
-"""
+Each iteration (``runtime/rl/offline.py``, the loop's path for ``data == "pairs"``): this replica's pairs from the
+seeded sampler, their images (a video model: the first ``sampling.frames`` frames of their videos) encoded by the
+model's VAE, ``(t, eps)`` per pair from a generator seeded by ``(model.seed, iteration, global pair)`` (SP ranks and a
+resumed run draw alike), the policy's and the reference's velocities, one optimizer update with the job's guards.
+Every flow-matching DiT of the job: image pairs for the image models (Flux, SD3, Qwen-Image), video pairs for the
+video models (Wan, HunyuanVideo; ``runtime/rl/pairs.py`` refuses a video shorter than ``sampling.frames``); CogVideoX
+is refused as for every algorithm (v-prediction)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from runtime.config.errors import ConfigErrors
 from runtime.config.sections import KeyRules
+from runtime.rl.algorithms.base import Algorithm
 
 if TYPE_CHECKING:
     import torch
 
     from runtime.rl.config import RLConfig
-    from runtime.rl.run_state import RLRun
 
-__all__ = ["OFFLINE", "RULES", "Settings", "check", "conventions", "iteration", "objective"]
-
-OFFLINE = True  # the loop runs ``iteration`` below instead of rollout, rewards and advantages
+__all__ = ["ALGORITHM", "DPO", "RULES", "Settings", "check", "conventions", "objective"]
 
 NAME = "dpo"
 
@@ -69,7 +66,6 @@ class Settings:
     sde_type = "sde"
     cps_log_prob = "squared_error"
     kl_coef = 0.0
-    needs_reference = True
 
 
 RULES = KeyRules(
@@ -114,13 +110,6 @@ def conventions(settings: Settings) -> str:
     return f"Diffusion-DPO on flow matching, beta {settings.beta:g}, t ~ U[{settings.t_min:g}, {settings.t_max:g}]"
 
 
-def iteration(run: RLRun, step: int) -> tuple[dict[str, Any], None]:
-    """The offline step of iteration ``step`` (``runtime/rl/dpo_step.py``): its metrics, no rollout."""
-    from runtime.rl.dpo_step import offline_iteration
-
-    return offline_iteration(run, step), None
-
-
 def objective(
     settings: Settings,
     v_w: torch.Tensor,
@@ -152,3 +141,37 @@ def objective(
         "error_rejected_ref": e_l_ref.mean(),
     }
     return loss, stats
+
+
+class DPO(Algorithm):
+    """Offline: preference pairs instead of prompts, no rollout, no reward, always a reference."""
+
+    name = NAME
+    Settings = Settings
+    rules = RULES
+    data = "pairs"
+    trains_on = "pairs"
+
+    def check(self, config: RLConfig) -> None:
+        check(config)
+
+    def conventions(self, settings: Settings) -> str:
+        return conventions(settings)
+
+    def needs_reference(self, settings: Settings) -> bool:
+        return True
+
+    def pair_objective(
+        self,
+        settings: Settings,
+        v_w: torch.Tensor,
+        v_l: torch.Tensor,
+        v_w_ref: torch.Tensor,
+        v_l_ref: torch.Tensor,
+        target_w: torch.Tensor,
+        target_l: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return objective(settings, v_w, v_l, v_w_ref, v_l_ref, target_w, target_l)
+
+
+ALGORITHM = DPO()

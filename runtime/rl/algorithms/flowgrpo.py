@@ -23,7 +23,7 @@ Config (every key with its default; the verl-omni and flow_grpo names are in doc
       on_logprob_gap: warn       # warn (print the alarm, count it) | stop (exit 2)
 
 Window choice: each sample's window start is drawn from its own seeded generator, uniform over ``window_range``
-(the first draw of the sample's generator, before its initial noise: ``runtime/flowgrpo/rollout.py``), so a
+(the first draw of the sample's generator, before its initial noise: ``runtime/rl/sampling/rollout.py``), so a
 sample's trajectory does not depend on its batch, rank or micro-batch.
 
 Objective of one window step ``j`` of a micro-batch of ``n`` of the replica's ``B`` samples (``W`` window steps,
@@ -39,13 +39,14 @@ from typing import TYPE_CHECKING
 
 from runtime.config.errors import ConfigError, ConfigErrors
 from runtime.config.sections import KeyRules
+from runtime.rl.algorithms.base import Algorithm, Gaussian
 
 if TYPE_CHECKING:  # the config part (Settings, RULES, check) is read before torch is imported (runtime.rl --help)
     import torch
 
     from runtime.rl.config import RLConfig
 
-__all__ = ["RULES", "Settings", "check", "conventions", "step_objective", "window"]
+__all__ = ["ALGORITHM", "FlowGRPO", "RULES", "Settings", "check", "conventions", "step_objective", "window"]
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def conventions(settings: Settings) -> str:
 
 def advantages(settings: Settings, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """Advantages of the GLOBAL batch's rewards (every replica's samples: the global std needs them all)."""
-    from runtime.flowgrpo.algorithm import group_advantages
+    from runtime.rl.algorithms.objectives import group_advantages
 
     return group_advantages(rewards, group_ids, settings.advantage, ddof=settings.advantage_std_ddof)
 
@@ -182,7 +183,7 @@ def step_objective(
     """The loss of one window step of a micro-batch (before the share scaling) and its statistics (detached).
 
     ``kl_terms``: ``(mean, ref_mean, std_dev_t, sqrt_dt)`` when ``kl_coef > 0``."""
-    from runtime.flowgrpo.algorithm import kl_to_reference, policy_loss
+    from runtime.rl.algorithms.objectives import kl_to_reference, policy_loss
 
     loss, clip_fraction, approx_kl = policy_loss(
         log_prob, old_log_prob, advantage, settings.clip_range, settings.adv_clip_max
@@ -193,3 +194,41 @@ def step_objective(
         loss = loss + settings.kl_coef * kl
         stats["kl"] = kl.detach()
     return loss, stats
+
+
+class FlowGRPO(Algorithm):
+    """Flow-GRPO through the loop's contract (``runtime/rl/algorithms/base.py``): a fixed-size window drawn per
+    sample, group advantages, the clipped objective on every window step."""
+
+    name = "flowgrpo"
+    Settings = Settings
+    rules = RULES
+
+    def check(self, config: RLConfig) -> None:
+        check(config)
+
+    def conventions(self, settings: Settings) -> str:
+        return conventions(settings)
+
+    def window(self, settings: Settings, num_steps: int, step: int) -> tuple[int, tuple[int, int]]:
+        return window(settings, num_steps)
+
+    def advantages(self, settings: Settings, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        return advantages(settings, rewards, group_ids)
+
+    def step_objective(
+        self,
+        settings: Settings,
+        log_prob: torch.Tensor,
+        old_log_prob: torch.Tensor,
+        advantage: torch.Tensor,
+        kl_terms: Gaussian | None,
+        gaussian: Gaussian | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        return step_objective(settings, log_prob, old_log_prob, advantage, kl_terms)
+
+    def gap_alarm(self, settings: Settings) -> float:
+        return settings.logprob_gap_alarm
+
+
+ALGORITHM = FlowGRPO()

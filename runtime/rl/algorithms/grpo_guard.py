@@ -30,11 +30,20 @@ the first inner epoch ``Delta = 0``, so ``b_t`` is 0 and has no gradient. The no
 Flow-GRPO's, hence the much smaller default ``clip_range`` (2e-6, verl-omni's recipe value). ``sde_type`` is ``sde``
 only (the rescaling is defined for its ``s``).
 
+Scale (``guard_scale``). The paper's ``s`` and ``-dt`` are each sample's own (``per_sample``, the default).
+verl-omni (``trainer/diffusion/diffusion_algos.py``, ``grpo_guard``) takes one scale per micro-batch,
+``s = mean_b(std_dev_t) * mean_b(sqrt_dt)``, in both the bias and the rescaling, and one weight
+``1 / mean_b(sqrt_dt)^2`` for the micro-batch's mean loss (``verl_omni``). The two agree when a micro-batch holds
+one denoising step (verl-omni's layout: its windows are shared by the batch); with Flow-GRPO's per-sample windows a
+micro-batch mixes steps and they differ. Both are defensible: per-sample is the paper's Gaussian of each sample's
+own step, the shared scale is verl-omni's.
+
 Config: every ``flowgrpo:`` key (same meaning; ``clip_range`` default 2e-6) under ``grpo_guard:``, plus::
 
     grpo_guard:
       ratio_norm: true           # RatioNorm (bias correction and std rescaling of the log-ratio)
       grad_reweight: true        # per-step loss / (-dt)
+      guard_scale: per_sample    # per_sample (the paper's: each sample's s and -dt) | verl_omni (one per micro-batch)
 """
 
 from __future__ import annotations
@@ -43,17 +52,19 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from runtime.config.errors import ConfigErrors
+from runtime.config.sections import KeyRules
 from runtime.rl.algorithms import flowgrpo
+from runtime.rl.algorithms.base import Gaussian
 
 if TYPE_CHECKING:
     import torch
 
     from runtime.rl.config import RLConfig
 
-__all__ = ["NEEDS_OLD_MEAN", "RULES", "Settings", "check", "conventions", "guard_loss", "step_objective", "window"]
+__all__ = ["ALGORITHM", "GRPOGuard", "RULES", "Settings", "check", "conventions", "guard_loss", "step_objective"]
 
 NAME = "grpo_guard"
-NEEDS_OLD_MEAN = True  # the loop passes (mean, old_mean, std_dev_t, sqrt_dt) to step_objective as ``gaussian``
+GUARD_SCALES = ("per_sample", "verl_omni")  # the first is the paper's (the default)
 
 
 @dataclass(frozen=True)
@@ -61,9 +72,10 @@ class Settings(flowgrpo.Settings):
     clip_range: float = 2e-6
     ratio_norm: bool = True
     grad_reweight: bool = True
+    guard_scale: str = "per_sample"
 
 
-RULES = flowgrpo.rules_as(NAME)
+RULES = flowgrpo.rules_as(NAME).merged(KeyRules(choices={f"{NAME}.guard_scale": GUARD_SCALES}))
 window = flowgrpo.window
 advantages = flowgrpo.advantages
 
@@ -85,6 +97,11 @@ def conventions(settings: Settings) -> str:
         flowgrpo.conventions(settings),
         f"RatioNorm {'on' if settings.ratio_norm else 'off'}",
         f"gradient reweighting 1/(-dt) {'on' if settings.grad_reweight else 'off'}",
+        {
+            "per_sample": "scale and weight per sample (the paper's)",
+            "verl_omni": "one scale mean(std_dev_t) x mean(sqrt_dt) and weight 1/mean(sqrt_dt)^2 per micro-batch "
+            "(verl-omni's)",
+        }[settings.guard_scale],
     ]
     return ", ".join(parts)
 
@@ -102,12 +119,20 @@ def guard_loss(
     adv_clip_max: float,
     ratio_norm: bool = True,
     grad_reweight: bool = True,
+    guard_scale: str = "per_sample",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The regulated clipped loss of one step (module docstring) and its statistics (detached)."""
     import torch
 
+    if guard_scale not in GUARD_SCALES:
+        raise ValueError(f"guard_scale: expected one of {GUARD_SCALES}, found {guard_scale!r}")
     b = log_prob.shape[0]
-    s = (std_dev_t * sqrt_dt).reshape(b).to(log_prob.dtype)
+    if guard_scale == "per_sample":
+        s = (std_dev_t * sqrt_dt).reshape(b).to(log_prob.dtype)
+        dt = sqrt_dt.reshape(b).to(log_prob.dtype) ** 2
+    else:  # verl-omni: one scale and one weight for the micro-batch
+        s = (std_dev_t.mean() * sqrt_dt.mean()).to(log_prob.dtype).expand(b)
+        dt = (sqrt_dt.mean() ** 2).to(log_prob.dtype).expand(b)
     dims = tuple(range(1, mean.ndim))
     bias = ((mean - old_mean.detach()) ** 2).mean(dim=dims).to(log_prob.dtype) / (2 * s**2)
     log_ratio = log_prob - old_log_prob.detach()
@@ -117,7 +142,7 @@ def guard_loss(
     adv = torch.clamp(advantage.to(log_prob.dtype), -adv_clip_max, adv_clip_max)
     per_sample = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range))
     if grad_reweight:
-        per_sample = per_sample / sqrt_dt.reshape(b).to(log_prob.dtype) ** 2
+        per_sample = per_sample / dt
     loss = per_sample.mean()
     stats = {
         "policy_loss": loss.detach(),
@@ -141,7 +166,7 @@ def step_objective(
     """The loss of one window step of a micro-batch (before the share scaling) and its statistics.
 
     ``gaussian``: ``(mean, old_mean, std_dev_t, sqrt_dt)`` of the step; ``kl_terms`` as Flow-GRPO's."""
-    from runtime.flowgrpo.algorithm import kl_to_reference
+    from runtime.rl.algorithms.objectives import kl_to_reference
 
     loss, stats = guard_loss(
         log_prob,
@@ -152,9 +177,40 @@ def step_objective(
         adv_clip_max=settings.adv_clip_max,
         ratio_norm=settings.ratio_norm,
         grad_reweight=settings.grad_reweight,
+        guard_scale=settings.guard_scale,
     )
     if kl_terms is not None:
         kl = kl_to_reference(*kl_terms, settings.kl_form)
         loss = loss + settings.kl_coef * kl
         stats["kl"] = kl.detach()
     return loss, stats
+
+
+class GRPOGuard(flowgrpo.FlowGRPO):
+    """Flow-GRPO's sampling with the regulated objective, which reads the pre-update step means."""
+
+    name = NAME
+    Settings = Settings
+    rules = RULES
+    needs_old_mean = True
+
+    def check(self, config: RLConfig) -> None:
+        check(config)
+
+    def conventions(self, settings: Settings) -> str:
+        return conventions(settings)
+
+    def step_objective(
+        self,
+        settings: Settings,
+        log_prob: torch.Tensor,
+        old_log_prob: torch.Tensor,
+        advantage: torch.Tensor,
+        kl_terms: Gaussian | None,
+        gaussian: Gaussian | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        assert gaussian is not None, "needs_old_mean: the loop passes the step's Gaussian"
+        return step_objective(settings, log_prob, old_log_prob, advantage, kl_terms, gaussian=gaussian)
+
+
+ALGORITHM = GRPOGuard()

@@ -12,6 +12,11 @@ whatever the schedule's length. The window (the paper's "sliding window" with si
                   m = floor((hi - lo) / s) + 1                    positions lo, lo + s, ..., <= hi
                   l_k = lo + s * (p mod m)        roll_back: true (back to lo after the last position)
                   l_k = lo + s * min(p, m - 1)    roll_back: false (stays at the last position)
+    verl_omni:    l_k = min(lo + w * floor(k / tau), hi)        verl-omni's progressive window (its
+                  rollout adapter's sliding start): k counts from 1, so with tau = 1 the first position lo is never
+                  trained; the start moves by the window size w and is clamped to hi, which lies off the w grid
+                  when (hi - lo) is not a multiple of w. No progressive setting of ours equals it (window_stride = w,
+                  roll_back: false differs at every iteration with tau = 1)
     random:       l_k uniform in [lo, hi], drawn from a generator seeded by (window_seed, k) alone
     exp_decay:    as progressive, but the window stays tau(l) = ceil(tau_0 * exp(-decay_k * max(0, l - decay_start)))
                   iterations at start l (tau_0 = iters_per_group): it moves faster through the later, low-noise
@@ -29,6 +34,7 @@ Config: every ``flowgrpo:`` key (same meaning; ``window_range`` bounds the start
     mixgrpo:
       sample_strategy: progressive  # progressive (the sliding window) | random (a seeded window per iteration)
                                  # | exp_decay (the sliding window, its shift interval decaying with the start)
+                                 # | verl_omni (verl-omni's progressive window, above)
       iters_per_group: 25        # tau (tau_0 for exp_decay): iterations at each window position
       decay_k: 0.1               # exp_decay: the decay rate (the authors' exp_decay_k)
       decay_start: 13            # exp_decay: the start from which tau decays (the authors' exp_decay_thre_timestep)
@@ -50,10 +56,9 @@ from runtime.rl.algorithms import flowgrpo
 if TYPE_CHECKING:
     from runtime.rl.config import RLConfig
 
-__all__ = ["RULES", "Settings", "check", "conventions", "step_objective", "window", "window_start"]
+__all__ = ["ALGORITHM", "MixGRPO", "RULES", "Settings", "check", "conventions", "window", "window_start"]
 
 NAME = "mixgrpo"
-WINDOW_PER_ITERATION = True  # the loop passes the iteration to ``window``
 
 
 @dataclass(frozen=True)
@@ -71,7 +76,7 @@ RULES = flowgrpo.rules_as(NAME).merged(
     KeyRules(
         positive=frozenset({f"{NAME}.iters_per_group", f"{NAME}.window_stride"}),
         non_negative=frozenset({f"{NAME}.window_seed", f"{NAME}.decay_k", f"{NAME}.decay_start"}),
-        choices={f"{NAME}.sample_strategy": ("progressive", "random", "exp_decay")},
+        choices={f"{NAME}.sample_strategy": ("progressive", "random", "exp_decay", "verl_omni")},
     )
 )
 advantages = flowgrpo.advantages
@@ -89,6 +94,8 @@ def window_start(settings: Settings, num_steps: int, step: int) -> int:
     if settings.sample_strategy == "random":
         digest = hashlib.sha256(f"patchgen.rl.mixgrpo.window:{settings.window_seed}:{step}".encode()).digest()
         return lo + int.from_bytes(digest[:8], "little") % (hi - lo + 1)
+    if settings.sample_strategy == "verl_omni":  # window_stride and roll_back do not apply
+        return min(lo + settings.window_size * (step // settings.iters_per_group), hi)
     count = (hi - lo) // settings.window_stride + 1
     if settings.sample_strategy == "exp_decay":
         return lo + settings.window_stride * _decayed_position(settings, lo, count, step)
@@ -133,6 +140,11 @@ def iteration_metrics(settings: Settings, num_steps: int, step: int) -> dict[str
 def conventions(settings: Settings) -> str:
     if settings.sample_strategy == "random":
         moves = f"window random per iteration (seed {settings.window_seed})"
+    elif settings.sample_strategy == "verl_omni":
+        moves = (
+            f"window start min(lo + {settings.window_size} floor(k / {settings.iters_per_group}), hi), k from 1 "
+            "(verl-omni's progressive window)"
+        )
     else:
         end = "rolls back" if settings.roll_back else "stays at the last position"
         every = f"every {settings.iters_per_group} iterations"
@@ -140,3 +152,26 @@ def conventions(settings: Settings) -> str:
             every += f" x exp(-{settings.decay_k:g} (start - {settings.decay_start})+)"
         moves = f"window slides by {settings.window_stride} {every}, then {end}"
     return f"{flowgrpo.conventions(settings)}, {moves}"
+
+
+class MixGRPO(flowgrpo.FlowGRPO):
+    """Flow-GRPO's objective on a window that moves with the iteration (the contract's ``window`` takes it)."""
+
+    name = NAME
+    Settings = Settings
+    rules = RULES
+
+    def check(self, config: RLConfig) -> None:
+        check(config)
+
+    def conventions(self, settings: Settings) -> str:
+        return conventions(settings)
+
+    def window(self, settings: Settings, num_steps: int, step: int) -> tuple[int, tuple[int, int]]:
+        return window(settings, num_steps, step)
+
+    def iteration_metrics(self, settings: Settings, num_steps: int, step: int) -> dict[str, int]:
+        return iteration_metrics(settings, num_steps, step)
+
+
+ALGORITHM = MixGRPO()

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from runtime.flowgrpo.algorithm import group_advantages, kl_to_reference, policy_loss
+from runtime.rl.algorithms.objectives import group_advantages, kl_to_reference, policy_loss
 
 
 def test_group_advantages_hand_computed():

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from runtime.flowgrpo.bagel.checkpoint import BAGEL_WEIGHTS_NAME, from_bagel_keys
-from runtime.flowgrpo.nondiffusers import NonDiffusersModelBase
+from runtime.rl.adapters.bagel.checkpoint import BAGEL_WEIGHTS_NAME, from_bagel_keys
+from runtime.rl.adapters.nondiffusers import NonDiffusersModelBase
 
 __all__ = ["BagelMoT", "TINY_MOT_CONFIG"]
 

@@ -1,15 +1,20 @@
-"""Diffusion model adapters for Flow-GRPO, and their registry keyed by ``(architecture, algorithm)``.
+"""Diffusion model adapters of the RL job, and their registry keyed by architecture.
 
-An adapter (a ``DiffusionModelBase`` subclass) tells the trainer and the rollout how to drive one architecture
-under one algorithm (the trainable module is built by the job that loads it): build the scheduler and the step
+An adapter (a ``DiffusionModelBase`` subclass) tells the trainers and the rollout how to drive one architecture
+(the trainable module is built by the job that loads it): build the scheduler and the step
 schedule, turn a batch into the module's inputs, and run one denoising step that returns the step policy's
 log-prob. Rollout and training call the same ``forward_and_sample_previous_step``, which is what makes their
 log-probs agree.
 
-    @register_diffusion_model("SD3Transformer2DModel", "flowgrpo")
+    @register_diffusion_model("SD3Transformer2DModel")
     class SD3FlowGRPO(DiffusionModelBase): ...
 
-    cls = get_diffusion_model_cls("SD3Transformer2DModel", "flowgrpo")
+    cls = get_diffusion_model_cls("SD3Transformer2DModel")
+
+Why by architecture alone: what varies between adapters is how a model is driven (its schedule, inputs, guidance);
+what varies between algorithms (the SDE type, the noise level, the CPS log-prob) reaches the adapter as its
+constructor's and step's arguments. Keyed by ``(architecture, algorithm)`` every algorithm needed its own copy of
+every registration, and an architecture registered for one algorithm was refused for the others.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from runtime.flowgrpo.scheduler import CpsLogProb, SdeMethod, sde_step
+from runtime.rl.sampling.scheduler import CpsLogProb, SdeMethod, sde_step
 
 __all__ = [
     "DiffusionModelBase",
@@ -36,11 +41,9 @@ __all__ = [
 
 
 class DiffusionModelBase(abc.ABC):
-    """The hooks one (architecture, algorithm) adapter implements. Set by the registry: ``architecture``,
-    ``algorithm``."""
+    """The hooks one architecture's adapter implements. Set by the registry: ``architecture``."""
 
     architecture: str = ""
-    algorithm: str = ""
 
     @abc.abstractmethod
     def build_scheduler(self, config: Any) -> Any:
@@ -48,7 +51,7 @@ class DiffusionModelBase(abc.ABC):
 
     @abc.abstractmethod
     def set_timesteps(self, num_inference_steps: int, **kwargs: Any) -> Any:
-        """The step schedule (a ``runtime.flowgrpo.scheduler.FlowMatchSchedule``), built by ``make_schedule``."""
+        """The step schedule (a ``runtime.rl.sampling.scheduler.FlowMatchSchedule``), built by ``make_schedule``."""
 
     @abc.abstractmethod
     def prepare_model_inputs(self, batch: dict[str, Any], latents: torch.Tensor, step_index: Any) -> dict[str, Any]:
@@ -63,14 +66,14 @@ class DiffusionModelBase(abc.ABC):
         (training); otherwise it samples one, which an implementation may also expose (rollout)."""
 
 
-_REGISTRY: dict[tuple[str, str], type[DiffusionModelBase]] = {}
+_REGISTRY: dict[str, type[DiffusionModelBase]] = {}
 
 
 class VelocityAdapter(DiffusionModelBase):
     """An adapter whose model predicts a flow velocity: the SDE step is shared, only `velocity` differs.
 
     Subclasses set `noise_level` and `method` and implement `velocity(module, batch, latents, step_index)`;
-    `cps_log_prob` is the CPS log-prob convention (`runtime.flowgrpo.scheduler`; verl-omni's by default).
+    `cps_log_prob` is the CPS log-prob convention (`runtime.rl.sampling.scheduler`; verl-omni's by default).
     """
 
     noise_level: float
@@ -119,33 +122,33 @@ class VelocityAdapter(DiffusionModelBase):
         return log_prob, mean, std_dev_t, sqrt_dt
 
 
-def register_diffusion_model(
-    architecture: str, algorithm: str
-) -> Callable[[type[DiffusionModelBase]], type[DiffusionModelBase]]:
-    """Class decorator registering an adapter under ``(architecture, algorithm)``; a taken key raises."""
+def register_diffusion_model(architecture: str) -> Callable[[type[DiffusionModelBase]], type[DiffusionModelBase]]:
+    """Class decorator registering the adapter of ``architecture`` (every algorithm's); a taken key raises."""
 
     def deco(cls: type[DiffusionModelBase]) -> type[DiffusionModelBase]:
         if not (isinstance(cls, type) and issubclass(cls, DiffusionModelBase)):
             raise TypeError(f"{cls!r} is not a DiffusionModelBase subclass")
-        key = (architecture, algorithm)
-        if key in _REGISTRY and _REGISTRY[key] is not cls:
-            raise ValueError(f"{key} is already registered to {_REGISTRY[key].__qualname__}")
-        cls.architecture, cls.algorithm = architecture, algorithm
-        _REGISTRY[key] = cls
+        if architecture in _REGISTRY and _REGISTRY[architecture] is not cls:
+            raise ValueError(f"{architecture!r} is already registered to {_REGISTRY[architecture].__qualname__}")
+        cls.architecture = architecture
+        _REGISTRY[architecture] = cls
         return cls
 
     return deco
 
 
-def is_registered(architecture: str, algorithm: str) -> bool:
-    return (architecture, algorithm) in _REGISTRY
+def is_registered(architecture: str) -> bool:
+    """Whether ``architecture`` has an adapter (without loading the built-in ones)."""
+    return architecture in _REGISTRY
 
 
-def unregister_diffusion_model(architecture: str, algorithm: str) -> None:
-    _REGISTRY.pop((architecture, algorithm), None)
+def unregister_diffusion_model(architecture: str) -> None:
+    """Drop ``architecture``'s adapter (tests registering a toy one)."""
+    _REGISTRY.pop(architecture, None)
 
 
-def registered_diffusion_models() -> list[tuple[str, str]]:
+def registered_diffusion_models() -> list[str]:
+    """The architectures with an adapter, the built-in ones loaded."""
     _load_builtin_adapters()
     return sorted(_REGISTRY)
 
@@ -153,7 +156,7 @@ def registered_diffusion_models() -> list[tuple[str, str]]:
 # Modules whose import registers the built-in adapters; imported on the first lookup (keeps diffusers lazy). A module
 # may also define register_adapters(), called after its import: the generated DiTs come last, so an architecture with
 # an adapter of its own (SD3's) keeps it.
-_BUILTIN_ADAPTER_MODULES = ("runtime.flowgrpo.sd3", "runtime.flowgrpo.bagel.adapter", "runtime.flowgrpo.dit")
+_BUILTIN_ADAPTER_MODULES = ("runtime.rl.adapters.sd3", "runtime.rl.adapters.bagel.adapter", "runtime.rl.adapters.dit")
 _builtins_loaded = False
 
 
@@ -167,14 +170,12 @@ def _load_builtin_adapters() -> None:
                 register()
 
 
-def get_diffusion_model_cls(architecture: str, algorithm: str) -> type[DiffusionModelBase]:
-    """The adapter for ``(architecture, algorithm)``; ``KeyError`` listing the registered keys otherwise."""
+def get_diffusion_model_cls(architecture: str) -> type[DiffusionModelBase]:
+    """The adapter of ``architecture`` (for every algorithm); ``KeyError`` listing the registered ones otherwise."""
     _load_builtin_adapters()
     try:
-        return _REGISTRY[(architecture, algorithm)]
+        return _REGISTRY[architecture]
     except KeyError:
-        known = ", ".join(f"({a!r}, {b!r})" for a, b in registered_diffusion_models()) or "none"
-        raise KeyError(
-            f"no diffusion model registered for architecture={architecture!r}, algorithm={algorithm!r}; "
-            f"registered: {known}"
-        ) from None
+        known = ", ".join(map(repr, registered_diffusion_models())) or "none"
+        message = f"no diffusion model registered for architecture={architecture!r}; registered: {known}"
+        raise KeyError(message) from None

@@ -15,8 +15,8 @@ import math
 import pytest
 import torch
 
-from runtime.flowgrpo.algorithm import group_advantages, kl_to_reference
-from runtime.flowgrpo.scheduler import make_schedule, sde_step
+from runtime.rl.algorithms.objectives import group_advantages, kl_to_reference
+from runtime.rl.sampling.scheduler import make_schedule, sde_step
 
 EPS = 1e-4
 

@@ -15,9 +15,9 @@ import torch
 
 from runtime.diffusion.conditions import load_condition_model
 from runtime.diffusion.registry import lookup_dit, training_class
-from runtime.flowgrpo.dit import DiTFlowGRPO, adapter_for
-from runtime.flowgrpo.registry import get_diffusion_model_cls
-from runtime.flowgrpo.rollout import rollout
+from runtime.rl.adapters.dit import DiTFlowGRPO, adapter_for
+from runtime.rl.adapters.registry import get_diffusion_model_cls
+from runtime.rl.sampling.rollout import rollout
 
 PROMPT = "a red kite over green hills"
 # name -> (pipeline call arguments, adapter true_cfg_scale, negative prompt, pixel size (frames, height, width))
@@ -100,16 +100,16 @@ def test_rollout_schedule_and_ode_path_are_the_pipelines(name, tiny_pipelines):
 @pytest.mark.parametrize("name", ["wan", "flux", "qwenimage", "hunyuanvideo"])
 def test_every_generated_dit_has_an_adapter(name):
     architecture = lookup_dit(name).upstream_auto
-    cls = get_diffusion_model_cls(architecture, "flowgrpo")
+    cls = get_diffusion_model_cls(architecture)
     assert issubclass(cls, DiTFlowGRPO) and cls.model_type == name and cls is adapter_for(name)
 
 
 def test_an_architecture_with_its_own_adapter_keeps_it():
-    """The library's SD3 adapter keeps ("SD3Transformer2DModel", "flowgrpo") whether or not an SD3 spec is
+    """The library's SD3 adapter keeps "SD3Transformer2DModel" whether or not an SD3 spec is
     generated; the job finds a generated SD3 by its model type."""
     from runtime.diffusion.registry import dit_model_types
-    from runtime.flowgrpo.sd3 import SD3FlowGRPO
+    from runtime.rl.adapters.sd3 import SD3FlowGRPO
 
-    assert get_diffusion_model_cls("SD3Transformer2DModel", "flowgrpo") is SD3FlowGRPO
+    assert get_diffusion_model_cls("SD3Transformer2DModel") is SD3FlowGRPO
     if "sd3" in dit_model_types():
         assert adapter_for("sd3").model_type == "sd3"

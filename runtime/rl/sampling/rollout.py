@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from runtime.flowgrpo.scheduler import FlowMatchSchedule
+from runtime.rl.sampling.scheduler import FlowMatchSchedule
 
 __all__ = ["RolloutResult", "rollout"]
 

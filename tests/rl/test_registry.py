@@ -2,14 +2,14 @@ import pytest
 import torch
 from torch import nn
 
-from runtime.flowgrpo.registry import (
+from runtime.rl.adapters.registry import (
     DiffusionModelBase,
     get_diffusion_model_cls,
     register_diffusion_model,
     registered_diffusion_models,
     unregister_diffusion_model,
 )
-from runtime.flowgrpo.scheduler import make_schedule, sde_step
+from runtime.rl.sampling.scheduler import make_schedule, sde_step
 
 
 class _Toy(DiffusionModelBase):
@@ -30,15 +30,15 @@ class _Toy(DiffusionModelBase):
 
 @pytest.fixture
 def toy():
-    cls = register_diffusion_model("ToyArch", "flowgrpo")(_Toy)
+    cls = register_diffusion_model("ToyArch")(_Toy)
     yield cls
-    unregister_diffusion_model("ToyArch", "flowgrpo")
+    unregister_diffusion_model("ToyArch")
 
 
 def test_register_and_get(toy):
-    assert get_diffusion_model_cls("ToyArch", "flowgrpo") is toy
-    assert ("ToyArch", "flowgrpo") in registered_diffusion_models()
-    assert toy.architecture == "ToyArch" and toy.algorithm == "flowgrpo"
+    assert get_diffusion_model_cls("ToyArch") is toy
+    assert "ToyArch" in registered_diffusion_models()
+    assert toy.architecture == "ToyArch"
     adapter = toy()
     module = nn.Linear(4, 4)
     sched = adapter.set_timesteps(6)
@@ -50,10 +50,10 @@ def test_register_and_get(toy):
 
 
 def test_unknown_key_lists_registered(toy):
-    with pytest.raises(KeyError, match=r"registered: .*\('ToyArch', 'flowgrpo'\)"):
-        get_diffusion_model_cls("ToyArch", "dpo")
+    with pytest.raises(KeyError, match=r"registered: .*'ToyArch'"):
+        get_diffusion_model_cls("Nope")
     with pytest.raises(KeyError, match="architecture='Nope'"):
-        get_diffusion_model_cls("Nope", "flowgrpo")
+        get_diffusion_model_cls("Nope")
 
 
 def test_duplicate_and_bad_registration(toy):
@@ -61,10 +61,10 @@ def test_duplicate_and_bad_registration(toy):
         pass
 
     with pytest.raises(ValueError, match="already registered"):
-        register_diffusion_model("ToyArch", "flowgrpo")(Other)
-    register_diffusion_model("ToyArch", "flowgrpo")(toy)  # re-registering the same class is a no-op
+        register_diffusion_model("ToyArch")(Other)
+    register_diffusion_model("ToyArch")(toy)  # re-registering the same class is a no-op
     with pytest.raises(TypeError):
-        register_diffusion_model("X", "y")(nn.Linear)
+        register_diffusion_model("X")(nn.Linear)
 
 
 def test_abstract_hooks_are_required():
@@ -77,5 +77,5 @@ def test_abstract_hooks_are_required():
 
 
 def test_builtin_sd3_adapter_is_registered_on_lookup():
-    cls = get_diffusion_model_cls("SD3Transformer2DModel", "flowgrpo")
-    assert cls.__name__ == "SD3FlowGRPO" and ("SD3Transformer2DModel", "flowgrpo") in registered_diffusion_models()
+    cls = get_diffusion_model_cls("SD3Transformer2DModel")
+    assert cls.__name__ == "SD3FlowGRPO" and "SD3Transformer2DModel" in registered_diffusion_models()

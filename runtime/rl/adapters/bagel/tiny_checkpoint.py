@@ -7,13 +7,13 @@ from pathlib import Path
 
 import torch
 
-from runtime.flowgrpo.bagel.checkpoint import (
+from runtime.rl.adapters.bagel.checkpoint import (
     BAGEL_SPECIAL_TOKENS,
     BAGEL_WEIGHTS_NAME,
     bagel_new_token_ids,
     save_bagel_checkpoint,
 )
-from runtime.flowgrpo.bagel.model import BagelMoT
+from runtime.rl.adapters.bagel.model import BagelMoT
 
 __all__ = ["save_tiny_bagel"]
 

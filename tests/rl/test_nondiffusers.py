@@ -5,7 +5,7 @@ import torch
 from peft import LoraConfig
 from torch import nn
 
-from runtime.flowgrpo.nondiffusers import NonDiffusersModelBase
+from runtime.rl.adapters.nondiffusers import NonDiffusersModelBase
 
 
 class ToyBlock(nn.Module):
@@ -92,7 +92,7 @@ def test_checkpointed_gradients_equal_plain(with_lora):
 
 
 def test_checkpointing_inactive_without_grad(monkeypatch):
-    import runtime.flowgrpo.nondiffusers as nd
+    import runtime.rl.adapters.nondiffusers as nd
 
     calls = []
     real = nd.checkpoint

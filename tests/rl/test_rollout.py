@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-from runtime.flowgrpo.registry import get_diffusion_model_cls
-from runtime.flowgrpo.rollout import rollout
-from runtime.flowgrpo.scheduler import euler_step
-from runtime.flowgrpo.sd3 import SD3FlowGRPO
+from runtime.rl.adapters.registry import get_diffusion_model_cls
+from runtime.rl.adapters.sd3 import SD3FlowGRPO
+from runtime.rl.sampling.rollout import rollout
+from runtime.rl.sampling.scheduler import euler_step
 from tests.fixtures.tiny_sd3 import TINY_SD3, tiny_sd3_transformer
 
 TINY = {**TINY_SD3, "num_layers": 2}
@@ -13,7 +13,7 @@ B, STEPS, WINDOW = 4, 6, 2
 
 @pytest.fixture(scope="module")
 def setup():
-    adapter = get_diffusion_model_cls("SD3Transformer2DModel", "flowgrpo")({"shift": 3.0}, guidance_scale=3.0)
+    adapter = get_diffusion_model_cls("SD3Transformer2DModel")({"shift": 3.0}, guidance_scale=3.0)
     assert isinstance(adapter, SD3FlowGRPO)
     torch.manual_seed(0)
     module = tiny_sd3_transformer(TINY).eval()

@@ -1,5 +1,5 @@
 """The Flow-GRPO adapter of every generated DiT (Wan, Flux, Qwen-Image, HunyuanVideo, ...), driven by its condition
-model, registered under the upstream class name (``("WanTransformer3DModel", "flowgrpo")``, ...).
+model, registered under the upstream class name (``"WanTransformer3DModel"``, ...; every algorithm's).
 
 A DiT needs no adapter code of its own: what differs between models is what its pipeline does, and the condition
 model module states exactly that (``runtime/diffusion/conditions/base.py``, "Sampling"): the latent shape of a
@@ -29,8 +29,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from runtime.flowgrpo.registry import VelocityAdapter, is_registered, register_diffusion_model
-from runtime.flowgrpo.scheduler import CpsLogProb, FlowMatchSchedule, SdeMethod, make_schedule
+from runtime.rl.adapters.registry import VelocityAdapter, is_registered, register_diffusion_model
+from runtime.rl.sampling.scheduler import CpsLogProb, FlowMatchSchedule, SdeMethod, make_schedule
 
 __all__ = ["DiTFlowGRPO", "adapter_for", "register_adapters"]
 
@@ -126,14 +126,14 @@ def register_adapters() -> None:
         architecture = lookup_dit(model_type).upstream_auto
         cls = type(f"{architecture}FlowGRPO", (DiTFlowGRPO,), {"model_type": model_type, "__module__": __name__})
         _ADAPTERS[model_type] = cls
-        if not is_registered(architecture, "flowgrpo"):
-            register_diffusion_model(architecture, "flowgrpo")(cls)
+        if not is_registered(architecture):
+            register_diffusion_model(architecture)(cls)
 
 
 def adapter_for(model_type: str) -> type[DiTFlowGRPO]:
     """The adapter class of the generated DiT ``model_type``."""
     from runtime.diffusion.registry import dit_model_types
-    from runtime.flowgrpo.registry import registered_diffusion_models
+    from runtime.rl.adapters.registry import registered_diffusion_models
 
     registered_diffusion_models()  # loads the built-in adapters, then registers the generated DiTs
     if model_type not in _ADAPTERS:

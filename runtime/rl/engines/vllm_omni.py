@@ -16,7 +16,7 @@ returning one output per request with ``output.request_output.images``; ``OmniDi
 
 Weight sync (``plan_weight_sync``, tested statically against the vllm-omni 0.30.0 wheel's sources: it cannot be
 imported here). The engine samples with ITS copy of the transformer, so after every update the trained weights must
-reach it under its names (``runtime/flowgrpo/vllm_omni_names.py``): full fine-tuning sends every parameter under
+reach it under its names (``runtime/rl/engines/vllm_omni_names.py``): full fine-tuning sends every parameter under
 our (diffusers) names to the engine's ``load_weights``, which fuses q/k/v and renames itself (each name is checked to
 land on a parameter of the engine's class first); a LoRA run sends each adapted module's LoRA under the ENGINE's
 module name (``to_out.0`` -> ``to_out`` for Wan and Qwen-Image), and a module the engine's LoRA manager cannot bind
@@ -26,7 +26,7 @@ manager reads) as its merged weight ``W + scale B A`` through ``load_weights`` i
 ``apply_weights`` (the engine-side call, e.g. a worker extension's ``load_weights`` / ``add_lora``, as verl-omni
 does; no documented offline API exists for it).
 
-``VllmOmniRollout`` is also callable with the in-process rollout's signature (``runtime.flowgrpo.rollout.rollout``):
+``VllmOmniRollout`` is also callable with the in-process rollout's signature (``runtime.rl.sampling.rollout.rollout``):
 the batch carries the samples' ``prompts``, the generators' initial seeds become the requests' seeds.
 
 What is NOT possible from the documented API, stated plainly: Flow-GRPO's training side needs, per sample, the
@@ -46,8 +46,8 @@ from typing import Any
 
 import torch
 
-from runtime.flowgrpo.rollout import RolloutResult
-from runtime.flowgrpo.scheduler import FlowMatchSchedule
+from runtime.rl.sampling.rollout import RolloutResult
+from runtime.rl.sampling.scheduler import FlowMatchSchedule
 
 __all__ = [
     "ENGINE_TRANSFORMERS",
@@ -240,7 +240,7 @@ class VllmOmniRollout:
         window_start_range: tuple[int, int] | None = None,
         noise_level: float | None = None,
     ) -> RolloutResult:
-        """The in-process rollout's interface (``runtime.flowgrpo.rollout.rollout``): ``batch["prompts"]`` are the
+        """The in-process rollout's interface (``runtime.rl.sampling.rollout.rollout``): ``batch["prompts"]`` are the
         samples' prompts (one per generator), each generator's initial seed its request's seed; the schedule is the
         adapter's (the engine must sample on it: its trajectory is checked against ``window_size``)."""
         prompts = list(batch.get("prompts") or [])

@@ -4,7 +4,7 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
-from runtime.flowgrpo.scheduler import euler_step, gaussian_log_prob, make_schedule, sde_step
+from runtime.rl.sampling.scheduler import euler_step, gaussian_log_prob, make_schedule, sde_step
 
 
 def _rand(*shape, seed=0):

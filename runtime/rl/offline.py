@@ -1,13 +1,14 @@
-"""Diffusion-DPO's offline iteration on the shared job (``runtime/rl/algorithms/dpo.py`` states the objective): this
+"""The offline iteration of an algorithm that trains on preference pairs (``data == "pairs"``: Diffusion-DPO,
+``runtime/rl/algorithms/dpo.py`` states the objective), called by the loop like the rollout trainers: this
 replica's preference pairs, their latents (images, or a video model's first ``sampling.frames`` frames), one
 ``(t, eps)`` per pair shared by its two images, the policy's and the frozen reference's velocities, and one
 ``update`` (``runtime/rl/update.py``: clipping, the non-finite guard, the EMA, the policy-moved check). No rollout,
 no reward.
 
 Draws. ``(t, eps)`` of global pair ``q = dp_rank * B + i`` at iteration ``k`` come from
-``diffusionnft.forward_draws`` (a generator seeded by ``(model.seed, k, q)`` alone, the forward-process algorithms'
-one way to draw): the SP ranks of a replica draw alike, ``D`` replicas draw what one process with ``D`` times the
-pairs draws, and a resumed run draws what the uninterrupted run drew.
+``runtime/rl/sampling/forward.forward_draws`` (a generator seeded by ``(model.seed, k, q)`` alone, the forward-process
+algorithms' one way to draw): the SP ranks of a replica draw alike, ``D`` replicas draw what one process with ``D``
+times the pairs draws, and a resumed run draws what the uninterrupted run drew.
 
 Gradients. Each micro-batch's loss is its share of the global batch mean (``len(rows) / (B * D)``), as in the
 rollout trainers (``update.py``); FSDP2 sums over ranks, SP ranks' partial gradients add up to the single-process ones.
@@ -20,14 +21,14 @@ from typing import Any
 
 import torch
 
-from runtime.flowgrpo.scheduler import FlowMatchSchedule
-from runtime.flowgrpo.trainer import select_rows
 from runtime.kernels.timing import Clock
-from runtime.rl.algorithms.diffusionnft import forward_draws, noised
+from runtime.rl.batch import select_rows
 from runtime.rl.pairs import encode_media
 from runtime.rl.policy import lora_disabled
 from runtime.rl.replicas import replica_mean
 from runtime.rl.run_state import RLRun
+from runtime.rl.sampling.forward import forward_draws, noised
+from runtime.rl.sampling.scheduler import FlowMatchSchedule
 from runtime.rl.update import StepLosses, update
 
 __all__ = ["offline_iteration", "velocity_at"]
@@ -60,7 +61,8 @@ def _latents(run: RLRun, pairs: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def offline_iteration(run: RLRun, step: int) -> dict[str, Any]:
-    """Iteration ``step`` (1-based) of Diffusion-DPO: one optimizer update on this replica's pairs; its metrics."""
+    """Iteration ``step`` (1-based) of a pair-trained algorithm: one optimizer update on this replica's pairs; its
+    metrics. The loss is the algorithm's ``pair_objective`` (the contract, ``runtime/rl/algorithms/base.py``)."""
     c, s, state, policy = run.config, run.config.algo, run.state, run.policy
     module, adapter, algo = policy.module, policy.adapter, run.algo
     cpu = Clock()
@@ -86,7 +88,9 @@ def offline_iteration(run: RLRun, step: int) -> dict[str, Any]:
         xt_l, target_l = noised(x_l[rows], eps[rows], t.to(device))
         v_w, v_l = velocity_at(adapter, module, sub, xt_w, t), velocity_at(adapter, module, sub, xt_l, t)
         ref_w, ref_l = _reference_velocity(run, sub, xt_w, t), _reference_velocity(run, sub, xt_l, t)
-        loss, step_stats = algo.objective(s, v_w, v_l, ref_w, ref_l, target_w.to(v_w.dtype), target_l.to(v_l.dtype))
+        loss, step_stats = algo.pair_objective(
+            s, v_w, v_l, ref_w, ref_l, target_w.to(v_w.dtype), target_l.to(v_l.dtype)
+        )
         losses.backward(loss, len(rows) * share, step, [pairs[r].where for r in rows.tolist()])
         for key, value in step_stats.items():  # pair-weighted: the batch mean whatever the micro-batch sizes
             stats[key] = stats.get(key, 0.0) + float(value) * len(rows) / b

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from runtime.flowgrpo.vllm_omni import (
+from runtime.rl.engines.vllm_omni import (
     ENGINE_TRANSFORMERS,
     VllmOmniRollout,
     WeightSync,
@@ -15,7 +15,7 @@ from runtime.flowgrpo.vllm_omni import (
     plan_weight_sync,
     vllm_omni_available,
 )
-from runtime.flowgrpo.vllm_omni_names import EngineNames, read_wheel
+from runtime.rl.engines.vllm_omni_names import EngineNames, read_wheel
 
 
 def test_module_does_not_import_vllm_omni():
@@ -172,9 +172,9 @@ def test_sync_hands_the_plan_to_the_engine_call(wheel) -> None:
 
 
 def test_rollout_fits_the_in_process_interface() -> None:
-    """Called like runtime.flowgrpo.rollout.rollout: prompts from the batch, one request per sample seeded by its
+    """Called like runtime.rl.sampling.rollout.rollout: prompts from the batch, one request per sample seeded by its
     generator, the trajectory the engine returns as the RolloutResult."""
-    from runtime.flowgrpo.scheduler import make_schedule
+    from runtime.rl.sampling.scheduler import make_schedule
 
     class Engine:  # a stand-in engine (vllm-omni cannot run here), recording the requests
         def __init__(self):

@@ -1,4 +1,4 @@
-"""The Flow-GRPO adapter ``("BagelMoT", "flowgrpo")`` of ``BagelMoT``: BAGEL's sampler.
+"""The RL adapter of ``"BagelMoT"`` (every algorithm's) of ``BagelMoT``: BAGEL's sampler.
 
 The adapter follows BAGEL's own sampler (``Bagel.generate_image`` / ``_forward_flow``, its inferencer's defaults):
 
@@ -19,10 +19,10 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from torch import nn
 
-from runtime.flowgrpo.bagel.checkpoint import bagel_new_token_ids, bagel_prompt_ids
-from runtime.flowgrpo.bagel.model import BagelMoT
-from runtime.flowgrpo.registry import VelocityAdapter, register_diffusion_model
-from runtime.flowgrpo.scheduler import FlowMatchSchedule, SdeMethod, make_schedule
+from runtime.rl.adapters.bagel.checkpoint import bagel_new_token_ids, bagel_prompt_ids
+from runtime.rl.adapters.bagel.model import BagelMoT
+from runtime.rl.adapters.registry import VelocityAdapter, register_diffusion_model
+from runtime.rl.sampling.scheduler import FlowMatchSchedule, SdeMethod, make_schedule
 
 __all__ = ["BagelMoTFlowGRPO", "CFG_RENORM_TYPES", "bagel_guidance", "bagel_sigmas"]
 
@@ -97,7 +97,7 @@ def bagel_guidance(
     return torch.where(inside, guided, v)
 
 
-@register_diffusion_model("BagelMoT", "flowgrpo")
+@register_diffusion_model("BagelMoT")
 class BagelMoTFlowGRPO(VelocityAdapter):
     """Batch keys: ``input_ids`` ``[B, L]`` long (``bagel_prompt_ids``: BAGEL's bos/eos around the prompt's tokens),
     optional ``attention_mask`` ``[B, L]``, optional ``cond_latents`` ``[B, C, H, W]`` (a clean condition-image

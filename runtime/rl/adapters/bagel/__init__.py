@@ -1,4 +1,4 @@
-"""A BAGEL-style mixture-of-transformers (MoT) denoiser and its Flow-GRPO adapter ``("BagelMoT", "flowgrpo")``.
+"""A BAGEL-style mixture-of-transformers (MoT) denoiser and its RL adapter ``"BagelMoT"``.
 
 The package, one responsibility a module:
 
@@ -15,8 +15,8 @@ The package, one responsibility a module:
 
 from __future__ import annotations
 
-from runtime.flowgrpo.bagel.adapter import BagelMoTFlowGRPO, bagel_guidance, bagel_sigmas
-from runtime.flowgrpo.bagel.checkpoint import (
+from runtime.rl.adapters.bagel.adapter import BagelMoTFlowGRPO, bagel_guidance, bagel_sigmas
+from runtime.rl.adapters.bagel.checkpoint import (
     BAGEL_IGNORED_PREFIXES,
     BAGEL_KEY_MAP,
     BAGEL_SPECIAL_TOKENS,
@@ -28,8 +28,8 @@ from runtime.flowgrpo.bagel.checkpoint import (
     save_bagel_checkpoint,
     to_bagel_keys,
 )
-from runtime.flowgrpo.bagel.model import BagelMoT
-from runtime.flowgrpo.bagel.tiny_checkpoint import save_tiny_bagel
+from runtime.rl.adapters.bagel.model import BagelMoT
+from runtime.rl.adapters.bagel.tiny_checkpoint import save_tiny_bagel
 
 __all__ = [
     "BagelMoT",

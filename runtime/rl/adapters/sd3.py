@@ -1,10 +1,10 @@
 """The Flow-GRPO adapter for diffusers' ``SD3Transformer2DModel`` (true CFG), registered as
-``("SD3Transformer2DModel", "flowgrpo")``.
+``"SD3Transformer2DModel"`` (every algorithm's).
 
 A batch is a dict of fp32 tensors: ``prompt_embeds`` ``[B, L, D]``, ``pooled_prompt_embeds`` ``[B, P]`` and, when
 ``guidance_scale > 1``, ``negative_prompt_embeds`` / ``negative_pooled_prompt_embeds`` of the same shapes. True CFG
 runs the module once on ``[uncond; cond]`` (2B rows) and combines ``v = v_u + g (v_c - v_u)``. The rollout
-(``runtime.flowgrpo.rollout``) and the training recomputation both go through ``step``, so the two cannot differ in
+(``runtime.rl.sampling.rollout``) and the training recomputation both go through ``step``, so the two cannot differ in
 how they build inputs or take the step.
 """
 
@@ -17,13 +17,13 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from torch import nn
 
-from runtime.flowgrpo.registry import VelocityAdapter, register_diffusion_model
-from runtime.flowgrpo.scheduler import FlowMatchSchedule, SdeMethod, make_schedule
+from runtime.rl.adapters.registry import VelocityAdapter, register_diffusion_model
+from runtime.rl.sampling.scheduler import FlowMatchSchedule, SdeMethod, make_schedule
 
 __all__ = ["SD3FlowGRPO"]
 
 
-@register_diffusion_model("SD3Transformer2DModel", "flowgrpo")
+@register_diffusion_model("SD3Transformer2DModel")
 class SD3FlowGRPO(VelocityAdapter):
     def __init__(
         self,

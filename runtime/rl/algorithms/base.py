@@ -1,0 +1,144 @@
+"""The contract between the RL loop and an algorithm: one ``Algorithm`` subclass per module under ``algorithms/``,
+its instance ``ALGORITHM`` (``runtime.rl.config.algorithm`` returns it). The loop, the trainers and the run's
+set-up call an algorithm only through the methods below: every hook has a default, so an algorithm states what it
+changes and nothing else, and the loop never asks what an algorithm happens to define.
+
+Why a class with defaults, not optional module attributes: the loop used to probe eight optional names
+(``getattr``/``hasattr``), so a misspelt hook silently fell back to Flow-GRPO's behaviour; here a hook the loop calls
+always exists, a subclass that overrides it is visible in one place, and the signatures are checked by the type
+checker.
+
+What an algorithm decides, in the order of an iteration:
+
+* its config: ``Settings`` (the frozen dataclass of the section named ``name``), ``rules`` (its key rules),
+  ``check(config)`` (what types and ranges do not say) and ``conventions(settings)`` (the log's line naming the
+  conventions in use and whose they are: docs/flowgrpo.md, "Conventions");
+* what it samples: ``data`` (``"prompts"`` rolled out under the policy, or offline ``"pairs"``); for prompts the
+  rollout's SDE ``window(settings, num_steps, step)`` and the ``initial_noise`` (None: each sample its own);
+* its rewards' use: ``advantages(settings, rewards, group_ids)`` over the global batch;
+* which steps it trains: ``trains_on`` (``"steps"``: the rollout's window steps, ``train_positions`` choosing a
+  subset per sample; ``"clean_samples"``: the forward process on the rollout's final samples; ``"pairs"``: the
+  preference pairs) and ``needs_old_mean`` (the loop keeps the pre-update step means);
+* its loss: ``step_objective`` (``"steps"``), ``forward_objective`` (``"clean_samples"``), ``pair_objective``
+  (``"pairs"``): the loss of one micro-batch before the share scaling, and its statistics;
+* its metrics: ``iteration_metrics`` (added to the iteration's line), ``gap_alarm`` (the log-prob gap alarm's
+  threshold; infinite when it computes no log-prob);
+* its checkpoint state: ``state_dict`` / ``load_state_dict`` (JSON data saved with every checkpoint; the built-in
+  algorithms carry none: every choice they make is a function of ``(model.seed, iteration, sample)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+if TYPE_CHECKING:  # the config part is read before torch is imported (runtime.rl --help)
+    import torch
+
+    from runtime.config.sections import KeyRules
+    from runtime.rl.config import RLConfig
+
+Data = Literal["prompts", "pairs"]
+TrainsOn = Literal["steps", "clean_samples", "pairs"]
+Gaussian = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor", "torch.Tensor"]
+
+__all__ = ["Algorithm", "Data", "Gaussian", "TrainsOn"]
+
+
+class Algorithm:
+    """The hooks the loop calls (module docstring); subclasses set the class attributes and override what differs."""
+
+    name: ClassVar[str]
+    Settings: ClassVar[type]
+    rules: ClassVar[KeyRules]
+    data: ClassVar[Data] = "prompts"
+    trains_on: ClassVar[TrainsOn] = "steps"
+    needs_old_mean: ClassVar[bool] = False
+
+    # ------------------------------------------------------------------------------------------------ config
+    def check(self, config: RLConfig) -> None:
+        """Refuse what the section's types and ranges do not (every problem in one ``ConfigError``)."""
+
+    def conventions(self, settings: Any) -> str:
+        """The conventions in use, named with whose they are, for the run's log."""
+        raise NotImplementedError(f"{type(self).__name__}.conventions")
+
+    def needs_reference(self, settings: Any) -> bool:
+        """Whether the run builds the frozen reference policy: when a KL term is on."""
+        return settings.kl_coef > 0
+
+    # ---------------------------------------------------------------------------------------- what it samples
+    def window(self, settings: Any, num_steps: int, step: int) -> tuple[int, tuple[int, int]]:
+        """(SDE window size, inclusive range of window starts) of iteration ``step`` over ``num_steps`` steps."""
+        raise NotImplementedError(f"{type(self).__name__}.window")
+
+    def initial_noise(
+        self, settings: Any, seed: int, step: int, first: int, count: int, latent_shape: Sequence[int]
+    ) -> torch.Tensor | None:
+        """The rollout's starting noise of global samples ``first ..`` or None (each sample draws its own)."""
+        return None
+
+    def advantages(self, settings: Any, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """Per-sample training weights of the GLOBAL batch's rewards (every replica's samples)."""
+        raise NotImplementedError(f"{type(self).__name__}.advantages")
+
+    # ------------------------------------------------------------------------------------- which steps it trains
+    def train_positions(
+        self, settings: Any, window_size: int, seed: int, step: int, first: int, count: int
+    ) -> torch.Tensor | None:
+        """``[count, K]`` window positions global samples ``first ..`` train on, or None: all, in order."""
+        return None
+
+    # ------------------------------------------------------------------------------------------------ its loss
+    def step_objective(
+        self,
+        settings: Any,
+        log_prob: torch.Tensor,
+        old_log_prob: torch.Tensor,
+        advantage: torch.Tensor,
+        kl_terms: Gaussian | None,
+        gaussian: Gaussian | None = None,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``trains_on == "steps"``: one window step's loss. ``kl_terms``: ``(mean, ref_mean, std_dev_t,
+        sqrt_dt)`` when a KL term is on; ``gaussian``: ``(mean, old_mean, std_dev_t, sqrt_dt)`` when
+        ``needs_old_mean``."""
+        raise NotImplementedError(f"{type(self).__name__} trains no rollout steps")
+
+    def forward_objective(
+        self, settings: Any, v: torch.Tensor, v_old: torch.Tensor, target: torch.Tensor, weights: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``trains_on == "clean_samples"``: the loss on the forward process's ``x_t`` of the rollout's samples."""
+        raise NotImplementedError(f"{type(self).__name__} trains no forward process")
+
+    def pair_objective(
+        self,
+        settings: Any,
+        v_w: torch.Tensor,
+        v_l: torch.Tensor,
+        v_w_ref: torch.Tensor,
+        v_l_ref: torch.Tensor,
+        target_w: torch.Tensor,
+        target_l: torch.Tensor,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``trains_on == "pairs"``: the loss of the chosen and rejected samples' velocities against a reference."""
+        raise NotImplementedError(f"{type(self).__name__} trains no preference pairs")
+
+    # ----------------------------------------------------------------------------------------------- metrics
+    def iteration_metrics(self, settings: Any, num_steps: int, step: int) -> dict[str, Any]:
+        """The algorithm's own entries of iteration ``step``'s metrics."""
+        return {}
+
+    def gap_alarm(self, settings: Any) -> float:
+        """The rollout-vs-training log-prob gap above which the loop raises its alarm (inf: no log-probs)."""
+        return math.inf
+
+    # -------------------------------------------------------------------------------------- checkpoint state
+    def state_dict(self) -> dict[str, Any]:
+        """JSON data the algorithm carries between iterations (saved with every checkpoint)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``'s data on resume; an algorithm without state refuses any."""
+        if state:
+            raise ValueError(f"{self.name}: carries no checkpoint state, found {sorted(state)}")
