@@ -45,3 +45,21 @@ def test_no_module_of_the_job_probes_an_algorithm() -> None:
                 if "algo" in target:
                     probes.append(f"{path.relative_to(RL)}:{node.lineno} {ast.unparse(node)}")
     assert not probes, probes
+
+
+def test_checkpoint_state_is_read_back_per_rank(tmp_path: Path) -> None:
+    """``save`` writes the algorithm's ``state_dict()`` into each rank's checkpoint extra; resume reads this rank's
+    (rank 0's when the checkpoint had fewer ranks) and hands it to ``load_state_dict``; a stateless algorithm refuses
+    state it does not carry, and a checkpoint without the entry gives {}."""
+    import json
+
+    from runtime.rl.run_state import _saved_algorithm_state
+
+    assert _saved_algorithm_state(tmp_path, 0) == {}
+    (tmp_path / "rank_00000.json").write_text(json.dumps({"extra": {"algorithm": {"k": 1}}}))
+    (tmp_path / "rank_00001.json").write_text(json.dumps({"extra": {"step": 3}}))
+    assert _saved_algorithm_state(tmp_path, 0) == {"k": 1} and _saved_algorithm_state(tmp_path, 3) == {"k": 1}
+    assert _saved_algorithm_state(tmp_path, 1) == {}
+    algorithm("flowgrpo").load_state_dict({})
+    with pytest.raises(ValueError, match="carries no checkpoint state"):
+        algorithm("flowgrpo").load_state_dict({"k": 1})
