@@ -1,8 +1,9 @@
 """Wan DiT training step (forward + backward, MSE to a random target): the generated wan shell vs diffusers'
 ``WanTransformer3DModel`` with the same random weights; latent tokens/s, MFU, and their ratio (<= 1.02x).
 
-``real``: Wan2.1-T2V-1.3B's transformer (30 layers, 12 heads of 128, ffn 8960), bf16, one 480x832 clip of 33
-frames (9 x 30 x 52 = 14040 latent tokens, a 480p-class count that fits without checkpointing) with 512 text
+``real``: Wan2.1-T2V-1.3B's transformer (30 layers, 12 heads of 128, ffn 8960), bf16, one 480x832 clip of 21
+frames (6 x 30 x 52 = 9360 latent tokens, a 480p-class count; ``runtime.plan`` estimates 58 GiB of activations for
+33 frames, so about 39 GiB here, which fits an 80 GiB H100 beside both models without checkpointing) with 512 text
 tokens. ``tiny``: 2 layers, hidden 96, a 9-frame 64x64 clip (3 x 4 x 4 = 48 tokens), fp32. FLOPs: torch's own
 counter over one generated step.
 """
@@ -32,7 +33,7 @@ WAN_1_3B = dict(
 )
 WAN_TINY = {**WAN_1_3B, "num_attention_heads": 4, "attention_head_dim": 24, "text_dim": 32, "freq_dim": 32}
 WAN_TINY.update(ffn_dim=128, num_layers=2)
-CLIP = {"real": dict(frames=33, height=480, width=832, text_tokens=512), "tiny": dict(frames=9, height=64, width=64)}
+CLIP = {"real": dict(frames=21, height=480, width=832, text_tokens=512), "tiny": dict(frames=9, height=64, width=64)}
 CONFIGS = {"real": WAN_1_3B, "tiny": WAN_TINY}
 
 
