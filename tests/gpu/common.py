@@ -31,11 +31,15 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @contextmanager
 def deterministic() -> Iterator[None]:
-    """Deterministic kernels (the bitwise comparisons: two runs of the same ops must give the same bits; the
-    CUDA tests run with ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, set by bench/gpu_check)."""
+    """Deterministic kernels for the bitwise comparisons (two runs of the same ops must give the same bits): torch's
+    deterministic algorithms, SDPA's math backend (the fused kernels' backward may accumulate with atomics; the
+    fused backends have their own tests), and ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, set by bench/gpu_check."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        yield
+        with sdpa_kernel([SDPBackend.MATH]):
+            yield
     finally:
         torch.use_deterministic_algorithms(was)
