@@ -56,7 +56,7 @@ def halo_worker(rank: int, world: int, names: list[str]) -> list[dict]:
 @pytest.mark.dist
 def test_halo_conv_matches_one_process(world: int = 2) -> None:
     names = sorted(CONVS)
-    per_rank = run_distributed(halo_worker, world, names, timeout=120)
+    per_rank = run_distributed(halo_worker, world, names, timeout=300)
     for index, name in enumerate(names):
         ref = _reference(name)
         for key in ("out", "x"):
