@@ -227,10 +227,13 @@ def build_dit_job(config: RunConfig, state: ParallelState, inputs: Any) -> Job:
 
 def dit_identity(config: RunConfig, model: torch.nn.Module) -> dict[str, Any]:
     """What a DiT checkpoint must match on resume: the transformer's config and the LoRA settings (a LoRA
-    checkpoint holds only the adapter, whose meaning depends on its rank, alpha and targets)."""
+    checkpoint holds only the adapter, whose meaning depends on its rank, alpha and targets), and which of two
+    experts it trains (Wan2.2 A14B's have the same config)."""
     lora = config.lora
     adapter = None if lora.rank is None else {"rank": lora.rank, "alpha": lora.alpha, "targets": lora.target_modules}
-    return model_identity(config.model.type, {"transformer": model.config, "lora": adapter})
+    folder = transformer_folder(config)
+    expert = {} if folder == "transformer" else {"expert": folder}  # unchanged for one-transformer pipelines
+    return model_identity(config.model.type, {"transformer": model.config, "lora": adapter, **expert})
 
 
 def warn_small_buckets(buckets: Any, batch_size: int, video: bool) -> None:
