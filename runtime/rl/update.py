@@ -264,7 +264,7 @@ def train_forward(
                         old_v[j] = torch.empty((b, *v.shape[1:]), dtype=v.dtype, device=v.device)
                     old_v[j][rows.to(v.device)] = v.detach()
                 loss, step_stats = algo.forward_objective(
-                    s, v, old_v[j][rows.to(v.device)], target.to(v.dtype), weights[rows].to(v.device)
+                    s, v, old_v[j][rows.to(v.device)], target.to(v.dtype), weights[rows].to(v.device), t.to(v.device)
                 )
                 losses.backward(loss, len(rows) * share, step, [names[r] for r in rows.tolist()])
                 for key, value in step_stats.items():

@@ -195,3 +195,40 @@ def test_diffusionnft_group_or_batch_of_one_is_one_half(unit: str) -> None:
     for rewards, groups in (([0.7], [0]), ([0.7, 0.1, 0.4], [0, 1, 2])):
         got = optimality(Settings(reward_std=unit), torch.tensor(rewards, dtype=torch.float64), torch.tensor(groups))
         assert torch.equal(got, torch.full_like(got, 0.5)), (unit, got)
+
+
+@pytest.mark.parametrize("beta", [0.5, 1.0])
+def test_diffusionnft_adaptive_weight_is_verl_omnis(beta: float) -> None:
+    """verl-omni's diffusion_nft loss in float64, written in its x0-space terms (x0_hat = x_t - t v_pm, the error
+    over its detached mean absolute error floored at 1e-5, times adv_clip_max / beta); ours with adaptive_weight
+    and reward_norm = adv_clip_max; loss and gradient."""
+    from runtime.rl.algorithms.diffusionnft import Settings, conventions, objective
+
+    g = torch.Generator().manual_seed(3)
+    shape = (5, 2, 3, 4)
+    x0, eps, v_old, v0 = (torch.randn(shape, generator=g, dtype=torch.float64) for _ in range(4))
+    t = torch.tensor([0.05, 0.3, 0.5, 0.8, 0.97], dtype=torch.float64)
+    r = torch.tensor([0.0, 0.2, 0.5, 0.9, 1.0], dtype=torch.float64)
+    tt = t.reshape(-1, 1, 1, 1)
+    xt, target = (1 - tt) * x0 + tt * eps, eps - x0
+    clip = 2.0
+
+    def theirs(v: torch.Tensor) -> torch.Tensor:
+        pos_pred, neg_pred = beta * v + (1 - beta) * v_old, (1 + beta) * v_old - beta * v
+        losses = []
+        for pred in (pos_pred, neg_pred):
+            x0_hat = xt - tt * pred
+            weight = (x0_hat - x0).abs().mean(dim=(1, 2, 3), keepdim=True).clip(min=1e-5).detach()
+            losses.append(((x0_hat - x0) ** 2 / weight).mean(dim=(1, 2, 3)))
+        return ((r * losses[0] / beta + (1 - r) * losses[1] / beta) * clip).mean()
+
+    v_ref = v0.clone().requires_grad_(True)
+    ref = theirs(v_ref)
+    (ref_grad,) = torch.autograd.grad(ref, v_ref)
+    v = v0.clone().requires_grad_(True)
+    settings = Settings(beta=beta, reward_norm=clip, adaptive_weight=True)
+    loss, _ = objective(settings, v, v_old, target, r, t)
+    (grad,) = torch.autograd.grad(loss, v)
+    torch.testing.assert_close(loss.detach(), ref.detach(), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-8, atol=1e-12)
+    assert "verl-omni" in conventions(settings)

@@ -106,9 +106,16 @@ class Algorithm:
         raise NotImplementedError(f"{type(self).__name__} trains no rollout steps")
 
     def forward_objective(
-        self, settings: Any, v: torch.Tensor, v_old: torch.Tensor, target: torch.Tensor, weights: torch.Tensor
+        self,
+        settings: Any,
+        v: torch.Tensor,
+        v_old: torch.Tensor,
+        target: torch.Tensor,
+        weights: torch.Tensor,
+        t: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``trains_on == "clean_samples"``: the loss on the forward process's ``x_t`` of the rollout's samples."""
+        """``trains_on == "clean_samples"``: the loss on the forward process's ``x_t`` (times ``t``) of the
+        rollout's samples."""
         raise NotImplementedError(f"{type(self).__name__} trains no forward process")
 
     def pair_objective(

@@ -16,10 +16,16 @@ the default) a group whose rewards lie 1e-4 apart has ``|dR| / std`` of order 1 
 where verl-omni's ``+ 1e-4`` damps it towards 1/2. A std of 0 (equal rewards, or a group or batch of one) has
 ``dR = 0``, whose ``r`` is 1/2.)
 
-Not taken: the paper's adaptive loss weighting (verl-omni's ``diffusion_nft``: each sample's loss computed on x0-space
-errors and divided by its detached mean absolute x0 error, times ``adv_clip_max / beta``). It rescales each sample's
-gradient by ``1 / mean|x0_hat - x0|``, which varies with ``t`` and the sample; ours weighs every sample and ``t``
-alike (the difference is that per-sample factor; not measured on a real model here).
+Adaptive weighting (``adaptive_weight: true``, verl-omni's ``diffusion_nft``; off by default, the paper's plain
+velocity loss). verl-omni computes each implicit policy's error in x0 space, ``x0_hat - x0 = t (v - v_pm)``, and
+divides its mean square by the detached mean absolute error (floored at ``adaptive_weight_min``), times
+``adv_clip_max / beta`` (ours: ``reward_norm / beta``)::
+
+    L_pm = t^2 ||v_pm - v||^2 / max(t mean|v_pm - v|, w_min) * reward_norm / beta
+
+Against the default loss that is a per-sample factor ``t / mean|v_pm - v| * reward_norm / beta`` on each term: it
+down-weighs low-noise draws (small ``t``) and samples the policy already fits, and scales the loss by
+``reward_norm / beta``.
 
 (``r = 1`` wholly positive, ``r = 0`` wholly negative, ``1/2`` neither).
 
@@ -46,6 +52,8 @@ Config::
       reward_std: none           # none | global | group: Z_c in units of the batch's or the group's reward std
       reward_std_ddof: 1         # the std's divisor n - ddof: 1 (torch.std, verl-omni) | 0 (np.std, population)
       reward_std_eps: 0.0        # added to the std: 0 (ours) | 1.0e-4 (verl-omni)
+      adaptive_weight: false     # true: verl-omni's x0-space adaptive loss weighting (above)
+      adaptive_weight_min: 1.0e-5  # its weight's floor (verl-omni's adaptive_weight_min)
       t_min: 0.0                 # the forward-process times drawn uniformly from [t_min, t_max]
       t_max: 1.0
       timesteps_per_sample: 1    # forward-process draws per clean sample and inner epoch
@@ -97,6 +105,8 @@ class Settings:
     reward_std: str = "none"
     reward_std_ddof: int = 1
     reward_std_eps: float = 0.0
+    adaptive_weight: bool = False
+    adaptive_weight_min: float = 1e-5
     t_min: float = 0.0
     t_max: float = 1.0
     timesteps_per_sample: int = 1
@@ -112,7 +122,15 @@ class Settings:
 RULES = KeyRules(
     positive=frozenset(
         f"{NAME}.{k}"
-        for k in ("group_size", "beta", "reward_norm", "timesteps_per_sample", "micro_batch_size", "inner_epochs")
+        for k in (
+            "group_size",
+            "beta",
+            "reward_norm",
+            "timesteps_per_sample",
+            "micro_batch_size",
+            "inner_epochs",
+            "adaptive_weight_min",
+        )
     ),
     unit_interval=frozenset({f"{NAME}.t_min", f"{NAME}.t_max"}),
     non_negative=frozenset({f"{NAME}.reward_std_eps"}),
@@ -134,9 +152,14 @@ def check(config: RLConfig) -> None:
 
 
 def conventions(settings: Settings) -> str:
+    weighting = (
+        f", x0-space adaptive weighting x reward_norm / beta (verl-omni's, floor {settings.adaptive_weight_min:g})"
+        if settings.adaptive_weight
+        else ", velocity loss unweighted (the paper's)"
+    )
     return (
         f"forward-process NFT, beta {settings.beta:g}, r = 1/2 + 1/2 clip(dR / {_z(settings)}, -1, 1), "
-        f"t ~ U[{settings.t_min:g}, {settings.t_max:g}]"
+        f"t ~ U[{settings.t_min:g}, {settings.t_max:g}]{weighting}"
     )
 
 
@@ -180,19 +203,39 @@ def advantages(settings: Settings, rewards: torch.Tensor, group_ids: torch.Tenso
 
 
 def objective(
-    settings: Settings, v_theta: torch.Tensor, v_old: torch.Tensor, target: torch.Tensor, r: torch.Tensor
+    settings: Settings,
+    v_theta: torch.Tensor,
+    v_old: torch.Tensor,
+    target: torch.Tensor,
+    r: torch.Tensor,
+    t: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The batch mean of ``r ||v_plus - v||^2 + (1 - r) ||v_minus - v||^2`` and its statistics (detached)."""
+    """The batch mean of ``r ||v_plus - v||^2 + (1 - r) ||v_minus - v||^2`` and its statistics (detached); with
+    ``adaptive_weight`` verl-omni's x0-space adaptive form (module docstring), which needs the times ``t`` ``[B]``."""
     beta = settings.beta
     old = v_old.detach()
     v_plus = (1 - beta) * old + beta * v_theta
     v_minus = (1 + beta) * old - beta * v_theta
     dims = tuple(range(1, v_theta.dim()))
-    pos = (v_plus - target).square().mean(dim=dims)
-    neg = (v_minus - target).square().mean(dim=dims)
+    if settings.adaptive_weight:
+        if t is None:
+            raise ValueError("adaptive_weight: the objective needs the forward-process times t")
+        tt = t.reshape(-1, *([1] * (v_theta.dim() - 1))).to(v_theta.dtype)
+
+        def adaptive(v: torch.Tensor) -> torch.Tensor:  # x0_hat - x0 = t (v_target - v): x0-space error
+            err = tt * (target - v)
+            weight = err.detach().abs().mean(dim=dims).clamp_min(settings.adaptive_weight_min)
+            return err.square().mean(dim=dims) / weight
+
+        pos, neg = adaptive(v_plus), adaptive(v_minus)
+        scale = settings.reward_norm / beta  # verl-omni's adv_clip_max / mix_beta
+    else:
+        pos = (v_plus - target).square().mean(dim=dims)
+        neg = (v_minus - target).square().mean(dim=dims)
+        scale = 1.0
     rr = r.to(pos.dtype)
     per_sample = rr * pos + (1 - rr) * neg
-    loss = per_sample.mean()
+    loss = per_sample.mean() * scale
     stats = {
         "policy_loss": loss.detach(),
         "positive_loss": pos.detach().mean(),
@@ -226,9 +269,15 @@ class DiffusionNFT(Algorithm):
         return advantages(settings, rewards, group_ids)
 
     def forward_objective(
-        self, settings: Settings, v: torch.Tensor, v_old: torch.Tensor, target: torch.Tensor, weights: torch.Tensor
+        self,
+        settings: Settings,
+        v: torch.Tensor,
+        v_old: torch.Tensor,
+        target: torch.Tensor,
+        weights: torch.Tensor,
+        t: torch.Tensor,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return objective(settings, v, v_old, target, weights)
+        return objective(settings, v, v_old, target, weights, t)
 
 
 ALGORITHM = DiffusionNFT()
