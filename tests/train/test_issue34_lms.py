@@ -1,6 +1,7 @@
 """The trainer on each issue-34 language model at sp=2 (Ulysses) and ring=2 against one process, every step: the
 structures the project did not ship before (gpt_oss: attention sinks, eager attention because transformers refuses
-sdpa for it, mask builders called without position ids, biased/interleaved/clamped experts on the layout kernel)."""
+sdpa for it, mask builders called without position ids, biased/interleaved/clamped experts on the layout kernel;
+glm4_moe: an aux-loss-free sigmoid router with a bias-corrected choice, shared experts, a leading dense layer)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from tests.train.common import run_config, train_worker
 # model type -> the run's model section beyond its tiny config (what its spec says it trains with)
 MODELS = {
     "gpt_oss": {"attn_implementation": "eager", "experts_implementation": "patchgen_eager"},
+    "glm4_moe": {"attn_implementation": "sdpa", "experts_implementation": "patchgen_grouped"},
 }
 
 
