@@ -281,9 +281,31 @@ def ring_attention(
     query sees only keys of its own document), or None. ``extra_kv``: a (b, hkv, se, d) pair every query sees once,
     unmasked unless ``extra_valid`` ((b or 1, se) bool) hides some of its keys. ``kv_valid``: (ring, b or 1, s) bool,
     False for a rank's key no query may see (e.g. padding), or None. ``window``: sliding-window size (transformers'
-    rule), or None. ``sink``: (hq,) attention-sink logits (see module doc), or None. With ``group=None`` (no ring)
-    this is plain attention over the local tokens.
+    rule), or None. ``sink``: (hq,) attention-sink logits (see module doc), or None. Value heads may have another
+    size than query/key heads: the narrower side is padded with zero columns (exact) for the fused kernels. With
+    ``group=None`` (no ring) this is plain attention over the local tokens.
     """
+    if v.shape[-1] != q.shape[-1]:  # value heads of another size (MiMo-V2-Flash): zero columns, exact either way
+        width = max(q.shape[-1], v.shape[-1])
+        pad = lambda t: torch.nn.functional.pad(t, (0, width - t.shape[-1]))  # noqa: E731
+        if extra_kv is not None:
+            extra_kv = (pad(extra_kv[0]), pad(extra_kv[1]))
+        out = ring_attention(
+            pad(q),
+            pad(k),
+            pad(v),
+            group=group,
+            causal=causal,
+            scale=scale,
+            index=index,
+            doc_ids=doc_ids,
+            extra_kv=extra_kv,
+            window=window,
+            kv_valid=kv_valid,
+            extra_valid=extra_valid,
+            sink=sink,
+        )
+        return out[..., : v.shape[-1]]
     size = 1 if group is None else dist.get_world_size(group)
     if index is None:
         index = torch.stack([contiguous_indices(size * q.shape[2], size, r) for r in range(size)])

@@ -1,7 +1,8 @@
 """The trainer on each issue-34 language model at sp=2 (Ulysses) and ring=2 against one process, every step: the
 structures the project did not ship before (gpt_oss: attention sinks, eager attention because transformers refuses
 sdpa for it, mask builders called without position ids, biased/interleaved/clamped experts on the layout kernel;
-glm4_moe: an aux-loss-free sigmoid router with a bias-corrected choice, shared experts, a leading dense layer)."""
+glm4_moe: an aux-loss-free sigmoid router with a bias-corrected choice, shared experts, a leading dense layer;
+mimo_v2_flash: sinks on sliding layers only, value heads of another size, per-layer-type RoPE, eager attention)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tests.train.common import run_config, train_worker
 MODELS = {
     "gpt_oss": {"attn_implementation": "eager", "experts_implementation": "patchgen_eager"},
     "glm4_moe": {"attn_implementation": "sdpa", "experts_implementation": "patchgen_grouped"},
+    "mimo_v2_flash": {"attn_implementation": "eager", "experts_implementation": "patchgen_grouped"},
 }
 
 
