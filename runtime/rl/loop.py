@@ -34,6 +34,7 @@ import torch
 
 from runtime.config.errors import ConfigError
 from runtime.kernels.timing import Clock
+from runtime.rl.algorithms.objectives import zero_std_ratio
 from runtime.rl.batch import repeat_batch, select_rows
 from runtime.rl.config import RLConfig
 from runtime.rl.offline import offline_iteration
@@ -140,7 +141,10 @@ def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult | N
         metrics[f"reward/{name}"] = every[k].mean().item()
         metrics[f"reward_std/{name}"] = every[k].std().item()
     metrics.update(algo.iteration_metrics(s, c.sampling.num_inference_steps, step))  # e.g. MixGRPO's window
+    iteration_time = time.perf_counter() - started
     metrics.update(
+        zero_std_ratio=zero_std_ratio(every[0], group_ids),
+        samples_per_second_per_gpu=every.shape[1] / iteration_time / state.world_size,
         advantage_mean=advantages_all.mean().item(),
         advantage_std=advantages_all.std().item(),
         advantage_abs_max=advantages_all.abs().max().item(),

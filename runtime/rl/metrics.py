@@ -6,7 +6,10 @@ which scores nothing: ``loss.png``, its loss and implicit reward accuracy, both 
 
 Keys (docs/flowgrpo.md, "Metrics"): ``step``; ``reward`` / ``reward_std`` (combined, over the global batch) and
 ``reward/<name>`` / ``reward_std/<name>`` per reward; ``advantage_mean`` / ``_std`` / ``_abs_max``;
-``policy_loss``, ``clip_fraction``, ``approx_kl``, ``kl``, ``ratio_mean``, ``grad_norm``, ``lr``;
+``zero_std_ratio`` (share of groups with equal rewards); ``policy_loss``, ``clip_fraction`` (and its
+``clip_fraction_high`` / ``clip_fraction_low`` sides), ``approx_kl``, ``kl``, ``ratio_mean``, ``ratio_std``,
+``grad_norm``, ``lr``; ``samples_per_second_per_gpu`` (images or videos of the global batch per second of the
+iteration per process: verl-omni's img/GPU/s);
 ``logprob_gap_mean`` / ``logprob_gap_max`` (|log p_train - log p_rollout| over the first inner step's samples and
 window steps, where the ratio must be 1); ``logprob_gap_alarm`` (1 when the max exceeded the threshold);
 ``skipped_nonfinite``; ``wall_time_<phase>`` (wall seconds: what a user waits) and ``cpu_time_<phase>`` (user CPU
@@ -26,7 +29,10 @@ __all__ = ["OFFLINE_PANELS", "PHASES", "REWARD_PANELS", "RLMetricsLogger", "TIMI
 
 PHASES = ("rollout", "reward", "train")
 # the keys whose values are timings (they differ between two runs that compute the same thing)
-TIMING_KEYS = tuple(f"{kind}_time_{phase}" for kind in ("wall", "cpu") for phase in PHASES)
+TIMING_KEYS = (
+    *(f"{kind}_time_{phase}" for kind in ("wall", "cpu") for phase in PHASES),
+    "samples_per_second_per_gpu",
+)
 
 _SHOWN = (
     ("reward", "reward {:.4f}"),

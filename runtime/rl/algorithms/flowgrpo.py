@@ -183,12 +183,15 @@ def step_objective(
     """The loss of one window step of a micro-batch (before the share scaling) and its statistics (detached).
 
     ``kl_terms``: ``(mean, ref_mean, std_dev_t, sqrt_dt)`` when ``kl_coef > 0``."""
-    from runtime.rl.algorithms.objectives import kl_to_reference, policy_loss
+    import torch
+
+    from runtime.rl.algorithms.objectives import kl_to_reference, policy_loss, ratio_stats
 
     loss, clip_fraction, approx_kl = policy_loss(
         log_prob, old_log_prob, advantage, settings.clip_range, settings.adv_clip_max
     )
     stats = {"policy_loss": loss.detach(), "clip_fraction": clip_fraction, "approx_kl": approx_kl}
+    stats |= ratio_stats(torch.exp(log_prob.detach() - old_log_prob.detach()), settings.clip_range)
     if kl_terms is not None:
         kl = kl_to_reference(*kl_terms, settings.kl_form)
         loss = loss + settings.kl_coef * kl

@@ -124,6 +124,8 @@ def guard_loss(
     """The regulated clipped loss of one step (module docstring) and its statistics (detached)."""
     import torch
 
+    from runtime.rl.algorithms.objectives import ratio_stats
+
     if guard_scale not in GUARD_SCALES:
         raise ValueError(f"guard_scale: expected one of {GUARD_SCALES}, found {guard_scale!r}")
     b = log_prob.shape[0]
@@ -150,6 +152,7 @@ def guard_loss(
         "approx_kl": 0.5 * ((log_prob - old_log_prob).detach() ** 2).mean(),
         "guard/ratio_mean": ratio.detach().mean(),
         "guard/ratio_mean_bias": bias.detach().mean(),
+        **ratio_stats(ratio, clip_range),  # of the normalised ratio: the one the clip acts on
     }
     return loss, stats
 

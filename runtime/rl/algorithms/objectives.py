@@ -18,6 +18,11 @@ Policy loss for one denoising step (``logp``, ``logp_old`` of shape ``[B]``)::
     clip_fraction = mean(|ratio - 1| > clip_range)
     approx_kl     = 0.5 * mean((logp - logp_old) ** 2)
 
+Ratio statistics (``ratio_stats``, verl's PPO names in brackets): ``clip_fraction_high = mean(ratio > 1 + clip_range)``
+(``pg_clipfrac``'s upper side), ``clip_fraction_low = mean(ratio < 1 - clip_range)`` (``pg_clipfrac_lower``),
+``ratio_std`` (the spread the clip acts on). A group whose rewards are all equal has no signal:
+``zero_std_ratio`` is the share of such groups in the batch (DAPO's dynamic sampling filters them).
+
 KL to the reference. Both policies are Gaussians of the same (isotropic) std ``s = std_dev_t * sqrt_dt`` that the
 schedule fixes, so the exact per-element KL is ``(mean - ref_mean)^2 / (2 s^2)``. Two forms (``kl_form``)::
 
@@ -41,7 +46,16 @@ AdvantageMode = Literal["group", "global", "none"]
 KlForm = Literal["scaled", "exact"]
 KL_FORMS = ("scaled", "exact")  # the first is verl-omni's (the default)
 
-__all__ = ["AdvantageMode", "KL_FORMS", "KlForm", "group_advantages", "kl_to_reference", "policy_loss"]
+__all__ = [
+    "AdvantageMode",
+    "KL_FORMS",
+    "KlForm",
+    "group_advantages",
+    "kl_to_reference",
+    "policy_loss",
+    "ratio_stats",
+    "zero_std_ratio",
+]
 
 
 def group_advantages(
@@ -96,6 +110,23 @@ def policy_loss(
     clip_fraction = ((ratio.detach() - 1.0).abs() > clip_range).float().mean()
     approx_kl = 0.5 * (diff.detach() ** 2).mean()
     return loss, clip_fraction, approx_kl
+
+
+def ratio_stats(ratio: torch.Tensor, clip_range: float) -> dict[str, torch.Tensor]:
+    """``clip_fraction_high``, ``clip_fraction_low`` and ``ratio_std`` of one step's importance ratios (detached)."""
+    ratio = ratio.detach()
+    return {
+        "clip_fraction_high": (ratio > 1.0 + clip_range).float().mean(),
+        "clip_fraction_low": (ratio < 1.0 - clip_range).float().mean(),
+        "ratio_std": ratio.std(unbiased=False) if ratio.numel() > 1 else torch.zeros((), device=ratio.device),
+    }
+
+
+def zero_std_ratio(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
+    """The share of the batch's groups whose rewards are all equal (exactly: the advantages are then all 0)."""
+    groups = torch.unique(group_ids)
+    flat = [bool((rewards[group_ids == g] == rewards[group_ids == g][0]).all()) for g in groups.tolist()]
+    return sum(flat) / len(flat)
 
 
 def kl_to_reference(
