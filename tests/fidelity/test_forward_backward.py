@@ -52,7 +52,7 @@ def test_forward_backward_equals_upstream(model_type: str, attn: str, pairs) -> 
 def test_gradient_checkpointing_equals_upstream(model_type: str, pairs) -> None:
     """transformers' own checkpointing switch on both models (every GradientCheckpointingLayer: decoder layers and
     ViT blocks recompute in backward)."""
-    pair = pairs(model_type, "sdpa")
+    pair = pairs(model_type)  # the spec's attention (sdpa unless transformers refuses it)
     mismatches = Mismatches(model_type)
     for model in pair.models:
         model.gradient_checkpointing_enable()
