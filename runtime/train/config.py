@@ -10,7 +10,7 @@ Example (every key shown with its default unless marked required)::
       seed: 0
       attn_implementation: sdpa  # eager | sdpa | flex_attention | flash_attention_2/3/4 (where flash-attn is
                                  # installed); DiTs: sdpa (the processors' own) or a diffusers attention backend
-      experts_implementation: patchgen_grouped  # MoE models: eager | patchgen_grouped | patchgen_triton
+      experts_implementation: patchgen_grouped  # MoE: eager | patchgen_grouped | patchgen_triton | patchgen_eager
       freeze_vision: false     # vision-language models: train without updating the vision tower
       freeze_audio: false      # omni models: train without updating the audio encoder
     data:

@@ -26,7 +26,7 @@ class ModelConfig:
     config: dict = field(default_factory=dict)
     seed: int = 0
     attn_implementation: str = "sdpa"
-    experts_implementation: str = "patchgen_grouped"  # MoE models only: eager | patchgen_grouped | patchgen_triton
+    experts_implementation: str = "patchgen_grouped"  # MoE: eager, patchgen_grouped, patchgen_triton, patchgen_eager
     freeze_vision: bool = False  # vision-language models only
     freeze_audio: bool = False  # omni models (an audio encoder) only
 
