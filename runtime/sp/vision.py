@@ -147,15 +147,22 @@ def local_visual_tokens(local_mask: Tensor, *embeds: Any) -> tuple[Any, ...]:
 
     def pick(x: Any) -> Any:
         if isinstance(x, (tuple, list)):
-            return type(x)(t.index_select(0, index) for t in x)
+            return type(x)(pick(t) for t in x)
         return x.index_select(0, index)
 
-    return tuple(pick(e) for e in embeds)
+    def pick_level(x: Any) -> Any:
+        """A deepstack level given as one tensor per image or video (transformers >= 5.23 splits them): the rows of
+        their concatenation, as the one piece of a sequence of the same type (upstream concatenates it next)."""
+        if isinstance(x, (tuple, list)) and x and all(isinstance(t, (tuple, list)) for t in x):
+            return type(x)(type(level)([torch.cat(tuple(level)).index_select(0, index)]) for level in x)
+        return pick(x)
+
+    return tuple(pick_level(e) for e in embeds)
 
 
-def _tensors(items: tuple[Any, ...]):
+def _tensors(items: Any):
     for item in items:
         if isinstance(item, (tuple, list)):
-            yield from item
+            yield from _tensors(item)
         else:
             yield item

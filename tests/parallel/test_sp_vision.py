@@ -54,6 +54,8 @@ def _vit_worker(rank: int, world_size: int, x: torch.Tensor, mask: torch.Tensor,
     local_len = mask.shape[1] // world_size
     local_mask = mask[:, rank * local_len : (rank + 1) * local_len]
     picked, picked_levels = vision.local_visual_tokens(local_mask, e, [e * 2])
+    # transformers >= 5.23: each deepstack level split per image (here 3 + rest); the rows of their concatenation
+    (split_levels,) = vision.local_visual_tokens(local_mask, [tuple(torch.split(e * 2, [3, e.shape[0] - 3]))])
     return {
         "pad": pad,
         "local_rows": local.shape[0],
@@ -64,6 +66,7 @@ def _vit_worker(rank: int, world_size: int, x: torch.Tensor, mask: torch.Tensor,
         "x_grad": x_grad,
         "picked": picked.detach(),
         "picked_level": picked_levels[0].detach(),
+        "split_level": [piece.detach() for piece in split_levels[0]],
         "local_mask": local_mask,
     }
 
@@ -92,5 +95,6 @@ def test_vit_hooks_on_two_ranks_match_single_process() -> None:
         index = ordinal[:, rank * 4 : (rank + 1) * 4][got["local_mask"]]
         assert torch.equal(got["picked"], embeds[index])
         assert torch.equal(got["picked_level"], embeds[index] * 2)
+        assert len(got["split_level"]) == 1 and torch.equal(got["split_level"][0], embeds[index] * 2)
     # the ranks' picks, placed row-major into their slices, are masked_scatter's global order
     assert per_rank[1]["picked"].shape[0] == int(mask[:, 4:].sum()) == 3
