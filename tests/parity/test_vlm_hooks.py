@@ -7,6 +7,7 @@ import pickle
 
 import pytest
 import torch
+import transformers
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -45,7 +46,10 @@ def test_lm_attention_kwargs_do_not_reach_the_vit(model_type: str) -> None:
 
     SEEN.clear()
     upstream(**batch, **_lm_kwargs(length))
-    assert any("Vision" in name and seen for name, seen in SEEN), "upstream leaks them into the ViT (the reason)"
+    leaks = any("Vision" in name and seen for name, seen in SEEN)
+    # The reason for the stash/restore patches: the pinned release leaks them into the ViT. 5.23.0 no longer does
+    # (`patchgen upgrade --verify` runs this test there); the generated model must keep them out either way.
+    assert leaks or transformers.__version__ != "5.14.1", "upstream 5.14.1 leaks them into the ViT (the reason)"
 
     SEEN.clear()
     logits = generated(**batch, **_lm_kwargs(length)).logits
