@@ -18,7 +18,6 @@ import typer
 
 from patchgen.config import ProjectConfig, load_config
 from patchgen.errors import PatchgenError
-from patchgen.files import write_text_atomic
 from patchgen.ownership import ORPHAN, finish_interrupted_write
 from patchgen.project import check as check_project
 from patchgen.project import regen as regen_project
@@ -247,7 +246,7 @@ def _upgrade(
 ) -> None:
     """`upgrade`, with `config` reading specs/ or its `--with-specs` copy (then `replaced`: the project's config,
     the replaced texts by specs/ path and the folder as given)."""
-    from patchgen.report import console, generated_diffs, markdown
+    from patchgen.report import console, generated_diffs, markdown, write_report
     from patchgen.upgrade import analyze, apply, baseline_source
     from patchgen.upgrade_review import write_review
 
@@ -340,19 +339,6 @@ def _upgrade(
         )
     if not result.ok or (verification is not None and not verification.proven):
         raise typer.Exit(1)
-
-
-def write_report(path: Path, text: str, diffs: dict[str, str]) -> None:
-    """The report and, in the folder named like it, one `<model>.diff` per model whose generated body changes;
-    `.diff` files a previous run left there for models that no longer change are removed (the folder is the
-    report's own)."""
-    folder = path.with_suffix("")
-    for stale in sorted(folder.glob("*.diff")) if folder.is_dir() else []:
-        if stale.stem not in diffs:
-            stale.unlink()
-    for name, diff in sorted(diffs.items()):
-        write_text_atomic(folder / f"{name}.diff", diff)
-    write_text_atomic(path, text)
 
 
 def main() -> None:

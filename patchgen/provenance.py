@@ -21,7 +21,7 @@ PACKAGE_DIR = Path(__file__).parent
 FRONT_ENDS = (
     "cli.py",
     "migrate.py",
-    "migrate_rules.py",
+    "migrate_rules/",  # a package: every module under it
     "report.py",
     "scratch_env.py",
     "spec_edits.py",
@@ -35,7 +35,11 @@ FRONT_ENDS = (
 
 def _engine_files() -> tuple[str, ...]:
     names = (path.relative_to(PACKAGE_DIR).as_posix() for path in PACKAGE_DIR.rglob("*.py"))
-    return tuple(sorted(name for name in names if name not in FRONT_ENDS))
+    return tuple(sorted(name for name in names if not any(_is_front_end(name, entry) for entry in FRONT_ENDS)))
+
+
+def _is_front_end(name: str, entry: str) -> bool:
+    return name.startswith(entry) if entry.endswith("/") else name == entry
 
 
 ENGINE_FILES = _engine_files()

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from patchgen.files import write_text_atomic
 from patchgen.upgrade import ModelResult, Upgrade
 from patchgen.upgrade_status import PatchStatus
 
@@ -178,3 +181,16 @@ def _model_section(model: ModelResult, diffs: str | None = None) -> list[str]:
 
 def _span(lines: tuple[int, int] | None) -> str:
     return "-" if lines is None else f"{lines[0]}-{lines[1]}"
+
+
+def write_report(path: Path, text: str, diffs: dict[str, str]) -> None:
+    """The report and, in the folder named like it, one `<model>.diff` per model whose generated body changes;
+    `.diff` files a previous run left there for models that no longer change are removed (the folder is the
+    report's own)."""
+    folder = path.with_suffix("")
+    for stale in sorted(folder.glob("*.diff")) if folder.is_dir() else []:
+        if stale.stem not in diffs:
+            stale.unlink()
+    for name, diff in sorted(diffs.items()):
+        write_text_atomic(folder / f"{name}.diff", diff)
+    write_text_atomic(path, text)

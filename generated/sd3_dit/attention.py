@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/attention.py sha256=a530e769345d20ed9296b608c5332351ecd94b12e7fedc289f9983afa04a3e4a
 # spec: specs/sd3.toml sha256=34fdad8151d34e7d9719d3dd47dea54ae566f2f02c7ea54f5f25a0a025f67947
 # templates: sha256=400e92c4d15e7c508d9f3fe4f200752f473bc926758662ef7c6c3c430339273e
-# engine: patchgen==0.1.0 sha256=42654e4d21b6a4a3ec02f8cf182ad2f59431d2e64f2b1935a653c9587d575639
+# engine: patchgen==0.1.0 sha256=f97dde502fff76cb24f4dea837709b0a5d18eae0109eef5436041d4b440beeff
 # body: sha256=171598d5debb5a0ab650bf3225b692169bc465d22113e19431ce643392cd76af
 # patches:
 # ---- end of patchgen provenance ----

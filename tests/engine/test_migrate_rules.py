@@ -1,4 +1,4 @@
-"""Migration rules 3-5 (patchgen/migrate_rules.py), each on a synthetic before/after pair of one upstream module: the
+"""Migration rules 3-5 (patchgen/migrate_rules/), each on a synthetic before/after pair of one upstream module: the
 edit a rule proposes is written here by hand from the two texts, and a near miss of each rule is left to the human.
 Rules 1 and 2 are tested in test_migrate.py."""
 
