@@ -1,4 +1,5 @@
-"""The trainer on each issue-34 language model at sp=2 (Ulysses) and ring=2 against one process, every step: the
+"""The trainer on each language model of a structure first shipped with it at sp=2 (Ulysses) and ring=2 against
+one process, every step: the
 structures the project did not ship before (gpt_oss: attention sinks, eager attention because transformers refuses
 sdpa for it, mask builders called without position ids, biased/interleaved/clamped experts on the layout kernel;
 glm4_moe: an aux-loss-free sigmoid router with a bias-corrected choice, shared experts, a leading dense layer;
