@@ -52,11 +52,21 @@ def _reference_velocity(run: RLRun, batch: dict, xt: torch.Tensor, t: torch.Tens
 
 
 def _latents(run: RLRun, pairs: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chosen and the rejected images' (videos') latents ``[B, ...]`` at the configured size (and frame count)."""
+    """The chosen and the rejected images' (videos') latents ``[B, ...]`` at the configured size (and frame count).
+
+    Each medium is encoded once per run and kept (``run.latent_cache``), as the DiT trainer's condition cache keeps
+    its latents: the encoding is deterministic (the VAE's mode), so a cached latent is bitwise the one a new encoding
+    gives, and later epochs skip the VAE. A rank keeps only its own replica's pairs' latents."""
     s, cm = run.config.sampling, run.policy.adapter.condition_model
-    wheres = [p.where for p in pairs]
-    chosen = encode_media(cm, [p.chosen for p in pairs], wheres, s.height, s.width, s.frames)
-    rejected = encode_media(cm, [p.rejected for p in pairs], wheres, s.height, s.width, s.frames)
+
+    def encoded(path: Any, where: str) -> torch.Tensor:
+        key = (str(path), s.height, s.width, s.frames)
+        if key not in run.latent_cache:
+            run.latent_cache[key] = encode_media(cm, [path], [where], s.height, s.width, s.frames)[0]
+        return run.latent_cache[key]
+
+    chosen = torch.stack([encoded(p.chosen, p.where) for p in pairs])
+    rejected = torch.stack([encoded(p.rejected, p.where) for p in pairs])
     return chosen, rejected
 
 

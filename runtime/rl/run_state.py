@@ -5,7 +5,7 @@ built from a checked config, or resumed from a checkpoint (``start_run``), and c
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,8 @@ class RLRun:
     logger: RLMetricsLogger
     schedule: dict[str, Any]  # the schedule keys the run follows (runtime/train/schedule_keys.py), as saved
     skipped_nonfinite: int = 0
+    # preference pairs' media latents by (path, height, width, frames), encoded once (runtime/rl/offline.py)
+    latent_cache: dict[tuple[str, int, int, int | None], torch.Tensor] = field(default_factory=dict)
 
 
 def _attempt(fn: Any, *args: Any) -> tuple[Any, str | None]:

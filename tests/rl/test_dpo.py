@@ -269,3 +269,24 @@ def test_dpo_moves_a_1d_gaussian_flow_toward_the_chosen_side() -> None:
             loss.backward()
             opt.step()
         assert sign * float(m.detach()) > 0.5, (sign, float(m.detach()))
+
+
+def test_pair_latents_are_encoded_once_and_equal_a_fresh_encoding(tiny_pipelines, tmp_path: Path) -> None:
+    """Four pairs, two per iteration: four iterations see every pair twice, but the VAE encodes each of the eight
+    images once (the run's latent cache), and a cached latent is bitwise a fresh encoding (the VAE's mode)."""
+    from runtime.rl.loop import iteration
+    from runtime.rl.pairs import encode_media
+    from tests.rl.common import start
+
+    run, _ = start(dpo_raw(tiny_pipelines, tmp_path))
+    cm = run.policy.adapter.condition_model
+    calls, encode = [], cm.encode_sample
+    cm.encode_sample = lambda pixels: calls.append(1) or encode(pixels)  # this run's instance only
+    for step in range(1, 5):
+        iteration(run, step)
+    assert len(calls) == 8 and len(run.latent_cache) == 8
+    s = run.config.sampling
+    for (path, height, width, frames), latent in run.latent_cache.items():
+        assert (height, width, frames) == (s.height, s.width, s.frames)
+        fresh = encode_media(cm, [Path(path)], ["test"], s.height, s.width, s.frames)[0]
+        assert torch.equal(latent, fresh)
