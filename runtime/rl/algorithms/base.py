@@ -37,7 +37,6 @@ if TYPE_CHECKING:  # the config part is read before torch is imported (runtime.r
     import torch
 
     from runtime.config.sections import KeyRules
-    from runtime.rl.config import RLConfig
 
 Data = Literal["prompts", "pairs"]
 TrainsOn = Literal["steps", "clean_samples", "pairs"]
@@ -57,7 +56,7 @@ class Algorithm:
     needs_old_mean: ClassVar[bool] = False
 
     # ------------------------------------------------------------------------------------------------ config
-    def check(self, config: RLConfig) -> None:
+    def check(self, config: Any) -> None:  # the run's runtime.rl.config.RLConfig (config imports this module)
         """Refuse what the section's types and ranges do not (every problem in one ``ConfigError``)."""
 
     def conventions(self, settings: Any) -> str:

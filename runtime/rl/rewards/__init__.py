@@ -156,10 +156,34 @@ def _build_one(index: int, spec: dict[str, Any]) -> Reward:
 
         fn = JpegSizeReward(kind, spec.get("scale"))
     else:
-        from runtime.rl.rewards.models import build_model_reward
-
-        fn = build_model_reward(kind, target, spec, key)
+        fn = _model_reward(kind, target, spec, key)
     return Reward(name, float(weight), fn)
+
+
+def _model_reward(kind: str, path: str, spec: dict[str, Any], key: str) -> Any:
+    """The checkpoint-based reward of a checked entry (``clip``, ``pickscore``, ``aesthetic``, ``vlm_judge``,
+    ``ocr``); a ``ConfigError`` naming ``key`` when it cannot load."""
+    batch_size = spec.get("batch_size", 32 if kind in ("clip", "pickscore", "aesthetic") else 8)
+    try:
+        if kind == "aesthetic":
+            from runtime.rl.rewards.aesthetic import AestheticReward
+
+            return AestheticReward.from_pretrained(path, spec["head"], batch_size)
+        if kind == "vlm_judge":
+            from runtime.rl.rewards.vlm import VlmJudgeReward
+
+            return VlmJudgeReward.from_pretrained(path, spec.get("question"), batch_size)
+        if kind == "ocr":
+            from runtime.rl.rewards.vlm import VlmOcrReward
+
+            tokens = spec.get("max_new_tokens", 32)
+            return VlmOcrReward.from_pretrained(path, spec.get("question"), batch_size, max_new_tokens=tokens)
+        from runtime.rl.rewards.models import ClipReward
+
+        return ClipReward.from_pretrained(path, kind, spec.get("processor"), batch_size)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
+        what = {"vlm_judge": "a VLM", "ocr": "a VLM", "aesthetic": "a CLIP + aesthetic head"}.get(kind, "a CLIP")
+        raise ConfigError(f"{key}.{kind}: cannot load {what} checkpoint from {path}: {_one_line(exc)}") from None
 
 
 def reward_names(specs: Sequence[dict[str, Any]]) -> list[str]:

@@ -25,9 +25,7 @@ from typing import Any
 import PIL.Image
 import torch
 
-from runtime.config.errors import ConfigError
-
-__all__ = ["ClipReward", "build_model_reward", "save_tiny_clip"]
+__all__ = ["ClipReward", "save_tiny_clip"]
 
 
 def _embedding(output: Any) -> torch.Tensor:
@@ -75,30 +73,6 @@ class ClipReward:
             ]
             per_frame.append(torch.cat(chunks).cpu())
         return torch.stack(per_frame).mean(dim=0)
-
-
-def build_model_reward(kind: str, path: str, spec: dict[str, Any], key: str) -> Any:
-    """The checkpoint-based reward of a checked config entry (``runtime/rl/reward_entries.py``): ``clip``,
-    ``pickscore``, ``aesthetic``, ``vlm_judge``, ``ocr``; a ``ConfigError`` naming ``key`` when it cannot load."""
-    batch_size = spec.get("batch_size", 32 if kind in ("clip", "pickscore", "aesthetic") else 8)
-    try:
-        if kind == "aesthetic":
-            from runtime.rl.rewards.aesthetic import AestheticReward
-
-            return AestheticReward.from_pretrained(path, spec["head"], batch_size)
-        if kind in ("vlm_judge", "ocr"):
-            from runtime.rl.rewards.vlm import VlmJudgeReward, VlmOcrReward
-
-            if kind == "ocr":
-                return VlmOcrReward.from_pretrained(
-                    path, spec.get("question"), batch_size, max_new_tokens=spec.get("max_new_tokens", 32)
-                )
-            return VlmJudgeReward.from_pretrained(path, spec.get("question"), batch_size)
-        return ClipReward.from_pretrained(path, kind, spec.get("processor"), batch_size)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as exc:
-        message = " ".join(str(exc).split())[:300]
-        what = {"vlm_judge": "a VLM", "ocr": "a VLM", "aesthetic": "a CLIP + aesthetic head"}.get(kind, "a CLIP")
-        raise ConfigError(f"{key}.{kind}: cannot load {what} checkpoint from {path}: {message}") from None
 
 
 def save_tiny_clip(directory: str | Path, seed: int = 0) -> Path:
