@@ -5,13 +5,22 @@ as that spec's proof."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-PROCESSOR_SPECS = {"qwen3_omni_moe_processor": "Qwen3OmniMoeProcessor"}
+# spec -> (its generated module, the class): `upgrade --verify --verify-model <processor spec>` regenerates no model
+# spec, so neither the class nor the thinker's tiny sizes (below) are read from the model registry
+PROCESSOR_SPECS = {
+    "qwen3_omni_moe_processor": ("generated.qwen3_omni_moe.processing_qwen3_omni_moe", "Qwen3OmniMoeProcessor"),
+}
+TINY_SIZES = {
+    "vision_config": {"patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2},
+    "audio_config": {"num_mel_bins": 16},
+}
 
 
 def _upstream_like(generated, class_name: str):
@@ -40,9 +49,11 @@ def test_generated_processor_equals_upstream(spec: str, tmp_path: Path) -> None:
 
     from runtime.data.audio.processor import build_omni_test_processor, load_omni_processor
 
-    generated = load_omni_processor(build_omni_test_processor(tmp_path / "proc"))
+    module, name = PROCESSOR_SPECS[spec]
+    cls = getattr(importlib.import_module(module), name)
+    generated = load_omni_processor(build_omni_test_processor(tmp_path / "proc", tiny=TINY_SIZES), cls=cls)
     assert type(generated).__module__.startswith("generated."), type(generated).__module__
-    upstream = _upstream_like(generated, PROCESSOR_SPECS[spec])
+    upstream = _upstream_like(generated, name)
     rng = np.random.default_rng(0)
     wave = rng.standard_normal(16000).astype(np.float32) * 0.1
     image = Image.fromarray(rng.integers(0, 256, (16, 24, 3), dtype=np.uint8))

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import importlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import transformers
 
@@ -81,9 +83,10 @@ def _read_json(path: Path) -> dict:
         ) from None
 
 
-def load_omni_processor(path: str | Path, model_type: str = "qwen3_omni_moe_thinker"):
-    """The generated omni processor from a local directory (tokenizer, image processor, feature extractor, chat
-    template), without a video processor (see the module docstring)."""
+def load_omni_processor(path: str | Path, model_type: str = "qwen3_omni_moe_thinker", cls: type | None = None):
+    """The generated omni processor (``cls``, default the one ``model_type``'s spec names) from a local directory
+    (tokenizer, image processor, feature extractor, chat template), without a video processor (see the module
+    docstring)."""
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"processor directory not found: {path}")
@@ -102,7 +105,7 @@ def load_omni_processor(path: str | Path, model_type: str = "qwen3_omni_moe_thin
     if missing:
         raise ValueError(f"{path}: the tokenizer does not name the omni special tokens {missing}")
     template = path / "chat_template.jinja"
-    return processor_class(model_type)(
+    return (cls or processor_class(model_type))(
         image_processor=image_cls.from_pretrained(str(path)),
         video_processor=None,
         feature_extractor=transformers.WhisperFeatureExtractor.from_pretrained(str(path)),
@@ -123,13 +126,15 @@ def build_omni_test_processor(
     min_pixels: int = 8 * 8,
     max_pixels: int = 32 * 32,
     vocab_size: int = 512,
+    tiny: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Save a tiny omni processor matching ``model_type``'s tiny config (patch/merge sizes, mel bins) and return
-    the path: the test BPE with the omni special tokens, a PIL Qwen2-VL image processor (a 16x24 image is 4x6
-    patches, 6 tokens after the 2x2 merge) and a Whisper feature extractor at 16 kHz."""
+    """Save a tiny omni processor matching ``model_type``'s tiny config (patch/merge sizes, mel bins; or ``tiny``'s
+    ``vision_config``/``audio_config`` where no generated model is installed) and return the path: the test BPE
+    with the omni special tokens, a PIL Qwen2-VL image processor (a 16x24 image is 4x6 patches, 6 tokens after the
+    2x2 merge) and a Whisper feature extractor at 16 kHz."""
     if not 0 < min_pixels <= max_pixels:
         raise ValueError(f"need 0 < min_pixels <= max_pixels, got {min_pixels}, {max_pixels}")
-    tiny = tiny_config_dict(model_type)
+    tiny = tiny_config_dict(model_type) if tiny is None else tiny
     vision, audio = tiny["vision_config"], tiny["audio_config"]
     directory = Path(directory)
     build_test_tokenizer(
