@@ -8,7 +8,7 @@ sections are shared by every algorithm; ``lora``, ``dit``, ``parallel``, ``optim
 
 Example (every key with its default unless marked required)::
 
-    algorithm: flowgrpo          # required: flowgrpo, grpo_guard, mixgrpo, dancegrpo, diffusionnft, dpo
+    algorithm: flowgrpo          # required: flowgrpo, grpo_guard, flowdppo, mixgrpo, dancegrpo, diffusionnft, dpo
                                  # (docs/flowgrpo.md)
     model:
       type: wan                  # a generated DiT (wan, flux, qwenimage, sd3, hunyuanvideo), or instead:
@@ -106,6 +106,7 @@ __all__ = [
 ALGORITHMS = {
     "flowgrpo": "runtime.rl.algorithms.flowgrpo",
     "grpo_guard": "runtime.rl.algorithms.grpo_guard",
+    "flowdppo": "runtime.rl.algorithms.flowdppo",
     "mixgrpo": "runtime.rl.algorithms.mixgrpo",
     "dancegrpo": "runtime.rl.algorithms.dancegrpo",
     "diffusionnft": "runtime.rl.algorithms.diffusionnft",
