@@ -44,6 +44,10 @@ Example (every key with its default unless marked required)::
       - {name: aesthetic, callable: "my_pkg.rewards:score", weight: 1.0}
     reward_ranks: null           # null: every rank scores its own samples; [0, 1]: only these global ranks load the
                                  # reward models and score the whole batch in chunks (samples sent there)
+    async_reward: false          # true: score each rollout chunk (sampling.batch_size) in the background while the
+                                 # next chunk rolls out (verl-omni's async reward; the same rewards, bitwise)
+    rollout_correction: {rollout_is: null, rollout_is_threshold: 2.0, rollout_rs: null, rollout_rs_threshold: null}
+                                 # TIS and rejection sampling of an off-policy rollout: runtime/rl/correction_config.py
     parallel: {sp: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false, overlap: false}
                                  # ulysses: u, ring: r (sp = u x r), as in the trainer's run config
     optim: {lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, max_grad_norm: 1.0, warmup_steps: 0,
@@ -86,6 +90,7 @@ from runtime.config.errors import ConfigError, ConfigErrors
 from runtime.config.overrides import Override
 from runtime.config.sections import KeyRules, collect_section, unknown_key_message
 from runtime.config.yaml_file import load_config, locate_error
+from runtime.rl.correction_config import RolloutCorrectionConfig, correction_problems
 from runtime.rl.reward_entries import reward_entry_problems
 from runtime.train.tracking.requirements import report_to_errors
 
@@ -164,6 +169,8 @@ class RLConfig:
     rewards: list = field(default_factory=list)  # required, except for offline algorithms (dpo)
     reference: str = "lora_disabled"
     reward_ranks: list | None = None
+    async_reward: bool = False  # score each rollout chunk while the next rolls out (loop.py, scoring.py)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     dit: DiTConfig = field(default_factory=DiTConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -258,6 +265,10 @@ def _check_shared(config: RLConfig) -> None:
         or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks)
     ):
         errors.add(f"reward_ranks: expected null or a list of distinct global ranks (e.g. [0]), found {ranks!r}")
+    algo = algorithm(config.algorithm)
+    errors.add(*correction_problems(config.rollout_correction, config.algorithm, algo.trains_on))
+    if config.async_reward and not online:
+        errors.add(f"async_reward: {config.algorithm} scores no rollout (offline pairs); remove it")
     betas = config.optim.betas
     if len(betas) != 2 or not all(
         isinstance(b, int | float) and not isinstance(b, bool) and 0 <= b < 1 for b in betas

@@ -28,6 +28,7 @@ from runtime.parallel.fsdp import clip_grad_norm_
 from runtime.rl.batch import select_rows
 from runtime.rl.policy import lora_disabled
 from runtime.rl.replicas import gather, replica_mean
+from runtime.rl.rollout_correction import correction, weighted_objective
 from runtime.train.finite import guard_update, micro_batches
 
 if TYPE_CHECKING:
@@ -162,6 +163,8 @@ def train_steps(
     # the policy's step means before this iteration's first update (algorithms whose objective reads them)
     old_means: list[torch.Tensor | None] | None = [None] * w if run.algo.needs_old_mean else None
     module.train()
+    # rollout correction (verl's decoupled mode): the old policy's log-probs anchor the ratio and weight the rows
+    corrected = _rollout_correction(run, res, train_batch, positions, k, mb) if c.rollout_correction.enabled else None
     for epoch in range(s.inner_epochs):
         order = torch.arange(b)
         if epoch > 0:  # later epochs shuffle the samples (seeded: a resumed run shuffles alike)
@@ -193,9 +196,22 @@ def train_steps(
                             old_means[j] = torch.empty((b, *mean.shape[1:]), dtype=mean.dtype, device=mean.device)
                         old_means[j][rows.to(mean.device)] = mean.detach()
                     gaussian = (mean, old_means[j][rows.to(mean.device)], std_dev_t, sqrt_dt)
-                loss, step_stats = run.algo.step_objective(
-                    s, log_prob, old, advantages[rows].to(device), kl_terms, gaussian
-                )
+                if corrected is None:
+                    loss, step_stats = run.algo.step_objective(
+                        s, log_prob, old, advantages[rows].to(device), kl_terms, gaussian
+                    )
+                else:
+                    old = corrected[0][rows, j].to(log_prob.device)
+                    loss, step_stats = weighted_objective(
+                        run.algo,
+                        s,
+                        corrected[1][rows, j],
+                        log_prob,
+                        old,
+                        advantages[rows].to(device),
+                        kl_terms,
+                        gaussian,
+                    )
                 losses.backward(loss, len(rows) * share, step, [names[r] for r in rows.tolist()])
                 step_stats["ratio_mean"] = torch.exp(log_prob.detach() - old).mean()
                 for key, value in step_stats.items():
@@ -217,7 +233,41 @@ def train_steps(
     out["logprob_gap_mean"] = replica_mean(gap.mean().item(), state)
     out["logprob_gap_max"] = replica_mean(gap.max().item(), state, "max")
     out["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    if corrected is not None:
+        out.update(corrected[2])
     return out
+
+
+def _rollout_correction(
+    run: RLRun, res: RolloutResult, train_batch: dict, positions: torch.Tensor | None, k: int, mb: int
+) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    """The old policy's log-probs ``[B, K]`` of the trained steps (no grad, before any update, in the first epoch's
+    layout: bitwise its forward's), the rows' weights ``[B, K]`` and the ``rollout_corr/`` metrics of the global batch
+    (``rollout_correction.py``)."""
+    s, state, adapter, module = run.config.algo, run.state, run.policy.adapter, run.policy.module
+    b, device = res.latents.shape[0], res.final_latents.device
+    old = torch.empty((b, k), dtype=res.log_probs.dtype)
+    rollout = torch.empty((b, k), dtype=res.log_probs.dtype)
+    with torch.no_grad():
+        for j in range(k):
+            for start in range(0, b, mb):
+                rows = torch.arange(start, min(start + mb, b))
+                col = j if positions is None else positions[rows, j]
+                x, prev = res.latents[rows, col].to(device), res.latents[rows, col + 1].to(device)
+                levels = torch.full((len(rows),), float(s.noise_level), device=device)
+                log_prob = adapter.forward_and_sample_previous_step(
+                    module,
+                    select_rows(train_batch, rows),
+                    x,
+                    res.step_indices[rows, col].to(device),
+                    prev_sample=prev,
+                    noise_level=levels,
+                )[0]
+                old[rows, j] = log_prob.detach().cpu().to(old.dtype)
+                rollout[rows, j] = res.log_probs[rows, col].cpu()
+    every_old, every_rollout = (gather(t.T.contiguous(), state).T for t in (old, rollout))  # [D * B, K]
+    weights, metrics = correction(every_old, every_rollout, run.config.rollout_correction)
+    return old, weights[state.dp_rank * b : (state.dp_rank + 1) * b], metrics
 
 
 def train_forward(
