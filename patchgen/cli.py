@@ -121,11 +121,15 @@ def check(
 
 @app.command("list")
 def list_models(root: RootOption = None) -> None:
-    """Specs in this project: model, upstream module, output, patch count."""
+    """Specs in this project: model, upstream module, output, patch count (and the released models a spec serves,
+    where its [model.data] names them)."""
     config = open_project(root)
     for spec in load_specs(config, None):
         companions = f" (+ {', '.join(Path(c.output).name for c in spec.companions)})" if spec.companions else ""
         typer.echo(f"{spec.name:<16} {spec.module:<56} {spec.output}{companions}  ({len(spec.patches)} patches)")
+        released = spec.model.data.get("released") if spec.model is not None else None
+        if released:  # the released models one spec serves (its [model.data] released)
+            typer.echo(f"{'':<16} serves: {', '.join(released)}")
 
 
 @app.command()

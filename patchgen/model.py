@@ -50,7 +50,13 @@ REQUIRED_MODEL_KEYS = ("model_type", "class", "upstream", "family")
 SP_KINDS = ("sp/ulysses_attention", "dit/shard_tokens")
 RING_KINDS = ("sp/ulysses_attention", "dit/ring_attention")  # the LM Ulysses wrapper runs ring attention itself
 EP_KINDS = ("moe/ep_plan",)
-ATTENTION_SITE_KINDS = ("sp/ulysses_attention", "sp/vit_attention_all_to_all", "dit/ulysses_to_heads")
+ATTENTION_SITE_KINDS = (
+    "sp/ulysses_attention",
+    "sp/vit_attention_all_to_all",
+    "dit/ulysses_to_heads",
+    "dit/linear_attention_kv",
+    "dit/local_attention",
+)
 SIDECAR_SUFFIX = ".model.json"
 # `tiny` and `data` are plain data the runtime builds models and data pipelines from: bounded, so a spec cannot make
 # a test or a demo allocate a huge model or loop for ever. `data.tiny_variants.<name>` tables are tiny configs too.

@@ -12,20 +12,24 @@ from patchgen.spec import Spec
 
 SHARD = "dit/shard_tokens"
 TO_HEADS = "dit/ulysses_to_heads"
+# sites that are exact on this rank's tokens without the all-to-all: linear attention's all-reduced key-value sums,
+# and a cross-attention whose queries are this rank's tokens and whose keys and values are replicated
+OTHER_SITES = ("dit/linear_attention_kv", "dit/local_attention")
 
 
 def check_processor_sites(spec: Spec) -> None:
-    """Raise PatchgenError for the first listed processor without a `dit/ulysses_to_heads` patch of its
-    `__call__`."""
-    sites = {p.scope for p in spec.patches if p.template.name == TO_HEADS}
+    """Raise PatchgenError for the first listed processor without an attention-site patch (`dit/ulysses_to_heads`,
+    or a site exact on local tokens) of its `__call__`."""
+    sites = {p.scope for p in spec.patches if p.template.name in (TO_HEADS, *OTHER_SITES)}
     for patch in spec.patches:
         if patch.template.name != SHARD:
             continue
         for cls in patch.vars.get("processors", []):
             if f"{cls}.__call__" not in sites:
                 raise PatchgenError(
-                    f"{spec.path}: {patch.label}: vars.processors lists {cls!r}, but no {TO_HEADS} patch has scope "
-                    f"'{cls}.__call__': under SP that processor would attend to this rank's tokens only (wrong "
-                    f"numbers, no error). Add {TO_HEADS} and dit/ulysses_to_sequence patches for {cls}.__call__, or "
+                    f"{spec.path}: {patch.label}: vars.processors lists {cls!r}, but no {TO_HEADS} (or "
+                    f"{' / '.join(OTHER_SITES)}) patch has scope '{cls}.__call__': under SP that processor would "
+                    f"attend to this rank's tokens only (wrong numbers, no error). Add {TO_HEADS} and "
+                    f"dit/ulysses_to_sequence patches for {cls}.__call__, or "
                     f"drop {cls} from processors"
                 )

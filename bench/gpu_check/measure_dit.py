@@ -45,9 +45,10 @@ def workload(size: str):
 
 def inputs(ctx: Context, config: Any) -> tuple[dict[str, Any], int]:
     """Random latents and text states of the clip on the device (the timestep stays fp32); (kwargs, tokens)."""
+    from runtime.plan.config import PlanModel
     from runtime.plan.dit_inputs import dit_inputs
 
-    shapes, tokens = dit_inputs("wan", config, workload(ctx.size))
+    shapes, tokens = dit_inputs(PlanModel(type="wan"), config, workload(ctx.size))
     g = torch.Generator().manual_seed(1)
     out: dict[str, Any] = {}
     for key, value in shapes.items():

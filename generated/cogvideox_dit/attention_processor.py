@@ -3,8 +3,8 @@
 # template and run `patchgen regen cogvideox`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
 # spec: specs/cogvideox.toml sha256=8d71ee30a8854aa55f22bfbf8b1dd26e1263a6f16313faa95fc6feb08ce83c6a
-# templates: sha256=16d9fa8a22b7a55be189876cb678aca8d90744345cb58443940edc4bfe532865
-# engine: patchgen==0.1.0 sha256=f97dde502fff76cb24f4dea837709b0a5d18eae0109eef5436041d4b440beeff
+# templates: sha256=21963f28fa38a3c20d64472b1d7ba6b07febcd9083f10a218dc547b6e9a86b61
+# engine: patchgen==0.1.0 sha256=b0d7996baddccadd468cd9b14594534697bc82aa0e3f1406a28fb69db70247ef
 # body: sha256=aea3a1cfe0fbe132a38c21076a42a04678cd30d53a40a3ab5e6a061d6d461ebe
 # patches:
 #   #4 core/add_parameter @ CogVideoXAttnProcessor2_0.__call__: diffusers' Attention passes a processor only the kwargs its signature names: the processor takes the split

@@ -3,8 +3,8 @@
 # template and run `patchgen regen cogvideox`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/cogvideox_transformer_3d.py sha256=57b4d152bb38af4f90d2aab8df28fa2260c2b474dafdb4e7f144e43a4023259b
 # spec: specs/cogvideox.toml sha256=8d71ee30a8854aa55f22bfbf8b1dd26e1263a6f16313faa95fc6feb08ce83c6a
-# templates: sha256=16d9fa8a22b7a55be189876cb678aca8d90744345cb58443940edc4bfe532865
-# engine: patchgen==0.1.0 sha256=f97dde502fff76cb24f4dea837709b0a5d18eae0109eef5436041d4b440beeff
+# templates: sha256=21963f28fa38a3c20d64472b1d7ba6b07febcd9083f10a218dc547b6e9a86b61
+# engine: patchgen==0.1.0 sha256=b0d7996baddccadd468cd9b14594534697bc82aa0e3f1406a28fb69db70247ef
 # body: sha256=44e6f617a96abf50d07acffcfe970d24e51ef413b35e7136f13a56db5671bae1
 # patches:
 #   #1 dit/shard_tokens @ CogVideoXTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens (position embeddings already added)

@@ -2,9 +2,9 @@
 # Made by patchgen 0.1.0 from specs/wan.toml; to change it, edit the spec or a
 # template and run `patchgen regen wan`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_wan.py sha256=74741d74c9fa4b9d02be83de9840b37a732080a795aa2d19037c03e312c76907
-# spec: specs/wan.toml sha256=7047dd2930a265cbb2b1bd1a2f47853ab8530d36c701610521b4bf0fb24f1ab4
-# templates: sha256=36840485cb493335ee0fe7cfc2c1f4a82ef80858580fadff61762094f1c140ab
-# engine: patchgen==0.1.0 sha256=f97dde502fff76cb24f4dea837709b0a5d18eae0109eef5436041d4b440beeff
+# spec: specs/wan.toml sha256=65b2a4a4052e9484ae9c9116c9c4a701f6cb52306a400f18309ae022f248157c
+# templates: sha256=e0d5563d35d903733b59edd10cc144643eb0a18cba1a8e772b703b5a359fcce6
+# engine: patchgen==0.1.0 sha256=b0d7996baddccadd468cd9b14594534697bc82aa0e3f1406a28fb69db70247ef
 # body: sha256=1f2204f7e3acd9f373ec14fdffcdef569195d480f81c8401fd38d4d120de886f
 # patches:
 #   #1 dit/shard_tokens @ WanTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables

@@ -154,8 +154,9 @@ class PatchgenDiTShell:
         """Per-block non-reentrant checkpointing through the diffusers blocks' own hook."""
         kwargs = {"use_reentrant": False, **(gradient_checkpointing_kwargs or {})}
 
-        def checkpoint_block(block: torch.nn.Module, *args: Any) -> Any:
-            return torch.utils.checkpoint.checkpoint(block.__call__, *args, **kwargs)
+        def checkpoint_block(block: torch.nn.Module, *args: Any, **block_kwargs: Any) -> Any:
+            # block_kwargs: what a block takes by keyword (the split of dit/pass_split: Sana)
+            return torch.utils.checkpoint.checkpoint(block.__call__, *args, **kwargs, **block_kwargs)
 
         self.enable_gradient_checkpointing(checkpoint_block)
 

@@ -161,18 +161,26 @@ def token_shard(
     processors: tuple[type, ...],
     replicated_modules: tuple[str, ...] = (),
     site: str = "the dit/shard_tokens patch",
+    rows: int | None = None,
 ) -> TokenShard | None:
     """The split of ``num_tokens`` patchified tokens over the SP group, or None when SP is off.
 
     ``processors`` are the SP-aware attention processor classes of the model's module: slicing is only correct when
     every attention runs through them, so any other processor is refused, except under ``replicated_modules``
     (module paths the spec declares as running before the split on replicated tokens, e.g. a text refiner).
+    ``rows``: a token grid's row count that must split into whole rows per rank (Sana's conv FFN), else refused.
     """
     state = get_parallel_state()
     if not state.sp_enabled:
         return None
     _check_processors(model, processors, replicated_modules, site)
     size = state.sp_size
+    if rows is not None and rows % size:
+        raise ValueError(
+            f"sequence parallelism ({site}): the {rows} rows of the token grid do not split into whole rows over "
+            f"sp={size} (a convolution over the grid needs whole rows per rank); use a height whose patch rows "
+            f"divide by {size}, or train with sp=1"
+        )
     checked = model.__dict__.setdefault("_patchgen_sp_checked_sites", set())
     return TokenShard(
         group=state.sp_group,

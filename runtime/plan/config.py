@@ -24,6 +24,11 @@ class PlanModel:
     type: str  # a registered model_type (runtime/models/registry.py) or a DiT spec's (runtime/diffusion/registry.py)
     name: str = ""  # what the tables call it, e.g. "Qwen3-8B"
     config: dict = field(default_factory=dict)  # the published config.json's numbers (a DiT: its transformer's)
+    # a DiT's VAE and pipeline, named as diffusers' pipelines name them (null: the family's usual VAE,
+    # runtime/plan/dit_inputs.py); Wan2.2 TI2V: 16 spatial and expand_timesteps (one timestep per latent token)
+    vae_scale_factor_spatial: int | None = None
+    vae_scale_factor_temporal: int | None = None
+    expand_timesteps: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,8 @@ RULES = KeyRules(
             "workload.height",
             "workload.width",
             "workload.text_tokens",
+            "model.vae_scale_factor_spatial",
+            "model.vae_scale_factor_temporal",
             "parallel.sp",
             "parallel.ep",
             "parallel.dp_replicate",

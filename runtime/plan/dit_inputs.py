@@ -1,8 +1,11 @@
 """A DiT's forward inputs for one clip or image of the workload's pixel size (built inside the fake mode).
 
-The latent geometry is each family's VAE: Wan 4x temporal, 8x spatial (latents ``(C, (F-1)/4+1, H/8, W/8)``, patch
-``(1, 2, 2)``); Flux and Qwen-Image 8x spatial with 2x2 packing (``(H/16) * (W/16)`` tokens of 64 channels). The
-timestep stays fp32, as the pipelines pass it.
+The latent geometry is each family's VAE unless the plan's ``model`` names another (``vae_scale_factor_spatial``,
+``vae_scale_factor_temporal``, as diffusers' pipelines call them): Wan 4x temporal, 8x spatial (latents
+``(C, (F-1)/4+1, H/8, W/8)``, patch ``(1, 2, 2)``; Wan2.2 TI2V's VAE is 16x spatial); Flux and Qwen-Image 8x spatial
+with 2x2 packing (``(H/16) * (W/16)`` tokens of 64 channels); Sana's DC-AE 32x spatial, patch 1. The timestep stays
+fp32, as the pipelines pass it; with ``expand_timesteps`` (Wan2.2 TI2V) it is one per latent token, so the per-token
+modulation tensors count.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from runtime.plan.config import Workload
+from runtime.plan.config import PlanModel, Workload
 
 if TYPE_CHECKING:
     from diffusers.configuration_utils import FrozenDict
@@ -26,22 +29,33 @@ def _pixels(model_type: str, workload: Workload, video: bool) -> tuple[int, int,
     return (workload.frames or 1), workload.height, workload.width
 
 
-def dit_inputs(model_type: str, config: FrozenDict, workload: Workload) -> tuple[dict[str, Any], int]:
-    """(forward kwargs, latent tokens after patchify) for ``model_type`` (wan, flux, qwenimage)."""
-    text = workload.text_tokens
+def dit_inputs(model: PlanModel, config: FrozenDict, workload: Workload) -> tuple[dict[str, Any], int]:
+    """(forward kwargs, latent tokens after patchify) for ``model.type`` (wan, flux, qwenimage, sana)."""
+    model_type, text = model.type, workload.text_tokens
     timestep = torch.full((1,), 500.0, dtype=torch.float32)
+    spatial = model.vae_scale_factor_spatial
     if model_type == "wan":
         frames, height, width = _pixels(model_type, workload, video=True)
-        latent = ((frames - 1) // 4 + 1, height // 8, width // 8)
+        temporal, spatial = model.vae_scale_factor_temporal or 4, spatial or 8
+        latent = ((frames - 1) // temporal + 1, height // spatial, width // spatial)
         pt, ph, pw = config.patch_size
         tokens = (latent[0] // pt) * (latent[1] // ph) * (latent[2] // pw)
         return {
             "hidden_states": torch.zeros(1, config.in_channels, *latent),
-            "timestep": timestep,
+            "timestep": timestep.expand(1, tokens) if model.expand_timesteps else timestep,
             "encoder_hidden_states": torch.zeros(1, text, config.text_dim),
             "return_dict": False,
         }, tokens
     _, height, width = _pixels(model_type, workload, video=False)
+    if model_type == "sana":
+        spatial, patch = spatial or 32, config.patch_size
+        rows, cols = height // spatial, width // spatial
+        return {
+            "hidden_states": torch.zeros(1, config.in_channels, rows, cols),
+            "encoder_hidden_states": torch.zeros(1, text, config.caption_channels),
+            "timestep": timestep,
+            "return_dict": False,
+        }, (rows // patch) * (cols // patch)
     rows, cols = height // 16, width // 16
     tokens = rows * cols
     if model_type == "flux":
@@ -65,4 +79,4 @@ def dit_inputs(model_type: str, config: FrozenDict, workload: Workload) -> tuple
             "img_shapes": [[(1, rows, cols)]],
             "return_dict": False,
         }, tokens
-    raise ValueError(f"{model_type}: no plan inputs for this DiT (wan, flux and qwenimage have them)")
+    raise ValueError(f"{model_type}: no plan inputs for this DiT (wan, flux, qwenimage and sana have them)")

@@ -244,7 +244,7 @@ def _dit_inputs(plan: PlanConfig, model: nn.Module) -> tuple[dict[str, Any], int
     """Latents and conditions of one clip/image at the workload's pixel size; (inputs, latent tokens)."""
     from runtime.plan.dit_inputs import dit_inputs
 
-    return dit_inputs(plan.model.type, model.config, plan.workload)
+    return dit_inputs(plan.model, model.config, plan.workload)
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:

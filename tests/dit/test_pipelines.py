@@ -38,7 +38,10 @@ def _pixels(case: Case, seed: int = 0) -> torch.Tensor:
 def _record_calls(model: torch.nn.Module) -> list[dict[str, Any]]:
     """The kwargs of every forward call of ``model`` (the pipeline's conditional branch comes first)."""
     calls: list[dict[str, Any]] = []
-    model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(dict(kwargs)), with_kwargs=True)
+    names = list(inspect.signature(model.forward).parameters)  # positional arguments (Sana's latents) by name
+    model.register_forward_pre_hook(
+        lambda module, args, kwargs: calls.append({**dict(zip(names, args, strict=False)), **kwargs}), with_kwargs=True
+    )
     return calls
 
 
@@ -64,10 +67,12 @@ def _expected_latents(pipe: Any, pixels: torch.Tensor) -> torch.Tensor:
     """The normalization each pipeline undoes before decoding, applied to the VAE posterior's mode, written from
     the VAE's config (per-channel mean/std; shift and scale; scale alone) independently of the condition models."""
     vae, config = pipe.vae, pipe.vae.config
-    image_vae = isinstance(vae, diffusers.AutoencoderKL)  # 2-D; the others encode (b, c, f, h, w) videos
+    image_vae = isinstance(vae, (diffusers.AutoencoderKL, diffusers.AutoencoderDC))  # 2-D; the others: videos
     video = pixels if pixels.dim() == 4 or image_vae else pixels[:, None]
     with torch.no_grad():
-        z = vae.encode(video[None]).latent_dist.mode()[0]
+        encoded = vae.encode(video[None])
+        # DC-AE (Sana) encodes deterministically: its output is the latent itself
+        z = (encoded.latent if hasattr(encoded, "latent") else encoded.latent_dist.mode())[0]
     if getattr(config, "latents_mean", None) is not None:
         shape = (-1,) + (1,) * (z.dim() - 1)
         z = (z - torch.tensor(config.latents_mean).view(shape)) / torch.tensor(config.latents_std).view(shape)

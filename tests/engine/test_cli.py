@@ -110,6 +110,10 @@ def spec_patches(root: Path, model: str) -> list[dict]:
     return tomllib.loads((root / "specs" / f"{model}.toml").read_text())["patch"]
 
 
+def spec_data(root: Path, model: str) -> dict:
+    return tomllib.loads((root / "specs" / f"{model}.toml").read_text())["model"]["data"]
+
+
 def expression_line(module_path: Path, scope: str, anchor: str) -> int:
     """Upstream line of the one expression (or statement) in `scope` equal to `anchor`, found with `ast`."""
     tree = ast.parse(module_path.read_text(encoding="utf-8"))
@@ -130,8 +134,14 @@ def expression_line(module_path: Path, scope: str, anchor: str) -> int:
 def test_list_shows_every_model(real, capsys) -> None:
     code, out, err = in_process(real, capsys, "list")
     assert code == 0, err
-    assert [line.split()[0] for line in out.splitlines()] == models(real)
+    assert [line.split()[0] for line in out.splitlines() if not line.startswith(" ")] == models(real)
     assert {"llama", "qwen3"} <= set(models(real))
+    # the released models one spec serves, from its [model.data] released (the Wan spec serves Wan2.1 and Wan2.2)
+    serves = {line.split()[0]: line for line in out.splitlines() if not line.startswith(" ")}
+    lines = out.splitlines()
+    wan = lines[lines.index(serves["wan"]) + 1]
+    assert wan.split() == ["serves:", *", ".join(spec_data(real, "wan")["released"]).split()], wan
+    assert "Wan2.2-TI2V-5B" in wan and "Wan2.2-T2V-A14B" in wan, wan
     count = len(spec_patches(real, "qwen3")) + 1  # + the conversions patch its [model] table implies
     assert re.search(rf"^qwen3 +transformers\.models\.qwen3\.modeling_qwen3 +{QWEN3}  \({count} patches\)$", out, re.M)
 

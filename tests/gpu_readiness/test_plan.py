@@ -90,7 +90,7 @@ def _real_inputs(plan: PlanConfig, model: torch.nn.Module) -> dict:
     if plan.model.type == "wan":
         from runtime.plan.dit_inputs import dit_inputs
 
-        shapes, _ = dit_inputs("wan", model.config, plan.workload)
+        shapes, _ = dit_inputs(plan.model, model.config, plan.workload)
         return {
             k: torch.randn(v.shape, generator=g) if isinstance(v, torch.Tensor) and k != "timestep" else v
             for k, v in shapes.items()

@@ -52,11 +52,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _config(files: dict[str, Path], case: Case, work: Path, **sections: Any) -> dict:
     video = case.condition_class.video
     frames = 2 * case.condition_class.temporal_multiple + 1
+    width = 48 if 48 % case.condition_class.pixel_multiple == 0 else 64  # Sana: multiples of 32 (its pipeline's)
     raw = {
         "model": {"type": case.model_type, "path": str(files[case.name]), "seed": 0},
         "data": {
             "path": str(files["clips" if video else "images"]),
-            "buckets": [[frames, 32, 32]] if video else [[32, 48]],
+            "buckets": [[frames, 32, 32]] if video else [[32, width]],
             "cache": str(files["root"] / f"cache-{case.name}"),
         },
         "optim": {"lr": 2e-3},

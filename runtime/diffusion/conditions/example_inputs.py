@@ -93,6 +93,22 @@ def _qwenimage(config: dict[str, Any], generator: torch.Generator) -> Inputs:
     }
 
 
+def _sana(config: dict[str, Any], generator: torch.Generator) -> Inputs:
+    """8x5 latents, patch 1 -> 8 x 5 = 40 tokens in 8 grid rows (Sana's conv feed-forward splits whole rows: sp = 2
+    and 4 divide the rows, so no run pads); 7 text tokens, the last sample's last 2 masked (the pipeline's
+    attention mask); a batch of 2."""
+    batch, text = 2, 7
+    mask = torch.ones(batch, text)
+    mask[-1, -2:] = 0
+    return {
+        "hidden_states": torch.randn(batch, config["in_channels"], 8, 5, generator=generator),
+        "encoder_hidden_states": torch.randn(batch, text, config["caption_channels"], generator=generator),
+        "encoder_attention_mask": mask,
+        "timestep": torch.rand(batch, generator=generator) * 1000,
+        "return_dict": False,
+    }
+
+
 def _sd3(config: dict[str, Any], generator: torch.Generator) -> Inputs:
     """6x10 latents, patch 2 -> 3 x 5 = 15 tokens; 7 text tokens; a batch of 2."""
     batch, text = 2, 7
@@ -134,6 +150,7 @@ _BUILDERS: dict[str, Callable[[dict[str, Any], torch.Generator], Inputs]] = {
     "flux": _flux,
     "hunyuanvideo": _hunyuanvideo,
     "qwenimage": _qwenimage,
+    "sana": _sana,
     "sd3": _sd3,
     "wan": _wan,
 }
