@@ -35,12 +35,12 @@ import torch
 from runtime.config.errors import ConfigError
 from runtime.kernels.timing import Clock
 from runtime.rl.algorithms.objectives import zero_std_ratio
+from runtime.rl.async_reward import ChunkScorer
 from runtime.rl.batch import repeat_batch, select_rows
 from runtime.rl.config import RLConfig
 from runtime.rl.offline import offline_iteration
 from runtime.rl.run_state import RLRun, save, start_run
 from runtime.rl.sampling.rollout import RolloutResult, rollout
-from runtime.rl.scoring import score
 from runtime.rl.update import train_forward, train_steps
 
 __all__ = ["LogProbGapError", "RLResult", "concat_rollouts", "iteration", "run_rl", "sample_generators"]
@@ -107,25 +107,28 @@ def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult | N
     chunk = c.sampling.batch_size or b
     # the starting noise when the algorithm shares it within a group (DanceGRPO), else None: each sample its own
     initial = algo.initial_noise(s, c.model.seed, step, state.dp_rank * b, b, adapter.latent_shape)
-    parts = [
-        rollout(
-            adapter,
-            policy.module,
-            select_rows(batch, range(first, min(first + chunk, b))),
-            latent_shape=adapter.latent_shape,
-            num_inference_steps=c.sampling.num_inference_steps,
-            window_size=window_size,
-            generators=generators[first : first + chunk],
-            window_start_range=window_range,
-            noise_level=s.noise_level,
-            initial_latents=None if initial is None else initial[first : first + chunk],
+    # each chunk's rewards: scored at the end, or (async_reward) in the background while the next chunk rolls out
+    scorer = ChunkScorer(run, adapter.decode, b)
+    parts = []
+    for first in range(0, b, chunk):
+        parts.append(
+            rollout(
+                adapter,
+                policy.module,
+                select_rows(batch, range(first, min(first + chunk, b))),
+                latent_shape=adapter.latent_shape,
+                num_inference_steps=c.sampling.num_inference_steps,
+                window_size=window_size,
+                generators=generators[first : first + chunk],
+                window_start_range=window_range,
+                noise_level=s.noise_level,
+                initial_latents=None if initial is None else initial[first : first + chunk],
+            )
         )
-        for first in range(0, b, chunk)
-    ]
+        scorer.add(parts[-1].final_latents, sample_prompts[first : first + chunk])
     res = concat_rollouts(parts)
     rolled, cpu_rolled = time.perf_counter(), cpu.now()
-    pixels = torch.cat([adapter.decode(res.final_latents[i : i + chunk]) for i in range(0, b, chunk)])
-    every = score(run, pixels, sample_prompts)  # [1 + K, D * B]
+    every = scorer.result()  # [1 + K, D * B]
     scored, cpu_scored = time.perf_counter(), cpu.now()
     group_ids = torch.arange(every.shape[1]) // g
     advantages_all = algo.advantages(s, every[0], group_ids)

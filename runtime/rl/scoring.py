@@ -17,10 +17,10 @@ from runtime.rl.rewards import RewardError
 if TYPE_CHECKING:
     from runtime.rl.run_state import RLRun
 
-__all__ = ["score"]
+__all__ = ["local_scores", "score"]
 
 
-def _local_scores(run: RLRun, samples: torch.Tensor, prompts: Sequence[str]) -> tuple[torch.Tensor | None, str | None]:
+def local_scores(run: RLRun, samples: torch.Tensor, prompts: Sequence[str]) -> tuple[torch.Tensor | None, str | None]:
     """This rank's ``[1 + K, n]`` (combined, then each reward) for ``samples``, or the reward's error."""
     try:
         combined, each = run.rewards(samples, prompts)
@@ -37,7 +37,7 @@ def score(run: RLRun, samples: torch.Tensor, prompts: Sequence[str]) -> torch.Te
     rank receives all the values (reward models are built and run on those ranks only)."""
     state, ranks = run.state, run.config.reward_ranks
     if ranks is None:
-        local, error = _local_scores(run, samples, prompts)
+        local, error = local_scores(run, samples, prompts)
         agree(error, state)
         return gather(local, state)
     parts: list[Any] = [None] * state.world_size
@@ -52,7 +52,7 @@ def score(run: RLRun, samples: torch.Tensor, prompts: Sequence[str]) -> torch.Te
     if state.rank in ranks:
         j = ranks.index(state.rank)
         lo, hi = bounds[j], bounds[j + 1]
-        result = (j, *_local_scores(run, all_samples[lo:hi], all_prompts[lo:hi])) if hi > lo else (j, None, None)
+        result = (j, *local_scores(run, all_samples[lo:hi], all_prompts[lo:hi])) if hi > lo else (j, None, None)
     answers: list[Any] = [None] * state.world_size
     dist.all_gather_object(answers, result)
     answers = sorted((a for a in answers if a is not None), key=lambda a: a[0])
