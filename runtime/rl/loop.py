@@ -1,5 +1,6 @@
 """The RL loop shared by the algorithms: per iteration, this replica's prompts, a rollout of ``group_size`` samples
-each under the current policy (no grad), their rewards over every rank (``scoring.py``), the algorithm's advantages
+each under the current policy (no grad), their rewards over every rank (``scoring.py``; with ``async_reward`` each
+rollout chunk is scored while the next rolls out: ``async_reward.py``), the algorithm's advantages
 over the global batch, and its objective recomputed with grad over the rollout's window steps, AdamW included
 (``update.py``); then the guards, metrics, checkpoints. The state the iterations advance, its setup, resume and
 checkpoints: ``run_state.py``.

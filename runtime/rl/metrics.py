@@ -14,7 +14,12 @@ iteration per process: verl-omni's img/GPU/s);
 window steps, where the ratio must be 1); ``logprob_gap_alarm`` (1 when the max exceeded the threshold);
 ``skipped_nonfinite``; ``wall_time_<phase>`` (wall seconds: what a user waits) and ``cpu_time_<phase>`` (user CPU
 seconds of this process, ``runtime.kernels.timing``: what the phase costs whatever else the machine runs) for the
-phases ``rollout``, ``reward``, ``train``.
+phases ``rollout``, ``reward``, ``train`` (with ``async_reward`` the rollout phase decodes and hands each chunk to
+the scorer, and ``reward`` is only the wait for the chunks still being scored);
+``rollout_corr/<name>`` with ``rollout_correction`` on (verl-omni's names, ``runtime/rl/rollout_correction.py``):
+``rollout_is_mean`` / ``_max`` / ``_min`` / ``_eff_sample_size`` / ``_ratio_fraction_high`` / ``_low``,
+``rollout_rs_masked_fraction`` / ``rollout_rs_seq_masked_fraction``, ``kl``, ``k3_kl``, ``log_ppl_diff``,
+``log_ppl_abs_diff``, ``chi2_token``, ``chi2_seq``, ``logprob_abs_diff_mean`` / ``_max``.
 """
 
 from __future__ import annotations
@@ -43,6 +48,9 @@ _SHOWN = (
     ("clip_fraction", "clip {:.3f}"),
     ("approx_kl", "kl~ {:.2e}"),
     ("logprob_gap_max", "|dlogp|max {:.1e}"),
+    ("rollout_corr/rollout_is_mean", "is {:.3f}"),  # rollout correction (verl-omni's names)
+    ("rollout_corr/rollout_rs_masked_fraction", "rs_masked {:.3f}"),
+    ("rollout_corr/kl", "rollout_kl {:.1e}"),
     ("grad_norm", "grad {:.3f}"),
 )
 
