@@ -116,6 +116,7 @@ ALGORITHMS = {
     "dancegrpo": "runtime.rl.algorithms.dancegrpo",
     "diffusionnft": "runtime.rl.algorithms.diffusionnft",
     "dpo": "runtime.rl.algorithms.dpo",
+    "diffusionopd": "runtime.rl.algorithms.diffusionopd",
 }
 REFERENCES = ("lora_disabled", "frozen_copy")
 MAX_REWARDS = 16  # a rewards list longer than this is not a reward mix

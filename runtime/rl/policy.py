@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -80,18 +81,33 @@ def _check_sampling(condition_model: Any, config: RLConfig) -> None:
 
 
 def _shard_and_wrap(
-    config: RLConfig, state: ParallelState, device: torch.device, module: nn.Module, peft_config: Any
+    config: RLConfig,
+    state: ParallelState,
+    device: torch.device,
+    module: nn.Module,
+    peft_config: Any,
+    load: Callable[[str], nn.Module],
 ) -> tuple[nn.Module, nn.Module | None, Any, nn.Module]:
-    """The reference (a frozen copy before sharding), FSDP2 (or checkpointing alone), the EMA and what checkpoints
-    save: the same for every kind of policy."""
+    """The reference (a frozen copy before sharding, or a teacher ``load``-ed from the algorithm's
+    ``teacher_path``), FSDP2 (or checkpointing alone), the EMA and what checkpoints save: the same for every kind of
+    policy."""
     from runtime.parallel.parallelize import ParallelPlan, parallelize
     from runtime.rl.config import algorithm
     from runtime.train.dit import checkpointed
     from runtime.train.job import site_plan
 
     reference = None
-    needs = algorithm(config.algorithm).needs_reference(config.algo)  # a KL term on; dpo: always
-    if needs and config.reference == "frozen_copy":
+    algo = algorithm(config.algorithm)
+    needs = algo.needs_reference(config.algo)  # a KL term on; dpo, a distillation teacher: always
+    teacher = algo.teacher_path(config.algo) if needs else None
+    if teacher is not None:
+        try:
+            reference = load(teacher).requires_grad_(False).eval()
+        except ConfigError as exc:  # the DiT loader names model.path: name the key that gave this path
+            raise ConfigError(
+                *(f"{config.algorithm}.teacher_model_path: {m.removeprefix('model.path: ')}" for m in exc.messages)
+            ) from None
+    elif needs and config.reference == "frozen_copy":
         reference = copy.deepcopy(module).requires_grad_(False).eval()
     precision = config.train.mixed_precision  # the trainer's rule (runtime/parallel/precision.py)
     plan = ParallelPlan(
@@ -173,7 +189,7 @@ def build_nondiffusers_policy(config: RLConfig, state: ParallelState, device: to
             f"{adapter.new_token_ids['end_of_image']})"
         )
     peft_config = _add_lora(config, module)
-    module, reference, ema, saved = _shard_and_wrap(config, state, device, module, peft_config)
+    module, reference, ema, saved = _shard_and_wrap(config, state, device, module, peft_config, _loader(cls))
     policy = Policy(
         module=module,
         adapter=adapter,
@@ -185,6 +201,18 @@ def build_nondiffusers_policy(config: RLConfig, state: ParallelState, device: to
     )
     policy.export = functools.partial(export_nondiffusers, config, state, policy)
     return policy
+
+
+def _loader(cls: Any) -> Callable[[str], nn.Module]:
+    """A teacher of the non-diffusers adapter ``cls``'s module class from another checkpoint directory."""
+
+    def load(path: str) -> nn.Module:
+        try:
+            return cls.module_class.from_pretrained(path)
+        except (OSError, ValueError, KeyError, RuntimeError) as exc:
+            raise ConfigError(f"cannot load {path}: {' '.join(str(exc).split())[:300]}") from None
+
+    return load
 
 
 def export_nondiffusers(config: RLConfig, state: ParallelState, policy: Policy) -> None:
@@ -255,7 +283,11 @@ def build_dit_policy(config: RLConfig, state: ParallelState, device: torch.devic
 
     module = load_transformer(config)
     peft_config = _add_lora(config, module)
-    module, reference, ema, saved = _shard_and_wrap(config, state, device, module, peft_config)
+
+    def teacher(path: str) -> nn.Module:  # the same model type from another pipeline directory
+        return load_transformer(dataclasses.replace(config, model=dataclasses.replace(config.model, path=path)))
+
+    module, reference, ema, saved = _shard_and_wrap(config, state, device, module, peft_config, teacher)
     policy = Policy(
         module=module,
         adapter=adapter,

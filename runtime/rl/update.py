@@ -15,6 +15,7 @@ learn and is not an error.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from runtime.rl.rollout_correction import correction, weighted_objective
 from runtime.train.finite import guard_update, micro_batches
 
 if TYPE_CHECKING:
+    from runtime.rl.algorithms.base import ReferenceTerms
     from runtime.rl.run_state import RLRun
     from runtime.rl.sampling.rollout import RolloutResult
 
@@ -60,22 +62,27 @@ def _changed_anywhere(before: torch.Tensor, after: torch.Tensor) -> bool:
     return bool(flag.item())
 
 
-def _reference_mean(
-    run: RLRun, batch: dict, x: torch.Tensor, step_index: torch.Tensor, prev: torch.Tensor, levels: torch.Tensor
+def _reference_term(
+    run: RLRun,
+    batch: dict,
+    x: torch.Tensor,
+    step_index: torch.Tensor,
+    prev: torch.Tensor,
+    levels: torch.Tensor,
+    terms: ReferenceTerms = "mean",
 ) -> torch.Tensor:
-    """The frozen reference's step mean at ``x`` (the separate reference, or the policy with its LoRA disabled)."""
+    """The frozen reference's step mean (or velocity, ``terms``) at ``x``: the separate reference (a frozen copy, or
+    a distillation teacher), or the policy with its LoRA disabled."""
     policy = run.policy
-    with torch.no_grad():
-        if policy.reference is not None:
-            ref = policy.reference
-            out = policy.adapter.forward_and_sample_previous_step(
-                ref, batch, x, step_index, prev_sample=prev, noise_level=levels
-            )
-        else:
-            with lora_disabled(policy.module) as ref:
-                out = policy.adapter.forward_and_sample_previous_step(
-                    ref, batch, x, step_index, prev_sample=prev, noise_level=levels
-                )
+    with torch.no_grad(), contextlib.ExitStack() as stack:
+        ref = policy.reference
+        if ref is None:
+            ref = stack.enter_context(lora_disabled(policy.module))
+        if terms == "velocity":
+            return policy.adapter.velocity(ref, batch, x, step_index)
+        out = policy.adapter.forward_and_sample_previous_step(
+            ref, batch, x, step_index, prev_sample=prev, noise_level=levels
+        )
     return out[1]
 
 
@@ -162,6 +169,8 @@ def train_steps(
     grad_norms, changed_checked = [], False
     # the policy's step means before this iteration's first update (algorithms whose objective reads them)
     old_means: list[torch.Tensor | None] | None = [None] * w if run.algo.needs_old_mean else None
+    # what the objective compares with the frozen reference (a KL's step means, a teacher's velocities), or nothing
+    terms = run.algo.reference_terms(s) if run.algo.needs_reference(s) else None
     module.train()
     # rollout correction (verl's decoupled mode): the old policy's log-probs anchor the ratio and weight the rows
     corrected = _rollout_correction(run, res, train_batch, positions, k, mb) if c.rollout_correction.enabled else None
@@ -179,16 +188,18 @@ def train_steps(
                 x, prev = res.latents[rows, col].to(device), res.latents[rows, col + 1].to(device)
                 step_index = res.step_indices[rows, col].to(device)
                 levels = torch.full((len(rows),), float(s.noise_level), device=device)
+                # compared velocities: the step below is taken from the same forward's velocity
+                v = adapter.velocity(module, sub, x, step_index) if terms == "velocity" else None
                 log_prob, mean, std_dev_t, sqrt_dt = adapter.forward_and_sample_previous_step(
-                    module, sub, x, step_index, prev_sample=prev, noise_level=levels
+                    module, sub, x, step_index, prev_sample=prev, noise_level=levels, velocity=v
                 )
                 old = res.log_probs[rows, col].to(log_prob.device)
                 if epoch == 0:
                     gaps.append((log_prob.detach() - old).abs().cpu())
                 kl_terms = None
-                if s.kl_coef > 0:
-                    ref_mean = _reference_mean(run, sub, x, step_index, prev, levels)
-                    kl_terms = (mean, ref_mean, std_dev_t, sqrt_dt)
+                if terms is not None:
+                    ref = _reference_term(run, sub, x, step_index, prev, levels, terms)
+                    kl_terms = (mean if v is None else v, ref, std_dev_t, sqrt_dt)
                 gaussian = None
                 if old_means is not None:
                     if epoch == 0:  # the policy has not moved yet: these are the old policy's means

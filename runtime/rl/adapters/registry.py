@@ -63,7 +63,8 @@ class DiffusionModelBase(abc.ABC):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run the module at ``step_index`` and take the SDE step; returns
         ``(log_prob, prev_sample_mean, std_dev_t, sqrt_dt)``. With ``prev_sample=`` given it scores that sample
-        (training); otherwise it samples one, which an implementation may also expose (rollout)."""
+        (training); otherwise it samples one, which an implementation may also expose (rollout). ``velocity=``
+        (training): the module's velocity there, already computed (``VelocityAdapter.step``)."""
 
 
 _REGISTRY: dict[str, type[DiffusionModelBase]] = {}
@@ -95,9 +96,12 @@ class VelocityAdapter(DiffusionModelBase):
         noise_level: float | torch.Tensor | None = None,
         prev_sample: torch.Tensor | None = None,
         generator: torch.Generator | Sequence[torch.Generator] | None = None,
+        velocity: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Model forward + SDE step: ``(prev_sample, log_prob, prev_sample_mean, std_dev_t, sqrt_dt)``."""
-        v = self.velocity(module, batch, latents, step_index)
+        """Model forward + SDE step: ``(prev_sample, log_prob, prev_sample_mean, std_dev_t, sqrt_dt)``. ``velocity``:
+        the module's velocity at ``(latents, step_index)`` already computed (a caller that also needs it: one
+        forward)."""
+        v = self.velocity(module, batch, latents, step_index) if velocity is None else velocity
         return sde_step(
             batch["schedule"],
             latents,

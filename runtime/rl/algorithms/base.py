@@ -19,6 +19,8 @@ What an algorithm decides, in the order of an iteration:
 * which steps it trains: ``trains_on`` (``"steps"``: the rollout's window steps, ``train_positions`` choosing a
   subset per sample; ``"clean_samples"``: the forward process on the rollout's final samples; ``"pairs"``: the
   preference pairs) and ``needs_old_mean`` (the loop keeps the pre-update step means);
+* what it compares with a frozen reference: ``needs_reference``, ``teacher_path`` (another checkpoint's weights: a
+  distillation teacher) and ``reference_terms`` (the step means, or the velocities);
 * its loss: ``step_objective`` (``"steps"``), ``forward_objective`` (``"clean_samples"``), ``pair_objective``
   (``"pairs"``): the loss of one micro-batch before the share scaling, and its statistics;
 * its metrics: ``iteration_metrics`` (added to the iteration's line), ``gap_alarm`` (the log-prob gap alarm's
@@ -40,9 +42,10 @@ if TYPE_CHECKING:  # the config part is read before torch is imported (runtime.r
 
 Data = Literal["prompts", "pairs"]
 TrainsOn = Literal["steps", "clean_samples", "pairs"]
+ReferenceTerms = Literal["mean", "velocity"]
 Gaussian = tuple["torch.Tensor", "torch.Tensor", "torch.Tensor", "torch.Tensor"]
 
-__all__ = ["Algorithm", "Data", "Gaussian", "TrainsOn"]
+__all__ = ["Algorithm", "Data", "Gaussian", "ReferenceTerms", "TrainsOn"]
 
 
 class Algorithm:
@@ -66,6 +69,18 @@ class Algorithm:
     def needs_reference(self, settings: Any) -> bool:
         """Whether the run builds the frozen reference policy: when a KL term is on."""
         return settings.kl_coef > 0
+
+    def teacher_path(self, settings: Any) -> str | None:
+        """The pipeline directory (the policy's model type) the frozen reference is loaded from, or None: the
+        policy's own starting weights (the top-level ``reference``). A distillation teacher is a reference with other
+        weights, so it takes the reference's place and path (DiffusionOPD)."""
+        return None
+
+    def reference_terms(self, settings: Any) -> ReferenceTerms:
+        """What ``step_objective``'s ``kl_terms`` compare: ``"mean"``, the step Gaussians' means ``(mean, ref_mean,
+        std_dev_t, sqrt_dt)``; ``"velocity"``, the predicted velocities at the step's latents ``(v, ref_v, std_dev_t,
+        sqrt_dt)`` (a flow-matching MSE; the loop takes the step from the same ``v``: one forward)."""
+        return "mean"
 
     # ---------------------------------------------------------------------------------------- what it samples
     def window(self, settings: Any, num_steps: int, step: int) -> tuple[int, tuple[int, int]]:
@@ -100,8 +115,8 @@ class Algorithm:
         gaussian: Gaussian | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``trains_on == "steps"``: one window step's loss. ``kl_terms``: ``(mean, ref_mean, std_dev_t,
-        sqrt_dt)`` when a KL term is on; ``gaussian``: ``(mean, old_mean, std_dev_t, sqrt_dt)`` when
-        ``needs_old_mean``."""
+        sqrt_dt)`` when ``needs_reference`` (the velocities for ``reference_terms == "velocity"``); ``gaussian``:
+        ``(mean, old_mean, std_dev_t, sqrt_dt)`` when ``needs_old_mean``."""
         raise NotImplementedError(f"{type(self).__name__} trains no rollout steps")
 
     def forward_objective(
