@@ -132,11 +132,14 @@ def weighted_objective(
     advantage: torch.Tensor,
     kl_terms: Gaussian | None,
     gaussian: Gaussian | None,
+    seq_log_ratio: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``algo.step_objective`` of a micro-batch with row ``r``'s objective weighted by ``weights[r]``: ``sum_r w_r
     l_r / n``. All weights 1: the algorithm's loss itself (bitwise the uncorrected run). ``policy_loss`` is weighted
-    alike; the ratio statistics are the unweighted batch's (verl-omni's are unweighted too)."""
-    loss, stats = algo.step_objective(settings, log_prob, old_log_prob, advantage, kl_terms, gaussian)
+    alike; the ratio statistics are the unweighted batch's (verl-omni's are unweighted too). ``seq_log_ratio``:
+    passed on (per row) to an algorithm that takes it (``needs_sequence_ratio``)."""
+    seq = {} if seq_log_ratio is None else {"seq_log_ratio": seq_log_ratio}
+    loss, stats = algo.step_objective(settings, log_prob, old_log_prob, advantage, kl_terms, gaussian, **seq)
     if bool((weights == 1).all()):
         return loss, stats
     n = log_prob.shape[0]
@@ -144,8 +147,9 @@ def weighted_objective(
     for r in range(n):
         kl_r = None if kl_terms is None else tuple(_row(t, r, n) for t in kl_terms)
         g_r = None if gaussian is None else tuple(_row(t, r, n) for t in gaussian)
+        seq_r = {} if seq_log_ratio is None else {"seq_log_ratio": seq_log_ratio[r : r + 1]}
         l_r, stats_r = algo.step_objective(
-            settings, log_prob[r : r + 1], old_log_prob[r : r + 1], advantage[r : r + 1], kl_r, g_r
+            settings, log_prob[r : r + 1], old_log_prob[r : r + 1], advantage[r : r + 1], kl_r, g_r, **seq_r
         )
         w = weights[r].to(l_r.dtype)
         parts.append(l_r * w)

@@ -30,6 +30,7 @@ from runtime.rl.batch import select_rows
 from runtime.rl.policy import lora_disabled
 from runtime.rl.replicas import gather, replica_mean
 from runtime.rl.rollout_correction import correction, weighted_objective
+from runtime.rl.sequence_ratio import sequence_log_ratios
 from runtime.train.finite import guard_update, micro_batches
 
 if TYPE_CHECKING:
@@ -149,6 +150,11 @@ def update(
     return float(norm), True
 
 
+def _sequence(seq: torch.Tensor | None, rows: torch.Tensor, device: torch.device) -> dict[str, torch.Tensor]:
+    """``step_objective``'s ``seq_log_ratio`` of ``rows``, only for an algorithm that takes it."""
+    return {} if seq is None else {"seq_log_ratio": seq[rows].to(device)}
+
+
 def train_steps(
     run: RLRun, step: int, res: RolloutResult, batch: dict, advantages: torch.Tensor, names: list[str]
 ) -> dict[str, Any]:
@@ -180,6 +186,12 @@ def train_steps(
             order = torch.randperm(b, generator=torch.Generator().manual_seed(c.model.seed * 7919 + step * 31 + epoch))
         run.optimizer.zero_grad(set_to_none=True)
         losses = StepLosses()
+        # GSPO: each sample's log-ratio over all its trained steps, under this epoch's weights (sequence_ratio.py),
+        # against the old log-probs the per-step ratio takes (the rollout's, or rollout correction's old policy's)
+        seq = None
+        if run.algo.needs_sequence_ratio(s):
+            anchor = None if corrected is None else corrected[0]
+            seq = sequence_log_ratios(run, res, train_batch, order, positions, k, mb, anchor)
         for j in range(k):
             for start in range(0, b, mb):
                 rows = order[start : start + mb]
@@ -209,7 +221,13 @@ def train_steps(
                     gaussian = (mean, old_means[j][rows.to(mean.device)], std_dev_t, sqrt_dt)
                 if corrected is None:
                     loss, step_stats = run.algo.step_objective(
-                        s, log_prob, old, advantages[rows].to(device), kl_terms, gaussian
+                        s,
+                        log_prob,
+                        old,
+                        advantages[rows].to(device),
+                        kl_terms,
+                        gaussian,
+                        **_sequence(seq, rows, device),
                     )
                 else:
                     old = corrected[0][rows, j].to(log_prob.device)
@@ -222,6 +240,7 @@ def train_steps(
                         advantages[rows].to(device),
                         kl_terms,
                         gaussian,
+                        **_sequence(seq, rows, device),
                     )
                 losses.backward(loss, len(rows) * share, step, [names[r] for r in rows.tolist()])
                 step_stats["ratio_mean"] = torch.exp(log_prob.detach() - old).mean()

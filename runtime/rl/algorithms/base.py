@@ -18,7 +18,8 @@ What an algorithm decides, in the order of an iteration:
 * its rewards' use: ``advantages(settings, rewards, group_ids)`` over the global batch;
 * which steps it trains: ``trains_on`` (``"steps"``: the rollout's window steps, ``train_positions`` choosing a
   subset per sample; ``"clean_samples"``: the forward process on the rollout's final samples; ``"pairs"``: the
-  preference pairs) and ``needs_old_mean`` (the loop keeps the pre-update step means);
+  preference pairs) and ``needs_old_mean`` (the loop keeps the pre-update step means); ``needs_sequence_ratio``
+  (GSPO: the loop computes each sample's mean log-ratio over its trained steps before an epoch's backward passes);
 * what it compares with a frozen reference: ``needs_reference``, ``teacher_path`` (another checkpoint's weights: a
   distillation teacher) and ``reference_terms`` (the step means, or the velocities);
 * its loss: ``step_objective`` (``"steps"``), ``forward_objective`` (``"clean_samples"``), ``pair_objective``
@@ -104,6 +105,12 @@ class Algorithm:
         """``[count, K]`` window positions global samples ``first ..`` train on, or None: all, in order."""
         return None
 
+    def needs_sequence_ratio(self, settings: Any) -> bool:
+        """Whether ``step_objective`` takes ``seq_log_ratio``: each sample's mean of ``log p - log p_old`` over its
+        trained steps under the epoch's weights (a no-grad pass before the epoch's backward passes: every step of a
+        sample must be known before the first step's loss)."""
+        return False
+
     # ------------------------------------------------------------------------------------------------ its loss
     def step_objective(
         self,
@@ -113,10 +120,12 @@ class Algorithm:
         advantage: torch.Tensor,
         kl_terms: Gaussian | None,
         gaussian: Gaussian | None = None,
+        seq_log_ratio: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``trains_on == "steps"``: one window step's loss. ``kl_terms``: ``(mean, ref_mean, std_dev_t,
         sqrt_dt)`` when ``needs_reference`` (the velocities for ``reference_terms == "velocity"``); ``gaussian``:
-        ``(mean, old_mean, std_dev_t, sqrt_dt)`` when ``needs_old_mean``."""
+        ``(mean, old_mean, std_dev_t, sqrt_dt)`` when ``needs_old_mean``; ``seq_log_ratio`` (``[B]``, passed only when
+        ``needs_sequence_ratio``)."""
         raise NotImplementedError(f"{type(self).__name__} trains no rollout steps")
 
     def forward_objective(

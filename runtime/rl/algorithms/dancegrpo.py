@@ -104,6 +104,7 @@ class Settings:
     advantage_std_ddof: int = 1
     advantage_eps: float = 1e-4
     clip_range: float = 1e-4
+    policy_loss_mode: str = "vanilla"
     adv_clip_max: float = 5.0
     kl_coef: float = 0.0
     kl_form: str = "exact"

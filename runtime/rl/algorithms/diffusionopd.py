@@ -122,6 +122,11 @@ def check(config: RLConfig) -> None:
             )
     elif not Path(s.teacher_model_path).is_dir():
         errors.add(f"{NAME}.teacher_model_path: {s.teacher_model_path}: no such directory")
+    if s.policy_loss_mode != "vanilla":
+        errors.add(
+            f"{NAME}.policy_loss_mode: {s.policy_loss_mode!r} is a form of the clipped ratio, not offered beside the "
+            "distillation term (its objective takes the per-step ratio); remove the key or use algorithm: flowgrpo"
+        )
     errors.raise_if_any()
 
 

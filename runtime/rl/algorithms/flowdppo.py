@@ -81,6 +81,11 @@ def check(config: RLConfig) -> None:
         )
     if s.add_kl_coefficient and s.noise_level == 0:
         errors.add(f"{NAME}.noise_level: 0 makes every step deterministic (s = 0): the divergence D divides by s^2")
+    if s.policy_loss_mode != "vanilla":
+        errors.add(
+            f"{NAME}.policy_loss_mode: {s.policy_loss_mode!r} is a form of the clipped ratio; Flow-DPPO masks each "
+            "step's ratio by its divergence instead of clipping it; remove the key"
+        )
     errors.raise_if_any()
 
 

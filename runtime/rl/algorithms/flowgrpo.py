@@ -13,6 +13,8 @@ Config (every key with its default; the verl-omni and flow_grpo names are in doc
       advantage: global          # global (batch std: verl-omni's and flow_grpo's default) | group | none
       advantage_std_ddof: 1      # 1: torch.std (verl-omni) | 0: np.std (flow_grpo)
       clip_range: 1.0e-4         # PPO ratio clip
+      policy_loss_mode: vanilla  # vanilla: a ratio per step | gspo: one per sample, the geometric mean of its
+                                 # trained steps' ratios, clipped per sample (GSPO; verl's policy_loss.loss_mode)
       adv_clip_max: 5.0          # advantages clamped to [-adv_clip_max, adv_clip_max]
       kl_coef: 0.0               # > 0: KL to the reference (the top-level `reference` key)
       kl_form: scaled            # scaled: exact KL x -dt (verl-omni, flow_grpo) | exact
@@ -60,6 +62,7 @@ class Settings:
     advantage: str = "global"
     advantage_std_ddof: int = 1
     clip_range: float = 1e-4
+    policy_loss_mode: str = "vanilla"
     adv_clip_max: float = 5.0
     kl_coef: float = 0.0
     kl_form: str = "scaled"
@@ -68,6 +71,9 @@ class Settings:
     logprob_gap_alarm: float = 1e-3
     on_logprob_gap: str = "warn"
 
+
+# verl's policy_loss.loss_mode names: the per-step ratio (the default), GSPO's per-sample ratio (objectives.py)
+POLICY_LOSS_MODES = ("vanilla", "gspo")
 
 # The rules of the keys every Flow-GRPO-style section shares (groups, noise, advantages, the clipped objective, the
 # log-prob gap alarm): DanceGRPO's section is these (``rules_as``) plus its own, without the window keys.
@@ -80,6 +86,7 @@ COMMON_RULES = KeyRules(
     choices={
         "flowgrpo.cps_log_prob": ("squared_error", "gaussian"),
         "flowgrpo.advantage": ("global", "group", "none"),
+        "flowgrpo.policy_loss_mode": POLICY_LOSS_MODES,
         "flowgrpo.kl_form": ("scaled", "exact"),
         "flowgrpo.on_logprob_gap": ("warn", "stop"),
     },
@@ -163,6 +170,8 @@ def conventions(settings: Settings) -> str:
     if settings.sde_type == "cps":
         form = {"squared_error": "-mean((x-mu)^2) (verl-omni)", "gaussian": "full Gaussian"}[settings.cps_log_prob]
         parts.append(f"CPS log-prob {form}")
+    if settings.policy_loss_mode == "gspo":
+        parts.append("ratio per sample exp(mean of its trained steps' log r), clipped per sample (GSPO, verl's gspo)")
     return ", ".join(parts)
 
 
@@ -179,19 +188,30 @@ def step_objective(
     old_log_prob: torch.Tensor,
     advantage: torch.Tensor,
     kl_terms: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    seq_log_ratio: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one window step of a micro-batch (before the share scaling) and its statistics (detached).
 
-    ``kl_terms``: ``(mean, ref_mean, std_dev_t, sqrt_dt)`` when ``kl_coef > 0``."""
+    ``kl_terms``: ``(mean, ref_mean, std_dev_t, sqrt_dt)`` when ``kl_coef > 0``; ``seq_log_ratio``: each sample's
+    mean log-ratio over its trained steps (``policy_loss_mode: gspo``)."""
     import torch
 
-    from runtime.rl.algorithms.objectives import kl_to_reference, policy_loss, ratio_stats
+    from runtime.rl.algorithms.objectives import kl_to_reference, policy_loss, ratio_stats, sequence_policy_loss
 
-    loss, clip_fraction, approx_kl = policy_loss(
-        log_prob, old_log_prob, advantage, settings.clip_range, settings.adv_clip_max
-    )
-    stats = {"policy_loss": loss.detach(), "clip_fraction": clip_fraction, "approx_kl": approx_kl}
-    stats |= ratio_stats(torch.exp(log_prob.detach() - old_log_prob.detach()), settings.clip_range)
+    if settings.policy_loss_mode == "gspo":
+        if seq_log_ratio is None:
+            raise ValueError("policy_loss_mode gspo: the loop passes each sample's sequence log-ratio (seq_log_ratio)")
+        loss, clip_fraction, approx_kl, ratio = sequence_policy_loss(
+            log_prob, seq_log_ratio, advantage, settings.clip_range, settings.adv_clip_max
+        )
+        stats = {"seq_ratio_mean": ratio.mean()}
+    else:
+        loss, clip_fraction, approx_kl = policy_loss(
+            log_prob, old_log_prob, advantage, settings.clip_range, settings.adv_clip_max
+        )
+        ratio, stats = torch.exp(log_prob.detach() - old_log_prob.detach()), {}
+    stats |= {"policy_loss": loss.detach(), "clip_fraction": clip_fraction, "approx_kl": approx_kl}
+    stats |= ratio_stats(ratio, settings.clip_range)
     if kl_terms is not None:
         kl = kl_to_reference(*kl_terms, settings.kl_form)
         loss = loss + settings.kl_coef * kl
@@ -219,6 +239,9 @@ class FlowGRPO(Algorithm):
     def advantages(self, settings: Settings, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         return advantages(settings, rewards, group_ids)
 
+    def needs_sequence_ratio(self, settings: Settings) -> bool:
+        return settings.policy_loss_mode == "gspo"
+
     def step_objective(
         self,
         settings: Settings,
@@ -227,8 +250,9 @@ class FlowGRPO(Algorithm):
         advantage: torch.Tensor,
         kl_terms: Gaussian | None,
         gaussian: Gaussian | None = None,
+        seq_log_ratio: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return step_objective(settings, log_prob, old_log_prob, advantage, kl_terms)
+        return step_objective(settings, log_prob, old_log_prob, advantage, kl_terms, seq_log_ratio)
 
     def gap_alarm(self, settings: Settings) -> float:
         return settings.logprob_gap_alarm

@@ -89,6 +89,11 @@ def check(config: RLConfig) -> None:
             f"{NAME}.sde_type: GRPO-Guard rescales by the 'sde' step's std; found {config.algo.sde_type!r}; "
             "remove the key or use algorithm: flowgrpo for cps"
         )
+    if config.algo.policy_loss_mode != "vanilla":
+        errors.add(
+            f"{NAME}.policy_loss_mode: {config.algo.policy_loss_mode!r} is a form of Flow-GRPO's ratio; RatioNorm "
+            "rescales each step's ratio by that step's std; no sequence-level form of it is defined; remove the key"
+        )
     errors.raise_if_any()
 
 

@@ -18,6 +18,18 @@ Policy loss for one denoising step (``logp``, ``logp_old`` of shape ``[B]``)::
     clip_fraction = mean(|ratio - 1| > clip_range)
     approx_kl     = 0.5 * mean((logp - logp_old) ** 2)
 
+Sequence-level ratio (``policy_loss_mode: gspo``: GSPO, Zheng et al. 2025, arXiv:2507.18071; verl's
+``policy_loss.loss_mode: gspo``). One ratio per sample, the geometric mean of its per-step ratios over the ``K``
+steps it trains this iteration (``seq_log_ratio = mean_k(logp_k - logp_old_k)``, computed by the loop before the
+epoch's backward passes), clipped per sample. Each step's term carries it with the step's own gradient (verl's
+stop-gradient form)::
+
+    log s  = min(sg(seq_log_ratio) + logp_k - sg(logp_k), 10)      value s = exp(seq_log_ratio) at every step k
+    loss_k = mean(max(-A * s, -A * clamp(s, 1 - clip_range, 1 + clip_range)))
+
+so ``(1/K) sum_k loss_k`` is GSPO's ``mean_b max(-A s_b, -A clip(s_b))`` with its gradient ``-A s_b (1/K) sum_k
+grad logp_k`` where unclipped (the cap at 10 is verl's guard against overflow).
+
 Ratio statistics (``ratio_stats``, verl's PPO names in brackets): ``clip_fraction_high = mean(ratio > 1 + clip_range)``
 (``pg_clipfrac``'s upper side), ``clip_fraction_low = mean(ratio < 1 - clip_range)`` (``pg_clipfrac_lower``),
 ``ratio_std`` (the spread the clip acts on). A group whose rewards are all equal has no signal:
@@ -54,6 +66,7 @@ __all__ = [
     "kl_to_reference",
     "policy_loss",
     "ratio_stats",
+    "sequence_policy_loss",
     "zero_std_ratio",
 ]
 
@@ -110,6 +123,25 @@ def policy_loss(
     clip_fraction = ((ratio.detach() - 1.0).abs() > clip_range).float().mean()
     approx_kl = 0.5 * (diff.detach() ** 2).mean()
     return loss, clip_fraction, approx_kl
+
+
+def sequence_policy_loss(
+    log_prob: torch.Tensor,
+    seq_log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_range: float = 1e-4,
+    adv_clip_max: float = 5.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step's share of the sequence-level (GSPO) clipped loss (module docstring); returns ``(loss,
+    clip_fraction, approx_kl, ratio)``, the last three detached (``approx_kl`` of the sequence log-ratio)."""
+    adv = torch.clamp(advantages.to(log_prob.dtype), -adv_clip_max, adv_clip_max)
+    seq = seq_log_ratio.detach().to(log_prob.dtype)
+    ratio = torch.exp(torch.clamp(seq + log_prob - log_prob.detach(), max=10.0))
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    loss = torch.maximum(unclipped, clipped).mean()
+    clip_fraction = ((ratio.detach() - 1.0).abs() > clip_range).float().mean()
+    return loss, clip_fraction, 0.5 * (seq**2).mean(), ratio.detach()
 
 
 def ratio_stats(ratio: torch.Tensor, clip_range: float) -> dict[str, torch.Tensor]:
