@@ -13,17 +13,28 @@
    (4 blocks, hidden 288, 8 heads) with 4096 video tokens per sample (target <= 0.6): exact and repeatable on CPU,
    unlike RSS.
 
+4. async reward: the wall time of a FlowGRPO iteration with ``async_reward: true`` relative to the same run scoring
+   synchronously, on tiny Flux (2 prompts x 4 samples, rollout chunks of 2) with a reward that takes real time: an
+   HTTP scorer on 127.0.0.1 that sleeps ``--reward-seconds`` per sample (a judge model's latency without its CPU
+   cost, so the figure is the overlap and not two computations sharing the cores); each run's fastest of the
+   interleaved rounds, wall clock (what a user waits; the phases' user CPU time does not change).
+
 1 and 2 come from one set of interleaved rounds: one iteration of every run per round (the order reversed every
 round), each run's fastest round after a warm-up iteration (``runtime.kernels.timing.interleaved``; the cyclic
 garbage collector paused while an iteration runs).
 
-Run: `.venv/bin/python bench/flowgrpo.py [--repeats 14] [--dtype bf16]` (``--dtype``: the jobs'
+Run: `.venv/bin/python bench/flowgrpo.py [--repeats 14] [--dtype bf16] [--only async]` (``--only async``: figure 4
+alone; ``--dtype``: the jobs'
 ``train.mixed_precision``; the jobs run where ``runtime.rl`` puts them: the GPU under NCCL, else the CPU).
 """
 
 from __future__ import annotations
 
+import http.server
+import json
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -182,27 +193,106 @@ def memory_ratio(work: Path) -> tuple[int, int]:
     return one, two
 
 
+class _SlowScorer(http.server.BaseHTTPRequestHandler):
+    """The HTTP reward contract (runtime/rl/rewards/http.py): sleeps ``seconds`` per image, answers a reward per
+    image (its PNG's size: different samples score differently)."""
+
+    seconds = 0.1
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        time.sleep(self.seconds * len(body["images"]))
+        answer = json.dumps({"rewards": [len(image) / 1e4 for image in body["images"]]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def async_reward_ratio(work: Path, rounds: int, seconds: float, dtype: str) -> dict[str, dict[str, float]]:
+    """Per run (sync, async): the fastest iteration's wall seconds, and the fastest rollout and reward phases'."""
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
+    from runtime.rl.loop import iteration
+
+    handler = type("Scorer", (_SlowScorer,), {"seconds": seconds})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        flux = save_tiny_pipeline("flux", work / "flux-async")
+        runs, walls, waits = {}, {}, {}
+        for name in ("sync", "async"):
+            (work / f"async-{name}").mkdir(parents=True, exist_ok=True)
+            raw = rl_config(
+                "flux",
+                flux,
+                work / f"async-{name}",
+                rewards=[{"http": f"http://127.0.0.1:{server.server_port}/score"}],
+                sampling={"height": 64, "width": 64, "num_inference_steps": 8, "batch_size": 2},
+                flowgrpo={"group_size": 4, "window_size": 2},
+                train={"steps": rounds + 1, "mixed_precision": dtype},
+            )
+            runs[name], walls[name], waits[name] = start({**raw, "async_reward": name == "async"})[0], [], []
+        for k in range(rounds + 1):  # the first round warms up
+            for name in ("sync", "async") if k % 2 else ("async", "sync"):
+                began = time.perf_counter()
+                metrics = iteration(runs[name], k + 1)[0]
+                if k:
+                    walls[name].append(time.perf_counter() - began)
+                    waits[name].append((metrics["wall_time_rollout"], metrics["wall_time_reward"]))
+        return {
+            name: {
+                "iteration": min(walls[name]),
+                "rollout": min(w[0] for w in waits[name]),
+                "reward": min(w[1] for w in waits[name]),
+            }
+            for name in runs
+        }
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def main() -> None:
-    args = bench_args(__doc__, repeats=14).parse_args()
+    parser = bench_args(__doc__, repeats=14)
+    parser.add_argument("--only", choices=["async"], default=None, help="run figure 4 (async reward) alone")
+    parser.add_argument("--reward-seconds", type=float, default=0.1, help="the HTTP scorer's latency per sample")
+    args = parser.parse_args()
     bench = setup(args)
     with tempfile.TemporaryDirectory(prefix="bench-flowgrpo-") as scratch:
         work = Path(scratch)
-        seconds, rows = iteration_rounds(algorithm_runs(work, bench.repeats, args.dtype), bench.repeats, bench.clock)
-        split = {phase: fastest([r[f"cpu_time_{phase}"] for r in rows]) for phase in PHASES}
-        total = sum(split.values())
-        print("FlowGRPO iteration on tiny Wan T2V (64x64, 9 frames, 8 steps, 2 prompts x 4 samples, true CFG), one")
-        print(f"process, {bench.label}, each phase's fastest iteration, its share of their sum:")
-        for phase, value in split.items():
-            print(f"  {phase:<8} {value:7.3f} s  {value / total:6.1%}")
-        base = fastest(seconds["flowgrpo"])
-        print(f"one iteration per algorithm on tiny Flux (64x64, 8 steps) relative to FlowGRPO's ({base:.3f} s):")
-        for name in ALGORITHMS:
-            print(f"  {name:<13} {fastest(seconds[name]):7.3f} s  {fastest(seconds[name]) / base:6.3f}x")
-        one, two = memory_ratio(work)
-        print("training-side recomputation, one window step of one sample, 4096 video tokens, Wan-shaped (4 blocks,")
-        print("hidden 288), true CFG; bytes saved for backward per rank (worst rank):")
-        mib = f"  sp=1 {one / 2**20:8.1f} MiB   sp=2 {two / 2**20:8.1f} MiB"
-        print(f"{mib}   sp=2/sp=1 {two / one:.3f}  (target <= 0.6)")
+        if args.only is None:
+            _figures(work, bench, args)
+        fig = async_reward_ratio(work, bench.repeats, args.reward_seconds, args.dtype)
+        print("async reward, FlowGRPO on tiny Flux (64x64, 8 steps, 2 prompts x 4 samples, rollout chunks of 2), an")
+        print(f"HTTP scorer on 127.0.0.1 taking {args.reward_seconds:g} s per sample; fastest iteration, wall clock:")
+        for name, values in fig.items():
+            phases = f"rollout phase {values['rollout']:7.3f} s   reward phase {values['reward']:7.3f} s"
+            print(f"  {name:<6} iteration {values['iteration']:7.3f} s   {phases}")
+        print(f"  sync / async iteration time: {fig['sync']['iteration'] / fig['async']['iteration']:.2f}x")
+
+
+def _figures(work: Path, bench: Any, args: Any) -> None:
+    """Figures 1-3 (module docstring)."""
+    seconds, rows = iteration_rounds(algorithm_runs(work, bench.repeats, args.dtype), bench.repeats, bench.clock)
+    split = {phase: fastest([r[f"cpu_time_{phase}"] for r in rows]) for phase in PHASES}
+    total = sum(split.values())
+    print("FlowGRPO iteration on tiny Wan T2V (64x64, 9 frames, 8 steps, 2 prompts x 4 samples, true CFG), one")
+    print(f"process, {bench.label}, each phase's fastest iteration, its share of their sum:")
+    for phase, value in split.items():
+        print(f"  {phase:<8} {value:7.3f} s  {value / total:6.1%}")
+    base = fastest(seconds["flowgrpo"])
+    print(f"one iteration per algorithm on tiny Flux (64x64, 8 steps) relative to FlowGRPO's ({base:.3f} s):")
+    for name in ALGORITHMS:
+        print(f"  {name:<13} {fastest(seconds[name]):7.3f} s  {fastest(seconds[name]) / base:6.3f}x")
+    one, two = memory_ratio(work)
+    print("training-side recomputation, one window step of one sample, 4096 video tokens, Wan-shaped (4 blocks,")
+    print("hidden 288), true CFG; bytes saved for backward per rank (worst rank):")
+    mib = f"  sp=1 {one / 2**20:8.1f} MiB   sp=2 {two / 2**20:8.1f} MiB"
+    print(f"{mib}   sp=2/sp=1 {two / one:.3f}  (target <= 0.6)")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,10 @@ class ChunkScorer:
         self.pending: list[tuple[torch.Tensor, list[str]]] = []
         self.futures: list[tuple[int, int, int, Future]] = []  # (first sample, chunk size, part, its scores)
         self.first = 0
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward") if self.async_ else None
+        self.pool = None
+        if self.async_:  # the scoring thread's torch ops use the loop's intra-op threads, not OpenMP's default
+            threads = torch.get_num_threads()
+            self.pool = ThreadPoolExecutor(1, "reward", initializer=torch.set_num_threads, initargs=(threads,))
 
     def add(self, final_latents: torch.Tensor, prompts: Sequence[str]) -> None:
         """One rolled-out chunk of this replica's samples (in order); collective under ``reward_ranks``."""
