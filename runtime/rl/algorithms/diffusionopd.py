@@ -142,7 +142,7 @@ def conventions(settings: Settings) -> str:
         "flow_grpo": "loss_mode flow_grpo: reward objective + the term (verl-omni's use_distill_loss)",
     }[settings.loss_mode]
     teacher = settings.teacher_model_path or "the starting weights (reference)"
-    parts = [f"DiffusionOPD (verl-omni's): {form} x {settings.distill_loss_coef:g}", mode, f"teacher {teacher}"]
+    parts = [f"DiffusionOPD (verl-omni's): {form}, coef {settings.distill_loss_coef:g}", mode, f"teacher {teacher}"]
     if settings.loss_mode == "flow_grpo":
         parts.append(flowgrpo.conventions(settings))
     return ", ".join(parts)
