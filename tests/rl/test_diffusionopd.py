@@ -307,3 +307,21 @@ def test_sp2_equals_one_process(form: str, tiny_pipelines, teacher_flux: Path, t
         assert got["metrics"]["logprob_gap_max"] <= 1e-6, got["metrics"]["logprob_gap_max"]
         assert relative_error(got["final_latents"], ref["final_latents"]) <= 1e-5
         _compare(got, ref)
+
+
+@pytest.mark.dist
+def test_fsdp_two_replicas_equal_one_process(tiny_pipelines, teacher_flux: Path, tmp_path: Path) -> None:
+    """Full fine-tuning, FSDP2 over 2 replicas with one prompt each (the teacher sharded like the student) against one
+    process taking both in the same layout (chunks of one group): the loss and every gradient within 1e-5
+    (test_job_dist's comparison and its reasons)."""
+    from tests.dist_utils import run_distributed
+    from tests.rl.common import one_iteration
+    from tests.rl.test_job_dist import _compare
+
+    raw = _config(tiny_pipelines, tmp_path, teacher_flux, micro_batch_size=2)
+    raw = {**raw, "lora": {"rank": None}, "sampling": {**raw["sampling"], "batch_size": 2}}
+    ref = one_iteration(0, 1, raw)
+    ranks = run_distributed(one_iteration, 2, {**raw, "data": {**raw["data"], "prompts_per_step": 1}}, timeout=300)
+    for got in ranks:
+        assert got["metrics"]["logprob_gap_max"] == 0.0
+        _compare(got, ref)
