@@ -145,6 +145,15 @@ def test_gspo_trains_on_flux(tiny_pipelines, tmp_path: Path) -> None:
     assert metrics[0]["logprob_gap_max"] == 0.0 and metrics[0]["seq_ratio_mean"] == 1.0
 
 
+def test_gspo_mixgrpo_trains_in_micro_batches(tiny_pipelines, tmp_path: Path) -> None:
+    """MixGRPO's shared window, micro-batches of 2 of the 6 samples and two inner epochs (the second shuffled): the
+    no-grad pass follows the epoch's order and chunks."""
+    raw = _config(tiny_pipelines, tmp_path, "mixgrpo")
+    raw["mixgrpo"] |= {"micro_batch_size": 2, "inner_epochs": 2, "iters_per_group": 1}
+    metrics, _ = tiny_run(raw)
+    assert all(m["seq_ratio_mean"] != 1.0 for m in metrics)  # the second epoch moved off 1
+
+
 def test_gspo_dancegrpo_trains_on_its_subsampled_steps(tiny_pipelines, tmp_path: Path) -> None:
     """DanceGRPO's per-sample subsets: the sequence is each sample's own trained steps; two inner epochs."""
     raw = _config(tiny_pipelines, tmp_path, "dancegrpo")
