@@ -273,12 +273,37 @@ def test_config_refusals(tiny_pipelines, tmp_path: Path) -> None:
         parse_rl_config(full)
 
 
+def test_a_teacher_on_another_schedule_is_refused(tiny_pipelines, teacher_flux: Path, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    from runtime.config.errors import ConfigError
+    from runtime.rl.config import parse_rl_config
+
+    teacher = tmp_path / "shifted"
+    shutil.copytree(teacher_flux, teacher)
+    path = teacher / "scheduler" / "scheduler_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "shift": 3.0}))
+    with pytest.raises(ConfigError, match="scheduler config differs from model.path's in shift"):
+        parse_rl_config(_config(tiny_pipelines, tmp_path, teacher))
+    assert parse_rl_config(_config(tiny_pipelines, tmp_path, teacher_flux)).algo.teacher_model_path
+
+
 def test_a_teacher_of_another_model_type_is_refused_by_its_key(tiny_pipelines, tmp_path: Path) -> None:
+    """An SD3 pipeline (given Flux's scheduler, so the config check passes) as a Flux student's teacher: the loader
+    refuses it, in one message naming the section's key."""
+    import shutil
+
     from runtime.config.errors import ConfigError
     from tests.rl.common import start
 
-    with pytest.raises(ConfigError, match=r"^diffusionopd\.teacher_model_path: "):
-        start(_config(tiny_pipelines, tmp_path, tiny_pipelines("sd3")))
+    teacher = tmp_path / "sd3"
+    shutil.copytree(tiny_pipelines("sd3"), teacher)
+    shutil.rmtree(teacher / "scheduler")
+    shutil.copytree(tiny_pipelines("flux") / "scheduler", teacher / "scheduler")
+    with pytest.raises(ConfigError, match=r"^diffusionopd\.teacher_model_path: .*cannot load") as err:
+        start(_config(tiny_pipelines, tmp_path, teacher))
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("form", ["distill_kl", "distill_fm_mse"])

@@ -122,12 +122,37 @@ def check(config: RLConfig) -> None:
             )
     elif not Path(s.teacher_model_path).is_dir():
         errors.add(f"{NAME}.teacher_model_path: {s.teacher_model_path}: no such directory")
+    else:
+        errors.add(*_scheduler_mismatch(config.model.path, s.teacher_model_path))
     if s.policy_loss_mode != "vanilla":
         errors.add(
             f"{NAME}.policy_loss_mode: {s.policy_loss_mode!r} is a form of the clipped ratio, not offered beside the "
             "distillation term (its objective takes the per-step ratio); remove the key or use algorithm: flowgrpo"
         )
     errors.raise_if_any()
+
+
+def _scheduler_mismatch(student: str, teacher: str) -> list[str]:
+    """The teacher replays the student's steps on the student's noise grid: a teacher pipeline whose scheduler
+    config says otherwise (another shift, say) is refused, as verl-omni refuses it (its keys but ``_``-private ones
+    compared; a directory without ``scheduler/``, a non-diffusers checkpoint, has nothing to compare)."""
+    import json
+
+    configs = []
+    for root in (student, teacher):
+        path = Path(root) / "scheduler" / "scheduler_config.json"
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return []
+        configs.append({k: v for k, v in raw.items() if not k.startswith("_")} if isinstance(raw, dict) else raw)
+    if configs[0] == configs[1]:
+        return []
+    keys = sorted(k for k in set(configs[0]) | set(configs[1]) if configs[0].get(k) != configs[1].get(k))
+    return [
+        f"{NAME}.teacher_model_path: {teacher}: its scheduler config differs from model.path's in {', '.join(keys)}; "
+        "the teacher replays the student's steps on the student's schedule (use a teacher of the same scheduler)"
+    ]
 
 
 def conventions(settings: Settings) -> str:
