@@ -14,7 +14,10 @@ from tests.rl.common import assert_resume_is_bitwise, rl_config, start, tiny_run
 
 # three chunks of the four samples (2 prompts x 2): the last chunk is one sample
 CHUNKED = {"height": 32, "width": 48, "num_inference_steps": 4, "batch_size": 2}
-REWARDS = [{"callable": "tests.rl.rewards:brightness"}, {"callable": "tests.rl.rewards:redness", "weight": 0.5, "name": "redness"}]
+REWARDS = [
+    {"callable": "tests.rl.rewards:brightness"},
+    {"callable": "tests.rl.rewards:redness", "weight": 0.5, "name": "redness"},
+]
 
 
 def _raw(tiny_pipelines, tmp_path: Path, asynchronous: bool, **sections: Any) -> dict:
@@ -83,3 +86,14 @@ def test_async_reward_on_one_rank_for_both_replicas(tiny_pipelines, tmp_path: Pa
         assert got["metrics"]["reward"] == pytest.approx(ref["metrics"]["reward"], rel=1e-6)
         assert got["metrics"]["reward/redness"] == pytest.approx(ref["metrics"]["reward/redness"], rel=1e-6)
         _compare(got, ref)
+
+
+def test_a_failing_reward_stops_the_async_step_in_one_line(tiny_pipelines, tmp_path: Path) -> None:
+    """A chunk's reward error reaches the loop as synchronous scoring's (one line naming the reward and chunk size)."""
+    from runtime.rl.loop import iteration
+    from runtime.rl.rewards import RewardError
+
+    raw = _raw(tiny_pipelines, tmp_path, True)
+    run, _ = start({**raw, "rewards": [{"callable": "tests.rl.rewards:wrong_count"}]})
+    with pytest.raises(RewardError, match="reward 'callable0' returned 1 values for 2 samples"):
+        iteration(run, 1)
