@@ -8,8 +8,8 @@ sections are shared by every algorithm; ``lora``, ``dit``, ``parallel``, ``optim
 
 Example (every key with its default unless marked required)::
 
-    algorithm: flowgrpo          # required: flowgrpo, grpo_guard, flowdppo, mixgrpo, dancegrpo, diffusionnft, dpo
-                                 # (docs/flowgrpo.md)
+    algorithm: flowgrpo          # required: flowgrpo, grpo_guard, flowdppo, mixgrpo, dancegrpo, diffusionnft, dpo,
+                                 # diffusionopd (docs/flowgrpo.md)
     model:
       type: wan                  # a generated DiT (wan, flux, qwenimage, sd3, hunyuanvideo), or instead:
       architecture: null         # a non-diffusers model named explicitly (BagelMoT: no model_index.json tells it)
