@@ -78,6 +78,13 @@ def _check_sampling(condition_model: Any, config: RLConfig) -> None:
             f"model.path: {config.model.path} is an image-to-video pipeline; RL runs sample from prompts alone "
             f"(use a text-to-video pipeline)"
         )
+    if getattr(condition_model, "expert", None) is not None:  # the trainer's option; the rollout runs one module
+        raise ConfigError(
+            f"dit.condition.expert: {config.model.path} holds two transformers switched at boundary_ratio (Wan2.2 "
+            f"A14B); the RL rollout runs the trained transformer at every step and does not switch to the other "
+            f"expert yet: RL one expert's pipeline (a single-transformer Wan pipeline) or train the experts with "
+            f"runtime.train"
+        )
 
 
 def _shard_and_wrap(
