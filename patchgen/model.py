@@ -48,7 +48,10 @@ HANDLES = ("final_logit_softcapping",)
 REQUIRED_MODEL_KEYS = ("model_type", "class", "upstream", "family")
 # The patch kinds the record's `supports` is derived from (never declared by hand: the patches are the proof).
 SP_KINDS = ("sp/ulysses_attention", "dit/shard_tokens")
-RING_KINDS = ("sp/ulysses_attention", "dit/ring_attention")  # the LM Ulysses wrapper runs ring attention itself
+LM_RING_KIND = "sp/ulysses_attention"  # the LM Ulysses wrapper runs ring attention itself
+# a DiT attention site exact on a ring without a ring wrapper: linear attention's key-value sums are all-reduced over
+# the whole SP group, and a cross-attention to replicated text needs no other rank's keys
+RING_EXACT_SITE_KINDS = ("dit/linear_attention_kv", "dit/local_attention")
 EP_KINDS = ("moe/ep_plan",)
 ATTENTION_SITE_KINDS = (
     "sp/ulysses_attention",
@@ -118,7 +121,8 @@ class ModelTable:
 def derive_supports(patches: Iterable[tuple[str, str, dict[str, Any]]], handles: Iterable[str] = ()) -> dict[str, Any]:
     """The record's `supports`, derived from the spec's applied patches ((template, scope, vars with defaults) each)
     so that the runtime can refuse a layout the generated code was never patched for: sp (a Ulysses attention or a
-    DiT token split), ring (the LM Ulysses wrapper, or a DiT ring attention), ep (an EP plan), the scopes of the
+    DiT token split), ring (the LM Ulysses wrapper, or a DiT whose every head-sharded attention site is wrapped by
+    dit/ring_attention, the other sites exact on a ring), ep (an EP plan), the scopes of the
     attention sites, the module paths a DiT keeps replicated, and the config options the spec declares handled."""
     patches = list(patches)
     kinds = {template for template, _, _ in patches}
@@ -128,9 +132,13 @@ def derive_supports(patches: Iterable[tuple[str, str, dict[str, Any]]], handles:
         if template == "dit/shard_tokens"
         for name in values.get("replicated_modules", [])
     }
+    to_heads = {scope for template, scope, _ in patches if template == "dit/ulysses_to_heads"}
+    ringed = {scope for template, scope, _ in patches if template == "dit/ring_attention"}
+    exact = {scope for template, scope, _ in patches if template in RING_EXACT_SITE_KINDS}
     return {
         "sp": any(kind in kinds for kind in SP_KINDS),
-        "ring": any(kind in kinds for kind in RING_KINDS),
+        # a DiT runs on a ring when every all-to-all attention site is wrapped by dit/ring_attention
+        "ring": LM_RING_KIND in kinds or (bool(to_heads | exact) and to_heads <= ringed),
         "ep": any(kind in kinds for kind in EP_KINDS),
         "attention_sites": sorted({scope for template, scope, _ in patches if template in ATTENTION_SITE_KINDS}),
         "replicated_modules": sorted(replicated),

@@ -228,7 +228,8 @@ def test_supports_is_derived_from_the_applied_patches(project) -> None:
 
 
 def _dit(*kinds: str, replicated: tuple[list[str], ...] = ()) -> list[tuple[str, str, dict]]:
-    patches = [(kind, "Proc.__call__" if "ulysses" in kind else "Model.forward", {}) for kind in kinds]
+    site = ("ulysses", "ring", "linear_attention", "local_attention")  # kinds at an attention processor's __call__
+    patches = [(kind, "Proc.__call__" if any(s in kind for s in site) else "Model.forward", {}) for kind in kinds]
     return patches + [("dit/shard_tokens", "Model.forward", {"replicated_modules": r}) for r in replicated]
 
 
@@ -243,6 +244,18 @@ def _dit(*kinds: str, replicated: tuple[list[str], ...] = ()) -> list[tuple[str,
         (
             _dit("dit/ulysses_to_heads", "dit/ring_attention", replicated=(["b", "a"], ["a"])),
             dict(sp=True, ring=True, ep=False, attention_sites=["Proc.__call__"], replicated_modules=["a", "b"]),
+        ),
+        (  # Sana: linear attention (all-reduced key-value sums) and a cross-attention to replicated text are exact
+            # on a ring with no ring wrapper
+            _dit("dit/linear_attention_kv", "dit/local_attention", replicated=([],)),
+            dict(sp=True, ring=True, ep=False, attention_sites=["Proc.__call__"], replicated_modules=[]),
+        ),
+        (  # two head-sharded sites, one of them not wrapped by dit/ring_attention: a ring would attend locally there
+            [
+                *_dit("dit/ulysses_to_heads", "dit/ring_attention", replicated=([],)),
+                ("dit/ulysses_to_heads", "P2.x", {}),
+            ],
+            dict(sp=True, ring=False, ep=False, attention_sites=["P2.x", "Proc.__call__"], replicated_modules=[]),
         ),
         (  # attention sites without a token split (a ViT all-to-all alone) do not make the model SP-capable
             [("sp/vit_attention_all_to_all", "V.forward", {}), ("sp/vit_attention_all_to_all", "V.forward", {})],
