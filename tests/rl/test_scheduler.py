@@ -24,6 +24,37 @@ def test_schedule_matches_diffusers(config):
     assert torch.equal(make_schedule(ref, 10, mu=mu).sigmas, sched.sigmas)
 
 
+@pytest.mark.parametrize("name", ["UniPCMultistepScheduler", "DPMSolverMultistepScheduler"])
+def test_flow_sigmas_of_a_multistep_scheduler_are_its_own(name):
+    """Wan2.1's released scheduler is UniPC with use_flow_sigmas and flow_shift 3.0 (Sana's: DPM-Solver): the rollout
+    steps on that scheduler's own shifted grid, not FlowMatchEuler's reading of the config (which ignores flow_shift:
+    an unshifted grid, 0.667 where the pipeline has 0.900 at the second of 4 steps)."""
+    import diffusers
+
+    cls = getattr(diffusers, name)
+    ref = cls(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    ref.set_timesteps(4)
+    sched = make_schedule(ref, 4)
+    assert torch.equal(sched.sigmas, ref.sigmas.float()) and sched.sigmas[-1] == 0
+    assert torch.equal(sched.timesteps, ref.sigmas[:-1].float() * 1000)
+    config = {**ref.config, "_class_name": name}  # as scheduler_config.json holds it
+    assert torch.equal(make_schedule(config, 4).sigmas, sched.sigmas)
+    assert sched.sigmas[1] > 0.89  # shifted (unshifted: 0.667)
+
+
+def test_a_non_flow_scheduler_is_refused():
+    from diffusers import DDIMScheduler, UniPCMultistepScheduler
+
+    with pytest.raises(ValueError, match="DDIMScheduler: the Flow-GRPO SDE step needs a flow-matching schedule"):
+        make_schedule(DDIMScheduler(), 4)
+    with pytest.raises(ValueError, match="UniPCMultistepScheduler: the Flow-GRPO SDE step needs"):
+        make_schedule(UniPCMultistepScheduler(), 4)  # epsilon prediction, no flow sigmas
+    with pytest.raises(ValueError, match="pass no sigmas"):
+        make_schedule(
+            UniPCMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction"), 2, sigmas=[1, 0.5]
+        )
+
+
 def test_index_for_timestep_is_checked():
     sched = make_schedule({"shift": 3.0}, 8)
     idx = sched.index_for_timestep(sched.timesteps + 1e-3)  # float noise, e.g. a bf16/fp64 round trip

@@ -4,7 +4,8 @@ Conventions are diffusers' ``FlowMatchEulerDiscreteScheduler``: ``sigmas`` has `
 last one 0; ``timesteps = sigmas[:-1] * num_train_timesteps``; the model predicts the velocity ``v = eps - x0`` of
 ``x_t = (1 - t) x0 + t eps``; the Euler ODE step is ``x + v * (sigma_{i+1} - sigma_i)``.
 
-* ``make_schedule`` is the ONE function that builds a (shifted) sigma schedule. Rollout and training both call it,
+* ``make_schedule`` is the ONE function that builds a (shifted) sigma schedule (also a multistep scheduler's
+  ``use_flow_sigmas`` grid, e.g. Wan2.1's UniPC: its own sigmas). Rollout and training both call it,
   so they cannot disagree; it delegates to diffusers' own ``set_timesteps`` so it cannot disagree with diffusers
   either.
 * Steps are addressed by integer index. ``FlowMatchSchedule.index_for_timestep`` maps float timesteps back to
@@ -53,6 +54,7 @@ from typing import Any, Literal
 
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
+from diffusers.configuration_utils import ConfigMixin
 
 SdeMethod = Literal["sde", "cps", "dance"]
 CpsLogProb = Literal["squared_error", "gaussian"]
@@ -128,12 +130,15 @@ def make_schedule(
     sigmas a pipeline passes to ``set_timesteps`` (Flux and Qwen-Image pass ``linspace(1, 1 / N, N)``, which is
     not the scheduler's own grid); the scheduler shifts them as it does in that pipeline.
     """
-    if isinstance(scheduler_or_config, FlowMatchEulerDiscreteScheduler):
-        config = dict(scheduler_or_config.config)
+    if isinstance(scheduler_or_config, ConfigMixin):  # its config holds no _class_name (scheduler_config.json does)
+        config = {**scheduler_or_config.config, "_class_name": type(scheduler_or_config).__name__}
     else:
         config = dict(scheduler_or_config or {})
     if isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, int) or num_inference_steps < 1:
         raise ValueError(f"num_inference_steps must be a positive int, got {num_inference_steps!r}")
+    name = config.get("_class_name", FlowMatchEulerDiscreteScheduler.__name__)
+    if name != FlowMatchEulerDiscreteScheduler.__name__:
+        return _flow_sigmas_schedule(name, config, num_inference_steps, mu, sigmas, device)
     scheduler = FlowMatchEulerDiscreteScheduler.from_config(config)
     if scheduler.config.invert_sigmas:
         raise ValueError("invert_sigmas schedules are not supported by the Flow-GRPO SDE step")
@@ -147,6 +152,39 @@ def make_schedule(
     sigmas = scheduler.sigmas.to(torch.float32)
     timesteps = scheduler.timesteps.to(torch.float32)
     return FlowMatchSchedule(sigmas, timesteps, int(scheduler.config.num_train_timesteps))
+
+
+def _flow_sigmas_schedule(
+    name: str,
+    config: dict[str, Any],
+    num_inference_steps: int,
+    mu: float | None,
+    sigmas: Sequence[float] | None,
+    device: torch.device | str | None,
+) -> FlowMatchSchedule:
+    """The grid of a multistep scheduler with ``use_flow_sigmas`` (Wan2.1's ``UniPCMultistepScheduler``, Sana's
+    ``DPMSolverMultistepScheduler``): its own ``set_timesteps`` sigmas (shifted by its ``flow_shift``), which
+    ``FlowMatchEulerDiscreteScheduler.from_config`` would read as an unshifted grid (it ignores ``flow_shift``).
+    The SDE steps on these sigmas; ``timesteps = sigmas[:-1] * num_train_timesteps`` as above (the pipeline rounds
+    its timesteps to integers: 999 where this gives 1000.0). Any other scheduler is refused: its steps are not
+    flow-matching ones."""
+    import diffusers
+
+    cls = getattr(diffusers, name, None)
+    if cls is None or not config.get("use_flow_sigmas"):
+        raise ValueError(
+            f"scheduler {name}: the Flow-GRPO SDE step needs a flow-matching schedule "
+            f"(FlowMatchEulerDiscreteScheduler, or a multistep scheduler with use_flow_sigmas: true)"
+        )
+    if sigmas is not None:
+        raise ValueError(f"scheduler {name}: its pipelines pass no sigmas of their own (got {len(sigmas)})")
+    scheduler = cls.from_config(config)
+    kwargs = {"mu": mu} if mu is not None and config.get("use_dynamic_shifting") else {}
+    scheduler.set_timesteps(num_inference_steps, device=device, **kwargs)
+    grid = scheduler.sigmas.to(device=device, dtype=torch.float32)
+    if grid.shape != (num_inference_steps + 1,) or grid[-1] != 0:
+        raise ValueError(f"scheduler {name}: expected {num_inference_steps} sigmas and a final 0, got {grid.tolist()}")
+    return FlowMatchSchedule(grid, grid[:-1] * config["num_train_timesteps"], int(config["num_train_timesteps"]))
 
 
 def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
