@@ -1,5 +1,5 @@
-"""RL fine-tuning of a diffusion model: online FlowGRPO, GRPO-Guard, MixGRPO, DanceGRPO and DiffusionNFT, offline
-DPO (``algorithm:``; docs/flowgrpo.md).
+"""RL fine-tuning of a diffusion model: online FlowGRPO, GRPO-Guard, MixGRPO, DanceGRPO, DiffusionNFT, FlowDPPO and
+DiffusionOPD (on-policy distillation), offline DPO (``algorithm:``; docs/flowgrpo.md).
 
 Exit code 2 with one line naming the file, line and key for a bad config or input, and for a run stopped by a guard
 (non-finite values, the rollout-vs-training log-prob gap alarm with `on_logprob_gap: stop`, a policy that did not
