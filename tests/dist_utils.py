@@ -6,6 +6,14 @@ pays for a process group (milliseconds), not for N interpreters importing torch 
 two cores). Between calls a worker destroys the process group, resets the parallel-state handle and restores its
 environment, working directory and torch's default dtype, so a call sees what a fresh rank would.
 
+After each call a worker also *frees* that call's process groups (``release_process_groups(collect=True)``): a
+destroyed gloo group keeps its transport thread (``gloo_tcp_loop``) until the object is collected, and the meshes
+that hold it form reference cycles that Python's collector, on a heap the size of torch + transformers, rarely gets
+to. Left to it, a session's ranks accumulated hundreds of such threads, each polling its dead sockets: an idle rank
+used 0.6 of a core, and the suite slowed down as it went (CI ran past its 90 minutes). ``gc.freeze()`` after each
+collection keeps the next one to what the call allocated (tens of milliseconds instead of about a second). A rank
+that still has a process-group thread after that (something holds a group past its call) is retired with its pool.
+
 The launcher fails fast and loudly: a rank that raises sends its traceback home, the surviving ranks (probably stuck
 in a collective waiting for it) are killed after a short grace period together with their pool (the next call starts
 a fresh one), and the parent raises with every traceback it got.
@@ -56,7 +64,7 @@ def _rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
 
 
 def _run_task(fn, rank: int, world_size: int, port: int, args: tuple, init_group: bool, timeout: float) -> tuple:
-    """One call on one rank: (rank, True, pickled result) or (rank, False, traceback). The call's process groups
+    """One call on one rank: (rank, True, pickled result, 0) or (rank, False, traceback, 0). The call's process groups
     are destroyed and its layout handle and DTensor caches dropped (runtime.parallel.teardown), so the next call
     sees what a fresh rank would; the groups themselves are freed at the latest by ``shutdown`` when the rank exits."""
     from runtime.parallel.teardown import release_process_groups
@@ -68,10 +76,10 @@ def _run_task(fn, rank: int, world_size: int, port: int, args: tuple, init_group
             dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout))
         # Plain pickle bytes, not tensors: torch's queue would pass tensors as shared-memory handles that die with
         # the process that made them.
-        return rank, True, pickle.dumps(fn(rank, world_size, *args))
+        return rank, True, pickle.dumps(fn(rank, world_size, *args)), 0
     except BaseException as exc:
         failure = exc
-        return rank, False, traceback.format_exc()
+        return rank, False, traceback.format_exc(), 0
     finally:
         release_process_groups(failure=failure, collect=False)
 
@@ -102,9 +110,22 @@ def _pool_worker(rank: int, world_size: int, tasks, results) -> None:
         os.chdir(cwd)
         dtype = torch.get_default_dtype()
         try:
-            results.put(_run_task(fn, rank, world_size, port, args, True, timeout))
+            rank_, ok, payload, _ = _run_task(fn, rank, world_size, port, args, True, timeout)
+            results.put((rank_, ok, payload, _free_call_groups()))
         finally:
             torch.set_default_dtype(dtype)
+
+
+def _free_call_groups() -> int:
+    """Free the groups of the call that just ended (see the module docstring); the count of process-group threads
+    still alive after that (0 unless something holds a group past its call)."""
+    import gc
+
+    from runtime.parallel.teardown import comm_threads, release_process_groups
+
+    release_process_groups(collect=True)
+    gc.freeze()  # what survived is long-lived: the next collection scans only what the next call allocates
+    return len(comm_threads())
 
 
 def _kill(procs: list[Any]) -> None:
@@ -118,10 +139,12 @@ def _kill(procs: list[Any]) -> None:
             p.join()
 
 
-def _collect(procs: list[Any], results: Any, world_size: int, timeout: float) -> tuple[dict, dict]:
-    """Every rank's (ok, payload) for one call; a rank that dies or outlives `timeout` counts as failed."""
+def _collect(procs: list[Any], results: Any, world_size: int, timeout: float) -> tuple[dict, dict, int]:
+    """Every rank's (ok, payload) for one call, and the process-group threads the ranks still had after it; a rank
+    that dies or outlives `timeout` counts as failed."""
     ok: dict[int, Any] = {}
     failed: dict[int, str] = {}
+    left = 0
     deadline = time.monotonic() + timeout
     while len(ok) + len(failed) < world_size:
         now = time.monotonic()
@@ -130,23 +153,25 @@ def _collect(procs: list[Any], results: Any, world_size: int, timeout: float) ->
                 failed[rank] = f"rank {rank}: no result within {timeout:.0f} s (hung or too slow)"
             break
         try:
-            rank, success, payload = results.get(timeout=min(0.2, deadline - now))
+            rank, success, payload, threads = results.get(timeout=min(0.2, deadline - now))
         except queue_mod.Empty:
             for rank, p in enumerate(procs):
                 if rank in ok or rank in failed or p.is_alive():
                     continue
                 # A process that exited may still have a message in the pipe; give it one more look.
                 try:
-                    r, success, payload = results.get(timeout=0.5)
+                    r, success, payload, threads = results.get(timeout=0.5)
                 except queue_mod.Empty:
                     failed[rank] = f"rank {rank}: process died with exit code {p.exitcode} and sent no result"
                 else:
                     (ok if success else failed)[r] = payload
+                    left += threads
             continue
         (ok if success else failed)[rank] = payload
+        left += threads
         if failed:
             deadline = min(deadline, time.monotonic() + _FAILURE_GRACE_S)
-    return ok, failed
+    return ok, failed, left
 
 
 class _Pool:
@@ -164,7 +189,7 @@ class _Pool:
         for p in self.procs:
             p.start()
 
-    def run(self, fn: Callable[..., Any], args: tuple, timeout: float) -> tuple[dict, dict]:
+    def run(self, fn: Callable[..., Any], args: tuple, timeout: float) -> tuple[dict, dict, int]:
         port = _free_port()
         for queue in self.tasks:
             queue.put((fn, port, args, timeout, dict(os.environ), os.getcwd()))
@@ -199,9 +224,11 @@ def _run_pooled(fn: Callable[..., Any], world_size: int, args: tuple, timeout: f
         if pool is not None:
             pool.kill()
         pool = _POOLS[world_size] = _Pool(world_size)
-    ok, failed = pool.run(fn, args, timeout)
+    ok, failed, left = pool.run(fn, args, timeout)
     if failed:  # the survivors may be stuck in a collective: never reuse this pool
         _POOLS.pop(world_size).kill()
+    elif left:  # a group outlived its call: its threads would poll on for the rest of the session
+        _POOLS.pop(world_size).close()
     return ok, failed
 
 
@@ -218,7 +245,8 @@ def _run_once(
     for p in procs:
         p.start()
     try:
-        return _collect(procs, results, world_size, timeout)
+        ok, failed, _ = _collect(procs, results, world_size, timeout)  # these processes end here
+        return ok, failed
     finally:
         _kill(procs)
         results.close()

@@ -87,6 +87,27 @@ def test_run_command_frees_the_groups_on_success_and_failure(fail: bool) -> None
         assert holder_freed and handle_reset
 
 
+def _pooled_sp_step(rank: int, world_size: int) -> None:
+    _sp_step()  # leaves the layout's meshes (reference cycles holding their groups) to the teardown
+
+
+def _transport_threads(rank: int, world_size: int) -> int:
+    """gloo's transport threads: one per live group (its worker threads name themselves only once they run)."""
+    return comm_threads().count("gloo_tcp_loop")
+
+
+@LINUX_THREADS
+@pytest.mark.dist
+def test_pooled_ranks_free_each_calls_groups() -> None:
+    """The shared test ranks (tests/dist_utils) free a call's groups before the next: without that, each call left
+    its gloo transport threads polling for the rest of the session and the suite slowed down as it ran."""
+    counts = []
+    for _ in range(3):
+        run_distributed(_pooled_sp_step, 2)
+        counts.append(run_distributed(_transport_threads, 2))
+    assert counts == [[1, 1]] * 3, counts  # the call's own default group only
+
+
 def test_torn_down_frees_a_failures_locals_and_reraises() -> None:
     held: list[weakref.ref] = []
 
