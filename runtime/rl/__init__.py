@@ -8,5 +8,6 @@ data-parallel replicas they share. An algorithm is one module under ``algorithms
 loop calls nothing else of it. Below the loop: the model adapters keyed by architecture (``adapters/``), the step
 schedule, SDE steps, rollout and forward-process draws (``sampling/``), the vLLM-Omni engine mapping (``engines/``),
 rewards (``rewards/``); beside it the policy, data and metrics (``policy.py``, ``prompts.py``, ``pairs.py``,
-``metrics.py``); ``config.py`` and ``preflight.py`` refuse bad input before anything is built. See docs/flowgrpo.md.
+``metrics.py``) and the switch between two experts of one pipeline (``experts.py``: Wan2.2 A14B); ``config.py`` and
+``preflight.py`` refuse bad input before anything is built. See docs/flowgrpo.md.
 """

@@ -39,6 +39,7 @@ from runtime.rl.algorithms.objectives import zero_std_ratio
 from runtime.rl.async_reward import ChunkScorer
 from runtime.rl.batch import repeat_batch, select_rows
 from runtime.rl.config import RLConfig
+from runtime.rl.experts import fit_window
 from runtime.rl.offline import offline_iteration
 from runtime.rl.run_state import RLRun, save, start_run
 from runtime.rl.sampling.rollout import RolloutResult, rollout
@@ -103,6 +104,8 @@ def _iteration(run: RLRun, step: int) -> tuple[dict[str, Any], RolloutResult | N
     names = [f"{p.where} (sample {k})" for p in chosen for k in range(g)]
     b = len(sample_prompts)
     window_size, window_range = algo.window(s, c.sampling.num_inference_steps, step)  # MixGRPO's moves with step
+    # two experts (Wan2.2 A14B): only the windows that lie in the trained expert's steps
+    window_range = fit_window(c, policy.trained_steps, step, window_size, window_range)
     policy.module.eval()
     generators = sample_generators(c.model.seed, step, state.dp_rank * b, b)
     chunk = c.sampling.batch_size or b

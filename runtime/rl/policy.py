@@ -7,6 +7,9 @@ LoRA injection (A seeded alike on every rank), FSDP wrapping, EMA, checkpointed 
 and export. What is RL's own: the reference (``lora_disabled``: the policy with its LoRA turned off, no memory;
 ``frozen_copy``: a frozen copy of the starting weights, sharded like the policy) and the identity a checkpoint
 records (the transformer, the LoRA settings and the algorithm: a supervised checkpoint does not resume an RL run).
+Of a pipeline with two experts switched at ``boundary_ratio`` (Wan2.2 A14B) the policy is ``dit.condition.expert``'s
+and the other expert is loaded frozen, sharded like the reference, for the steps the pipeline runs it on
+(``runtime/rl/experts.py``); the identity then names the expert, as the trainer's does.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from runtime.parallel.state import ParallelState
 
 if TYPE_CHECKING:
     from runtime.rl.config import RLConfig
+    from runtime.rl.experts import ExpertSwitch
 
 __all__ = ["Policy", "build_dit_policy", "build_nondiffusers_policy", "build_policy", "lora_disabled"]
 
@@ -42,6 +46,7 @@ class Policy:
     checkpoint_module: nn.Module  # what checkpoints save (runtime.train.dit.checkpointed)
     identity: dict[str, Any]
     export: Callable[[], None] | None = None  # writes export.dir (collective)
+    trained_steps: tuple[int, int] | None = None  # two experts: [lo, hi) of the schedule, the trained expert's
 
     @property
     def trainable(self) -> list[nn.Parameter]:
@@ -78,13 +83,6 @@ def _check_sampling(condition_model: Any, config: RLConfig) -> None:
             f"model.path: {config.model.path} is an image-to-video pipeline; RL runs sample from prompts alone "
             f"(use a text-to-video pipeline)"
         )
-    if getattr(condition_model, "expert", None) is not None:  # the trainer's option; the rollout runs one module
-        raise ConfigError(
-            f"dit.condition.expert: {config.model.path} holds two transformers switched at boundary_ratio (Wan2.2 "
-            f"A14B); the RL rollout runs the trained transformer at every step and does not switch to the other "
-            f"expert yet: RL one expert's pipeline (a single-transformer Wan pipeline) or train the experts with "
-            f"runtime.train"
-        )
 
 
 def _shard_and_wrap(
@@ -116,17 +114,14 @@ def _shard_and_wrap(
             ) from None
     elif needs and config.reference == "frozen_copy":
         reference = copy.deepcopy(module).requires_grad_(False).eval()
-    precision = config.train.mixed_precision  # the trainer's rule (runtime/parallel/precision.py)
     plan = ParallelPlan(
-        mixed_precision=precision,
+        mixed_precision=config.train.mixed_precision,  # the trainer's rule (runtime/parallel/precision.py)
         activation_checkpointing=config.parallel.activation_checkpointing,
         **site_plan(config.model.type),
     )
     module = parallelize(module, state, plan, device)  # LoRA is in already: a DiT has no expert parallelism
-    if reference is not None:  # sharded like the policy; frozen, so never recomputed
-        reference = parallelize(
-            reference, state, ParallelPlan(mixed_precision=precision, **site_plan(config.model.type)), device
-        )
+    if reference is not None:
+        reference = shard_frozen(config, state, device, reference)
     if not any(p.requires_grad for p in module.parameters()):
         raise ConfigError("lora: the policy has no trainable parameter; nothing would be trained")
     ema = None
@@ -138,10 +133,24 @@ def _shard_and_wrap(
     return module, reference, ema, saved
 
 
+def shard_frozen(config: RLConfig, state: ParallelState, device: torch.device, module: nn.Module) -> nn.Module:
+    """A frozen module (the reference, the other expert) sharded like the policy: FSDP2 and the same SP sites; no
+    activation checkpointing (it is never recomputed)."""
+    from runtime.parallel.parallelize import ParallelPlan, parallelize
+    from runtime.train.job import site_plan
+
+    plan = ParallelPlan(mixed_precision=config.train.mixed_precision, **site_plan(config.model.type))
+    return parallelize(module.requires_grad_(False).eval(), state, plan, device)
+
+
 def _identity(config: RLConfig, model_type: str, model_config: Any) -> dict[str, Any]:
+    """What a checkpoint must match on resume; of two experts the trained one, recorded as the trainer does
+    (``{"expert": folder}`` unless ``transformer``): a checkpoint of one expert does not resume the other."""
     lora = config.lora
     adapter = None if lora.rank is None else {"rank": lora.rank, "alpha": lora.alpha, "targets": lora.target_modules}
-    return model_identity(model_type, {"model": model_config, "lora": adapter, "algorithm": config.algorithm})
+    expert = config.dit.condition.get("expert") if config.model.architecture is None else None
+    extra = {} if expert in (None, "transformer") else {"expert": expert}
+    return model_identity(model_type, {"model": model_config, "lora": adapter, "algorithm": config.algorithm, **extra})
 
 
 def _add_lora(config: RLConfig, module: nn.Module) -> Any:
@@ -295,6 +304,7 @@ def build_dit_policy(config: RLConfig, state: ParallelState, device: torch.devic
         return load_transformer(dataclasses.replace(config, model=dataclasses.replace(config.model, path=path)))
 
     module, reference, ema, saved = _shard_and_wrap(config, state, device, module, peft_config, teacher)
+    adapter.experts = _expert_switch(config, state, device, condition_model)
     policy = Policy(
         module=module,
         adapter=adapter,
@@ -303,6 +313,26 @@ def build_dit_policy(config: RLConfig, state: ParallelState, device: torch.devic
         ema=ema,
         checkpoint_module=saved,
         identity=_identity(config, config.model.type, module.config),
+        trained_steps=None if adapter.experts is None else adapter.experts.steps(s.num_inference_steps),
     )
+    # the trained expert to its folder, the other copied as it was (runtime/train/dit.py: transformer_folder)
     policy.export = functools.partial(export, config, state, module, ema, peft_config)
     return policy
+
+
+def _expert_switch(
+    config: RLConfig, state: ParallelState, device: torch.device, condition_model: Any
+) -> ExpertSwitch | None:
+    """Of a pipeline with two experts (``dit.condition.expert``), the other one frozen and sharded, and the steps
+    each runs (``runtime/rl/experts.py``); None for one transformer."""
+    from runtime.rl.experts import ExpertSwitch, other_expert
+    from runtime.train.dit import load_transformer
+
+    expert = getattr(condition_model, "expert", None)
+    if expert is None:
+        return None
+    condition = {**config.dit.condition, "expert": other_expert(expert)}
+    other = load_transformer(dataclasses.replace(config, dit=dataclasses.replace(config.dit, condition=condition)))
+    pipeline = condition_model.pipeline
+    ratio = float(pipeline.config.boundary_ratio)
+    return ExpertSwitch(shard_frozen(config, state, device, other), expert, ratio, pipeline.scheduler)

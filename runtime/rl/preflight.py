@@ -153,12 +153,14 @@ def check_outputs(config: RLConfig) -> None:
 
 def check_rl_inputs(config: RLConfig, state: ParallelState) -> CheckedRLInputs:
     """Every check that can run before the model is built. Collective (checkpoint hashing is split over ranks)."""
+    from runtime.rl.experts import check_experts
     from runtime.train.preflight import select_checkpoint
 
     if config.model.architecture is not None:
         check_nondiffusers_sampling(config, check_nondiffusers_model(config))
     else:
         check_sampling(config, check_model(config))
+        check_experts(config)  # two experts (Wan2.2 A14B): the expert, the algorithm, windows in its steps
     check_outputs(config)
     key = "data.prompts" if config.data.pairs is None else "data.pairs"
     try:  # dpo's pairs (runtime/rl/pairs.py) take the prompts' place: the sampler and the checkpoint treat them alike

@@ -31,6 +31,7 @@ def test_every_algorithm_implements_the_contract(name: str) -> None:
     assert getattr(type(algo), overridden) is not getattr(Algorithm, overridden), (name, overridden)
     settings = algo.Settings()
     assert isinstance(algo.conventions(settings), str) and algo.state_dict() == {}
+    assert set(algo.window_keys) <= {f.name for f in dataclasses.fields(algo.Settings)}, algo.window_keys
     if algo.data == "prompts":
         size, (lo, hi) = algo.window(settings, 6, 1)
         assert 1 <= size <= 6 and 0 <= lo <= hi

@@ -19,6 +19,10 @@ packed. Guidance:
 
 Rollout and training call the same ``step`` (``VelocityAdapter``), so their log-probs agree bitwise for the same
 batch layout.
+
+A pipeline with two transformers switched at ``boundary_ratio`` (Wan2.2 A14B): ``experts`` (``runtime/rl/experts.py``)
+picks each step's module as ``WanPipeline`` does: the module passed on the trained expert's steps, the frozen other
+expert on the rest.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class DiTFlowGRPO(VelocityAdapter):
     """Flow-GRPO on a generated DiT: ``condition_model`` (frozen, with its encoders) states the pipeline's facts."""
 
     model_type: ClassVar[str] = ""
+    experts: Any = None  # runtime.rl.experts.ExpertSwitch of a pipeline with two experts, else None
 
     def __init__(
         self,
@@ -104,6 +109,8 @@ class DiTFlowGRPO(VelocityAdapter):
     def velocity(
         self, module: nn.Module, batch: dict[str, Any], latents: torch.Tensor, step_index: int | torch.Tensor
     ) -> torch.Tensor:
+        if self.experts is not None:  # the pipeline's expert of this step
+            module = self.experts.module_at(module, batch["schedule"], step_index)
         out = module(**self.prepare_model_inputs(batch, latents, step_index))[0]
         if self.do_true_cfg:
             uncond, cond = out.chunk(2)

@@ -14,7 +14,9 @@ What an algorithm decides, in the order of an iteration:
   ``check(config)`` (what types and ranges do not say) and ``conventions(settings)`` (the log's line naming the
   conventions in use and whose they are: docs/flowgrpo.md, "Conventions");
 * what it samples: ``data`` (``"prompts"`` rolled out under the policy, or offline ``"pairs"``); for prompts the
-  rollout's SDE ``window(settings, num_steps, step)`` and the ``initial_noise`` (None: each sample its own);
+  rollout's SDE ``window(settings, num_steps, step)``, the ``window_keys`` that place it (empty: none does; a
+  pipeline with two experts trains only an algorithm whose settings place it: ``runtime/rl/experts.py``) and the
+  ``initial_noise`` (None: each sample its own);
 * its rewards' use: ``advantages(settings, rewards, group_ids)`` over the global batch;
 * which steps it trains: ``trains_on`` (``"steps"``: the rollout's window steps, ``train_positions`` choosing a
   subset per sample; ``"clean_samples"``: the forward process on the rollout's final samples; ``"pairs"``: the
@@ -58,6 +60,7 @@ class Algorithm:
     data: ClassVar[Data] = "prompts"
     trains_on: ClassVar[TrainsOn] = "steps"
     needs_old_mean: ClassVar[bool] = False
+    window_keys: ClassVar[tuple[str, ...]] = ()  # the settings that place the SDE window (size first)
 
     # ------------------------------------------------------------------------------------------------ config
     def check(self, config: Any) -> None:  # the run's runtime.rl.config.RLConfig (config imports this module)

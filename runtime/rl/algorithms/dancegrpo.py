@@ -229,6 +229,7 @@ class DanceGRPO(flowgrpo.FlowGRPO):
     name = NAME
     Settings = Settings
     rules = RULES
+    window_keys = ()  # the window is the whole schedule
 
     def check(self, config: RLConfig) -> None:
         check(config)

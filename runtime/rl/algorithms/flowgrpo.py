@@ -226,6 +226,7 @@ class FlowGRPO(Algorithm):
     name = "flowgrpo"
     Settings = Settings
     rules = RULES
+    window_keys = ("window_size", "window_range")
 
     def check(self, config: RLConfig) -> None:
         check(config)
