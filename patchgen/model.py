@@ -41,6 +41,7 @@ MODEL_KEYS = {
     "data": "table",
     "conversions": "bool",
     "handles": "handles",
+    "unsupported": "unsupported",
 }
 # Config options a spec may declare its patched code honours (`handles`): the runtime refuses a config that sets one
 # of these to a value that changes the computation unless the model's record lists it.
@@ -53,6 +54,10 @@ LM_RING_KIND = "sp/ulysses_attention"  # the LM Ulysses wrapper runs ring attent
 # the whole SP group, and a cross-attention to replicated text needs no other rank's keys
 RING_EXACT_SITE_KINDS = ("dit/linear_attention_kv", "dit/local_attention")
 EP_KINDS = ("moe/ep_plan",)
+RING_KIND = "dit/ring_attention"
+# `[model.unsupported]`: a capability the class lacks -> the one-line reason the runtime and the test suites quote
+UNSUPPORTED_CAPABILITIES = ("sp", "ring", "ep")
+MAX_REASON_CHARS = 300
 ATTENTION_SITE_KINDS = (
     "sp/ulysses_attention",
     "sp/vit_attention_all_to_all",
@@ -85,6 +90,7 @@ class ModelTable:
     data: dict[str, Any] = field(default_factory=dict, hash=False)
     conversions: bool = True  # a transformers model shares upstream's checkpoint-layout conversions (implied patch)
     handles: tuple[str, ...] = ()  # config options the patched code honours (HANDLES)
+    unsupported: dict[str, str] = field(default_factory=dict, hash=False)  # capability -> why the class lacks it
 
     @property
     def implies_conversions(self) -> bool:
@@ -111,19 +117,24 @@ class ModelTable:
             "capabilities": list(self.capabilities),
             "tiny": self.tiny,
             "data": self.data,
-            "supports": supports if supports is not None else derive_supports((), self.handles),
+            "supports": supports if supports is not None else derive_supports((), self.handles, self.unsupported),
         }
         if companions:
             record["companions"] = list(companions)
         return json.dumps(record, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
 
 
-def derive_supports(patches: Iterable[tuple[str, str, dict[str, Any]]], handles: Iterable[str] = ()) -> dict[str, Any]:
+def derive_supports(
+    patches: Iterable[tuple[str, str, dict[str, Any]]],
+    handles: Iterable[str] = (),
+    unsupported: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """The record's `supports`, derived from the spec's applied patches ((template, scope, vars with defaults) each)
     so that the runtime can refuse a layout the generated code was never patched for: sp (a Ulysses attention or a
     DiT token split), ring (the LM Ulysses wrapper, or a DiT whose every head-sharded attention site is wrapped by
     dit/ring_attention, the other sites exact on a ring), ep (an EP plan), the scopes of the
-    attention sites, the module paths a DiT keeps replicated, and the config options the spec declares handled."""
+    attention sites, the module paths a DiT keeps replicated, and the config options the spec declares handled;
+    `unsupported` (only when the spec states one): why the class lacks a capability (`[model.unsupported]`)."""
     patches = list(patches)
     kinds = {template for template, _, _ in patches}
     replicated = {
@@ -135,7 +146,7 @@ def derive_supports(patches: Iterable[tuple[str, str, dict[str, Any]]], handles:
     to_heads = {scope for template, scope, _ in patches if template == "dit/ulysses_to_heads"}
     ringed = {scope for template, scope, _ in patches if template == "dit/ring_attention"}
     exact = {scope for template, scope, _ in patches if template in RING_EXACT_SITE_KINDS}
-    return {
+    record = {
         "sp": any(kind in kinds for kind in SP_KINDS),
         # a DiT runs on a ring when every all-to-all attention site is wrapped by dit/ring_attention
         "ring": LM_RING_KIND in kinds or (bool(to_heads | exact) and to_heads <= ringed),
@@ -144,6 +155,28 @@ def derive_supports(patches: Iterable[tuple[str, str, dict[str, Any]]], handles:
         "replicated_modules": sorted(replicated),
         "handles": sorted(set(handles)),
     }
+    if unsupported:
+        record["unsupported"] = dict(sorted(unsupported.items()))
+    return record
+
+
+def check_unsupported(model: ModelTable, patches: Iterable[tuple[str, str, dict[str, Any]]], where: str) -> None:
+    """A `[model.unsupported]` reason stated for a capability the spec's patches provide is a contradiction."""
+    patches = list(patches)
+    derived = derive_supports(patches)
+    kinds = {template for template, _, _ in patches}
+    providers = {
+        "sp": SP_KINDS,
+        "ring": (LM_RING_KIND, RING_KIND, *RING_EXACT_SITE_KINDS),
+        "ep": EP_KINDS,
+    }
+    for capability in model.unsupported:
+        if derived[capability]:
+            given = ", ".join(sorted(kinds & set(providers[capability])))
+            raise PatchgenError(
+                f"{where}: [model.unsupported] key {capability!r} says the class lacks {capability}, but its patches "
+                f"provide it ({given}); remove the key, or the patches"
+            )
 
 
 def module_of(output: str) -> str:
@@ -176,6 +209,9 @@ def parse_model_table(table: Any, where: str) -> ModelTable:
         kind = MODEL_KEYS.get(key)
         if kind is None:
             raise PatchgenError(f"{where}: [model] has unknown key {key!r}; expected one of {sorted(MODEL_KEYS)}")
+        if kind == "unsupported":
+            _check_unsupported_table(where, value)
+            continue
         ok = {
             "identifier": lambda v: isinstance(v, str) and is_identifier(v),
             "dotted": lambda v: isinstance(v, str) and is_dotted(v) and "." in v,
@@ -208,7 +244,31 @@ def parse_model_table(table: Any, where: str) -> ModelTable:
         dict(table.get("data", {})),
         table.get("conversions", True),
         tuple(table.get("handles", [])),
+        {capability: reason.strip() for capability, reason in table.get("unsupported", {}).items()},
     )
+
+
+def _check_unsupported_table(where: str, value: Any) -> None:
+    """`[model.unsupported]`: capability (sp, ring, ep) -> a one-line reason why the generated class lacks it."""
+    if not isinstance(value, dict):
+        raise PatchgenError(
+            f"{where}: [model] key 'unsupported' must be a table of capability = \"reason\" "
+            f"(capabilities {list(UNSUPPORTED_CAPABILITIES)}), found {type_name(value)}"
+        )
+    for capability, reason in value.items():
+        if capability not in UNSUPPORTED_CAPABILITIES:
+            raise PatchgenError(
+                f"{where}: [model.unsupported] has unknown capability {capability!r}; expected one of "
+                f"{list(UNSUPPORTED_CAPABILITIES)}: rename or remove the key"
+            )
+        text = reason.strip() if isinstance(reason, str) else None
+        if not text or not text.isprintable() or len(text) > MAX_REASON_CHARS:
+            found = f"{len(text)} characters" if isinstance(text, str) else type_name(reason)
+            raise PatchgenError(
+                f"{where}: [model.unsupported] key {capability!r} must say in one line of at most {MAX_REASON_CHARS} "
+                f"characters (no line breaks or control characters) why the class lacks {capability}, found {found}; "
+                f"state the reason, or remove the key"
+            )
 
 
 def _check_data(where: str, key: str, value: Any, tiny: bool, depth: int) -> None:

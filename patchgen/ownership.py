@@ -84,7 +84,7 @@ def model_record(spec: Spec) -> str:
     """The `.model.json` text of a spec with a `[model]` table, naming its companion modules too, and what its
     patches support (derived from them, with each template variable's default where the spec gives no value)."""
     applied = [(p.template.name, p.scope, _values(p)) for p in spec.patches]
-    supports = derive_supports(applied, spec.model.handles)
+    supports = derive_supports(applied, spec.model.handles, spec.model.unsupported)
     return spec.model.to_json(spec.name, spec.output, [module_of(c.output) for c in spec.companions], supports)
 
 

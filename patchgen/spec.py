@@ -17,7 +17,7 @@ from typing import Any
 
 from patchgen.accounting import parse_removes
 from patchgen.errors import PatchgenError
-from patchgen.model import ModelTable, parse_model_table
+from patchgen.model import ModelTable, check_unsupported, parse_model_table
 from patchgen.ops import OPS
 from patchgen.spec_companions import Companion, check_qualifiers, load_companions, parse_scope
 from patchgen.spec_extends import resolve_extends
@@ -207,6 +207,8 @@ def load_spec(path: Path, templates_dir: Path) -> Spec:
     model = parse_model_table(data["model"], str(path)) if "model" in data else None
     if model is not None and model.implies_conversions:
         patches = (*patches, _implied_conversions(len(patches) + 1, model, patches, path, templates_dir))
+    if model is not None:
+        check_unsupported(model, ((p.template.name, p.scope, p.vars) for p in patches), str(path))
     digest = hashlib.sha256(raw)
     for extra in inherited_raw:
         digest.update(b"\0" + hashlib.sha256(extra).digest())

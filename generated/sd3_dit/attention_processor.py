@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
 # spec: specs/sd3.toml sha256=34fdad8151d34e7d9719d3dd47dea54ae566f2f02c7ea54f5f25a0a025f67947
 # templates: sha256=4f1dc424d70bf8b963227c2e55b38f629149816baa8a89d78675b0b129dd0072
-# engine: patchgen==0.1.0 sha256=d732128248443ce09ecc90f7cfb95251309ffe30975d5c4bde945d18bb6b2e00
+# engine: patchgen==0.1.0 sha256=22310c43e3e62eb1b23ac1f1c32c76a65e880980f2524c843fa695398bf9090e
 # body: sha256=debc05bb72f85777dcf8fa451b1467d45a1f34721391e396c67b59510ada0e3d
 # patches:
 #   #4 core/add_parameter @ JointAttnProcessor2_0.__call__: diffusers' Attention passes a processor only the kwargs its signature names: the processor takes the split

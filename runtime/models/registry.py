@@ -24,7 +24,8 @@ _REQUIRED = ("spec", "module", "model_type", "class", "upstream", "family", "cap
 class Supports:
     """What the generated class can do, as patchgen derived it from the patches it applied (not a hand-written
     claim): sequence parallelism, a ring, expert parallelism, the patched attention sites, the module paths that
-    run on replicated tokens before the split, and the config options its patched code declares it honours."""
+    run on replicated tokens before the split, and the config options its patched code declares it honours; and, for
+    a capability it lacks, the one-line reason its spec states (``[model.unsupported]``: sp, ring, ep)."""
 
     sp: bool = False
     ring: bool = False
@@ -32,6 +33,7 @@ class Supports:
     attention_sites: tuple[str, ...] = ()
     replicated_modules: tuple[str, ...] = ()
     handles: tuple[str, ...] = ()
+    unsupported: dict[str, str] = field(default_factory=dict, hash=False)
 
     @classmethod
     def from_record(cls, raw: dict[str, Any]) -> Supports:
@@ -42,6 +44,7 @@ class Supports:
             tuple(raw["attention_sites"]),
             tuple(raw["replicated_modules"]),
             tuple(raw["handles"]),
+            {str(key): str(reason) for key, reason in raw.get("unsupported", {}).items()},
         )
 
 

@@ -7,6 +7,7 @@ A run is refused at start-up, in one line, when it asks for something the class 
   data-parallel reduction would add the SP group's identical gradients (each one counted ``sp`` times);
 - ``parallel.ring > 1`` without a ring patch (a DiT whose attention calls are not wrapped by ``dit/ring_attention``);
 - ``parallel.ep > 1`` without an expert-parallel plan (``moe/ep_plan``);
+- each of these lines ends with the reason the spec states for lacking it (``[model.unsupported]``), when it does;
 - a config option that changes the computation where a patch replaced upstream's code (``OPTIONS``), unless the
   spec declares it handled (``[model] handles``): e.g. ``final_logit_softcapping``, which upstream applies between
   the LM head and the loss that ``loss/causal_lm_head`` replaces.
@@ -44,6 +45,12 @@ def set_options(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return found
 
 
+def _stated(entry: GeneratedModel, capability: str) -> str:
+    """The spec's own reason for lacking ``capability`` (``[model.unsupported]``), as the end of a refusal line."""
+    reason = entry.supports.unsupported.get(capability)
+    return f"; specs/{entry.spec}.toml states: {reason}" if reason else ""
+
+
 def layout_problems(entry: GeneratedModel, sp: int, ring: int, ep: int) -> list[str]:
     """One line per layout dim the class does not declare; empty when it declares them all."""
     supports, spec = entry.supports, entry.spec
@@ -53,17 +60,18 @@ def layout_problems(entry: GeneratedModel, sp: int, ring: int, ep: int) -> list[
             f"parallel.sp: {sp} asks for sequence parallelism, but spec {spec!r} applies no SP patch "
             f"(sp/ulysses_attention, or dit/shard_tokens with its attention patches): each SP rank would run the "
             f"whole model and every gradient would be counted {sp} times; set parallel.sp: 1 or add the SP patches "
-            f"to specs/{spec}.toml"
+            f"to specs/{spec}.toml" + _stated(entry, "sp")
         )
     if ring > 1 and supports.sp and not supports.ring:
         found.append(
             f"parallel.ring: {ring} asks for ring attention, but spec {spec!r} wraps no attention call with it "
             f"(dit/ring_attention); set parallel.ring: 1 or add the patch to specs/{spec}.toml"
+            + _stated(entry, "ring")
         )
     if ep > 1 and not supports.ep:
         found.append(
             f"parallel.ep: {ep} asks for expert parallelism, but spec {spec!r} has no expert-parallel plan "
-            f"(moe/ep_plan); set parallel.ep: 1 or add the patch to specs/{spec}.toml"
+            f"(moe/ep_plan); set parallel.ep: 1 or add the patch to specs/{spec}.toml" + _stated(entry, "ep")
         )
     return found
 
