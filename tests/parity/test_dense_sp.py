@@ -8,11 +8,13 @@ from runtime.models.registry import model_types, variant_cases, variant_override
 from runtime.sp.ulysses import kv_repeat_factor
 from tests.dist_utils import run_distributed
 from tests.parity.dense import grads, models, packed_batch, relative_error, sp_worker
+from tests.supports import require, supporting
 
 # Every dense causal LM of the specs on a packed row whose sequence lengths are not multiples of 2 (odd total too);
 # then every tiny variant (the config-gated branches the tiny configs do not reach); then, on the first ones, a
-# 1-KV-head case (sp > kv heads) and the loss computed chunk-wise from hidden states.
-DENSE = model_types("causal_lm", without="moe")
+# 1-KV-head case (sp > kv heads) and the loss computed chunk-wise from hidden states. A model whose class lacks SP is
+# left out here and reported by test_every_dense_lm_runs_at_sp_or_states_why.
+DENSE = supporting(model_types("causal_lm", without="moe"), "sp")
 CASES = [
     *((model_type, (7, 10) if index % 2 == 0 else (5, 9, 3), {}, {}) for index, model_type in enumerate(DENSE)),
     *((t, (9, 6, 4), variant_overrides(t, v), {}) for t, v in variant_cases(DENSE) if v is not None),
@@ -26,6 +28,11 @@ def single_process(model_type: str, lengths: tuple[int, ...], config_kwargs: dic
     out = model(**packed_batch(lengths))
     out.loss.backward()
     return {"loss": out.loss.detach(), "logits": out.logits.detach(), "grads": grads(model)}
+
+
+@pytest.mark.parametrize("model_type", model_types("causal_lm", without="moe"))
+def test_every_dense_lm_runs_at_sp_or_states_why(model_type: str) -> None:
+    require(model_type, "sp")
 
 
 @pytest.mark.dist

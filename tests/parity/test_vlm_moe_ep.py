@@ -19,6 +19,7 @@ from runtime.models.registry import lookup, model_types
 from tests.dist_utils import run_distributed
 from tests.parity.dense import relative_error
 from tests.parity.test_vlm_sp import CASES, forward_kwargs, full_batch, shard
+from tests.supports import needs, require, supporting
 
 MOE_VLMS = model_types("vlm", capability="moe")
 # The dim along which the packed reference concatenates the rows' tensors.
@@ -128,13 +129,20 @@ def test_packed_reference_keeps_rows_apart(model_type: str) -> None:
     assert relative_error(packed, alone) < 1e-5
 
 
+@pytest.mark.parametrize("capability", ["sp", "ep"])
+@pytest.mark.parametrize("model_type", MOE_VLMS)
+def test_every_moe_vlm_runs_at_ep_and_sp_or_states_why(model_type: str, capability: str) -> None:
+    require(model_type, capability)
+
+
 @pytest.mark.dist
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_vlm_expert_parallel_matches_single_process(name: str) -> None:
     world, layout = LAYOUTS[name]
     sp = layout.get("sp_size", 1)
-    results = run_distributed(parallel_worker, world, layout, MOE_VLMS, timeout=300)
-    for model_type in MOE_VLMS:
+    models = supporting(MOE_VLMS, *needs(layout))  # the others: test_every_moe_vlm_runs_at_ep_and_sp_or_states_why
+    results = run_distributed(parallel_worker, world, layout, models, timeout=300)
+    for model_type in models:
         ref = reference(model_type, world // sp)
         for got in (r[model_type] for r in results):
             assert relative_error(got["lm"], ref["lm"]) < 1e-5, model_type

@@ -16,6 +16,7 @@ from runtime.models.registry import lookup, model_types, variant_cases, variant_
 from tests.dist_utils import run_distributed
 from tests.parity.dense import grads, relative_error
 from tests.parity.vlm import vlm_batch, vlm_models
+from tests.supports import require
 
 MODELS = model_types("vlm")
 DEEPSTACK = set(model_types("vlm", capability="deepstack"))
@@ -111,6 +112,7 @@ def single_process(model_type: str, grids, text, videos=(), variant: str | None 
 @pytest.mark.dist
 @pytest.mark.parametrize(("model_type", "variant"), variant_cases(MODELS))  # each tiny variant's branches too
 def test_vlm_sp2_matches_single_process(model_type: str, variant: str | None) -> None:
+    require(model_type, "sp")
     per_rank = run_distributed(sp_vlm_worker, 2, model_type, 1, variant, timeout=300)
     for index, case in enumerate([*CASES, VIDEO_CASE]):
         ref = single_process(model_type, *case, variant=variant)

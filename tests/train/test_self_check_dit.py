@@ -15,12 +15,14 @@ from runtime.train.self_check import report
 from runtime.train.self_check_dit import prove_dit, shrunk_dit_values
 from tests.dist_utils import run_distributed
 from tests.rl.common import rl_config, start
+from tests.supports import require
 from tests.train.self_check_defects import DoubledSPGradientDiT, WanShell, dit_check_worker
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize("model_type", dit_model_types())
 def test_every_dit_passes_at_sp2(model_type: str) -> None:
+    require(model_type, "sp")
     results = run_distributed(dit_check_worker, 2, model_type, {"sp_size": 2}, {}, timeout=300)
     line, error = results[0]
     assert error == "" and line.startswith("self-check: passed in "), results
