@@ -24,15 +24,13 @@ import torch
 from torch import nn
 
 from runtime.config.errors import ConfigError
+from runtime.diffusion.conditions.wan import EXPERTS  # high noise, low noise
 
 if TYPE_CHECKING:
     from runtime.rl.config import RLConfig
     from runtime.rl.sampling.scheduler import FlowMatchSchedule
 
 __all__ = ["ExpertSwitch", "check_experts", "expert_steps", "fit_window", "other_expert", "pipeline_timesteps"]
-
-EXPERTS = ("transformer", "transformer_2")  # runtime/diffusion/conditions/wan.py: high noise, low noise
-
 
 def other_expert(expert: str) -> str:
     """The folder of the expert that is not ``expert``."""
