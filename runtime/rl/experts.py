@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ExpertSwitch", "check_experts", "expert_steps", "fit_window", "other_expert", "pipeline_timesteps"]
 
+
 def other_expert(expert: str) -> str:
     """The folder of the expert that is not ``expert``."""
     return EXPERTS[1 - EXPERTS.index(expert)]
@@ -67,6 +68,7 @@ class ExpertSwitch:
     boundary_ratio: float
     scheduler: Any
     _known: dict[int, tuple[torch.Tensor, tuple[int, int]]] = field(default_factory=dict, repr=False)
+    _checked: Any = field(default=None, repr=False)  # the last schedule found to be the pipeline's (checked once)
 
     def _pipeline(self, num_steps: int) -> tuple[torch.Tensor, tuple[int, int]]:
         if num_steps not in self._known:
@@ -84,12 +86,14 @@ class ExpertSwitch:
         must be the pipeline's (its timesteps within 1 of the pipeline's: a multistep scheduler truncates them to
         integers), and every index of the call one expert's."""
         timesteps, (lo, hi) = self._pipeline(schedule.num_steps)
-        gap = (schedule.timesteps.detach().cpu().double() - timesteps).abs().max().item()
-        if gap > 1.0:
-            raise ValueError(
-                f"the experts switch on the pipeline's {schedule.num_steps}-step schedule; this one's timesteps are "
-                f"{gap:.3g} away from it"
-            )
+        if schedule is not self._checked:  # once per schedule (a rollout's), not per forward: no host sync each call
+            gap = (schedule.timesteps.detach().cpu().double() - timesteps).abs().max().item()
+            if gap > 1.0:
+                raise ValueError(
+                    f"the experts switch on the pipeline's {schedule.num_steps}-step schedule; this one's timesteps "
+                    f"are {gap:.3g} away from it"
+                )
+            self._checked = schedule
         index = torch.as_tensor(step_index).reshape(-1).cpu()
         trained = (index >= lo) & (index < hi)
         if bool(trained.all()):

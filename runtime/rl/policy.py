@@ -148,8 +148,9 @@ def _identity(config: RLConfig, model_type: str, model_config: Any) -> dict[str,
     (``{"expert": folder}`` unless ``transformer``): a checkpoint of one expert does not resume the other."""
     lora = config.lora
     adapter = None if lora.rank is None else {"rank": lora.rank, "alpha": lora.alpha, "targets": lora.target_modules}
-    expert = config.dit.condition.get("expert") if config.model.architecture is None else None
-    extra = {} if expert in (None, "transformer") else {"expert": expert}
+    from runtime.train.dit import expert_identity
+
+    extra = expert_identity(config) if config.model.architecture is None else {}
     return model_identity(model_type, {"model": model_config, "lora": adapter, "algorithm": config.algorithm, **extra})
 
 

@@ -231,9 +231,14 @@ def dit_identity(config: RunConfig, model: torch.nn.Module) -> dict[str, Any]:
     experts it trains (Wan2.2 A14B's have the same config)."""
     lora = config.lora
     adapter = None if lora.rank is None else {"rank": lora.rank, "alpha": lora.alpha, "targets": lora.target_modules}
+    return model_identity(config.model.type, {"transformer": model.config, "lora": adapter, **expert_identity(config)})
+
+
+def expert_identity(config: Any) -> dict[str, str]:
+    """The identity entry naming the trained one of two experts (``{"expert": folder}``); empty for ``transformer``,
+    so one-transformer pipelines' identities are unchanged. Shared by the trainer and ``runtime.rl``."""
     folder = transformer_folder(config)
-    expert = {} if folder == "transformer" else {"expert": folder}  # unchanged for one-transformer pipelines
-    return model_identity(config.model.type, {"transformer": model.config, "lora": adapter, **expert})
+    return {} if folder == "transformer" else {"expert": folder}
 
 
 def warn_small_buckets(buckets: Any, batch_size: int, video: bool) -> None:
