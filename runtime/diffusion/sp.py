@@ -21,19 +21,18 @@ upstream's code path and stays bitwise equal to it):
    Under a ring (``parallel.ring`` > 1, SP = ulysses x ring) the all-to-all runs within the Ulysses group and
    leaves this rank the contiguous span of ``ulysses x local`` tokens its ring rank owns, in queries, keys and values
    (padding included), and the attention call itself becomes ``runtime.sp.ring``'s ``ring_attention`` over the ring
-   group (``runtime/diffusion/sp_ring.py``, the ``dit/ring_attention`` patch): K/V blocks pass around the ring while
-   the current block is attended, the padding keys are hidden, the replicated text K/V are its ``extra_kv`` (seen
-   once by every query), and backward keeps only the local q/k/v/out/lse.
+   group (``runtime/diffusion/sp_ring.py``, the ``dit/ring_attention`` patch), with the padding and masked keys
+   hidden and the replicated text K/V as its ``extra_kv`` (seen once by every query).
 3. ``gather_tokens`` after the output projection all-gathers the tokens and drops the padding: every rank returns
    the full prediction, as upstream does.
 
 Why the shard rides on the RoPE object: the attention hooks need per-forward facts (the padding, the number of
 real tokens) and RoPE is the one argument upstream already passes from the model forward to exactly the attention
-calls that mix tokens, through every block and every gradient-checkpoint mechanism (diffusers', torch's composable
-checkpoint, FSDP2's forward hooks rebuild containers but keep dataclasses). No global state is needed. Which
-processor argument carries the split is the spec's statement (the ``carrier`` var of ``dit/ulysses_attention``);
-``attention_split`` accepts a ``ShardedRotary`` or a bare ``TokenShard`` (a model without RoPE hands the split to
-its processors through an argument of its own).
+calls that mix tokens, through every block and every gradient-checkpoint mechanism (FSDP2's forward hooks rebuild
+containers but keep dataclasses). No global state is needed. A single RoPE tensor (Lumina2's complex ``freqs_cis``)
+rides the same way, wrapped; the processor unwraps it where upstream uses it (``rotary_tensor``). Which processor
+argument carries the split is the spec's statement (the ``carrier`` var of ``dit/ulysses_to_heads``);
+``attention_split`` accepts a ``ShardedRotary`` or a bare ``TokenShard``.
 
 Gradients follow ``runtime.parallel.collectives``' partial-gradient convention, with one DiT-specific choice:
 ``gather_tokens``' backward keeps this rank's slice of the incoming gradient without communication, because every
@@ -52,7 +51,6 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from runtime.config.errors import LayoutRefused
 from runtime.diffusion.sp_layout import AttentionLayout, check_layout
 from runtime.parallel.collectives import (
     gather_along_dim,
@@ -65,19 +63,10 @@ from runtime.parallel.state import get_parallel_state
 from runtime.sp.overlap import seq_to_heads
 
 __all__ = [
-    "AttentionSplit",
-    "ShardedRotary",
-    "TokenShard",
-    "attention_split",
-    "carry_token_shard",
-    "gather_tokens",
-    "refuse_under_sp",
-    "shard_rotary",
-    "shard_tokens",
-    "token_shard",
-    "ulysses_to_heads",
+    "AttentionSplit", "ShardedRotary", "TokenShard", "attention_split", "carry_token_shard", "gather_tokens",
+    "refuse_under_sp", "rotary_tensor", "shard_rotary", "shard_tokens", "token_shard", "ulysses_to_heads",
     "ulysses_to_sequence",
-]
+]  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +107,8 @@ class TokenShard:
 
 @dataclasses.dataclass(frozen=True)
 class ShardedRotary(Sequence):
-    """This rank's RoPE tables (upstream's tuple, element for element) plus the ``TokenShard`` they belong to.
+    """This rank's RoPE tables (upstream's tuple, element for element) plus the ``TokenShard`` they belong to;
+    ``single``: upstream's RoPE is one tensor, ``parts[0]`` (``rotary_tensor`` unwraps it).
 
     A dataclass, not a tuple subclass: FSDP2's input casting rebuilds tuples (dropping extra attributes) but
     rebuilds dataclasses field by field.
@@ -126,6 +116,7 @@ class ShardedRotary(Sequence):
 
     parts: tuple[Any, ...]
     shard: TokenShard
+    single: bool = False
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.parts)
@@ -230,16 +221,27 @@ def shard_rotary(
 
     ``parts`` are the indices of the per-token tables (the others, e.g. Qwen-Image's text table, stay whole);
     ``prefix`` leading entries along ``dim`` belong to replicated tokens (Flux: the text positions) and stay whole.
+    A single tensor (``parts`` unused) is sliced whole and wrapped with ``single=True``.
     """
     if shard is None or rotary is None:
         return rotary
-    items = list(rotary)
-    for i in parts:
+    single = isinstance(rotary, Tensor)
+    items = [rotary] if single else list(rotary)
+    for i in (0,) if single else parts:
         table = items[i]
         head, tail = table.narrow(dim, 0, prefix), table.narrow(dim, prefix, table.size(dim) - prefix)
         local = _pad_and_slice(tail, shard, dim)
         items[i] = torch.cat([head, local], dim=dim) if prefix else local
-    return ShardedRotary(tuple(items), shard)
+    return ShardedRotary(tuple(items), shard, single)
+
+
+def rotary_tensor(rotary: Any) -> tuple[ShardedRotary | None, Any]:
+    """(the carrier, upstream's RoPE tensor) inside a processor whose RoPE is one tensor: ``shard_rotary`` wrapped
+    it to carry the split, upstream's code needs the tensor. ``(None, rotary)`` for anything else (SP off, a call
+    that receives no split, e.g. a refiner before the split)."""
+    if isinstance(rotary, ShardedRotary) and rotary.single:
+        return rotary, rotary.parts[0]
+    return None, rotary
 
 
 def carry_token_shard(kwargs: dict | None, shard: TokenShard | None, key: str = "dit_sp") -> dict | None:
@@ -278,23 +280,14 @@ def _joined(layout: AttentionLayout, replicated: Tensor, sharded: Tensor) -> Ten
     return torch.cat(parts, dim=1)
 
 
-def _sharded_key_mask(shard: TokenShard, local: Tensor, site: str) -> Tensor:
-    """The key-mask columns of the sharded tokens the attention sees after the all-to-all, from every rank's own
-    columns (gathered over the whole SP group, so every rank takes the same decision): all real tokens under
-    Ulysses, this ring rank's span under a ring. A ring hides only the padding keys (``sp_ring``), so a mask that
-    hides a real sharded key (a padded latent, say) is refused there rather than ignored."""
+def _sharded_key_mask(shard: TokenShard, local: Tensor) -> Tensor:
+    """The key-mask columns of the sharded tokens, from every rank's own columns (gathered over the whole SP group,
+    so a sharded key the model masks stays masked): all real tokens under Ulysses, every ring rank's span (padding
+    included, ``size * local`` columns) under a ring, where ``sp_ring`` hides each span's masked keys."""
     flag = local.dtype == torch.bool
     full = gather_along_dim(local.to(torch.uint8) if flag else local, 3, shard.group)
     full = full.bool() if flag else full
-    if shard.ring_size == 1:
-        return unpad(full, 3, shard.pad)
-    hidden = ~full[..., : shard.tokens] if flag else full[..., : shard.tokens] != 0
-    if bool(hidden.any()):
-        raise LayoutRefused(
-            f"{site}: the attention mask hides some of the sharded tokens' keys, which ring attention does not "
-            f"honour (it hides only the SP padding); train with parallel.ring: 1 (Ulysses honours the mask)"
-        )
-    return full.narrow(3, (shard.rank // shard.ulysses_size) * shard.span, shard.span)
+    return unpad(full, 3, shard.pad) if shard.ring_size == 1 else full
 
 
 def ulysses_to_heads(
@@ -305,8 +298,8 @@ def ulysses_to_heads(
     this rank's heads. A key mask ``(b, 1, 1, s)`` keeps its replicated columns and gathers the sharded tokens'
     columns from every rank (``_sharded_key_mask``: a sharded key the model masks stays masked). Under a ring the
     all-to-all runs over the Ulysses group and queries, keys and values keep this ring rank's span
-    (``TokenShard.span``, padding included): the call that follows is ``runtime.diffusion.sp_ring``'s ring
-    attention. Identity when ``split`` is None.
+    (``TokenShard.span``, padding included) for ``runtime.diffusion.sp_ring``'s ring attention, and the mask keeps
+    every ring rank's columns. Identity when ``split`` is None.
     """
     if split is None:
         return query, key, value, attention_mask
@@ -345,7 +338,7 @@ def ulysses_to_heads(
                 f"{layout.site}: SP attention takes a key mask of shape (b, 1, 1, {query.size(1)}), got "
                 f"{tuple(attention_mask.shape)}"
             )
-        tokens = _sharded_key_mask(shard, attention_mask.narrow(-1, start, shard.local), layout.site)
+        tokens = _sharded_key_mask(shard, attention_mask.narrow(-1, start, shard.local))
         kept = attention_mask.narrow(-1, rep_start, count)
         attention_mask = torch.cat([kept, tokens] if layout.replicated == "first" else [tokens, kept], dim=-1)
     query, key, value = (one(x, local) for x, local in zip((query, key, value), sharded, strict=True))

@@ -15,8 +15,10 @@ attended, partials merged by log-sum-exp, a backward that keeps only the local q
   ring group afterwards, so every ring rank holds the same bits (a replicated stream must be bitwise replicated:
   ``sp_layout.check_layout`` checks it, and every rank's later blocks compute the same text from it); backward
   reduce-scatters the ranks' partial gradients of each share;
-* ring keys/values: the span's. Padding keys (past the real token count, in the last ring ranks' spans) are hidden
-  by ``kv_valid``; padding queries see real keys, and their output is dropped by ``ulysses_to_sequence``;
+* ring keys/values: the span's. Padding keys (past the real token count, in the last ring ranks' spans) and keys
+  the model's key mask hides (its sharded columns, every ring rank's span: Lumina2's per-sample padding of a joint
+  ``[text, image, pad]`` sequence) are hidden by ``kv_valid``; padding queries see real keys, and their output is
+  dropped by ``ulysses_to_sequence``;
 * ``extra_kv``: the text keys/values, seen exactly once by every query, never sent around the ring; the key mask's
   text columns (Qwen-Image, HunyuanVideo: boolean, ``(b, 1, 1, s)``) hide padded text keys.
 """
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from runtime.config.errors import LayoutRefused
 from runtime.diffusion.sp import AttentionSplit
 from runtime.parallel.collectives import gather_along_dim, pad_and_slice, unpad
 from runtime.sp.ring import ring_attention
@@ -58,13 +61,30 @@ def _refuse(site: str, dropout_p: float, is_causal: bool, parallel_config: Any) 
         )
 
 
-def _text_valid(site: str, mask: Tensor | None, start: int, count: int) -> Tensor | None:
-    """(b or 1, count) bool: which replicated (text) keys may be seen; None when all may."""
+def _valid(site: str, mask: Tensor | None, start: int, count: int) -> Tensor | None:
+    """(b or 1, count) bool: which of the mask's keys ``[start, start + count)`` may be seen; None when all may."""
     if mask is None or not count:
         return None
     if mask.dtype != torch.bool:
-        raise ValueError(f"{site}: under a ring the attention mask must be boolean, got {mask.dtype}")
+        raise LayoutRefused(
+            f"{site}: under a ring the attention mask must be boolean, got {mask.dtype}; train with parallel.ring: 1"
+        )
     return mask.narrow(-1, start, count).reshape(mask.size(0), count)
+
+
+def _kv_valid(split: AttentionSplit, mask: Tensor | None, start: int, device: torch.device) -> Tensor | None:
+    """(ring, b or 1, span) bool for ``ring_attention``: every ring rank's span keys that are real tokens (not SP
+    padding) and that the key mask's sharded columns (``[start, start + ring * span)``) do not hide."""
+    shard = split.shard
+    ring, span = shard.ring_size, shard.span
+    valid = None
+    if shard.pad:
+        valid = (torch.arange(ring * span, device=device) < shard.tokens).view(ring, 1, span)
+    masked = _valid(split.layout.site, mask, start, ring * span)
+    if masked is not None:
+        masked = masked.view(masked.size(0), ring, span).transpose(0, 1)
+        valid = masked if valid is None else valid & masked
+    return valid
 
 
 def _ring_call(
@@ -89,10 +109,9 @@ def _ring_call(
     q_text, q_span = query.narrow(2, text_start, count), query.narrow(2, span_start, span)
     k_text, k_span = key.narrow(2, text_start, count), key.narrow(2, span_start, span)
     v_text, v_span = value.narrow(2, text_start, count), value.narrow(2, span_start, span)
-    kv_valid = None  # every ring rank's span keys: only those past the real tokens (padding) are hidden
-    if shard.pad:
-        kv_valid = torch.arange(shard.ring_size * span, device=query.device).view(shard.ring_size, 1, span)
-        kv_valid = kv_valid < shard.tokens
+    # the mask's columns: [text, every ring rank's span] or [every span, text] (ulysses_to_heads)
+    mask_text, mask_spans = (0, count) if layout.replicated == "first" else (shard.ring_size * span, 0)
+    kv_valid = _kv_valid(split, attn_mask, mask_spans, query.device)
     if count:  # this ring rank's share of the text queries (zero-padded: a padding query's output is dropped)
         q_text, text_pad = pad_and_slice(q_text, 2, shard.ring_group)
     out = ring_attention(
@@ -104,7 +123,7 @@ def _ring_call(
         scale=scale if scale is not None else 1.0 / math.sqrt(query.size(-1)),
         extra_kv=(k_text, v_text) if count else None,
         kv_valid=kv_valid,
-        extra_valid=_text_valid(layout.site, attn_mask, text_start, count),
+        extra_valid=_valid(layout.site, attn_mask, mask_text, count),
     )
     local = out.narrow(2, out.size(2) - span, span)
     if not count:
