@@ -3,9 +3,10 @@
 The latent geometry is each family's VAE unless the plan's ``model`` names another (``vae_scale_factor_spatial``,
 ``vae_scale_factor_temporal``, as diffusers' pipelines call them): Wan 4x temporal, 8x spatial (latents
 ``(C, (F-1)/4+1, H/8, W/8)``, patch ``(1, 2, 2)``; Wan2.2 TI2V's VAE is 16x spatial); Flux and Qwen-Image 8x spatial
-with 2x2 packing (``(H/16) * (W/16)`` tokens of 64 channels); Sana's DC-AE 32x spatial, patch 1. The timestep stays
-fp32, as the pipelines pass it; with ``expand_timesteps`` (Wan2.2 TI2V) it is one per latent token, so the per-token
-modulation tensors count.
+with 2x2 packing (``(H/16) * (W/16)`` tokens of 64 channels); Sana's DC-AE 32x spatial, patch 1; Lumina2 Flux's 8x VAE,
+unpacked latents (the transformer patchifies, patch 2) and a caption mask of ones (every text token real: the
+longest joint sequence). The timestep stays fp32, as the pipelines pass it; with ``expand_timesteps`` (Wan2.2 TI2V)
+it is one per latent token, so the per-token modulation tensors count.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _pixels(model_type: str, workload: Workload, video: bool) -> tuple[int, int,
 
 
 def dit_inputs(model: PlanModel, config: FrozenDict, workload: Workload) -> tuple[dict[str, Any], int]:
-    """(forward kwargs, latent tokens after patchify) for ``model.type`` (wan, flux, qwenimage, sana)."""
+    """(forward kwargs, latent tokens after patchify) for ``model.type`` (wan, flux, qwenimage, sana, lumina2)."""
     model_type, text = model.type, workload.text_tokens
     timestep = torch.full((1,), 500.0, dtype=torch.float32)
     spatial = model.vae_scale_factor_spatial
@@ -56,6 +57,16 @@ def dit_inputs(model: PlanModel, config: FrozenDict, workload: Workload) -> tupl
             "timestep": timestep,
             "return_dict": False,
         }, (rows // patch) * (cols // patch)
+    if model_type == "lumina2":
+        spatial, patch = spatial or 8, config.patch_size
+        rows, cols = height // spatial, width // spatial
+        return {
+            "hidden_states": torch.zeros(1, config.in_channels, rows, cols),
+            "timestep": timestep / 1000,
+            "encoder_hidden_states": torch.zeros(1, text, config.cap_feat_dim),
+            "encoder_attention_mask": torch.ones(1, text, dtype=torch.long),
+            "return_dict": False,
+        }, (rows // patch) * (cols // patch)
     rows, cols = height // 16, width // 16
     tokens = rows * cols
     if model_type == "flux":
@@ -79,4 +90,4 @@ def dit_inputs(model: PlanModel, config: FrozenDict, workload: Workload) -> tupl
             "img_shapes": [[(1, rows, cols)]],
             "return_dict": False,
         }, tokens
-    raise ValueError(f"{model_type}: no plan inputs for this DiT (wan, flux, qwenimage and sana have them)")
+    raise ValueError(f"{model_type}: no plan inputs for this DiT (wan, flux, qwenimage, sana and lumina2 have them)")

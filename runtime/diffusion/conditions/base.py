@@ -31,10 +31,13 @@ transformer's random inputs from ``tests/fixtures/dit_inputs.py``).
 Sampling (what a Flow-GRPO rollout needs to denoise as the model's own pipeline does, ``runtime/rl/adapters/dit.py``):
 ``sampling_latent_shape`` (one sample's latents for a pixel size), ``sampling_schedule`` (the arguments the
 pipeline gives ``scheduler.set_timesteps``: its ``sigmas`` and resolution shift ``mu``), ``encode_prompts`` (the
-per-sample context ``get_condition`` returns, without pixels), ``transformer_inputs`` (the transformer's kwargs
-for latents at given noise levels: ``process_condition``'s layout, no noise drawn), ``prediction_to_latents``
-(unpack the transformer's output), ``combine_guidance`` (how the pipeline mixes its conditional and negative
-predictions under true CFG) and ``decode_latents`` (pixels in [-1, 1] for rewards).
+per-sample context ``get_condition`` returns, without pixels), ``encode_negative_prompts`` (the negative prompt's
+context under true CFG, as the pipeline encodes its ``negative_prompt``: a prompt like any other, except where the
+pipeline treats it differently, e.g. Lumina2 leaves out its system prompt), ``transformer_inputs`` (the
+transformer's kwargs for latents at given noise levels: ``process_condition``'s layout, no noise drawn),
+``prediction_to_latents`` (unpack the transformer's output, and turn it into the flow velocity ``noise - x0`` where
+the transformer predicts another sign: Lumina2), ``combine_guidance`` (how the pipeline mixes its conditional and
+negative predictions under true CFG) and ``decode_latents`` (pixels in [-1, 1] for rewards).
 """
 
 from __future__ import annotations
@@ -178,6 +181,11 @@ class ConditionModel(nn.Module):
     def encode_prompts(self, prompts: Sequence[str]) -> list[dict[str, Tensor]]:
         """Each prompt's conditioning, as ``get_condition``'s ``context`` entries."""
         raise NotImplementedError(f"{type(self).__name__} has no sampling support")
+
+    def encode_negative_prompts(self, prompts: Sequence[str]) -> list[dict[str, Tensor]]:
+        """Each negative prompt's conditioning under true CFG, as the pipeline encodes its ``negative_prompt``: by
+        default exactly like a prompt."""
+        return self.encode_prompts(prompts)
 
     def transformer_inputs(self, latents: Tensor, context: Sequence[dict[str, Tensor]], sigmas: Tensor) -> dict:
         """The transformer's forward kwargs for (unpacked) ``latents`` at noise levels ``sigmas`` (one per sample),

@@ -73,6 +73,23 @@ def _hunyuanvideo(config: dict[str, Any], generator: torch.Generator) -> Inputs:
     }
 
 
+def _lumina2(config: dict[str, Any], generator: torch.Generator) -> Inputs:
+    """6x10 latents, patch 2 -> 3 x 5 = 15 image tokens (sp = 2 and 4 do not divide them: every SP run pads);
+    7 caption tokens of which the first sample uses all and the second 4 (right padding, ones first, as the
+    pipeline's Gemma2 mask), so the per-sample joint [caption, image, pad] layout has two lengths (22 and 19);
+    ``timestep`` in [0, 1] (Lumina's ``1 - sigma``); a batch of 2."""
+    batch, text = 2, 7
+    mask = torch.ones(batch, text, dtype=torch.long)
+    mask[1, 4:] = 0
+    return {
+        "hidden_states": torch.randn(batch, config["in_channels"], 6, 10, generator=generator),
+        "timestep": torch.rand(batch, generator=generator),
+        "encoder_hidden_states": torch.randn(batch, text, config["cap_feat_dim"], generator=generator),
+        "encoder_attention_mask": mask,
+        "return_dict": False,
+    }
+
+
 def _qwenimage(config: dict[str, Any], generator: torch.Generator) -> Inputs:
     """3x5 = 15 packed image tokens (zero_cond_t: plus a 2x3 condition image, batch 1), 7 text tokens of which
     the last sample's last 2 are padding."""
@@ -149,6 +166,7 @@ _BUILDERS: dict[str, Callable[[dict[str, Any], torch.Generator], Inputs]] = {
     "cogvideox": _cogvideox,
     "flux": _flux,
     "hunyuanvideo": _hunyuanvideo,
+    "lumina2": _lumina2,
     "qwenimage": _qwenimage,
     "sana": _sana,
     "sd3": _sd3,

@@ -82,8 +82,8 @@ class DiTFlowGRPO(VelocityAdapter):
         batch: dict[str, Any] = {"context": [encode([p])[0] for p in prompts]}
         if self.do_true_cfg:
             key = negative_prompt or ""
-            if getattr(self, "_negative", (None, None))[0] != key:
-                self._negative = (key, encode([key])[0])
+            if getattr(self, "_negative", (None, None))[0] != key:  # as the pipeline encodes its negative prompt
+                self._negative = (key, self.condition_model.encode_negative_prompts([key])[0])
             batch["negative_context"] = [self._negative[1]] * len(prompts)
         return batch
 
