@@ -160,7 +160,8 @@ def dit_flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
     """6 x (matmul parameters) + attention scores (non-causal, fwd+bwd) per transformer token."""
     matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear | torch.nn.Conv3d))
     c = model.config
-    inner = c.num_attention_heads * c.attention_head_dim
+    head_dim = getattr(c, "attention_head_dim", None) or c.hidden_size // c.num_attention_heads  # Lumina2: no field
+    inner = c.num_attention_heads * head_dim
     return 6.0 * matmul + 12.0 * len(block_modules(model)) * seq_len * inner
 
 

@@ -130,7 +130,7 @@ def test_condition_model_feeds_what_the_pipeline_feeds(name: str, tiny_pipelines
     batch = cm.process_condition(pair["latents"], pair["context"], torch.Generator().manual_seed(4))
     x0 = torch.stack(pair["latents"])
     packed = batch["hidden_states"].dim() != x0.dim()  # Flux, Qwen-Image: 2x2 patches packed into tokens
-    target = _unpack(batch.target, x0) if packed else batch.target
+    target = cm.prediction_to_latents(batch.target, x0.shape[1:])  # unpacked; Lumina2's x0 - noise as noise - x0
     s = batch.sigmas.view(-1, *([1] * (x0.dim() - 1))).double()
     noisy = _unpack(batch["hidden_states"], x0) if packed else batch["hidden_states"][:, : x0.shape[1]]
     x0, target, noisy = x0.double(), target.double(), noisy.double()

@@ -22,6 +22,8 @@ SAMPLING = {
     "hunyuanvideo": {"height": 32, "width": 32, "frames": 5, "num_inference_steps": 4, "true_cfg_scale": 2.0},
     # tests/rl/test_new_dits.py: Sana's tiny DC-AE makes 32x32 pixels an 8x8 latent grid (4 + 4 rows at sp=2)
     "sana": {"height": 32, "width": 32, "num_inference_steps": 4, "true_cfg_scale": 2.0},
+    # Lumina2: 4x6 latents -> 2x3 image tokens after each sample's caption tokens (the joint sequence SP splits)
+    "lumina2": {"height": 32, "width": 48, "num_inference_steps": 4, "true_cfg_scale": 2.0},
 }
 
 
