@@ -3,7 +3,7 @@
 # template and run `patchgen regen sana`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
 # spec: specs/sana.toml sha256=2aebf8e7e563622689d3823807fc325e5201cb05ea7da9b214e09ce74a60e96b
-# templates: sha256=aa9b6d3836df041aa434edff82a3e0b8298d32b9219388c3d5b9b6a89afa04bf
+# templates: sha256=102d4e479a5c9142ef4f12006aa6c9a845c25589121df3fb53e86aade618f154
 # engine: patchgen==0.1.0 sha256=22310c43e3e62eb1b23ac1f1c32c76a65e880980f2524c843fa695398bf9090e
 # body: sha256=735fb285cd7be0afdc22d49482260189311fe93d5c95d2ced035df49ec988429
 # patches:
