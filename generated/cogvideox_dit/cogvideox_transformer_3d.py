@@ -3,7 +3,7 @@
 # template and run `patchgen regen cogvideox`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/cogvideox_transformer_3d.py sha256=57b4d152bb38af4f90d2aab8df28fa2260c2b474dafdb4e7f144e43a4023259b
 # spec: specs/cogvideox.toml sha256=8d71ee30a8854aa55f22bfbf8b1dd26e1263a6f16313faa95fc6feb08ce83c6a
-# templates: sha256=cfb6a3c5767b597d7dc2a00654a35105ab7db5dafa47bba3bf67d5d41fea549d
+# templates: sha256=507da654ca87b8528ee4cb9af09f8937293ae99cd39575ab7d911d2254782953
 # engine: patchgen==0.1.0 sha256=22310c43e3e62eb1b23ac1f1c32c76a65e880980f2524c843fa695398bf9090e
 # body: sha256=44e6f617a96abf50d07acffcfe970d24e51ef413b35e7136f13a56db5671bae1
 # patches:

@@ -3,7 +3,7 @@
 # template and run `patchgen regen flux`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_flux.py sha256=19c283790c6ecce114759c47daf98b448292dec9c5070ad04eda1580fbf31770
 # spec: specs/flux.toml sha256=5b29df8992d96a506a9a5bcc5cc3ce479f7463735f31c458e7e441149ef02f8b
-# templates: sha256=cddd310a295133fbca1fbc08a2710933ebcb80c9878e756cba921dfc8847f5d8
+# templates: sha256=ddc3637aae8c569de5e1186709c531b266bd23bc1a433aa0f7ce83ded691018e
 # engine: patchgen==0.1.0 sha256=22310c43e3e62eb1b23ac1f1c32c76a65e880980f2524c843fa695398bf9090e
 # body: sha256=0bc923b91612f124b026c46daf8a10f9bbc061e14f3f4e8318f349a82593f08a
 # patches:

@@ -3,7 +3,7 @@
 # template and run `patchgen regen hunyuanvideo`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_hunyuan_video.py sha256=c5de2f401716dad9d63a701dac70ae348debfc81640c33cb300c34f402b9f681
 # spec: specs/hunyuanvideo.toml sha256=c784f55eac49798f96cd0a4ab462502c5af64200a851661c18ab3931c5076bdb
-# templates: sha256=510f97c02627478519773cc9e67251b5a54e58f5af6b52ea41061559babd6423
+# templates: sha256=413d847cc84b9600c209ecde234b79fcd1c5356c6831a3f8b67bac4ad738fb53
 # engine: patchgen==0.1.0 sha256=22310c43e3e62eb1b23ac1f1c32c76a65e880980f2524c843fa695398bf9090e
 # body: sha256=9e665b3f77e73a8327dd4b006b4fa96ff19e9d153c3f6c38429320c876273f70
 # patches:

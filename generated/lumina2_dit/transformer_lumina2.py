@@ -3,7 +3,7 @@
 # template and run `patchgen regen lumina2`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_lumina2.py sha256=00ff868c414ba0ed27f441a05c06e20c820af272e762837a30d233347c7f058e
 # spec: specs/lumina2.toml sha256=5ad4a39b4d8ba923bc7c3f30f4b64f5224bf675a23b5a58fa3dd01a57a349aa7
-# templates: sha256=9578ff596be07020735f06ebd13b2a84e054f29d5c70506f2eb3213e4e275c7d
+# templates: sha256=96a32ddd162e8e5de629c842d90ff1da36cada9dea21a4bb3ea78c2eae27a5b4
 # engine: patchgen==0.1.0 sha256=22310c43e3e62eb1b23ac1f1c32c76a65e880980f2524c843fa695398bf9090e
 # body: sha256=2070c108c6cf7a28f1cc512f8a7dba2d3e54dd2d2194d0564f0cb9f17b4966bd
 # patches:

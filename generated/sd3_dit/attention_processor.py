@@ -3,7 +3,7 @@
 # template and run `patchgen regen sd3`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
 # spec: specs/sd3.toml sha256=34fdad8151d34e7d9719d3dd47dea54ae566f2f02c7ea54f5f25a0a025f67947
-# templates: sha256=1ab9054d3237d1bc2f6e5de58183b0e48859e624135bd6afbeb097f90a77acaf
+# templates: sha256=f78d246ff936297c46381cc3c24606d65ecc4d1f074483718a0d7f4cd91bd31f
 # engine: patchgen==0.1.0 sha256=22310c43e3e62eb1b23ac1f1c32c76a65e880980f2524c843fa695398bf9090e
 # body: sha256=debc05bb72f85777dcf8fa451b1467d45a1f34721391e396c67b59510ada0e3d
 # patches:

@@ -3,7 +3,7 @@
 # template and run `patchgen regen wan`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_wan.py sha256=74741d74c9fa4b9d02be83de9840b37a732080a795aa2d19037c03e312c76907
 # spec: specs/wan.toml sha256=65b2a4a4052e9484ae9c9116c9c4a701f6cb52306a400f18309ae022f248157c
-# templates: sha256=d7efe7fa886737199564124a4fbc79e2833c5ab0ae7ef679f82207168f8a3dbd
+# templates: sha256=dbb6a34d4e40a56810d80cb7d8d4f240524866f6f4ae02b8400ec045711eafd5
 # engine: patchgen==0.1.0 sha256=22310c43e3e62eb1b23ac1f1c32c76a65e880980f2524c843fa695398bf9090e
 # body: sha256=1f2204f7e3acd9f373ec14fdffcdef569195d480f81c8401fd38d4d120de886f
 # patches:
