@@ -21,6 +21,7 @@ from tests.parity.test_dense_sp import single_process
 from tests.parity.test_vlm_sp import CASES as VLM_CASES
 from tests.parity.test_vlm_sp import VIDEO_CASE, sp_vlm_worker
 from tests.parity.test_vlm_sp import single_process as vlm_single_process
+from tests.supports import require
 
 TWO_HEADS = {"num_attention_heads": 2, "num_key_value_heads": 1}
 # (world, ring): the cases run there
@@ -48,6 +49,8 @@ def _check(per_rank: list[list[dict]], cases: list, reference=single_process) ->
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_usp_dense_matches_single_process(layout: str) -> None:
     world, ring, cases = LAYOUTS[layout]
+    for model_type, *_ in cases:
+        require(model_type, "ring")
     _check(run_distributed(sp_worker, world, cases, ring, True, timeout=300), cases)
 
 
@@ -60,6 +63,7 @@ def test_usp_dense_matches_single_process(layout: str) -> None:
 def test_usp_vlm_matches_single_process(model_type: str, world: int, ring: int) -> None:
     """The language model on the ring (world 4: Ulysses 2 x ring 2, or ring 4); the ViT stays on Ulysses over the
     whole SP group (its heads split by sp)."""
+    require(model_type, "ring")
     per_rank = run_distributed(sp_vlm_worker, world, model_type, ring, timeout=300)
     _check(per_rank, [*VLM_CASES, VIDEO_CASE], lambda *case: vlm_single_process(model_type, *case))
 
@@ -67,6 +71,7 @@ def test_usp_vlm_matches_single_process(model_type: str, world: int, ring: int) 
 @pytest.mark.dist
 def test_usp_omni_thinker_matches_single_process() -> None:
     """The qwen3_omni_moe thinker's LM on ring 2 (audio, images, a video with audio spread over both ranks)."""
+    require("qwen3_omni_moe", "ring")
     per_rank = run_distributed(omni_sp_worker, 2, 2, ("spread",), timeout=300)
     ref = omni_single_process(omni_rows()["spread"], 4)  # padded as under a ring: to a multiple of 2 x sp
     for rank_results in per_rank:

@@ -19,6 +19,7 @@ import torch
 
 from tests.dist_utils import run_distributed
 from tests.rl.common import ACCEPTANCE, MODELS, one_iteration, relative_error, rl_config
+from tests.supports import require
 
 REL = 1e-5
 LORA_REL = 1e-4  # see test_sp2_with_lora
@@ -56,6 +57,7 @@ def _compare(got: dict, ref: dict, grad_rel: float = REL) -> None:
 @pytest.mark.dist
 @pytest.mark.parametrize("model", MODELS)
 def test_sp2_equals_one_process(model, tiny_pipelines, tmp_path: Path) -> None:
+    require(model, "sp")
     raw = rl_config(model, tiny_pipelines(model), tmp_path, lora=FULL, flowgrpo=GROUPS_OF_3)
     ref = one_iteration(0, 1, raw)
     ranks = run_distributed(one_iteration, 2, {**raw, "parallel": {"sp": 2}}, timeout=300)
@@ -86,6 +88,7 @@ def test_sp2_with_lora(tiny_pipelines, tmp_path: Path) -> None:
     float32 summation-order noise while shrinking the gradient; one process changing only its micro-batch layout
     (6 -> 2 samples) moves the LoRA gradients by 1.7e-5 together and 3.8e-5 for attn2.to_v's B, against 2.2e-7 for
     the full weights (measured). The full weights' gradients meet 1e-5 each under SP (test_sp2_equals_one_process)."""
+    require("wan", "sp")
     raw = rl_config("wan", tiny_pipelines("wan"), tmp_path, flowgrpo=GROUPS_OF_3)
     ref = one_iteration(0, 1, raw)
     ranks = run_distributed(one_iteration, 2, {**raw, "parallel": {"sp": 2}}, timeout=300)
