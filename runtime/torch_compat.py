@@ -19,7 +19,8 @@ What lives here, and why each is version-specific:
 * ``torch.distributed.checkpoint._traverse.set_element`` and the classes a DCP ``.metadata`` pickle names: the
   weights-only checkpoint reader.
 * ``TorchDispatchMode`` / ``FakeTensorMode`` / ``_pytree`` (private modules): the memory planner's fake build and
-  peak counter.
+  peak counter; ``unset_fake_temporarily``, ``FakeTensor`` and ``_DisableTorchDispatch``: its modules run on real
+  tensors inside the fake step (``runtime/plan/host_reads.py``).
 * ``torch.distributed.utils._apply_to_tensors``: FSDP's own walk of nested inputs, for the fp32 forward inputs.
 """
 
@@ -46,6 +47,9 @@ _REQUIRED_APIS = (
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
     ("torch.utils._python_dispatch", "TorchDispatchMode"),
     ("torch._subclasses.fake_tensor", "FakeTensorMode"),
+    ("torch._subclasses.fake_tensor", "FakeTensor"),
+    ("torch._subclasses.fake_tensor", "unset_fake_temporarily"),
+    ("torch._C", "_DisableTorchDispatch"),
     ("torch.distributed.utils", "_apply_to_tensors"),
     ("torch.utils._pytree", "tree_leaves"),
 )
@@ -192,8 +196,36 @@ def tree_leaves(tree: Any) -> list[Any]:
     return _pytree.tree_leaves(tree)
 
 
+def tree_map(fn: Any, tree: Any) -> Any:
+    """``fn`` applied to every leaf of a pytree, the containers rebuilt (torch's private ``_pytree``)."""
+    from torch.utils import _pytree
+
+    return _pytree.tree_map(fn, tree)
+
+
 def fake_tensor_mode() -> Any:
     """A ``FakeTensorMode`` that accepts real inputs: the planner builds and steps a model of any size in it."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def real_tensors() -> Any:
+    """A context that leaves the active ``FakeTensorMode`` (and yields it; None outside one): ops in it run on real
+    tensors, for the planner's modules that read tensor values to the host."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
+def is_fake(value: Any) -> bool:
+    """Whether ``value`` is a fake tensor (shapes and dtypes, no values)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(value, FakeTensor)
+
+
+def no_dispatch() -> Any:
+    """A context with Python dispatch off (every dispatch mode and tensor subclass): what is made in it passes no
+    mode, so the planner's peak counter does not see it."""
+    return torch._C._DisableTorchDispatch()

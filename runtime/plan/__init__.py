@@ -6,6 +6,8 @@ forward of the configured workload on them while counting the bytes autograd sav
 prints the per-rank bytes of parameters, gradients, optimizer state, gathered (unsharded) parameters and activations
 under the configured FSDP/HSDP/SP/EP/activation-checkpointing layout, then the smallest layout that fits.
 
-Modules: ``config`` (the plan file, no torch), ``footprint`` (the fake-tensor measurement), ``layout`` (per-rank
-bytes and the layout search, pure arithmetic), ``__main__`` (the command; ``--help`` imports no torch).
+Modules: ``config`` (the plan file, no torch), ``footprint`` (the fake-tensor measurement), ``dit_inputs`` (a DiT's
+forward inputs, and which of its modules read tensor values to the host), ``host_reads`` (runs those modules on real
+tensors inside the fake step), ``layout`` (per-rank bytes and the layout search, pure arithmetic), ``__main__`` (the
+command; ``--help`` imports no torch).
 """

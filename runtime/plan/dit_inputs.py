@@ -7,6 +7,12 @@ with 2x2 packing (``(H/16) * (W/16)`` tokens of 64 channels); Sana's DC-AE 32x s
 unpacked latents (the transformer patchifies, patch 2) and a caption mask of ones (every text token real: the
 longest joint sequence). The timestep stays fp32, as the pipelines pass it; with ``expand_timesteps`` (Wan2.2 TI2V)
 it is one per latent token, so the per-token modulation tensors count.
+
+``HOST_READS``: per model type, the submodules whose forward reads tensor values to the host, which a fake tensor
+cannot give; the plan runs them on real tensors (``host_reads``). Lumina2's ``rope_embedder`` reads the caption
+lengths from the mask (``attention_mask.sum(dim=1).tolist()``) and the transformer builds its per-sample joint
+sequences from them in Python; so its caption mask is built as a real tensor (the values it reads), while its
+latents stay fake (it reads only their shape).
 """
 
 from __future__ import annotations
@@ -15,12 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from runtime import torch_compat
 from runtime.plan.config import PlanModel, Workload
 
 if TYPE_CHECKING:
     from diffusers.configuration_utils import FrozenDict
 
-__all__ = ["dit_inputs"]
+__all__ = ["HOST_READS", "dit_inputs"]
+
+HOST_READS: dict[str, tuple[str, ...]] = {"lumina2": ("rope_embedder",)}  # model type -> submodule names
 
 
 def _pixels(model_type: str, workload: Workload, video: bool) -> tuple[int, int, int]:
@@ -60,11 +69,13 @@ def dit_inputs(model: PlanModel, config: FrozenDict, workload: Workload) -> tupl
     if model_type == "lumina2":
         spatial, patch = spatial or 8, config.patch_size
         rows, cols = height // spatial, width // spatial
+        with torch_compat.real_tensors():  # real even inside the fake mode: rope_embedder reads it (HOST_READS)
+            mask = torch.ones(1, text, dtype=torch.long)
         return {
             "hidden_states": torch.zeros(1, config.in_channels, rows, cols),
             "timestep": timestep / 1000,
             "encoder_hidden_states": torch.zeros(1, text, config.cap_feat_dim),
-            "encoder_attention_mask": torch.ones(1, text, dtype=torch.long),
+            "encoder_attention_mask": mask,
             "return_dict": False,
         }, (rows // patch) * (cols // patch)
     rows, cols = height // 16, width // 16

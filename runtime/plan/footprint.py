@@ -3,13 +3,15 @@
 The generated model is built inside ``FakeTensorMode`` in the compute dtype (bf16 by default: FSDP2's
 ``param_dtype``), then runs one forward of the workload while ``saved_tensors_hooks`` record every tensor autograd
 saves for backward, by storage (a storage saved twice counts once), attributed to the transformer block
-(``_no_split_modules``) that saved it first, or to the model outside the blocks. Two stand-ins keep the forward free
+(``_no_split_modules``) that saved it first, or to the model outside the blocks. Three stand-ins keep the forward free
 of data-dependent shapes and of what only a GPU runs:
 
 * attention: every ``scaled_dot_product_attention`` call becomes a flash-attention-like function that saves what
   flash-attention saves (q, k, v, the output and an fp32 log-sum-exp per query and head), never an L x L matrix;
 * MoE experts: ``experts_implementation="patchgen_plan"`` runs the grouped experts (``experts_from_sorted``, the
   training path) on a balanced routing (every expert T*k/E rows), the expected load of a trained router.
+* host reads: a module whose forward reads tensor values to the host (Lumina2's ``rope_embedder``) runs on real
+  tensors and hands back fake ones (``host_reads``; which modules: ``dit_inputs.HOST_READS``).
 
 The counts are exact for the code that runs: the same modules, the same saved tensors as the training forward.
 """
@@ -242,8 +244,10 @@ def _text_inputs(plan: PlanConfig, model: nn.Module) -> dict[str, Any]:
 
 def _dit_inputs(plan: PlanConfig, model: nn.Module) -> tuple[dict[str, Any], int]:
     """Latents and conditions of one clip/image at the workload's pixel size; (inputs, latent tokens)."""
-    from runtime.plan.dit_inputs import dit_inputs
+    from runtime.plan.dit_inputs import HOST_READS, dit_inputs
+    from runtime.plan.host_reads import run_on_host
 
+    run_on_host(model, HOST_READS.get(plan.model.type, ()))
     return dit_inputs(plan.model, model.config, plan.workload)
 
 

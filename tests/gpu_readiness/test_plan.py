@@ -1,10 +1,12 @@
 """``python -m runtime.plan``: its activation estimate (fake tensors) against the measured peak of real CPU runs of
-small configs (text, MoE, DiT; with and without activation checkpointing), within 15%; the command's user errors.
+small configs (text, MoE, DiT, Lumina2's DiT whose RoPE reads the caption lengths to the host; with and without
+activation checkpointing), within 15%; the command's user errors.
 
 Measured peak: the bytes glibc's malloc holds during one forward+backward (``runtime.plan.peak.MallocPeak``, sampled
 after every op) above what it held before, minus the parameter gradients accumulated so far, which is what the
-plan's ``Footprint.peak`` counts. fp32 on both sides; attention without GQA and without a mask (one causal sequence),
-so torch's CPU SDPA takes its flash kernel, which saves what flash-attention saves on a GPU.
+plan's ``Footprint.peak`` counts. fp32 on both sides; attention without GQA and without a mask (one causal sequence;
+Lumina2's caption refiner passes its key mask of ones), so torch's CPU SDPA takes its flash kernel, which saves what
+flash-attention saves on a GPU.
 """
 
 from __future__ import annotations
@@ -62,7 +64,27 @@ CASES = {
         ),
         Workload(frames=17, height=256, width=256, text_tokens=64),  # 5 x 16 x 16 = 1280 tokens
     ),
+    # its rope_embedder reads the caption lengths to the host: the plan runs it on real tensors (host_reads)
+    "lumina2": PlanConfig(
+        PlanModel(
+            "lumina2",
+            config=dict(
+                patch_size=2,
+                in_channels=16,
+                hidden_size=256,
+                num_layers=4,
+                num_refiner_layers=1,
+                num_attention_heads=8,
+                num_kv_heads=8,
+                multiple_of=64,
+                axes_dim_rope=[8, 12, 12],
+                cap_feat_dim=64,
+            ),
+        ),
+        Workload(height=512, width=512, text_tokens=64),  # 32 x 32 = 1024 image tokens, joined with 64 caption
+    ),
 }
+DITS = ("wan", "lumina2")
 
 
 def _real_model(plan: PlanConfig) -> torch.nn.Module:
@@ -70,7 +92,7 @@ def _real_model(plan: PlanConfig) -> torch.nn.Module:
     from runtime.moe.dispatch import register_experts_kernels
 
     torch.manual_seed(0)
-    if plan.model.type == "wan":
+    if plan.model.type in DITS:
         return build_model(plan)
     import transformers
 
@@ -87,12 +109,13 @@ def _real_model(plan: PlanConfig) -> torch.nn.Module:
 
 def _real_inputs(plan: PlanConfig, model: torch.nn.Module) -> dict:
     g = torch.Generator().manual_seed(1)
-    if plan.model.type == "wan":
+    if plan.model.type in DITS:
         from runtime.plan.dit_inputs import dit_inputs
 
         shapes, _ = dit_inputs(plan.model, model.config, plan.workload)
+        kept = ("timestep", "encoder_attention_mask")  # the mask of ones: every caption token real
         return {
-            k: torch.randn(v.shape, generator=g) if isinstance(v, torch.Tensor) and k != "timestep" else v
+            k: torch.randn(v.shape, generator=g) if isinstance(v, torch.Tensor) and k not in kept else v
             for k, v in shapes.items()
         }
     ids = torch.randint(1, model.config.vocab_size, (1, plan.workload.tokens), generator=g)
@@ -142,6 +165,8 @@ def test_footprint_counts_parameters_and_experts(footprints) -> None:
     assert fp.params == sum(p.numel() for p in real.parameters())
     assert fp.experts == 16 and fp.expert_params == 4 * 16 * 3 * 256 * 128
     assert fp.heads == 8 and fp.tokens == 2048 and footprints["dit"].tokens == 1280
+    assert footprints["lumina2"].params == sum(p.numel() for p in _real_model(CASES["lumina2"]).parameters())
+    assert footprints["lumina2"].tokens == 1024 and len(footprints["lumina2"].saved_blocks) == 4 + 2
 
 
 def test_layout_search_takes_the_cheapest_layout_that_fits(footprints) -> None:
