@@ -73,9 +73,11 @@ def _expected_latents(pipe: Any, pixels: torch.Tensor) -> torch.Tensor:
         encoded = vae.encode(video[None])
         # DC-AE (Sana) encodes deterministically: its output is the latent itself
         z = (encoded.latent if hasattr(encoded, "latent") else encoded.latent_dist.mode())[0]
+    shape = (-1,) + (1,) * (z.dim() - 1)
     if getattr(config, "latents_mean", None) is not None:
-        shape = (-1,) + (1,) * (z.dim() - 1)
         z = (z - torch.tensor(config.latents_mean).view(shape)) / torch.tensor(config.latents_std).view(shape)
+    elif isinstance(getattr(vae, "latents_mean", None), torch.Tensor):  # LTX-Video: the statistics are VAE buffers
+        z = (z - vae.latents_mean.view(shape)) * config.scaling_factor / vae.latents_std.view(shape)
     else:
         z = (z - (getattr(config, "shift_factor", None) or 0.0)) * config.scaling_factor
     return z if z.dim() == pixels.dim() else z[:, 0]
@@ -132,7 +134,7 @@ def test_condition_model_feeds_what_the_pipeline_feeds(name: str, tiny_pipelines
     packed = batch["hidden_states"].dim() != x0.dim()  # Flux, Qwen-Image: 2x2 patches packed into tokens
     target = cm.prediction_to_latents(batch.target, x0.shape[1:])  # unpacked; Lumina2's x0 - noise as noise - x0
     s = batch.sigmas.view(-1, *([1] * (x0.dim() - 1))).double()
-    noisy = _unpack(batch["hidden_states"], x0) if packed else batch["hidden_states"][:, : x0.shape[1]]
+    noisy = _unpack(batch["hidden_states"], x0, cm) if packed else batch["hidden_states"][:, : x0.shape[1]]
     x0, target, noisy = x0.double(), target.double(), noisy.double()
     if case.condition_class.prediction == "flow":  # x_s = (1 - s) x0 + s noise, target noise - x0
         noise = x0 + target
@@ -149,7 +151,12 @@ def test_condition_model_feeds_what_the_pipeline_feeds(name: str, tiny_pipelines
     assert transformer(**batch, return_dict=False)[0].shape == batch.target.shape
 
 
-def _unpack(tokens: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def _unpack(tokens: torch.Tensor, like: torch.Tensor, cm: ConditionModel) -> torch.Tensor:
+    """Image tokens packed 2x2 (Flux, Qwen-Image), written out here; video tokens (LTX-Video: the pipeline's
+    ``_pack_latents`` with the transformer's patch sizes) through the condition model's own unpacking, which
+    tests/conditions/test_ltx_video.py holds to the pipeline's."""
+    if like.dim() == 5:
+        return cm.prediction_to_latents(tokens, like.shape[1:])
     b, c, h, w = like.shape
     return tokens.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
 

@@ -19,6 +19,22 @@ __all__ = ["example_inputs"]
 Inputs = dict[str, Any]
 
 
+def _auraflow(config: dict[str, Any], generator: torch.Generator) -> Inputs:
+    """6x10 latents, patch 2 -> 3 x 5 = 15 image tokens (sp = 2 and 4 do not divide them: every SP run pads);
+    7 text tokens, the last sample's last 3 zero vectors (the pipeline multiplies the UMT5 state by its mask and
+    passes no mask: padded tokens are attended as zeros); ``timestep`` = sigma in [0, 1], as the pipeline passes
+    it; a batch of 2."""
+    batch, text = 2, 7
+    encoder_hidden_states = torch.randn(batch, text, config["joint_attention_dim"], generator=generator)
+    encoder_hidden_states[-1, text - 3 :] = 0
+    return {
+        "hidden_states": torch.randn(batch, config["in_channels"], 6, 10, generator=generator),
+        "encoder_hidden_states": encoder_hidden_states,
+        "timestep": torch.rand(batch, generator=generator),
+        "return_dict": False,
+    }
+
+
 def _cogvideox(config: dict[str, Any], generator: torch.Generator) -> Inputs:
     """3 latent frames of 6x10, patch 2 -> 3 x 3 x 5 = 45 tokens (frames before channels, as the transformer
     takes them); ``max_text_seq_length`` text tokens (the position embeddings cover exactly that many, as the
@@ -69,6 +85,34 @@ def _hunyuanvideo(config: dict[str, Any], generator: torch.Generator) -> Inputs:
         "encoder_attention_mask": mask,
         "pooled_projections": torch.randn(batch, config["pooled_projection_dim"], generator=generator),
         "guidance": torch.full((batch,), 6000.0),
+        "return_dict": False,
+    }
+
+
+def _ltx_video(config: dict[str, Any], generator: torch.Generator) -> Inputs:
+    """3 latent frames of 3x5, packed (patch 1, as released) -> 45 tokens; 7 text tokens, the last sample's last 3
+    masked (the pipeline's boolean T5 mask); the latent grid and ``rope_interpolation_scale`` as ``LTXPipeline``
+    passes them. The timestep is **per token** ``(b, tokens)``, the first latent frame's 15 tokens at 0, as
+    ``LTXImageToVideoPipeline`` / ``LTXConditionPipeline`` pass it (``t * (1 - conditioning_mask)``): the form the
+    spec's ``dit/shard_per_token`` splits; the per-sample form ``(b,)`` (``LTXPipeline``, ``process_condition``) runs
+    in the pipeline, trainer and RL suites."""
+    from runtime.diffusion.conditions.ltx_video import FRAME_RATE
+
+    batch, frames, h, w, text = 2, 3, 3, 5, 7
+    tokens = frames * h * w
+    mask = torch.ones(batch, text, dtype=torch.bool)
+    mask[-1, text - 3 :] = False
+    timestep = (torch.rand(batch, generator=generator) * 1000)[:, None].repeat(1, tokens)
+    timestep[:, : h * w] = 0
+    return {
+        "hidden_states": torch.randn(batch, tokens, config["in_channels"], generator=generator),
+        "encoder_hidden_states": torch.randn(batch, text, config["caption_channels"], generator=generator),
+        "timestep": timestep,
+        "encoder_attention_mask": mask,
+        "num_frames": frames,
+        "height": h,
+        "width": w,
+        "rope_interpolation_scale": (8 / FRAME_RATE, 32, 32),
         "return_dict": False,
     }
 
@@ -163,9 +207,11 @@ def _wan(config: dict[str, Any], generator: torch.Generator, variant: str | None
 
 
 _BUILDERS: dict[str, Callable[[dict[str, Any], torch.Generator], Inputs]] = {
+    "auraflow": _auraflow,
     "cogvideox": _cogvideox,
     "flux": _flux,
     "hunyuanvideo": _hunyuanvideo,
+    "ltx_video": _ltx_video,
     "lumina2": _lumina2,
     "qwenimage": _qwenimage,
     "sana": _sana,
