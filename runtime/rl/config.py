@@ -39,6 +39,8 @@ Example (every key with its default unless marked required)::
       frames: null               # video models: required (e.g. 81), at most 1024; image models: null
       num_inference_steps: 10
       true_cfg_scale: 1.0        # > 1: true classifier-free guidance with data.negative_prompt (Wan, Qwen-Image)
+      true_cfg_scale_2: null     # two experts (Wan2.2 A14B): the scale on transformer_2's (low-noise) steps,
+                                 # WanPipeline's guidance_scale_2; null: true_cfg_scale
       batch_size: null           # samples per rollout forward and per VAE decode; null: all of the replica's at once
     rewards:                     # required: one or more, combined as sum(weight * reward) (runtime/rl/rewards)
       - {name: aesthetic, callable: "my_pkg.rewards:score", weight: 1.0}
@@ -148,6 +150,7 @@ class SamplingConfig:
     frames: int | None = None
     num_inference_steps: int = 10
     true_cfg_scale: float = 1.0
+    true_cfg_scale_2: float | None = None  # WanPipeline's guidance_scale_2: transformer_2's steps (two experts)
     batch_size: int | None = None
 
 
@@ -302,6 +305,13 @@ def _check_shared(config: RLConfig) -> None:
         errors.add("checkpoint.interval: set checkpoint.dir to say where checkpoints go")
     if config.sampling.true_cfg_scale < 1:
         errors.add(f"sampling.true_cfg_scale: expected >= 1 (1: off), found {config.sampling.true_cfg_scale}")
+    scale_2 = config.sampling.true_cfg_scale_2
+    if scale_2 is not None and (scale_2 < 1 or config.sampling.true_cfg_scale <= 1):
+        errors.add(
+            f"sampling.true_cfg_scale_2: expected >= 1 with sampling.true_cfg_scale > 1 (WanPipeline guides both "
+            f"experts only when guidance_scale > 1), found {scale_2} with true_cfg_scale "
+            f"{config.sampling.true_cfg_scale}"
+        )
     errors.add(*sampling_size_errors(config.sampling))
     errors.add(*report_to_errors(config.log.report_to))  # known trackers, installed (find_spec: nothing imported)
     errors.raise_if_any()

@@ -145,6 +145,11 @@ def check_experts(config: RLConfig) -> tuple[int, int] | None:
 
     index = _two_experts(config.model.path)
     if index is None:
+        if config.sampling.true_cfg_scale_2 is not None:
+            raise ConfigError(
+                f"sampling.true_cfg_scale_2: {config.model.path} holds one transformer (the scale of transformer_2's "
+                f"steps needs two experts: Wan2.2 A14B); remove it"
+            )
         if config.dit.condition.get("expert") is not None:
             raise ConfigError(
                 f"dit.condition.expert: {config.model.path} holds one transformer (no transformer_2 switched at "

@@ -293,6 +293,7 @@ def build_dit_policy(config: RLConfig, state: ParallelState, device: torch.devic
         condition_model,
         latent_shape,
         true_cfg_scale=s.true_cfg_scale,
+        true_cfg_scale_2=s.true_cfg_scale_2,
         noise_level=algo.noise_level,
         method=algo.sde_type,
         cps_log_prob=algo.cps_log_prob,

@@ -174,10 +174,11 @@ def test_each_steps_expert_is_the_one_wan_pipeline_runs(scheduler: str, a14b: Pa
             switch.module_at(policy, make_schedule(None, steps), 0)
 
 
-@pytest.mark.parametrize("expert", ["transformer", "transformer_2"])
-def test_rollout_ode_path_is_wan_pipelines(expert: str, a14b: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("expert", "scale_2"), [("transformer", None), ("transformer_2", None), ("transformer", 3.0)])
+def test_rollout_ode_path_is_wan_pipelines(expert: str, scale_2: float | None, a14b: Path, tmp_path: Path) -> None:
     """The rollout at noise level 0 (every step the Euler ODE step) from the pipeline's starting noise ends where
-    ``WanPipeline(...)(output_type="latent")`` ends, with its own two transformers, true CFG and negative prompt.
+    ``WanPipeline(...)(output_type="latent")`` ends, with its own two transformers, true CFG and negative prompt
+    (``sampling.true_cfg_scale_2``: the pipeline's ``guidance_scale_2`` on transformer_2's steps).
     Bound 1e-5 (norm-wise): the same weights in fp32, the generated class bitwise upstream's; what differs is the
     rounding order of the Euler step and the CFG combination (tests/rl/test_dit_adapter.py's bound). One expert at
     every step ends O(1) away, so the bound tests the switch."""
@@ -186,7 +187,8 @@ def test_rollout_ode_path_is_wan_pipelines(expert: str, a14b: Path, tmp_path: Pa
 
     from runtime.rl.sampling.rollout import rollout
 
-    raw = _a14b_config(a14b, tmp_path, expert, lora=FULL, train={"steps": 1, "self_check": False})
+    sampling = {} if scale_2 is None else {"true_cfg_scale_2": scale_2}
+    raw = _a14b_config(a14b, tmp_path, expert, lora=FULL, train={"steps": 1, "self_check": False}, sampling=sampling)
     run, _ = start(raw)
     adapter, module, s = run.policy.adapter, run.policy.module.eval(), SAMPLING["wan"]
     noise = torch.randn(1, *adapter.latent_shape, generator=torch.Generator().manual_seed(3))
@@ -205,9 +207,14 @@ def test_rollout_ode_path_is_wan_pipelines(expert: str, a14b: Path, tmp_path: Pa
         final = pipe(
             prompt="a red kite", negative_prompt="blurry", height=s["height"], width=s["width"],
             num_frames=s["frames"], num_inference_steps=s["num_inference_steps"], guidance_scale=s["true_cfg_scale"],
-            latents=noise.clone(), output_type="latent",
+            guidance_scale_2=scale_2, latents=noise.clone(), output_type="latent",
         ).frames  # fmt: skip
     assert relative_error(ours(), final) <= 1e-5
+    if scale_2 is not None:  # one scale on every step ends away from the pipeline's: the bound tests the scale too
+        # (the tiny random experts' two predictions differ little: measured 8.2e-4, 80x the bound above)
+        adapter.true_cfg_scale_2, kept = adapter.true_cfg_scale, adapter.true_cfg_scale_2
+        assert relative_error(ours(), final) > 1e-4
+        adapter.true_cfg_scale_2 = kept
     switch, adapter.experts = adapter.experts, None
     try:
         assert relative_error(ours(), final) > 1e-2  # the trained expert at every step
@@ -316,6 +323,7 @@ REFUSED = [  # (expert, what else changes, the words of the one line)
     ("transformer", {"flowgrpo": {"window_size": 2, "window_range": [1, 2]}}, "window starts within 0..0"),
     ("transformer_2", {"algorithm": "diffusionnft"}, "algorithm: diffusionnft trains the forward process"),
     ("transformer_2", {"algorithm": "dancegrpo"}, "algorithm: dancegrpo trains steps anywhere"),
+    ("transformer", {"sampling": {"true_cfg_scale": 1.0, "true_cfg_scale_2": 3.0}}, "sampling.true_cfg_scale_2: "),
 ]
 
 
@@ -336,3 +344,26 @@ def test_a14b_refusals_are_one_line(expert, update, words, a14b: Path, tmp_path:
     out, err = capsys.readouterr()
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert words in err and "self-check" not in out, err  # refused before the policy was built
+
+
+@pytest.mark.parametrize(
+    ("update", "words"),
+    [
+        ({"dit": {"condition": {"expert": "transformer_2"}}}, "dit.condition.expert: "),
+        ({"sampling": {"true_cfg_scale_2": 3.0}}, "sampling.true_cfg_scale_2: "),
+    ],
+    ids=["expert", "true_cfg_scale_2"],
+)
+def test_expert_keys_on_one_transformer_are_one_line(update, words, tiny_pipelines, tmp_path: Path, capsys) -> None:
+    """A pipeline with one transformer (Wan2.1): the keys of two experts are refused in one line, exit code 2."""
+    import yaml
+
+    from runtime.rl.__main__ import main
+
+    path = tmp_path / "rl.yaml"
+    path.write_text(yaml.safe_dump(rl_config("wan", tiny_pipelines("wan"), tmp_path, **update), sort_keys=False))
+    capsys.readouterr()
+    code = main([str(path)])
+    out, err = capsys.readouterr()
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert words in err and "holds one transformer" in err, err

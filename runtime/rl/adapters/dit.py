@@ -51,6 +51,7 @@ class DiTFlowGRPO(VelocityAdapter):
         latent_shape: Sequence[int],
         *,
         true_cfg_scale: float = 1.0,
+        true_cfg_scale_2: float | None = None,
         noise_level: float = 0.7,
         method: SdeMethod = "sde",
         cps_log_prob: CpsLogProb = "squared_error",
@@ -58,6 +59,8 @@ class DiTFlowGRPO(VelocityAdapter):
         self.condition_model = condition_model
         self.latent_shape = tuple(latent_shape)
         self.true_cfg_scale = float(true_cfg_scale)
+        # two experts: WanPipeline's guidance_scale_2 on transformer_2's (low-noise) steps
+        self.true_cfg_scale_2 = self.true_cfg_scale if true_cfg_scale_2 is None else float(true_cfg_scale_2)
         self.noise_level = noise_level
         self.method: SdeMethod = method
         self.cps_log_prob: CpsLogProb = cps_log_prob
@@ -109,12 +112,16 @@ class DiTFlowGRPO(VelocityAdapter):
     def velocity(
         self, module: nn.Module, batch: dict[str, Any], latents: torch.Tensor, step_index: int | torch.Tensor
     ) -> torch.Tensor:
-        if self.experts is not None:  # the pipeline's expert of this step
-            module = self.experts.module_at(module, batch["schedule"], step_index)
+        scale = self.true_cfg_scale
+        if self.experts is not None:  # the pipeline's expert of this step, and its guidance scale
+            chosen = self.experts.module_at(module, batch["schedule"], step_index)
+            if (chosen is module) == (self.experts.expert == "transformer_2"):
+                scale = self.true_cfg_scale_2
+            module = chosen
         out = module(**self.prepare_model_inputs(batch, latents, step_index))[0]
         if self.do_true_cfg:
             uncond, cond = out.chunk(2)
-            out = self.condition_model.combine_guidance(cond, uncond, self.true_cfg_scale)
+            out = self.condition_model.combine_guidance(cond, uncond, scale)
         return self.condition_model.prediction_to_latents(out, latents.shape[1:])
 
 
