@@ -5,8 +5,10 @@ The latent geometry is each family's VAE unless the plan's ``model`` names anoth
 ``(C, (F-1)/4+1, H/8, W/8)``, patch ``(1, 2, 2)``; Wan2.2 TI2V's VAE is 16x spatial); Flux and Qwen-Image 8x spatial
 with 2x2 packing (``(H/16) * (W/16)`` tokens of 64 channels); Sana's DC-AE 32x spatial, patch 1; Lumina2 Flux's 8x VAE,
 unpacked latents (the transformer patchifies, patch 2) and a caption mask of ones (every text token real: the
-longest joint sequence). The timestep stays fp32, as the pipelines pass it; with ``expand_timesteps`` (Wan2.2 TI2V)
-it is one per latent token, so the per-token modulation tensors count.
+longest joint sequence); LTX-Video 8x temporal, 32x spatial, latents packed into ``((F-1)/8+1) * (H/32) * (W/32)``
+tokens of 128 channels (patch 1) with the latent grid and ``rope_interpolation_scale`` (frame rate 25, the pipeline's
+default) as ``LTXPipeline`` passes them, and a T5 mask of ones. The timestep stays fp32, as the pipelines pass it;
+with ``expand_timesteps`` (Wan2.2 TI2V) it is one per latent token, so the per-token modulation tensors count.
 
 ``HOST_READS``: per model type, the submodules whose forward reads tensor values to the host, which a fake tensor
 cannot give; the plan runs them on real tensors (``host_reads``). Lumina2's ``rope_embedder`` reads the caption
@@ -40,7 +42,8 @@ def _pixels(model_type: str, workload: Workload, video: bool) -> tuple[int, int,
 
 
 def dit_inputs(model: PlanModel, config: FrozenDict, workload: Workload) -> tuple[dict[str, Any], int]:
-    """(forward kwargs, latent tokens after patchify) for ``model.type`` (wan, flux, qwenimage, sana, lumina2)."""
+    """(forward kwargs, latent tokens after patchify) for ``model.type`` (wan, flux, qwenimage, sana, lumina2,
+    ltx_video)."""
     model_type, text = model.type, workload.text_tokens
     timestep = torch.full((1,), 500.0, dtype=torch.float32)
     spatial = model.vae_scale_factor_spatial
@@ -54,6 +57,23 @@ def dit_inputs(model: PlanModel, config: FrozenDict, workload: Workload) -> tupl
             "hidden_states": torch.zeros(1, config.in_channels, *latent),
             "timestep": timestep.expand(1, tokens) if model.expand_timesteps else timestep,
             "encoder_hidden_states": torch.zeros(1, text, config.text_dim),
+            "return_dict": False,
+        }, tokens
+    if model_type == "ltx_video":
+        frames, height, width = _pixels(model_type, workload, video=True)
+        temporal, spatial = model.vae_scale_factor_temporal or 8, spatial or 32
+        latent = ((frames - 1) // temporal + 1, height // spatial, width // spatial)
+        p, pt = config.patch_size, config.patch_size_t
+        tokens = (latent[0] // pt) * (latent[1] // p) * (latent[2] // p)
+        return {
+            "hidden_states": torch.zeros(1, tokens, config.in_channels),
+            "encoder_hidden_states": torch.zeros(1, text, config.caption_channels),
+            "timestep": timestep,
+            "encoder_attention_mask": torch.ones(1, text, dtype=torch.bool),
+            "num_frames": latent[0],
+            "height": latent[1],
+            "width": latent[2],
+            "rope_interpolation_scale": (temporal / 25, spatial, spatial),
             "return_dict": False,
         }, tokens
     _, height, width = _pixels(model_type, workload, video=False)
@@ -101,4 +121,6 @@ def dit_inputs(model: PlanModel, config: FrozenDict, workload: Workload) -> tupl
             "img_shapes": [[(1, rows, cols)]],
             "return_dict": False,
         }, tokens
-    raise ValueError(f"{model_type}: no plan inputs for this DiT (wan, flux, qwenimage, sana and lumina2 have them)")
+    raise ValueError(
+        f"{model_type}: no plan inputs for this DiT (wan, flux, qwenimage, sana, lumina2 and ltx_video have them)"
+    )

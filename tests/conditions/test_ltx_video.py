@@ -357,3 +357,45 @@ def test_fsdp_units_are_the_blocks_the_spec_states() -> None:
     assert blocks == list(shell.transformer_blocks)
     with pytest.raises(ValueError, match="declares no _no_split_modules"):
         block_modules(LTXVideoTransformer3DModel(**TINY))
+
+
+PLAN = Path(__file__).resolve().parents[2] / "runtime" / "plan" / "configs" / "ltx-video-2b.yaml"
+
+
+def test_plan_config_names_every_parameter_of_the_diffusers_class() -> None:
+    """The 2B model is the class's defaults, every one written out (so a changed default cannot move the plan)."""
+    import yaml
+
+    config = yaml.safe_load(PLAN.read_text())["model"]["config"]
+    signature = inspect.signature(LTXVideoTransformer3DModel.__init__).parameters
+    assert set(config) == set(signature) - {"self"}
+    assert all(config[k] == p.default for k, p in signature.items() if k != "self")
+
+
+def test_plan_inputs_fit_the_transformer() -> None:
+    """``dit_inputs``' ltx_video branch (8x temporal, 32x spatial, packed, a mask of ones) on a small workload and
+    the tiny config: the upstream transformer takes them and returns one prediction per token; the token count is
+    the latent grid's, and the inputs are those ``LTXPipeline`` passes."""
+    from diffusers.configuration_utils import FrozenDict
+
+    from runtime.plan.config import PlanModel, Workload
+    from runtime.plan.dit_inputs import dit_inputs
+
+    inputs, tokens = dit_inputs(
+        PlanModel(type="ltx_video"), FrozenDict(TINY), Workload(frames=17, height=64, width=96, text_tokens=9)
+    )
+    assert tokens == 3 * 2 * 3 and inputs["hidden_states"].shape == (1, tokens, TINY["in_channels"])
+    assert (inputs["num_frames"], inputs["height"], inputs["width"]) == (3, 2, 3)
+    assert inputs["rope_interpolation_scale"] == (8 / 25, 32, 32)
+    assert inputs["encoder_attention_mask"].shape == (1, 9) and bool(inputs["encoder_attention_mask"].all())
+    torch.manual_seed(0)
+    out = LTXVideoTransformer3DModel(**TINY)(**inputs)[0]
+    assert out.shape == inputs["hidden_states"].shape
+
+
+def test_plan_file_reads() -> None:
+    from runtime.plan.config import read_plan
+
+    plan = read_plan(PLAN)
+    assert plan.model.type == "ltx_video" and plan.workload.text_tokens == TEXT_LENGTH
+    assert (plan.model.vae_scale_factor_spatial, plan.model.vae_scale_factor_temporal) == (32, 8)

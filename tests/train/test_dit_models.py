@@ -45,7 +45,9 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("dit_models")
     out: dict[str, Path] = {name: save_tiny_pipeline(name, root / name) for name in NAMES}
-    out["clips"] = write_synthetic_clips(root / "clips", 4, 9, 32, 32, seed=0, frame_folders_every=2)
+    # long enough for every video case's bucket (_config: 2 latent frames after the first; LTX-Video's 8x VAE: 17)
+    frames = max(2 * CASES[n].condition_class.temporal_multiple + 1 for n in NAMES if CASES[n].condition_class.video)
+    out["clips"] = write_synthetic_clips(root / "clips", 4, frames, 32, 32, seed=0, frame_folders_every=2)
     out["images"] = write_synthetic_images(root / "images", 4, 32, 48, seed=1)
     out["root"] = root
     return out
