@@ -24,6 +24,8 @@ SAMPLING = {
     "sana": {"height": 32, "width": 32, "num_inference_steps": 4, "true_cfg_scale": 2.0},
     # Lumina2: 4x6 latents -> 2x3 image tokens after each sample's caption tokens (the joint sequence SP splits)
     "lumina2": {"height": 32, "width": 48, "num_inference_steps": 4, "true_cfg_scale": 2.0},
+    # LTX-Video: 17 frames of 32x96 -> 3 latent frames of 1x3 = 9 packed tokens (sp=2 pads)
+    "ltx_video": {"height": 32, "width": 96, "frames": 17, "num_inference_steps": 4, "true_cfg_scale": 2.0},
 }
 
 
