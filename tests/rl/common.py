@@ -26,6 +26,8 @@ SAMPLING = {
     "lumina2": {"height": 32, "width": 48, "num_inference_steps": 4, "true_cfg_scale": 2.0},
     # LTX-Video: 17 frames of 32x96 -> 3 latent frames of 1x3 = 9 packed tokens (sp=2 pads)
     "ltx_video": {"height": 32, "width": 96, "frames": 17, "num_inference_steps": 4, "true_cfg_scale": 2.0},
+    # AuraFlow: 6x10 latents -> 3x5 = 15 image tokens after the 8 registers + 256 text tokens (sp=2 pads the image)
+    "auraflow": {"height": 48, "width": 80, "num_inference_steps": 4, "true_cfg_scale": 2.0},
 }
 
 
