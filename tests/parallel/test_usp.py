@@ -71,7 +71,7 @@ def test_usp_vlm_matches_single_process(model_type: str, world: int, ring: int) 
 @pytest.mark.dist
 def test_usp_omni_thinker_matches_single_process() -> None:
     """The qwen3_omni_moe thinker's LM on ring 2 (audio, images, a video with audio spread over both ranks)."""
-    require("qwen3_omni_moe", "ring")
+    require("qwen3_omni_moe_thinker", "ring")
     per_rank = run_distributed(omni_sp_worker, 2, 2, ("spread",), timeout=300)
     ref = omni_single_process(omni_rows()["spread"], 4)  # padded as under a ring: to a multiple of 2 x sp
     for rank_results in per_rank:
