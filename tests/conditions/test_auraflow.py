@@ -28,6 +28,7 @@ from diffusers import AuraFlowPipeline, AuraFlowTransformer2DModel, FlowMatchEul
 
 from runtime.diffusion.conditions import load_condition_model
 from runtime.diffusion.conditions.auraflow import TEXT_LENGTH, TRAINING_SHIFT, AuraFlowConditionModel
+from tests.conditions.common import assert_cached_context_suffices, ode_rollout, save_tiny_pipeline
 
 # the tiny transformer (specs/auraflow.toml's [model.tiny]): 4 heads of 8; one joint and two single blocks
 TINY: dict[str, Any] = {
@@ -52,15 +53,9 @@ GUIDANCE = 3.5  # AuraFlowPipeline.__call__'s default guidance_scale
 
 @pytest.fixture(scope="module")
 def directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(0)
-    components = AuraFlowConditionModel.tiny_components(TINY, None)
-    transformer = AuraFlowTransformer2DModel(**TINY)
-    with torch.no_grad():  # random weights everywhere
-        for param in transformer.parameters():
-            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())))
-    path = tmp_path_factory.mktemp("auraflow")
-    AuraFlowPipeline(transformer=transformer, **components).save_pretrained(path)
-    return path
+    return save_tiny_pipeline(
+        AuraFlowPipeline, AuraFlowConditionModel, AuraFlowTransformer2DModel, TINY, tmp_path_factory.mktemp("auraflow")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -177,12 +172,8 @@ def test_without_encoders_process_condition_runs_from_cached_context(
 ) -> None:
     """``encoders=False`` (a trainer reading the condition cache) loads the scheduler only, with the same recipe."""
     bare = load_condition_model("auraflow", directory, encoders=False)
-    assert not bare.has_encoders and bare.sampler == cm.sampler
     x0 = [torch.randn(4, 4, 6, generator=torch.Generator().manual_seed(0))]
-    context = cm.encode_prompts([PROMPT])
-    ours = bare.process_condition(x0, context, torch.Generator().manual_seed(2))
-    full = cm.process_condition(x0, context, torch.Generator().manual_seed(2))
-    assert all(torch.equal(ours[k], full[k]) for k in full) and torch.equal(ours.target, full.target)
+    assert_cached_context_suffices(cm, bare, x0, PROMPT)
 
 
 # ---- the ODE path ------------------------------------------------------------------------------------------------
@@ -230,23 +221,11 @@ def test_flowgrpo_rollout_ends_where_the_pipeline_ends(cm: AuraFlowConditionMode
     """The RL adapter at noise level 0 (true CFG as one batch [negative; conditional], the pipeline's own layout):
     the pipeline's ODE path, bitwise."""
     from runtime.rl.adapters.dit import DiTFlowGRPO
-    from runtime.rl.sampling.rollout import rollout
 
     pipe = _pipe(directory)
     noise = _noise(cm, seed=9)
     adapter = DiTFlowGRPO(cm, noise.shape[1:], true_cfg_scale=GUIDANCE, noise_level=0.0)
-    res = rollout(
-        adapter,
-        pipe.transformer,
-        adapter.encode([PROMPT], NEGATIVE),
-        latent_shape=adapter.latent_shape,
-        num_inference_steps=STEPS,
-        window_size=1,
-        window_start_range=(0, 0),
-        generators=[torch.Generator().manual_seed(3)],
-        noise_level=0.0,
-        initial_latents=noise.clone(),
-    )
+    res = ode_rollout(adapter, pipe.transformer, noise, PROMPT, NEGATIVE, STEPS)
     out = _call(pipe, noise, GUIDANCE)
     assert torch.equal(adapter.set_timesteps(STEPS).sigmas, pipe.scheduler.sigmas)
     assert torch.equal(res.final_latents, out)

@@ -28,6 +28,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler, LTXPipeline, LTXVideoTran
 
 from runtime.diffusion.conditions import load_condition_model
 from runtime.diffusion.conditions.ltx_video import TEXT_LENGTH, LTXVideoConditionModel
+from tests.conditions.common import assert_cached_context_suffices, ode_rollout, save_tiny_pipeline
 
 # the tiny transformer (specs/ltx_video.toml's [model.tiny])
 TINY: dict[str, Any] = {
@@ -49,15 +50,8 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(0)
-    components = LTXVideoConditionModel.tiny_components(TINY, None)
-    transformer = LTXVideoTransformer3DModel(**TINY)
-    with torch.no_grad():  # random weights everywhere
-        for param in transformer.parameters():
-            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())))
     path = tmp_path_factory.mktemp("ltx_video")
-    LTXPipeline(transformer=transformer, **components).save_pretrained(path)
-    return path
+    return save_tiny_pipeline(LTXPipeline, LTXVideoConditionModel, LTXVideoTransformer3DModel, TINY, path)
 
 
 @pytest.fixture(scope="module")
@@ -174,19 +168,13 @@ def test_without_encoders_process_condition_runs_from_cached_context(
     """``encoders=False`` (a trainer reading the condition cache): the scheduler only, the same recipe, and the VAE's
     ratios and latent channels read from its config file."""
     bare = load_condition_model("ltx_video", directory, encoders=False)
-    assert not bare.has_encoders and bare.sampler == cm.sampler
     assert (bare.patch, bare.rope_interpolation_scale, bare.latent_channels) == (
         cm.patch,
         cm.rope_interpolation_scale,
         cm.latent_channels,
     )
     x0 = [torch.randn(8, 2, 2, 3, generator=torch.Generator().manual_seed(0))]
-    context = cm.encode_prompts([PROMPT])
-    ours = bare.process_condition(x0, context, torch.Generator().manual_seed(2))
-    full = cm.process_condition(x0, context, torch.Generator().manual_seed(2))
-    for key, value in full.items():
-        assert torch.equal(ours[key], value) if isinstance(value, torch.Tensor) else ours[key] == value, key
-    assert torch.equal(ours.target, full.target)
+    assert_cached_context_suffices(cm, bare, x0, PROMPT)
     other = load_condition_model("ltx_video", directory, encoders=False, frame_rate=24)
     assert other.rope_interpolation_scale == (8 / 24, 32, 32)
 
@@ -241,23 +229,11 @@ def test_flowgrpo_rollout_ends_where_the_pipeline_ends(cm: LTXVideoConditionMode
     """The RL adapter (true CFG as one batch [negative; conditional], as the pipeline) at noise level 0: bitwise the
     pipeline's ODE path."""
     from runtime.rl.adapters.dit import DiTFlowGRPO
-    from runtime.rl.sampling.rollout import rollout
 
     pipe = _pipe(directory)
     noise = _noise(cm, seed=9)
     adapter = DiTFlowGRPO(cm, noise.shape[1:], true_cfg_scale=3.0, noise_level=0.0)
-    res = rollout(
-        adapter,
-        pipe.transformer,
-        adapter.encode([PROMPT], NEGATIVE),
-        latent_shape=adapter.latent_shape,
-        num_inference_steps=STEPS,
-        window_size=1,
-        window_start_range=(0, 0),
-        generators=[torch.Generator().manual_seed(3)],
-        noise_level=0.0,
-        initial_latents=noise.clone(),
-    )
+    res = ode_rollout(adapter, pipe.transformer, noise, PROMPT, NEGATIVE, STEPS)
     out = _call(pipe, cm, noise, 3.0)
     assert torch.equal(adapter.set_timesteps(STEPS).sigmas, pipe.scheduler.sigmas)
     final = cm.latents_to_prediction(res.final_latents)

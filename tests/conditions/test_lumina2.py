@@ -27,6 +27,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler, Lumina2Pipeline, Lumina2T
 
 from runtime.diffusion.conditions import load_condition_model
 from runtime.diffusion.conditions.lumina2 import TEXT_LENGTH, Lumina2ConditionModel
+from tests.conditions.common import assert_cached_context_suffices, ode_rollout, save_tiny_pipeline
 
 # the tiny transformer (a spec's [model.tiny] should match): head_dim 8 = sum(axes_dim_rope); 2 query heads per KV head
 TINY: dict[str, Any] = {
@@ -52,15 +53,9 @@ STEPS = 3
 
 @pytest.fixture(scope="module")
 def directory(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(0)
-    components = Lumina2ConditionModel.tiny_components(TINY, None)
-    transformer = Lumina2Transformer2DModel(**TINY)
-    with torch.no_grad():  # random weights everywhere (some layers start at zero)
-        for param in transformer.parameters():
-            param.add_(0.05 * torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())))
-    path = tmp_path_factory.mktemp("lumina2")
-    Lumina2Pipeline(transformer=transformer, **components).save_pretrained(path)
-    return path
+    return save_tiny_pipeline(
+        Lumina2Pipeline, Lumina2ConditionModel, Lumina2Transformer2DModel, TINY, tmp_path_factory.mktemp("lumina2")
+    )
 
 
 @pytest.fixture(scope="module")
@@ -152,12 +147,8 @@ def test_without_encoders_process_condition_runs_from_cached_context(
 ) -> None:
     """``encoders=False`` (a trainer reading the condition cache) loads the scheduler only, with the same recipe."""
     bare = load_condition_model("lumina2", directory, encoders=False)
-    assert not bare.has_encoders and bare.sampler == cm.sampler
     x0 = [torch.randn(4, 4, 6, generator=torch.Generator().manual_seed(0))]
-    context = cm.encode_prompts([PROMPT])
-    ours = bare.process_condition(x0, context, torch.Generator().manual_seed(2))
-    full = cm.process_condition(x0, context, torch.Generator().manual_seed(2))
-    assert all(torch.equal(ours[k], full[k]) for k in full) and torch.equal(ours.target, full.target)
+    assert_cached_context_suffices(cm, bare, x0, PROMPT)
 
 
 # ---- the ODE path ------------------------------------------------------------------------------------------------
@@ -225,23 +216,11 @@ def test_ode_path_is_the_pipelines(directory: Path, dynamic: bool, scale: float)
 def test_flowgrpo_rollout_ends_where_the_pipeline_ends(cm: Lumina2ConditionModel, directory: Path) -> None:
     """The RL adapter (true CFG as one batch [negative; conditional]) at noise level 0: the pipeline's ODE path."""
     from runtime.rl.adapters.dit import DiTFlowGRPO
-    from runtime.rl.sampling.rollout import rollout
 
     pipe = _pipe(directory)
     noise = _noise(cm, seed=9)
     adapter = DiTFlowGRPO(cm, noise.shape[1:], true_cfg_scale=4.0, noise_level=0.0)
-    res = rollout(
-        adapter,
-        pipe.transformer,
-        adapter.encode([PROMPT], NEGATIVE),
-        latent_shape=adapter.latent_shape,
-        num_inference_steps=STEPS,
-        window_size=1,
-        window_start_range=(0, 0),
-        generators=[torch.Generator().manual_seed(3)],
-        noise_level=0.0,
-        initial_latents=noise.clone(),
-    )
+    res = ode_rollout(adapter, pipe.transformer, noise, PROMPT, NEGATIVE, STEPS)
     out = pipe(
         prompt=PROMPT,
         negative_prompt=NEGATIVE,
