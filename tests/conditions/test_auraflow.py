@@ -297,22 +297,18 @@ def test_a_transformer_that_outputs_the_target_brings_the_pipeline_to_x0(
 # ---- example inputs, plan ------------------------------------------------------------------------------------------
 
 
-def test_example_inputs_run_the_upstream_transformer() -> None:
+def test_example_inputs_exercise_the_split() -> None:
+    """What this model's example inputs must hold for the SP suites (tests/dit/test_off_parity.py checks every
+    case's are reproducible forward arguments and runs them through upstream)."""
     from runtime.diffusion.conditions.example_inputs import example_inputs
 
     inputs = example_inputs("auraflow", TINY, torch.Generator().manual_seed(0))
-    again = example_inputs("auraflow", TINY, torch.Generator().manual_seed(0))
-    assert all(torch.equal(v, again[k]) for k, v in inputs.items() if isinstance(v, torch.Tensor))
     h, w = inputs["hidden_states"].shape[-2:]
     tokens = (h // 2) * (w // 2)
     assert tokens % 2 and tokens % 4  # every SP run pads
     text = inputs["encoder_hidden_states"]
     assert not text[-1, -3:].any() and text[0].abs().min() > 0  # the last sample's padded tokens are zeros
     assert ((inputs["timestep"] >= 0) & (inputs["timestep"] <= 1)).all()
-    assert set(inputs) - {"return_dict"} <= set(inspect.signature(AuraFlowTransformer2DModel.forward).parameters)
-    torch.manual_seed(0)
-    out = AuraFlowTransformer2DModel(**TINY)(**inputs)[0]
-    assert out.shape == inputs["hidden_states"].shape and torch.isfinite(out).all()
 
 
 PLAN = Path(__file__).resolve().parents[2] / "runtime" / "plan" / "configs" / "auraflow-0.3.yaml"

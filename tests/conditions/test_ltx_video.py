@@ -293,18 +293,17 @@ def test_training_noise_levels_are_finetrainers_ltx_recipe(cm: LTXVideoCondition
     assert LTXVideoConditionModel.training_sampler(cm.pipeline.scheduler.config, dynamic=True).dynamic
 
 
-def test_example_inputs_run_the_upstream_transformer() -> None:
+def test_example_inputs_exercise_the_split() -> None:
+    """What this model's example inputs must hold for the SP suites (tests/dit/test_off_parity.py checks every
+    case's are reproducible forward arguments and runs them through upstream)."""
     from runtime.diffusion.conditions.example_inputs import example_inputs
 
     inputs = example_inputs("ltx_video", TINY, torch.Generator().manual_seed(0))
-    again = example_inputs("ltx_video", TINY, torch.Generator().manual_seed(0))
-    assert all(torch.equal(v, again[k]) for k, v in inputs.items() if isinstance(v, torch.Tensor))
     tokens = inputs["num_frames"] * inputs["height"] * inputs["width"]
     assert inputs["hidden_states"].shape[1] == tokens and tokens % 2 and tokens % 4  # every SP run pads
     frame = inputs["height"] * inputs["width"]
     assert inputs["timestep"].shape == (2, tokens) and (inputs["timestep"][:, :frame] == 0).all()
     assert (inputs["timestep"][:, frame:] > 0).all()
-    assert set(inputs) - {"return_dict"} <= set(inspect.signature(LTXVideoTransformer3DModel.forward).parameters)
     torch.manual_seed(0)
     model = LTXVideoTransformer3DModel(**TINY)
     with torch.no_grad():

@@ -321,22 +321,18 @@ def test_training_noise_levels_mirror_the_scheduler_shift(cm: Lumina2ConditionMo
     assert Lumina2ConditionModel.training_sampler(cm.pipeline.scheduler.config, shift=3.0).shift == 3.0
 
 
-def test_example_inputs_run_the_upstream_transformer() -> None:
+def test_example_inputs_exercise_the_split() -> None:
+    """What this model's example inputs must hold for the SP suites (tests/dit/test_off_parity.py checks every
+    case's are reproducible forward arguments and runs them through upstream)."""
     from runtime.diffusion.conditions.example_inputs import example_inputs
 
     inputs = example_inputs("lumina2", TINY, torch.Generator().manual_seed(0))
-    again = example_inputs("lumina2", TINY, torch.Generator().manual_seed(0))
-    assert all(torch.equal(v, again[k]) for k, v in inputs.items() if isinstance(v, torch.Tensor))
     mask = inputs["encoder_attention_mask"]
     assert mask.sum(dim=1).tolist() == [7, 4] and torch.equal(mask, mask.sort(dim=1, descending=True).values)
     h, w = inputs["hidden_states"].shape[-2:]
     tokens = (h // 2) * (w // 2)
     assert tokens % 2 and tokens % 4  # every SP run pads
     assert ((inputs["timestep"] >= 0) & (inputs["timestep"] <= 1)).all()
-    assert set(inputs) - {"return_dict"} <= set(inspect.signature(Lumina2Transformer2DModel.forward).parameters)
-    torch.manual_seed(0)
-    out = Lumina2Transformer2DModel(**TINY)(**inputs)[0]
-    assert out.shape == inputs["hidden_states"].shape and torch.isfinite(out).all()
 
 
 PLAN = Path(__file__).resolve().parents[2] / "runtime" / "plan" / "configs" / "lumina-image-2.0.yaml"
