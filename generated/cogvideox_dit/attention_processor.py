@@ -3,7 +3,7 @@
 # template and run `patchgen regen cogvideox`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
 # spec: specs/cogvideox.toml sha256=8d71ee30a8854aa55f22bfbf8b1dd26e1263a6f16313faa95fc6feb08ce83c6a
-# templates: sha256=507da654ca87b8528ee4cb9af09f8937293ae99cd39575ab7d911d2254782953
+# templates: sha256=c800d1d844270e42a039169011b0917d0974595aa34ba55506dcae23170fd26c
 # engine: patchgen==0.1.0 sha256=22310c43e3e62eb1b23ac1f1c32c76a65e880980f2524c843fa695398bf9090e
 # body: sha256=aea3a1cfe0fbe132a38c21076a42a04678cd30d53a40a3ab5e6a061d6d461ebe
 # patches:

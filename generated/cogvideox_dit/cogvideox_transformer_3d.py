@@ -3,9 +3,9 @@
 # template and run `patchgen regen cogvideox`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/cogvideox_transformer_3d.py sha256=57b4d152bb38af4f90d2aab8df28fa2260c2b474dafdb4e7f144e43a4023259b
 # spec: specs/cogvideox.toml sha256=8d71ee30a8854aa55f22bfbf8b1dd26e1263a6f16313faa95fc6feb08ce83c6a
-# templates: sha256=507da654ca87b8528ee4cb9af09f8937293ae99cd39575ab7d911d2254782953
+# templates: sha256=c800d1d844270e42a039169011b0917d0974595aa34ba55506dcae23170fd26c
 # engine: patchgen==0.1.0 sha256=22310c43e3e62eb1b23ac1f1c32c76a65e880980f2524c843fa695398bf9090e
-# body: sha256=44e6f617a96abf50d07acffcfe970d24e51ef413b35e7136f13a56db5671bae1
+# body: sha256=09aaf60be75c90d615efdfe6b82a0281f2a893801c8f4500f1ec1d5164c6f268
 # patches:
 #   #1 dit/shard_tokens @ CogVideoXTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens (position embeddings already added)
 #   #2 dit/shard_rotary @ CogVideoXTransformer3DModel.forward: this rank's slice of the pipeline's RoPE tables (video tokens only; None without RoPE)
@@ -456,7 +456,7 @@ class CogVideoXTransformer3DModel(ModelMixin, AttentionMixin, ConfigMixin, PeftA
         dit_sp = token_shard(self, hidden_states.shape[1], (CogVideoXAttnProcessor2_0,), site="specs/cogvideox.toml patch 1 (dit/shard_tokens in CogVideoXTransformer3DModel.forward)")
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
         # patchgen #2 dit/shard_rotary (1 stmt): this rank's slice of the pipeline's RoPE tables (video tokens only; None without RoPE)
-        image_rotary_emb = shard_rotary(image_rotary_emb, dit_sp, dim=0, parts=(0, 1))
+        image_rotary_emb = shard_rotary(image_rotary_emb, dit_sp, dim=0)
         # patchgen #3 dit/carry_split (1 stmt): RoPE is optional: the split reaches the processor through the kwargs the blocks pass it
         attention_kwargs = carry_token_shard(attention_kwargs, dit_sp, key="dit_sp")
 

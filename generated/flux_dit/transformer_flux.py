@@ -3,9 +3,9 @@
 # template and run `patchgen regen flux`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_flux.py sha256=19c283790c6ecce114759c47daf98b448292dec9c5070ad04eda1580fbf31770
 # spec: specs/flux.toml sha256=5b29df8992d96a506a9a5bcc5cc3ce479f7463735f31c458e7e441149ef02f8b
-# templates: sha256=ddc3637aae8c569de5e1186709c531b266bd23bc1a433aa0f7ce83ded691018e
+# templates: sha256=88f8915891088d69cb8fe86d352522c6b20e27238a768e0af547e8964dab84f4
 # engine: patchgen==0.1.0 sha256=22310c43e3e62eb1b23ac1f1c32c76a65e880980f2524c843fa695398bf9090e
-# body: sha256=0bc923b91612f124b026c46daf8a10f9bbc061e14f3f4e8318f349a82593f08a
+# body: sha256=d40e6578d220667f3dfc252c95f85323110f5b4e05492a712587d6a39feeb05f
 # patches:
 #   #1 dit/shard_tokens @ FluxTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens and their RoPE; text tokens and positions stay whole
 #   #2 dit/shard_rotary @ FluxTransformer2DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
@@ -783,7 +783,7 @@ class FluxTransformer2DModel(
         dit_sp = token_shard(self, hidden_states.shape[1], (FluxAttnProcessor,), site="specs/flux.toml patch 1 (dit/shard_tokens in FluxTransformer2DModel.forward)")
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
         # patchgen #2 dit/shard_rotary (1 stmt): this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
-        image_rotary_emb = shard_rotary(image_rotary_emb, dit_sp, dim=0, parts=(0, 1), prefix=txt_ids.shape[0])
+        image_rotary_emb = shard_rotary(image_rotary_emb, dit_sp, dim=0, prefix=txt_ids.shape[0])
 
         if joint_attention_kwargs is not None and "ip_adapter_image_embeds" in joint_attention_kwargs:
             ip_adapter_image_embeds = joint_attention_kwargs.pop("ip_adapter_image_embeds")

@@ -3,9 +3,9 @@
 # template and run `patchgen regen hunyuanvideo`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_hunyuan_video.py sha256=c5de2f401716dad9d63a701dac70ae348debfc81640c33cb300c34f402b9f681
 # spec: specs/hunyuanvideo.toml sha256=c784f55eac49798f96cd0a4ab462502c5af64200a851661c18ab3931c5076bdb
-# templates: sha256=413d847cc84b9600c209ecde234b79fcd1c5356c6831a3f8b67bac4ad738fb53
+# templates: sha256=74305d2be96cd3d9e01a6476bb0e98719c964b78c048cb637e2c12c1ff22df7c
 # engine: patchgen==0.1.0 sha256=22310c43e3e62eb1b23ac1f1c32c76a65e880980f2524c843fa695398bf9090e
-# body: sha256=9e665b3f77e73a8327dd4b006b4fa96ff19e9d153c3f6c38429320c876273f70
+# body: sha256=48d62491a5caa5055a4c1ee5a63a54e36343bb22a584bc6440917241b6d38fad
 # patches:
 #   #1 dit/refuse_under_sp @ HunyuanVideoTransformer3DModel.forward: I2V token replacement indexes the first frame's tokens globally: refuse SP instead of modulating the wrong tokens
 #   #2 dit/shard_tokens @ HunyuanVideoTransformer3DModel.forward: each SP rank runs the blocks on its slice of the video tokens and their RoPE; the text (refined before the split) stays whole
@@ -1085,7 +1085,7 @@ class HunyuanVideoTransformer3DModel(
         dit_sp = token_shard(self, hidden_states.shape[1], (HunyuanVideoAttnProcessor2_0,), replicated_modules=("context_embedder",), site="specs/hunyuanvideo.toml patch 2 (dit/shard_tokens in HunyuanVideoTransformer3DModel.forward)")
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
         # patchgen #3 dit/shard_rotary (1 stmt): this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
-        image_rotary_emb = shard_rotary(image_rotary_emb, dit_sp, dim=0, parts=(0, 1))
+        image_rotary_emb = shard_rotary(image_rotary_emb, dit_sp, dim=0)
 
         # 3. Attention mask preparation
         latent_sequence_length = hidden_states.shape[1]

@@ -3,9 +3,9 @@
 # template and run `patchgen regen ltx_video`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_ltx.py sha256=80054bdb54c44eeda70e5a1aa60a1e736a79418043a43b7b6ed25caa5f78e2ae
 # spec: specs/ltx_video.toml sha256=3c8ffd80494b0cd6fb261f5c511f6c8e02ecb76c77e903b58017bb2e8f7d1cb1
-# templates: sha256=dbb6a34d4e40a56810d80cb7d8d4f240524866f6f4ae02b8400ec045711eafd5
+# templates: sha256=f436d500105fa8e7e9196c6d1f48233f9756c4e08f7d30a9bb1710de44b74ff8
 # engine: patchgen==0.1.0 sha256=22310c43e3e62eb1b23ac1f1c32c76a65e880980f2524c843fa695398bf9090e
-# body: sha256=30caf5218787bf375f8303edddfc5ec9740a5ea26a91e861f64544dd110531b1
+# body: sha256=aa9558c4ec63c074b0b9cfc9b8a59a70123034660b606950f5ea69abf749695f
 # patches:
 #   #1 dit/shard_tokens @ LTXVideoTransformer3DModel.forward: each SP rank runs proj_in and the blocks on its slice of the packed video tokens (the RoPE was computed over the whole grid just before)
 #   #2 dit/shard_rotary @ LTXVideoTransformer3DModel.forward: this rank's slice of the RoPE (cos, sin) tables (b, L, inner_dim); the sharded RoPE carries the split to the self-attention
@@ -577,7 +577,7 @@ class LTXVideoTransformer3DModel(
         dit_sp = token_shard(self, hidden_states.shape[1], (LTXVideoAttnProcessor,), site="specs/ltx_video.toml patch 1 (dit/shard_tokens in LTXVideoTransformer3DModel.forward)")
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
         # patchgen #2 dit/shard_rotary (1 stmt): this rank's slice of the RoPE (cos, sin) tables (b, L, inner_dim); the sharded RoPE carries the split to the self-attention
-        image_rotary_emb = shard_rotary(image_rotary_emb, dit_sp, dim=1, parts=(0, 1))
+        image_rotary_emb = shard_rotary(image_rotary_emb, dit_sp, dim=1)
         # patchgen #3 dit/shard_per_token (1 stmt): per-token timesteps ((b, L) of the image-to-video and condition pipelines, (b, L, 1) of finetrainers): sliced with the tokens, so temb and the output head's modulation are too
         timestep = shard_per_token(timestep, dit_sp, dim=1, per_token=timestep.ndim > 1 and timestep.shape[1] > 1, site="specs/ltx_video.toml patch 3 (dit/shard_per_token in LTXVideoTransformer3DModel.forward)")
         hidden_states = self.proj_in(hidden_states)

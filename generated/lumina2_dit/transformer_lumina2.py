@@ -3,9 +3,9 @@
 # template and run `patchgen regen lumina2`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_lumina2.py sha256=00ff868c414ba0ed27f441a05c06e20c820af272e762837a30d233347c7f058e
 # spec: specs/lumina2.toml sha256=5ad4a39b4d8ba923bc7c3f30f4b64f5224bf675a23b5a58fa3dd01a57a349aa7
-# templates: sha256=96a32ddd162e8e5de629c842d90ff1da36cada9dea21a4bb3ea78c2eae27a5b4
+# templates: sha256=284f042736079146fa771b79d232d1781ad22222b919109e94f44f980e86646c
 # engine: patchgen==0.1.0 sha256=22310c43e3e62eb1b23ac1f1c32c76a65e880980f2524c843fa695398bf9090e
-# body: sha256=2070c108c6cf7a28f1cc512f8a7dba2d3e54dd2d2194d0564f0cb9f17b4966bd
+# body: sha256=f20048ca04dacb4bf6e20ce1a99ed2f0543419f06749aeafb02b5f113c124970
 # patches:
 #   #1 dit/shard_tokens @ Lumina2Transformer2DModel.forward: each SP rank runs the joint blocks on its slice of every sample's [caption, image, padding] sequence and of its key mask (the refiners before it ran on replicated tokens)
 #   #2 dit/shard_rotary @ Lumina2Transformer2DModel.forward: this rank's slice of the joint sequence's RoPE tensor, wrapped: it carries the split to the joint blocks' attention
@@ -564,7 +564,7 @@ class Lumina2Transformer2DModel(ModelMixin, ConfigMixin, PeftAdapterMixin, FromO
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
         attention_mask = shard_tokens(attention_mask, dit_sp, dim=1)
         # patchgen #2 dit/shard_rotary (1 stmt): this rank's slice of the joint sequence's RoPE tensor, wrapped: it carries the split to the joint blocks' attention
-        rotary_emb = shard_rotary(rotary_emb, dit_sp, dim=1, parts=(0, 1))
+        rotary_emb = shard_rotary(rotary_emb, dit_sp, dim=1)
 
         for layer in self.layers:
             if torch.is_grad_enabled() and self.gradient_checkpointing:

@@ -3,9 +3,9 @@
 # template and run `patchgen regen wan`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_wan.py sha256=74741d74c9fa4b9d02be83de9840b37a732080a795aa2d19037c03e312c76907
 # spec: specs/wan.toml sha256=65b2a4a4052e9484ae9c9116c9c4a701f6cb52306a400f18309ae022f248157c
-# templates: sha256=dbb6a34d4e40a56810d80cb7d8d4f240524866f6f4ae02b8400ec045711eafd5
+# templates: sha256=f436d500105fa8e7e9196c6d1f48233f9756c4e08f7d30a9bb1710de44b74ff8
 # engine: patchgen==0.1.0 sha256=22310c43e3e62eb1b23ac1f1c32c76a65e880980f2524c843fa695398bf9090e
-# body: sha256=1f2204f7e3acd9f373ec14fdffcdef569195d480f81c8401fd38d4d120de886f
+# body: sha256=d9e667e03b4408b1cba69c33b69c3ba575ee4d017827137c626b8251c6fb8349
 # patches:
 #   #1 dit/shard_tokens @ WanTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables
 #   #2 dit/shard_rotary @ WanTransformer3DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
@@ -699,7 +699,7 @@ class WanTransformer3DModel(
         dit_sp = token_shard(self, hidden_states.shape[1], (WanAttnProcessor,), site="specs/wan.toml patch 1 (dit/shard_tokens in WanTransformer3DModel.forward)")
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
         # patchgen #2 dit/shard_rotary (1 stmt): this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
-        rotary_emb = shard_rotary(rotary_emb, dit_sp, dim=1, parts=(0, 1))
+        rotary_emb = shard_rotary(rotary_emb, dit_sp, dim=1)
         # patchgen #3 dit/shard_per_token (1 stmt): Wan2.2 TI2V's per-token timesteps (batch, tokens): sliced with the tokens, so temb and timestep_proj are too
         timestep = shard_per_token(timestep, dit_sp, dim=1, per_token=timestep.ndim == 2, site="specs/wan.toml patch 3 (dit/shard_per_token in WanTransformer3DModel.forward)")
 
