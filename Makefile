@@ -35,13 +35,18 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/pytest -m "not slow"
 
-# The numerics-sensitive suites under every CPU capability this machine can run (default, avx2, avx512): each selects
-# other vectorised kernels, i.e. the summation orders of other CPUs. Not part of `make test` (about 2 x its time).
-NUMERICS := tests/parity tests/rl tests/dit tests/parallel tests/fidelity
+# The numerics-sensitive suites under every kernel level this machine can run (tests/cpu_capabilities.py: ATen's
+# capability, MKL's instruction ceiling and code branch, oneDNN's ISA ceiling together, lowest first): each level sums in the orders
+# of another CPU and its BLAS. NUMERICS run whole; LAYOUTS run their layout-parity tests (marked dist: ranks against
+# one process). Not part of `make test` (docs/architecture.md, "Portability": what it covers and what it cannot).
+NUMERICS := tests/test_rounding.py tests/parity tests/dit tests/parallel tests/fidelity tests/moe tests/omni
+LAYOUTS  := tests/rl tests/train
+KERNEL_VARS := ATEN_CPU_CAPABILITY MKL_ENABLE_INSTRUCTIONS MKL_CBWR ONEDNN_MAX_CPU_ISA
 test-portability: $(STAMP)
-	set -e; for cap in $$(env -u ATEN_CPU_CAPABILITY $(BIN)/python -m tests.cpu_capabilities); do \
-		echo "== ATEN_CPU_CAPABILITY=$$cap =="; \
-		ATEN_CPU_CAPABILITY=$$cap $(BIN)/pytest -p no:cacheprovider $(NUMERICS); \
+	env $(addprefix -u ,$(KERNEL_VARS)) $(BIN)/python -m tests.cpu_capabilities | while read -r level; do \
+		echo "== $$level =="; \
+		env $$level $(BIN)/pytest -p no:cacheprovider $(NUMERICS) || exit 1; \
+		env $$level $(BIN)/pytest -p no:cacheprovider -m dist $(LAYOUTS) || exit 1; \
 	done
 
 demo: $(STAMP)

@@ -175,24 +175,35 @@ def _collect(procs: list[Any], results: Any, world_size: int, timeout: float) ->
 
 
 class _Pool:
-    """`world_size` spawned rank processes that run one call after another."""
+    """`world_size` spawned rank processes that run one call after another; ``env``: variables the ranks start with
+    and every call keeps (the kernel levels of ``start_reordered``)."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, env: dict[str, str] | None = None) -> None:
         ctx = mp.get_context("spawn")
         self.world_size = world_size
+        self.env = env or {}
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         self.results = ctx.Queue()
         self.procs = [
             ctx.Process(target=_pool_worker, args=(rank, world_size, self.tasks[rank], self.results), daemon=True)
             for rank in range(world_size)
         ]
-        for p in self.procs:
-            p.start()
+        saved = dict(os.environ)
+        os.environ.update(self.env)  # a spawned child starts with the parent's environment at start()
+        try:
+            for p in self.procs:
+                p.start()
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
 
-    def run(self, fn: Callable[..., Any], args: tuple, timeout: float) -> tuple[dict, dict, int]:
+    def submit(self, fn: Callable[..., Any], args: tuple, timeout: float) -> None:
         port = _free_port()
         for queue in self.tasks:
-            queue.put((fn, port, args, timeout, dict(os.environ), os.getcwd()))
+            queue.put((fn, port, args, timeout, {**os.environ, **self.env}, os.getcwd()))
+
+    def run(self, fn: Callable[..., Any], args: tuple, timeout: float) -> tuple[dict, dict, int]:
+        self.submit(fn, args, timeout)
         return _collect(self.procs, self.results, self.world_size, timeout)
 
     def close(self) -> None:
@@ -208,7 +219,7 @@ class _Pool:
             queue.close()
 
 
-_POOLS: dict[int, _Pool] = {}
+_POOLS: dict[int | str, _Pool] = {}
 
 
 @atexit.register
@@ -216,6 +227,38 @@ def _close_pools() -> None:
     for pool in _POOLS.values():
         pool.close()
     _POOLS.clear()
+
+
+def reordered_kernels() -> dict[str, str]:
+    """Kernel settings that sum in other orders than this process's: the lowest level (ATen's default kernels, MKL's
+    SSE2-compatible branch: tests/cpu_capabilities.py), or AVX2 where this process already runs the lowest."""
+    if os.environ.get("ATEN_CPU_CAPABILITY") == "default":
+        return {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    return {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"}
+
+
+def start_reordered(fn: Callable[..., Any], *args: Any, timeout: float = 300) -> Callable[[], Any]:
+    """Start ``fn(0, 1, *args)`` on a one-rank process whose kernels sum in other orders (``reordered_kernels``) and
+    return a function that waits for its result: the same computation as this process's ``fn(0, 1, *args)`` but for
+    float32 rounding, the witness ``tests.tolerance`` measures a layout's rounding by. It runs while this process
+    computes its own reference (both cores busy)."""
+    env = reordered_kernels()
+    pool = _POOLS.get("reordered")
+    if pool is None or not all(p.is_alive() for p in pool.procs) or pool.env != env:
+        if pool is not None:
+            pool.kill()
+        pool = _POOLS["reordered"] = _Pool(1, env)
+    pool.submit(fn, args, timeout)
+
+    def result() -> Any:
+        ok, failed, left = _collect(pool.procs, pool.results, 1, timeout)
+        if failed or left:
+            _POOLS.pop("reordered").kill()
+        if failed:
+            raise DistributedTestError(f"the reordered rank failed in {fn.__name__}:\n{failed[0]}")
+        return pickle.loads(ok[0])
+
+    return result
 
 
 def _run_pooled(fn: Callable[..., Any], world_size: int, args: tuple, timeout: float) -> tuple[dict, dict]:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from runtime.moe import ep_experts_forward, experts_forward, global_load_balancing_loss, local_expert_range
 from tests.dist_utils import run_distributed
+from tests.tolerance import assert_within_rounding
 
 pytestmark = pytest.mark.dist
 
@@ -99,30 +100,32 @@ def _world2(rank: int, world: int, cases: dict, weights: tuple, aux: dict) -> di
     return results
 
 
-def _reference(per_rank: list[dict], gate_up, down) -> list[torch.Tensor]:
+def _reference(per_rank: list[dict], gate_up, down, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """Every rank's tokens through the eager experts in one process (``dtype=torch.float64``: the truth)."""
     cat = {k: torch.cat([d[k] for d in per_rank]) for k in per_rank[0]}
-    leaves = [t.clone().requires_grad_(True) for t in (cat["hidden"], cat["weights"], gate_up, down)]
+    inputs = (cat["hidden"], cat["weights"], gate_up, down)
+    leaves = [t.to(dtype).clone().requires_grad_(True) for t in inputs]
     out = experts_forward(leaves[0], cat["index"], leaves[1], leaves[2], leaves[3], F.silu, "eager")
-    out.backward(cat["grad_out"])
+    out.backward(cat["grad_out"].to(dtype))
     return [out.detach()] + [t.grad for t in leaves]
 
 
 def _check_ep_group(name: str, per_rank: list[dict], results: list[dict], gate_up, down, ep_size: int) -> None:
-    ref_out, ref_h, ref_w, ref_gu, ref_dn = _reference(per_rank, gate_up, down)
+    """Each EP rank's outputs and gradients within the rounding model (``tests.tolerance``) of the one-process run,
+    its float64 run the truth."""
+    refs = _reference(per_rank, gate_up, down)
+    truths = _reference(per_rank, gate_up, down, torch.float64)
     start = 0
     for ep_rank, (data, got) in enumerate(zip(per_rank, results, strict=True)):
         stop = start + data["hidden"].size(0)
         first, last = local_expert_range(E, ep_size, ep_rank)
-        pairs = {
-            "out": (got["out"], ref_out[start:stop]),
-            "d_hidden": (got["d_hidden"], ref_h[start:stop]),
-            "d_weights": (got["d_weights"], ref_w[start:stop]),
-            "d_gate_up": (got["d_gate_up"], ref_gu[first:last]),
-            "d_down": (got["d_down"], ref_dn[first:last]),
-        }
-        for what, (a, b) in pairs.items():
-            assert a.shape == b.shape, (name, ep_rank, what)
-            assert _rel(a, b) < TOL, (name, ep_rank, what, _rel(a, b))
+        rows = [slice(start, stop)] * 3 + [slice(first, last)] * 2
+        names = ["out", "d_hidden", "d_weights", "d_gate_up", "d_down"]
+        ref = {n: r[s] for n, r, s in zip(names, refs, rows, strict=True)}
+        truth = {n: t[s] for n, t, s in zip(names, truths, rows, strict=True)}
+        for n in names:
+            assert got[n].shape == ref[n].shape, (name, ep_rank, n)
+        assert_within_rounding({n: got[n] for n in names}, ref, truth, what=f"{name} ep rank {ep_rank}")
         start = stop
 
 
@@ -158,26 +161,36 @@ def test_ep2_zero_receiving_rank_has_zero_expert_grads(world2):
     assert torch.count_nonzero(got["d_gate_up"]) == 0 and torch.count_nonzero(got["d_down"]) == 0
 
 
+def _aux_reference(aux: dict, dtype: torch.dtype) -> dict:
+    """transformers' load-balancing loss of every rank's tokens in one process, and its gradients."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+    router = aux["router"].to(dtype).clone().requires_grad_(True)
+    xs = [x.to(dtype).clone().requires_grad_(True) for x in aux["x"]]
+    x_cat = torch.cat(xs)
+    loss = load_balancing_loss_func(tuple(x_cat @ router[layer].T for layer in range(router.size(0))), E, aux["top_k"])
+    loss.backward()
+    return {"loss": loss.detach(), "d_x": [x.grad for x in xs], "d_router": router.grad}
+
+
 def test_global_aux_loss_parity(world2):
+    """Within the rounding model (``tests.tolerance``), the float64 run the truth: each rank's loss and the
+    gradient of its own tokens (complete), and the replicated router's gradients summed over the ranks."""
     from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
     _, _, aux, results = world2
-    router = aux["router"].clone().requires_grad_(True)
-    xs = [x.clone().requires_grad_(True) for x in aux["x"]]
-    x_cat = torch.cat(xs)
-    logits = tuple(x_cat @ router[layer].T for layer in range(router.size(0)))
-    ref = load_balancing_loss_func(logits, E, aux["top_k"])
-    ref.backward()
+    ref, truth = _aux_reference(aux, torch.float32), _aux_reference(aux, torch.float64)
     for rank, got in enumerate(results):
-        assert torch.allclose(got["aux"]["loss"], ref.detach(), rtol=1e-6, atol=0), rank
-        # Each rank's gradient of its own tokens is complete ...
-        assert _rel(got["aux"]["d_x"], xs[rank].grad) < TOL, rank
-    # ... and the replicated router's gradients, summed over ranks, are the global loss's gradient.
-    assert _rel(results[0]["aux"]["d_router"] + results[1]["aux"]["d_router"], router.grad) < TOL
+        own = [{"loss": r["loss"], "d_x": r["d_x"][rank]} for r in (ref, truth)]
+        assert_within_rounding({"loss": got["aux"]["loss"], "d_x": got["aux"]["d_x"]}, *own, what=f"rank {rank}")
+    summed = {"d_router": results[0]["aux"]["d_router"] + results[1]["aux"]["d_router"]}
+    assert_within_rounding(summed, {"d_router": ref["d_router"]}, {"d_router": truth["d_router"]})
     # A rank without tokens takes part and gets the same global value as the other rank.
     assert torch.equal(results[0]["aux_one_empty_rank"], results[1]["aux_one_empty_rank"])
-    single = load_balancing_loss_func((aux["x"][0][:, :E],), E, aux["top_k"])
-    assert torch.allclose(results[0]["aux_one_empty_rank"], single, rtol=1e-6, atol=0)
+    single = [
+        load_balancing_loss_func((aux["x"][0][:, :E].to(d),), E, aux["top_k"]) for d in (torch.float32, torch.float64)
+    ]
+    assert_within_rounding({"loss": results[0]["aux_one_empty_rank"]}, *({"loss": x} for x in single))
 
 
 def _world4(rank: int, world: int, per_rank: list[dict], weights: tuple) -> dict:

@@ -184,12 +184,6 @@ def shard(batch: dict, sp: int, rank: int, ring: int = 1) -> dict:
     return out
 
 
-def assert_grad_close(got: torch.Tensor, ref: torch.Tensor, name: str, what: object = None) -> None:
-    """Within 1e-5 relative (norm-wise); except the audio attention's key bias, whose exact gradient is zero (softmax
-    ignores a shift shared by all keys): both runs must then leave only rounding noise, far below a real gradient."""
-    from tests.parity.dense import relative_error
-
-    if name.startswith("audio_tower.") and name.endswith("self_attn.k_proj.bias"):
-        assert ref.norm() < 1e-9 and got.norm() < 1e-9, (what, name)
-        return
-    assert relative_error(got, ref) < 1e-5, (what, name)
+def to_dtype(batch: dict, dtype: torch.dtype) -> dict:
+    """``batch`` with its floating tensors (audio features, pixels) in ``dtype``: the float64 truth's inputs."""
+    return {k: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in batch.items()}

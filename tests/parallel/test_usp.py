@@ -1,5 +1,6 @@
 """Ring and Ulysses x ring (USP) attention in the generated LMs against the single-process run: loss, logits and
-every parameter gradient within 1e-5 relative (fp32, gloo), with the dense parity machinery (tests/parity/dense.py).
+every parameter gradient within the rounding model (``tests.tolerance``; fp32, gloo, the float64 run the truth), with
+the dense parity machinery (tests/parity/dense.py).
 
 Packed rows whose documents straddle the chunk edges, an odd total (the SP padding segment), gradient checkpointing
 on. SP 4 on a 2-head model is past the head count: ring 4, and Ulysses 2 x ring 2.
@@ -12,16 +13,16 @@ import torch
 
 from runtime.sp.usp import document_ids
 from tests.dist_utils import run_distributed
-from tests.omni.omni import assert_grad_close
 from tests.omni.test_omni_sp import rows as omni_rows
 from tests.omni.test_omni_sp import single_process as omni_single_process
 from tests.omni.test_omni_sp import sp_worker as omni_sp_worker
-from tests.parity.dense import relative_error, sp_worker
+from tests.parity.dense import sp_worker
 from tests.parity.test_dense_sp import single_process
 from tests.parity.test_vlm_sp import CASES as VLM_CASES
 from tests.parity.test_vlm_sp import VIDEO_CASE, sp_vlm_worker
 from tests.parity.test_vlm_sp import single_process as vlm_single_process
 from tests.supports import require
+from tests.tolerance import assert_within_rounding
 
 TWO_HEADS = {"num_attention_heads": 2, "num_key_value_heads": 1}
 # (world, ring): the cases run there
@@ -33,16 +34,12 @@ LAYOUTS = {
 
 
 def _check(per_rank: list[list[dict]], cases: list, reference=single_process) -> None:
-    """Every rank's loss, logits and every gradient of each case within 1e-5 of the one-process ``reference``."""
+    """Every rank's loss, logits and every gradient of each case within the rounding model of the one-process
+    ``reference`` (its float64 run the truth: ``reference(*case, dtype=torch.float64)``)."""
     for index, case in enumerate(cases):
-        ref = reference(*case)
+        ref, truth = reference(*case), reference(*case, dtype=torch.float64)
         for rank_results in per_rank:
-            got = rank_results[index]
-            assert relative_error(got["loss"], ref["loss"]) < 1e-5, case
-            assert relative_error(got["logits"], ref["logits"]) < 1e-5, case
-            assert got["grads"].keys() == ref["grads"].keys()
-            for name, grad in ref["grads"].items():
-                assert relative_error(got["grads"][name], grad) < 1e-5, (case, name)
+            assert_within_rounding(rank_results[index], ref, truth, ["loss", "logits", "grads"], what=str(case))
 
 
 @pytest.mark.dist
@@ -65,7 +62,7 @@ def test_usp_vlm_matches_single_process(model_type: str, world: int, ring: int) 
     whole SP group (its heads split by sp)."""
     require(model_type, "ring")
     per_rank = run_distributed(sp_vlm_worker, world, model_type, ring, timeout=300)
-    _check(per_rank, [*VLM_CASES, VIDEO_CASE], lambda *case: vlm_single_process(model_type, *case))
+    _check(per_rank, [*VLM_CASES, VIDEO_CASE], lambda *case, **dtype: vlm_single_process(model_type, *case, **dtype))
 
 
 @pytest.mark.dist
@@ -73,14 +70,10 @@ def test_usp_omni_thinker_matches_single_process() -> None:
     """The qwen3_omni_moe thinker's LM on ring 2 (audio, images, a video with audio spread over both ranks)."""
     require("qwen3_omni_moe_thinker", "ring")
     per_rank = run_distributed(omni_sp_worker, 2, 2, ("spread",), timeout=300)
-    ref = omni_single_process(omni_rows()["spread"], 4)  # padded as under a ring: to a multiple of 2 x sp
+    row = omni_rows()["spread"]
+    ref, truth = omni_single_process(row, 4), omni_single_process(row, 4, torch.float64)  # padded as under a ring
     for rank_results in per_rank:
-        got = rank_results["spread"]
-        for key in ("loss", "aux", "logits"):
-            assert relative_error(got[key], ref[key]) < 1e-5, key
-        assert got["grads"].keys() == ref["grads"].keys()
-        for key, grad in ref["grads"].items():
-            assert_grad_close(got["grads"][key], grad, key, "spread")
+        assert_within_rounding(rank_results["spread"], ref, truth, ["loss", "aux", "logits", "grads"], what="spread")
 
 
 def test_document_ids_follow_position_restarts():

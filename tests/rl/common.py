@@ -194,3 +194,30 @@ def one_iteration(rank: int, world_size: int, raw: dict) -> dict[str, Any]:
 
 def relative_error(a: Any, b: Any) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def references(iterate: Any, raw: dict) -> tuple[dict, dict]:
+    """``iterate(0, 1, raw)`` in this process, and the same on a rank whose kernels sum in other orders
+    (``tests.dist_utils.start_reordered``, run alongside): the reference a layout is compared with, and the witness
+    of its float32 rounding (``assert_layout_matches``). The runtime computes in float32 by design (its sampler
+    steps in float32), so a float64 truth is not to be had here."""
+    from tests.dist_utils import start_reordered
+
+    witness = start_reordered(iterate, raw)
+    return iterate(0, 1, raw), witness()
+
+
+def assert_layout_matches(
+    got: dict, ref: dict, witness: dict, metrics: tuple[str, ...] = ("policy_loss",), scale: dict | None = None
+) -> None:
+    """A layout's iteration (``got``) against one process's (``ref``) under the rounding model
+    (``tests.tolerance``, ``ref - witness`` as the noise): every gradient, each of ``metrics`` and the final latents
+    (where recorded); ``scale``: a metric's terms' magnitude where they cancel (a loss at ratio 1 is
+    -mean(advantages): terms of unit std)."""
+    from tests.tolerance import assert_within_rounding
+
+    def pick(result: dict) -> dict:
+        picked = {"grads": result["grads"], **{k: result["metrics"][k] for k in metrics}}
+        return picked | ({"final_latents": result["final_latents"]} if "final_latents" in ref else {})
+
+    assert_within_rounding(pick(got), pick(ref), pick(witness), scale=scale)

@@ -237,32 +237,32 @@ def test_nft_fsdp_two_replicas_equal_one_process(tiny_pipelines, tmp_path) -> No
     layout (chunks of 3 samples): the loss and every gradient within test_job_dist's tolerances (the draws of ``t``
     and ``eps`` are per global sample)."""
     from tests.dist_utils import run_distributed
-    from tests.rl.common import one_iteration
+    from tests.rl.common import one_iteration, references
     from tests.rl.test_job_dist import _compare
 
     raw = _nft_raw(tiny_pipelines, tmp_path, micro_batch_size=3)
     raw["diffusionnft"]["group_size"] = 3  # whole micro-batches: the metrics are means over micro-batches
     raw["lora"], raw["sampling"] = {"rank": None}, {**raw.get("sampling", {}), "batch_size": 3}
-    ref = one_iteration(0, 1, raw)
+    ref, witness = references(one_iteration, raw)
     ranks = run_distributed(one_iteration, 2, {**raw, "data": {**raw["data"], "prompts_per_step": 1}}, timeout=300)
     for got in ranks:
-        _compare(got, ref)
+        _compare(got, ref, witness, latents=False)
 
 
 @pytest.mark.dist
 def test_nft_sp2_equals_one_process(tiny_pipelines, tmp_path) -> None:
     """Full fine-tuning under Ulysses SP=2: the loss and every gradient within test_job_dist's tolerances."""
     from tests.dist_utils import run_distributed
-    from tests.rl.common import one_iteration
+    from tests.rl.common import one_iteration, references
     from tests.rl.test_job_dist import _compare
 
     raw = _nft_raw(tiny_pipelines, tmp_path, group_size=3)
     raw["lora"] = {"rank": None}
-    ref = one_iteration(0, 1, raw)
+    ref, witness = references(one_iteration, raw)
     ranks = run_distributed(one_iteration, 2, {**raw, "parallel": {"sp": 2}}, timeout=300)
     assert (ranks[0]["final_latents"] == ranks[1]["final_latents"]).all()
     for got in ranks:
-        _compare(got, ref)
+        _compare(got, ref, witness)
 
 
 def test_nft_config_errors_name_the_key(tiny_pipelines, tmp_path) -> None:

@@ -174,16 +174,16 @@ def test_gspo_sp2_equals_one_process(tiny_pipelines, tmp_path: Path) -> None:
     """Full fine-tuning under Ulysses SP=2 against one process (test_algorithms' per-algorithm SP=2 test): the loss
     and every gradient within 1e-5, two inner epochs (the second's sequence ratios off 1)."""
     from tests.dist_utils import run_distributed
-    from tests.rl.common import one_iteration
+    from tests.rl.common import one_iteration, references
     from tests.rl.test_job_dist import _compare
 
     raw = _config(tiny_pipelines, tmp_path, lora={"rank": None})
     raw["flowgrpo"]["inner_epochs"] = 2
-    ref = one_iteration(0, 1, raw)
+    ref, witness = references(one_iteration, raw)
     ranks = run_distributed(one_iteration, 2, {**raw, "parallel": {"sp": 2}}, timeout=300)
     for got in ranks:
         assert got["metrics"]["logprob_gap_max"] <= 1e-6, got["metrics"]["logprob_gap_max"]
-        _compare(got, ref)
+        _compare(got, ref, witness)
 
 
 def test_gspo_under_rollout_correction_takes_the_old_policys_log_probs(tiny_pipelines, tmp_path: Path) -> None:

@@ -175,12 +175,13 @@ def _off_policy_iteration(rank: int, world_size: int, raw: dict) -> dict:
 @pytest.mark.dist
 def test_off_policy_sp2_equals_one_process(tiny_pipelines, tmp_path: Path) -> None:
     from tests.dist_utils import run_distributed
+    from tests.rl.common import references
     from tests.rl.test_job_dist import GROUPS_OF_3, _compare
 
     raw = _raw(
         tiny_pipelines, tmp_path, {**CORRECTION, "rollout_is": "sequence"}, lora={"rank": None}, flowgrpo=GROUPS_OF_3
     )
-    ref = _off_policy_iteration(0, 1, raw)
+    ref, witness = references(_off_policy_iteration, raw)
     assert 0 < ref["metrics"]["rollout_corr/rollout_rs_masked_fraction"] < 1
     for got in run_distributed(_off_policy_iteration, 2, {**raw, "parallel": {"sp": 2}}, timeout=300):
-        _compare(got, ref)
+        _compare(got, ref, witness)

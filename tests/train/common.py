@@ -54,6 +54,19 @@ def run_config(root: Path, **sections) -> dict:
     return raw
 
 
+# the paths a run writes: a witness run (tests.tolerance.references) beside the reference gets its own
+WRITTEN = (("log", "dir"), ("checkpoint", "dir"), ("export", "dir"), ("data", "cache"))
+
+
+def witness_config(raw: dict) -> dict:
+    """``raw`` writing its log, checkpoints, export and condition cache to paths of its own (``-witness``)."""
+    raw = copy.deepcopy(raw)
+    for section, key in WRITTEN:
+        if raw.get(section, {}).get(key):
+            raw[section][key] = str(raw[section][key]) + "-witness"
+    return raw
+
+
 def train_worker(rank: int, world_size: int, raw: dict) -> list[dict]:
     """Train with `raw`; every rank returns its per-step metrics and a digest of the final parameters."""
     import dataclasses

@@ -7,6 +7,8 @@ import copy
 from pathlib import Path
 from typing import Any
 
+from tests.train.common import witness_config
+
 WAN_BUCKETS = [[9, 32, 32]]  # 9 frames -> 3 latent frames of 4x4 -> 12 tokens
 FLUX_BUCKETS = [[32, 48], [32, 32]]  # 2x3 and 2x2 packed tokens
 
@@ -51,6 +53,24 @@ def dit_config(files: dict[str, Path], model: str, work: Path, **sections: Any) 
 
 def per_step(result: Any) -> list[tuple[float, float]]:
     return [(m.loss, m.grad_norm) for m in result.metrics]
+
+
+def steps_of(raw: dict, witness: bool = False) -> list[tuple[float, float]]:
+    """The per-step (loss, grad norm) of ``raw`` trained in this process (``witness``: ``witness_config``'s)."""
+    return per_step(train_in_process(witness_config(raw) if witness else raw))
+
+
+def reference_steps(configs: list[dict]) -> tuple[list, list]:
+    """Each config trained in this process and, alongside, on kernels that sum in other orders (the witness of the
+    rounding model, ``tests.tolerance.references``)."""
+    from tests.dist_utils import start_reordered
+
+    pending = start_reordered(_witness_steps, configs)
+    return [steps_of(raw) for raw in configs], pending()
+
+
+def _witness_steps(rank: int, world_size: int, configs: list[dict]) -> list[list[tuple[float, float]]]:
+    return [steps_of(raw, witness=True) for raw in configs]
 
 
 def train_in_process(raw: dict) -> Any:
