@@ -113,3 +113,28 @@ def run_main(raw: dict | str, root: Path) -> tuple[int, str]:
         finally:
             set_parallel_state(None)
     return code, err.getvalue()
+
+
+def one_process_steps(raw: dict) -> tuple[list[dict], list[dict]]:
+    """``raw`` trained on one rank (the reference) and, alongside, on a rank whose kernels sum in other orders (the
+    rounding model's witness, ``tests.dist_utils.start_reordered``; its own output paths): their per-step metrics."""
+    from tests.dist_utils import run_distributed, start_reordered
+
+    pending = start_reordered(train_worker, witness_config(raw))
+    reference = run_distributed(train_worker, 1, raw, timeout=300)[0][:-1]
+    return reference, pending()[:-1]
+
+
+def assert_steps_match(got: list[dict], ref: list[dict], witness: list[dict], what: str, tokens: bool = True) -> None:
+    """Per-step loss and gradient norm within the rounding model (``tests.tolerance``); the steps equal, and their
+    token counts (``tokens``: the same rows on both sides)."""
+    from tests.tolerance import assert_steps_within_rounding
+
+    assert [m["step"] for m in got] == [m["step"] for m in ref], what
+    if tokens:
+        assert [m.get("tokens") for m in got] == [m.get("tokens") for m in ref], what
+
+    def steps(metrics: list[dict]) -> list[tuple[float, float]]:
+        return [(m["loss"], m["grad_norm"]) for m in metrics]
+
+    assert_steps_within_rounding(steps(got), steps(ref), steps(witness), what)

@@ -65,11 +65,11 @@ def reference_steps(configs: list[dict]) -> tuple[list, list]:
     rounding model, ``tests.tolerance.references``)."""
     from tests.dist_utils import start_reordered
 
-    pending = start_reordered(_witness_steps, configs)
+    pending = start_reordered(witness_steps, configs)
     return [steps_of(raw) for raw in configs], pending()
 
 
-def _witness_steps(rank: int, world_size: int, configs: list[dict]) -> list[list[tuple[float, float]]]:
+def witness_steps(rank: int, world_size: int, configs: list[dict]) -> list[list[tuple[float, float]]]:
     return [steps_of(raw, witness=True) for raw in configs]
 
 

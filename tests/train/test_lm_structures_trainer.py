@@ -13,10 +13,9 @@ import pytest
 
 from runtime.models.registry import lookup
 from runtime.models.tiny_configs import tiny_config_dict
-from tests.dist_utils import run_distributed, start_reordered
+from tests.dist_utils import run_distributed
 from tests.supports import require
-from tests.tolerance import assert_steps_within_rounding
-from tests.train.common import run_config, train_worker, witness_config
+from tests.train.common import assert_steps_match, one_process_steps, run_config, train_worker
 
 # model type -> the run's model section beyond its tiny config (what its spec says it trains with)
 MODELS = {
@@ -40,16 +39,8 @@ def test_sp2_matches_sp1_every_step(tmp_path: Path, model_type: str, parallel: d
     across ranks; the one-process run on other kernels the witness, run alongside the reference)."""
     require(model_type, "ring" if "ring" in parallel else "sp")
     sections = {"model": _model(model_type), "train": {"steps": 3}}
-    pending = start_reordered(train_worker, witness_config(run_config(tmp_path, **sections)))
-    reference = run_distributed(train_worker, 1, run_config(tmp_path, **sections), timeout=300)[0][:-1]
-    witness = pending()[:-1]
+    reference, witness = one_process_steps(run_config(tmp_path, **sections))
     per_rank = run_distributed(train_worker, 2, run_config(tmp_path, parallel=parallel, **sections), timeout=300)
-
-    def steps(metrics: list[dict]) -> list[tuple[float, float]]:
-        return [(m["loss"], m["grad_norm"]) for m in metrics]
-
     for rank_metrics in per_rank:
-        got_steps = rank_metrics[:-1]
-        assert [m["step"] for m in got_steps] == [1, 2, 3]
-        assert [m["tokens"] for m in got_steps] == [m["tokens"] for m in reference]
-        assert_steps_within_rounding(steps(got_steps), steps(reference), steps(witness), f"{model_type} {parallel}")
+        assert [m["step"] for m in rank_metrics[:-1]] == [1, 2, 3]
+        assert_steps_match(rank_metrics[:-1], reference, witness, f"{model_type} {parallel}")
