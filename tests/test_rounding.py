@@ -127,3 +127,20 @@ def _kernel_probe(rank: int, world_size: int, dtype: torch.dtype = torch.float32
     s = torch.randn(16, 2048, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
     (s.softmax(-1) * torch.arange(2048, dtype=dtype)).sum().backward()
     return {"matmul": (a.to(dtype) @ b.to(dtype)).double(), "softmax grad": s.grad.double()}
+
+
+def test_a_weaker_bound_is_accepted_only_where_named_with_a_reason() -> None:
+    """``tests.tolerance``: a tensor whose float32 noise is 2% of itself fails as powerless, unless the test names it
+    with a reason; even then a doubled value fails."""
+    from tests.tolerance import assert_within_rounding
+
+    ref = {"grads": {"a": torch.ones(16), "b": torch.ones(16)}}
+    witness = {"grads": {"a": torch.ones(16), "b": torch.full((16,), 1.0025)}}  # b's noise: 2.5e-3 of b
+    with pytest.raises(AssertionError, match="grads.b: the rounding bound is 2.00e-02"):
+        assert_within_rounding(ref, ref, witness)
+    assert_within_rounding(ref, ref, witness, weak=(("grads.b", "b cancels"),))
+    doubled = {"grads": {"a": torch.ones(16), "b": torch.full((16,), 2.0)}}
+    with pytest.raises(AssertionError, match="grads.b: differs by"):
+        assert_within_rounding(doubled, ref, witness, weak=(("grads.b", "b cancels"),))
+    with pytest.raises(ValueError, match="needs its reason"):
+        assert_within_rounding(ref, ref, witness, weak=(("grads.b", " "),))

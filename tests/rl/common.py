@@ -208,16 +208,22 @@ def references(iterate: Any, raw: dict) -> tuple[dict, dict]:
 
 
 def assert_layout_matches(
-    got: dict, ref: dict, witness: dict, metrics: tuple[str, ...] = ("policy_loss",), scale: dict | None = None
+    got: dict,
+    ref: dict,
+    witness: dict | list[dict],
+    metrics: tuple[str, ...] = ("policy_loss",),
+    scale: dict | None = None,
+    weak: tuple[tuple[str, str], ...] = (),
 ) -> None:
     """A layout's iteration (``got``) against one process's (``ref``) under the rounding model
     (``tests.tolerance``, ``ref - witness`` as the noise): every gradient, each of ``metrics`` and the final latents
     (where recorded); ``scale``: a metric's terms' magnitude where they cancel (a loss at ratio 1 is
-    -mean(advantages): terms of unit std)."""
+    -mean(advantages): terms of unit std); ``weak``: ``tests.tolerance.assert_within_rounding``'s."""
     from tests.tolerance import assert_within_rounding
 
     def pick(result: dict) -> dict:
         picked = {"grads": result["grads"], **{k: result["metrics"][k] for k in metrics}}
         return picked | ({"final_latents": result["final_latents"]} if "final_latents" in ref else {})
 
-    assert_within_rounding(pick(got), pick(ref), pick(witness), scale=scale)
+    witnesses = [pick(w) for w in ([witness] if isinstance(witness, dict) else witness)]
+    assert_within_rounding(pick(got), pick(ref), witnesses, scale=scale, weak=weak)

@@ -145,5 +145,7 @@ def test_video_sp2_equals_one_process(tiny_pipelines, tmp_path: Path) -> None:
     raw = video_dpo_raw("wan", tiny_pipelines, tmp_path, lora={"rank": None})
     raw = {**raw, "reference": "frozen_copy", "dpo": {"beta": 50.0}}
     ref, witness = references(dpo_iteration, raw)
+    reason = "cross-attention q/k: sums over every video token of terms the softmax cancels, beta = 50"
+    weak = (("attn2.to_q.", reason), ("attn2.to_k.", reason))
     for got in run_distributed(dpo_iteration, 2, {**raw, "parallel": {"sp": 2}}, timeout=300):
-        _compare(got, ref, witness)
+        _compare(got, ref, witness, weak)

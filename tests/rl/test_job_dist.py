@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.dist_utils import run_distributed
+from tests.dist_utils import run_distributed, start_reordered
 from tests.rl.common import ACCEPTANCE, MODELS, assert_layout_matches, one_iteration, references, rl_config
 from tests.supports import require
 
@@ -26,14 +26,18 @@ GROUPS_OF_3 = {"group_size": 3, "window_size": 2, "adv_clip_max": 0.5}  # clippe
 
 
 def _compare(
-    got: dict, ref: dict, witness: dict, latents: bool = True, metrics: tuple[str, ...] = ("policy_loss",)
+    got: dict, ref: dict, witness: dict | list[dict], latents: bool = True, metrics: tuple[str, ...] = ("policy_loss",)
 ) -> None:
     """The loss, every gradient and (``latents``: the rank holds all the samples) the final latents under the rounding
     model (``assert_layout_matches``). The loss's terms are the advantages (unit std, clipped at ``adv_clip_max``), so
     its floor is ulps of 1, not of the loss, which cancels towards 0; a loss that cancels below what the bound can
     see fails as powerless (the rewards must not give advantages that sum to 0)."""
     if not latents:
-        ref, witness = ({k: v for k, v in r.items() if k != "final_latents"} for r in (ref, witness))
+        ref = {k: v for k, v in ref.items() if k != "final_latents"}
+        witness = [
+            {k: v for k, v in w.items() if k != "final_latents"}
+            for w in ([witness] if isinstance(witness, dict) else witness)
+        ]
     assert_layout_matches(got, ref, witness, metrics, scale={"policy_loss": 1.0})
 
 
@@ -65,21 +69,25 @@ def test_fsdp_two_replicas_equal_one_process(model, tiny_pipelines, tmp_path: Pa
 
 @pytest.mark.dist
 def test_sp2_with_lora(tiny_pipelines, tmp_path: Path) -> None:
-    """LoRA's gradients at the first step (B = 0, so A gets none) under the rounding model: at B = 0 a LoRA gradient
-    is the base weight's gradient projected on the adapter's rank-4 subspace, which keeps the float32 noise of the
-    full gradient while shrinking the gradient itself (measured once: 1.7e-5 relative from a micro-batch layout change
-    alone), so a fixed fraction of the gradient is the wrong bound and the witness run's distance the right one. A's
-    gradients are exactly zero on both sides."""
+    """LoRA's gradients at the first step (B = 0, so A gets none) under the rounding model. At B = 0 a LoRA gradient is
+    the base weight's gradient projected on the adapter's rank-4 subspace: it keeps the float32 noise of the full
+    gradient while shrinking the gradient itself. Worse, under SP the cross-attention's text values (replicated) get
+    their gradient as a sum of the two ranks' partial ones, each a sum over that rank's video queries of terms the
+    softmax cancels: partials far larger than their sum, whose rounding one process never has (the SP difference
+    measured 6x the reordered-kernel witness there). A one-process run whose micro-batches split the samples (its
+    gradient accumulated from partial sums likewise) is a second witness; each tensor takes the larger. A's gradients
+    are exactly zero on both sides."""
     require("wan", "sp")
     raw = rl_config("wan", tiny_pipelines("wan"), tmp_path, flowgrpo=GROUPS_OF_3)
     ref, witness = references(one_iteration, raw)
+    split = start_reordered(one_iteration, {**raw, "flowgrpo": {**raw["flowgrpo"], "micro_batch_size": 2}})()
     ranks = run_distributed(one_iteration, 2, {**raw, "parallel": {"sp": 2}}, timeout=300)
     assert all(".lora_" in n for n in ref["grads"])
     for got in ranks:
         for name, g in ref["grads"].items():
             if ".lora_A" in name:
                 assert g.norm() == 0 and got["grads"][name].norm() == 0, name
-        _compare(got, ref, witness)
+        _compare(got, ref, [witness, split])
 
 
 @pytest.mark.dist
