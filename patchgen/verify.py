@@ -307,8 +307,8 @@ def markdown(verification: Verification, command: str) -> str:
         f"Made by `{command}`: each model whose every patch applies was regenerated in a scratch copy of the project "
         f"and `pytest {' '.join(v.suites)}` ran there in a scratch venv holding {', '.join(v.installed)} over the "
         f"project venv ({counts}). `proven`: its parity tests (parallelism off bitwise against the new upstream "
-        "with every gradient, SP=2 within 1e-5, save/load) and the suites' shared tests passed; nothing in the "
-        "project's generated/ or venv changed.",
+        "with every gradient, SP=2 within the rounding model, save/load) and the suites' shared tests passed; nothing "
+        "in the project's generated/ or venv changed.",
         "",
     ]
     if v.unmet:

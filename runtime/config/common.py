@@ -10,6 +10,7 @@ from runtime.config.errors import ConfigError
 from runtime.config.sections import KeyRules
 
 __all__ = [
+    "COMPILE_BACKENDS",
     "MIXED_PRECISION",
     "NONFINITE",
     "OPTIMIZERS",
@@ -31,6 +32,7 @@ OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd")  # HF Trai
 SCHEDULERS = ("cosine_with_min_lr", "cosine", "linear", "constant", "constant_with_warmup")
 MIXED_PRECISION = ("auto", "bf16", "fp32")  # a job's train.mixed_precision
 NONFINITE = ("stop", "skip")  # a job's train.nonfinite
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")  # a job's train.compile_backend (torchtitan's compile.backend)
 REPORT_TO = ("tensorboard", "wandb", "mlflow")
 SCHEDULE_CHANGES = ("refuse", "continue", "replan")  # checkpoint.schedule_change
 

@@ -45,6 +45,7 @@ class ParallelPlan:
     mixed_precision: str = "auto"
     activation_checkpointing: bool = False
     compile: bool = False
+    compile_backend: str = "inductor"  # train.compile_backend: runtime/config/common.py's COMPILE_BACKENDS
     # module paths that run on replicated tokens before the token split (the model record's replicated_modules):
     # their attention is upstream's and needs no checked site
     replicated_modules: tuple[str, ...] = ()
@@ -67,7 +68,7 @@ def parallelize(
     if adapters is not None:
         adapters(model)
     if plan.compile:
-        apply_compile(model)
+        apply_compile(model, plan.compile_backend)
     if state.world_size > 1:
         dtypes = fsdp_dtypes(plan.mixed_precision, state)
         model = apply_fsdp(model, state, activation_checkpointing=plan.activation_checkpointing, **dtypes)

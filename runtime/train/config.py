@@ -30,6 +30,7 @@ Example (every key shown with its default unless marked required)::
             # lr_scheduler_type: cosine_with_min_lr | cosine | linear | constant | constant_with_warmup
     train: {steps: 100, micro_batches: 1, loss_chunk_size: null, nonfinite: stop,  # nonfinite: stop | skip
             compile: false,    # compile: torch.compile every transformer block (runtime/parallel/compile.py)
+            compile_backend: inductor,  # inductor | aot_eager | eager (torchtitan's compile.backend)
             mixed_precision: auto,  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32; bf16: bf16 parameters and
                                     # compute, fp32 gradient reduction, fp32 master weights and optimizer state
             self_check: true}  # before step 1, a shrunk copy of the model under this run's layout against one
@@ -75,7 +76,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from runtime.config.common import MIXED_PRECISION, NONFINITE, SHARED_RULES
+from runtime.config.common import COMPILE_BACKENDS, MIXED_PRECISION, NONFINITE, SHARED_RULES
 from runtime.config.errors import ConfigError, ConfigErrors
 from runtime.config.overrides import Override
 from runtime.config.sections import KeyRules, collect_section
@@ -123,6 +124,7 @@ TRAIN_RULES = SHARED_RULES.merged(
         ),
         choices={
             "train.nonfinite": NONFINITE,
+            "train.compile_backend": COMPILE_BACKENDS,
             "train.mixed_precision": MIXED_PRECISION,
             "model.experts_implementation": config_checks.EXPERTS_IMPLEMENTATIONS,
         },

@@ -54,6 +54,9 @@ class TrainConfig:
     # optimizer step (counted in the metrics as `skipped_nonfinite`); never an update with a non-finite value
     nonfinite: str = "stop"
     compile: bool = False  # torch.compile each transformer block, as torchtitan (runtime/parallel/compile.py)
+    # the compiler backend (torchtitan's compile.backend): inductor (generated kernels) | aot_eager (dynamo and
+    # AOTAutograd's traced graphs run eagerly: isolates a compiler problem from a tracing one) | eager
+    compile_backend: str = "inductor"
     # auto: bf16 parameters/compute with fp32 gradient reduction and fp32 master weights on GPU, fp32 on CPU;
     # bf16 / fp32: that, on any device (accelerate's --mixed_precision, torchtitan's mixed_precision_param)
     mixed_precision: str = "auto"

@@ -61,6 +61,7 @@ def parallel_plan(config: RunConfig) -> ParallelPlan:
         mixed_precision=config.train.mixed_precision,
         activation_checkpointing=config.parallel.activation_checkpointing,
         compile=config.train.compile,
+        compile_backend=config.train.compile_backend,
         **site_plan(config.model.type),
     )
 

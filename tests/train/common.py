@@ -68,7 +68,8 @@ def witness_config(raw: dict) -> dict:
 
 
 def train_worker(rank: int, world_size: int, raw: dict) -> list[dict]:
-    """Train with `raw`; every rank returns its per-step metrics and a digest of the final parameters."""
+    """Train with `raw`; every rank returns its per-step metrics, then what the run was: the step it started from,
+    its intra-op threads, the checkpoints it skipped and, with ``train.compile``, the graphs dynamo compiled."""
     import dataclasses
 
     import torch
@@ -77,6 +78,11 @@ def train_worker(rank: int, world_size: int, raw: dict) -> list[dict]:
     from runtime.train.config import parse_config
     from runtime.train.loop import train
 
+    compiling = bool(raw.get("train", {}).get("compile"))
+    if compiling:
+        from torch._dynamo.utils import counters
+
+        counters.clear()
     try:
         result = train(parse_config(raw))
     finally:
@@ -86,6 +92,7 @@ def train_worker(rank: int, world_size: int, raw: dict) -> list[dict]:
             "start_step": result.start_step,
             "threads": torch.get_num_threads(),
             "skipped": list(getattr(result, "skipped_checkpoints", ["(not reported)"])),
+            "compiled_graphs": int(counters["stats"]["unique_graphs"]) if compiling else 0,
         }
     ]
 
