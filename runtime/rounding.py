@@ -37,10 +37,15 @@ positions or sees only its own tokens by 1e-2 and up. ``Verdict.power`` is the b
 ``POWER_LIMIT`` (1e-2) is the most a comparison may allow before it must say that it cannot prove anything
 (``Verdict.failure`` then names it) rather than pass; a caller may accept a weaker bound for named tensors only with
 a stated reason (``tests/tolerance.py``'s ``weak``), never above ``WEAK_LIMIT`` (0.1: a lost or doubled gradient
-share still shows). Where a gradient's terms cancel inside each token (a
-cross-attention key bias: the softmax's derivative sums to 0 over the keys) or an RL rollout amplifies rounding
-(advantages standardised over a group of near-equal rewards), the witness is large and the bound with it: the model
-is honest about what float32 can move there, and the limit says how far that may go.
+share still shows). Where a gradient's terms cancel inside each token (a cross-attention key bias: the softmax's
+derivative sums to 0 over the keys) or an RL rollout amplifies rounding (advantages standardised over a group of
+near-equal rewards), the witness is large and the bound with it: the model is honest about what float32 can move
+there, and the limit says how far that may go.
+
+What a one-process witness cannot see: rounding that only the layout has. Where a layout adds up partial results far
+larger than their sum (under SP, a replicated tensor's gradient is the sum of every rank's partial one, each a sum
+over that rank's tokens of terms that cancel), its error exceeds any one-process run's; a second witness that splits
+the same sums (one process with its micro-batches split) covers it, and each tensor takes the larger noise.
 
 Comparisons between runs that sum in the same order (the generated class against upstream with parallelism off)
 stay bitwise and do not use this module.
