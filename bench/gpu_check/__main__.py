@@ -123,6 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="MODULE", help="run only these steps (pytest, measure_dense ...)")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds per measurement (default 5, dry 1)")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.only or ()) - {step.module for step in STEPS})
+    if unknown:  # a typo would otherwise run nothing and exit 0
+        known = ", ".join(step.module for step in STEPS)
+        print(f"gpu_check: --only {' '.join(unknown)}: no such step; the steps are {known}", file=sys.stderr)
+        return 2
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     sys.path.insert(0, str(ROOT))
 

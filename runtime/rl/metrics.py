@@ -30,7 +30,7 @@ from typing import Any
 from runtime.train.tracking.plots import Panel
 from runtime.train.tracking.run_log import MetricsSink
 
-__all__ = ["OFFLINE_PANELS", "PHASES", "REWARD_PANELS", "RLMetricsLogger", "TIMING_KEYS"]
+__all__ = ["OFFLINE_PANELS", "PHASES", "REWARD_PANELS", "RLMetricsLogger", "TIMING_KEYS", "console_fields"]
 
 PHASES = ("rollout", "reward", "train")
 # the keys whose values are timings (they differ between two runs that compute the same thing)
@@ -51,7 +51,7 @@ _SHOWN = (
     ("rollout_corr/rollout_is_mean", "is {:.3f}"),  # rollout correction (verl-omni's names)
     ("rollout_corr/rollout_rs_masked_fraction", "rs_masked {:.3f}"),
     ("rollout_corr/kl", "rollout_kl {:.1e}"),
-    ("grad_norm", "grad {:.3f}"),
+    ("grad_norm", "grad {:.3g}"),  # significant digits: DiffusionNFT's norms are about 1e-4 (0.000 in fixed ones)
 )
 
 # The end-of-run plot (``<log.dir>/reward_loss.png``): the combined reward (± its std over the batch), each reward,
@@ -67,6 +67,11 @@ OFFLINE_PANELS = (
 )
 
 
+def console_fields(metrics: dict[str, Any]) -> str:
+    """The console line's fields of one iteration's ``metrics`` (those it has, in ``_SHOWN``'s order and formats)."""
+    return " ".join(fmt.format(metrics[k]) for k, fmt in _SHOWN if metrics.get(k) is not None)
+
+
 class RLMetricsLogger(MetricsSink):
     """Rank-0 sink (``runtime/train/tracking/run_log.py``): every iteration to ``metrics.jsonl`` and the trackers of
     ``log.report_to``, a console line every ``log.interval`` iterations, the reward/loss PNG at the end. With
@@ -77,7 +82,7 @@ class RLMetricsLogger(MetricsSink):
             return
         self.run.record(metrics)
         if echo:
-            shown = " ".join(fmt.format(metrics[k]) for k, fmt in _SHOWN if metrics.get(k) is not None)
+            shown = console_fields(metrics)
             reward = metrics.get("reward")
             self.run.show(
                 metrics["step"],

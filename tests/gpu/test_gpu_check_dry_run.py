@@ -36,3 +36,13 @@ def test_dry_run_every_step_ok_or_skipped_with_reason(tmp_path: Path) -> None:
     # the table comes last, and results.md holds it
     table = (tmp_path / "results.md").read_text()
     assert done.stdout.rstrip().endswith(table.rstrip().splitlines()[-1])
+
+
+def test_an_unknown_step_is_refused_in_one_line() -> None:
+    """``--only bogus`` ran nothing and exited 0; now exit 2 naming the step and the ones there are."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "bench.gpu_check", "--dry-run", "--only", "pytest", "bogus"]
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gpu_check: --only bogus: no such step; the steps are pytest"), lines

@@ -38,3 +38,12 @@ def test_an_iteration_reports_them(tiny_pipelines, tmp_path: Path):
     for m in metrics:
         assert m["clip_fraction_high"] + m["clip_fraction_low"] == pytest.approx(m["clip_fraction"], abs=1e-12)
         assert m["ratio_std"] >= 0 and 0 <= m["zero_std_ratio"] <= 1 and m["samples_per_second_per_gpu"] > 0
+
+
+def test_the_console_line_keeps_significant_digits_of_a_small_gradient_norm():
+    """DiffusionNFT's gradient norms are about 1e-4: fixed decimals printed them as ``grad 0.000``."""
+    from runtime.rl.metrics import console_fields
+
+    line = console_fields({"policy_loss": 0.25, "grad_norm": 1.234e-4})
+    assert "grad 0.000123" in line and "grad 0.000 " not in line + " "
+    assert "grad 1.23" in console_fields({"grad_norm": 1.234})
