@@ -45,4 +45,5 @@ def test_an_unknown_step_is_refused_in_one_line() -> None:
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("gpu_check: --only bogus: no such step; the steps are pytest"), lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("gpu_check: --only bogus: no such step; the steps are pytest, measure_dense"), lines
