@@ -81,7 +81,3 @@ def loss_and_grads(model: torch.nn.Module, kwargs: dict[str, Any]) -> tuple[torc
     # None: a parameter upstream leaves out of the loss (e.g. Qwen-Image's last text MLP); compared as None
     grads = {n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()}
     return out.detach(), loss.detach(), grads
-
-
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
