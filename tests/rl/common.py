@@ -201,10 +201,10 @@ def references(iterate: Any, raw: dict) -> tuple[dict, dict]:
     (``tests.dist_utils.start_reordered``, run alongside): the reference a layout is compared with, and the witness
     of its float32 rounding (``assert_layout_matches``). The runtime computes in float32 by design (its sampler
     steps in float32), so a float64 truth is not to be had here."""
-    from tests.dist_utils import start_reordered
+    from tests.tolerance import references as run_with_witness
 
-    witness = start_reordered(iterate, raw)
-    return iterate(0, 1, raw), witness()
+    (ref,), (witness,) = run_with_witness(iterate, [(0, 1, raw)])
+    return ref, witness
 
 
 def assert_layout_matches(

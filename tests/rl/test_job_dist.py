@@ -4,7 +4,7 @@ true CFG), full fine-tuning so every transformer parameter's gradient is compare
 * Ulysses SP=2: the two SP ranks roll out the same samples (same prompts, seeds, final latents bitwise), the
   recomputed log-probs are within 1e-6 of the rollout's, and the loss, the final latents and every gradient are
   within the rounding model of the single process's (``runtime/rounding.py``: FACTOR x their distance from the same
-  run with its weights witness by one ulp, plus a floor of ulps);
+  run on kernels that sum in other orders, plus a floor of ulps);
 * FSDP2 over 2 data-parallel replicas with one prompt each: the loss and every gradient within the rounding model of
   one process taking both prompts (the advantages' global std spans both replicas).
 
