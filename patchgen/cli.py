@@ -29,6 +29,8 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # plain click help: rich's renderer labels every flag `<bool>` and reads a docstring's `[model.data]` as markup
+    rich_markup_mode=None,
     help="Generate reviewable training variants of upstream modeling code from declarative specs.",
 )
 RootOption = Annotated[Path | None, typer.Option("--root", help="project root (default: found from the cwd)")]
