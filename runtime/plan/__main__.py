@@ -6,8 +6,11 @@ line, all reported at once, with exit code 2."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import math
 import sys
+from collections.abc import Iterator
 
 from runtime.plan.config import ConfigError, PlanConfig, read_plan
 
@@ -106,6 +109,19 @@ def argument_errors(gpus: list[int], gpu_mem: float) -> list[str]:
     return errors
 
 
+@contextlib.contextmanager
+def _fake_tensor_log_quiet() -> Iterator[None]:
+    """Torch logs a failing fake-tensor kernel with its traceback (~30 lines) before raising; the error it raises is
+    reported here in one line, so its log would only bury that line."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    was = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = was
+
+
 def _say_errors(messages: list[str]) -> None:
     for message in messages:
         print(f"error: {message}", file=sys.stderr, flush=True)
@@ -133,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for path, plan in zip(args.configs, plans, strict=True):
         try:
-            lines = _report(plan, args.gpus, args.gpu_mem, args.table)
+            with _fake_tensor_log_quiet():
+                lines = _report(plan, args.gpus, args.gpu_mem, args.table)
         except (ValueError, TypeError, KeyError, IndexError, ZeroDivisionError, RuntimeError) as exc:
             # what only building the model finds (e.g. heads that do not divide the hidden size)
             _say_errors([f"{path}: model: {' '.join(str(exc).split())[:300]}"])
