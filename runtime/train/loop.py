@@ -21,7 +21,8 @@ from runtime.checkpoint.dcp import load_checkpoint, save_checkpoint
 from runtime.checkpoint.export import export_hf
 from runtime.checkpoint.identity import model_identity
 from runtime.checkpoint.lora_weights import adapter_modules
-from runtime.checkpoint.verify import CheckpointError
+from runtime.checkpoint.rank_state import rank_files
+from runtime.checkpoint.verify import CheckpointError, read_marker
 from runtime.config.errors import ConfigError
 from runtime.models.registry import lookup
 from runtime.moe.dispatch import check_ep_kernel
@@ -262,7 +263,8 @@ def resume(
             raise ConfigError(f"checkpoint.resume: {path}: its extra.{key} is {value!r}, expected a whole number >= 0")
     if not isinstance(data, dict):
         raise ConfigError(f"checkpoint.resume: {path}: its extra.data (the data position) is {data!r}")
-    followed, note = followed_schedule(extra.get("schedule"), schedule, path, step, schedule_change)
+    source = _state_file(Path(path))
+    followed, note = followed_schedule(extra.get("schedule"), schedule, path, step, schedule_change, source)
     follow_schedule(scheduler, optimizer, followed, schedule["train.steps"])
     try:
         loader.load_state_dict(data)
@@ -271,6 +273,14 @@ def resume(
             f"checkpoint.resume: {path}: its data position does not fit this run's data: {exc}"
         ) from None
     return step, skipped, followed, note
+
+
+def _state_file(path: Path) -> Path:
+    """The per-rank state file ``load_checkpoint`` read on this rank (its own; rank 0's when the world size changed),
+    named when what it recorded is refused."""
+    dist = torch.distributed
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    return rank_files(path, rank if read_marker(path)["world_size"] == world else 0)[1]
 
 
 def train_step(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from runtime.checkpoint.dcp import latest_intact_checkpoint
 from runtime.checkpoint.export import ExportTargetError, check_export_target
-from runtime.checkpoint.rank_state import saved_extra
+from runtime.checkpoint.rank_state import rank_files, saved_extra
 from runtime.checkpoint.verify import CheckpointError, read_marker, verify_checkpoint
 from runtime.config.common import ParallelConfig
 from runtime.config.errors import ConfigError
@@ -260,7 +260,8 @@ def check_resume_schedule(config: RunConfig, checkpoint: Path) -> None:
     step = extra.get("step")
     if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
         current = schedule_record(config)
-        followed_schedule(extra.get("schedule"), current, checkpoint, step, config.checkpoint.schedule_change)
+        source = rank_files(checkpoint, 0)[1]  # the file saved_extra read
+        followed_schedule(extra.get("schedule"), current, checkpoint, step, config.checkpoint.schedule_change, source)
 
 
 def check_before_launch(config: RunConfig, exports: bool = True) -> None:

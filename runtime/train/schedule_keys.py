@@ -12,11 +12,12 @@ the trainer's own scheduler, ``runtime/train/optim.py``; past a schedule's last 
 * ``replan``: the resumed steps follow this config's schedule, evaluated at their step numbers: what HF Trainer and
   torchtitan do when a run resumes with another ``max_steps`` (the rate may jump at the first resumed step).
 
-Either way the AdamW state, the data position and the step count are the saved ones, and the log says the first
-resumed step's rate under both schedules. A change that moves no rate needs no choice: more steps of a constant
-schedule (``constant``, ``cosine_with_min_lr`` with ``min_lr_ratio: 1``), a warmup that ended before the checkpoint.
-A resume that trains no further step (it only exports) and checkpoints written before the schedule was recorded are
-not checked.
+Either way the AdamW state, the data position and the step count are the saved ones, and the log says the first resumed
+step's rate under both schedules. The saved keys pass the config's own checks first (``saved_schedule_problems``): an
+edited checkpoint is a user error naming its per-rank file and the key. A change that moves no rate needs no choice:
+more steps of a constant schedule (``constant``, ``cosine_with_min_lr`` with ``min_lr_ratio: 1``), a warmup that ended
+before the checkpoint. A resume that trains no further step (it only exports) and checkpoints written before the
+schedule was recorded are not checked.
 """
 
 from __future__ import annotations
@@ -55,13 +56,41 @@ def learning_rates(record: dict[str, Any], first: int, last: int) -> list[float]
     return [optim.lr * factor(min(step - 1, end)) for step in range(first, last + 1)]
 
 
-def schedule_change(saved: Any, current: dict[str, Any], checkpoint: Any, step: int) -> str | None:
+def saved_schedule_problems(saved: dict[str, Any]) -> list[str]:
+    """The run config's own checks (types, 64-bit finite numbers, ranges, choices: ``TRAIN_RULES``) on the schedule
+    keys a checkpoint recorded, one line each: ``checkpoint.schedule_change: continue`` trains on them, and an edited
+    checkpoint (its hashes recomputed) verifies, so they are user input like the config's."""
+    from runtime.config.common import OptimConfig
+    from runtime.config.errors import ConfigErrors
+    from runtime.config.sections import collect_section
+    from runtime.train.config import TRAIN_RULES, TrainConfig
+
+    errors = ConfigErrors()
+    optim = {key.split(".")[1]: saved[key] for key in SCHEDULE_KEYS if key.startswith("optim.")}
+    collect_section(OptimConfig, optim, "optim", TRAIN_RULES, errors)
+    collect_section(TrainConfig, {"steps": saved["train.steps"]}, "train", TRAIN_RULES, errors)
+    return errors.messages
+
+
+def schedule_change(
+    saved: Any, current: dict[str, Any], checkpoint: Any, step: int, source: Any = None
+) -> str | None:
     """A one-line message starting with the first changed key when a step the resumed run trains (``step`` + 1 ..
     ``train.steps``) would get another learning rate under the keys ``current`` than under those ``checkpoint``
-    recorded (``saved``), else None."""
+    recorded (``saved``, read from its file ``source``), else None; a ``ConfigError`` naming that file and the key
+    when the recorded keys would not pass the config's checks."""
+    from runtime.config.errors import ConfigError
+
     last = current["train.steps"]
     if not isinstance(saved, dict) or last <= step or any(key not in saved for key in SCHEDULE_KEYS):
         return None
+    problems = saved_schedule_problems(saved)
+    if problems:
+        raise ConfigError(
+            f"checkpoint.resume: {source or checkpoint}: the learning-rate schedule it recorded does not pass the "
+            f"config's checks (an edited checkpoint?): {'; '.join(f'extra.schedule.{p}' for p in problems)}; "
+            f"resume from another checkpoint"
+        )
     changed = [key for key in SCHEDULE_KEYS if saved[key] != current[key]]
     if not changed:
         return None
@@ -83,13 +112,14 @@ def schedule_change(saved: Any, current: dict[str, Any], checkpoint: Any, step: 
 
 
 def followed_schedule(
-    saved: Any, current: dict[str, Any], checkpoint: Any, step: int, mode: str
+    saved: Any, current: dict[str, Any], checkpoint: Any, step: int, mode: str, source: Any = None
 ) -> tuple[dict[str, Any], str | None]:
     """(the schedule keys the resumed run follows, a line for the log when they are not this config's plain plan);
-    a ``ConfigError`` when the rates would move and ``mode`` (``checkpoint.schedule_change``) is ``refuse``."""
+    a ``ConfigError`` when the rates would move and ``mode`` (``checkpoint.schedule_change``) is ``refuse``, or when
+    the keys ``checkpoint`` recorded (in its file ``source``) would not pass the config's checks."""
     from runtime.config.errors import ConfigError
 
-    change = schedule_change(saved, current, checkpoint, step)
+    change = schedule_change(saved, current, checkpoint, step, source)
     if change is None:
         return current, None
     if mode == "refuse":

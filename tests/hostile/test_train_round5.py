@@ -1,16 +1,24 @@
-"""Hostile inputs for the trainer and its companions (round 5): a plan whose micro-batch overflows torch's sizes.
+"""Hostile inputs for the trainer and its companions (round 5): a checkpoint whose recorded learning-rate schedule was
+edited (its hashes recomputed) and is followed under ``checkpoint.schedule_change: continue``, a plan whose
+micro-batch overflows torch's sizes.
 
 Rule: a user error is one ``error:`` line naming the file (and key) and exit code 2, in seconds, no traceback.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
+
+from runtime.checkpoint import COMPLETE_MARKER
+from tests.train.common import run_config, run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
@@ -47,3 +55,60 @@ def test_a_plan_whose_tokens_overflow_torch_is_one_line_without_torch_log(tmp_pa
     code, lines = _module("runtime.plan", str(path), "--gpus", "1")
     assert code == 2 and len(lines) == 1, (code, lines[:3])
     assert lines[0].startswith(f"error: {path}: model: "), lines
+
+
+# ------------------------------------------------------------------------------------------ forged saved schedule
+
+
+@pytest.fixture(scope="module")
+def saved_step2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """A tiny qwen3 run of 2 steps checkpointed at step 2, and its config."""
+    root = tmp_path_factory.mktemp("saved")
+    raw = run_config(root, train={"steps": 2}, checkpoint={"dir": str(root / "ckpt"), "interval": 2})
+    assert run_main(raw, root)[0] == 0
+    return root / "ckpt" / "step_000002", raw
+
+
+def _forge_schedule(checkpoint: Path, key: str, value: object) -> Path:
+    """Set ``extra.schedule[key]`` in rank 0's state and record the file's new hash in the marker: it verifies."""
+    state_file = checkpoint / "rank_00000.json"
+    state = json.loads(state_file.read_text())
+    state["extra"]["schedule"][key] = value
+    data = json.dumps(state).encode()  # NaN is written as JSON's NaN, which json (and the trainer) reads back
+    state_file.write_bytes(data)
+    marker = json.loads((checkpoint / COMPLETE_MARKER).read_text())
+    marker["files"][state_file.name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (checkpoint / COMPLETE_MARKER).write_text(json.dumps(marker))
+    return state_file
+
+
+FORGED = {
+    "negative lr": ("optim.lr", -0.024, "must not be negative"),
+    "NaN lr": ("optim.lr", float("nan"), "finite"),
+    "min_lr_ratio far past 1": ("optim.min_lr_ratio", 1e30, "expected a ratio in [0, 1]"),
+    "steps a string": ("train.steps", "3", "expected int"),
+    "steps zero": ("train.steps", 0, "must be positive"),
+    "negative warmup": ("optim.warmup_steps", -5, "must not be negative"),
+    "unknown scheduler": ("optim.lr_scheduler_type", "cosine_forever", "expected one of"),
+}
+
+
+@pytest.mark.parametrize("case", list(FORGED))
+def test_a_forged_saved_schedule_is_refused_under_continue(saved_step2, tmp_path: Path, case: str) -> None:
+    """``schedule_change: continue`` trains on the schedule the checkpoint recorded: before the fix an edited one
+    trained step 3 at lr -0.024, 5.5e29 or NaN (exit 0), or stopped with a traceback (a string ``train.steps``)."""
+    import shutil
+
+    key, value, needle = FORGED[case]
+    checkpoint = tmp_path / "ckpt" / saved_step2[0].name
+    shutil.copytree(saved_step2[0], checkpoint)
+    state_file = _forge_schedule(checkpoint, key, value)
+    run = json.loads(json.dumps(saved_step2[1]))
+    run["train"]["steps"] = 3
+    run["checkpoint"] = {"dir": str(tmp_path / "ckpt"), "resume": str(checkpoint), "schedule_change": "continue"}
+    run["log"]["dir"] = str(tmp_path / "log")
+    code, err = run_main(run, tmp_path)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, (code, err[-2000:])
+    assert str(state_file) in lines[0] and f"extra.schedule.{key}: " in lines[0] and needle in lines[0], lines
+    assert "Traceback" not in err and not (tmp_path / "ckpt" / "step_000003").exists()
