@@ -99,6 +99,15 @@ def apply_overrides(raw: Any, overrides: Sequence[Override]) -> tuple[Any, list[
     return out, errors
 
 
+def command_line_position(message: str, overrides: Sequence[Override]) -> int:
+    """Where on the command line the override a located message names (``override --KEY: ...``) was typed (the
+    last of that key: the one that won), so that errors are reported in the order they were typed; after every
+    override for any other message."""
+    key = message[len("override --") :].partition(":")[0] if message.startswith("override --") else None
+    found = [index for index, item in enumerate(overrides) if item.key == key]
+    return found[-1] if found else len(overrides)
+
+
 def override_of(key: str, overrides: Sequence[Override]) -> Override | None:
     """The (last) override that set ``key`` or a section or value holding it."""
     for item in reversed(overrides):

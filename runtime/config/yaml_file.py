@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import yaml
 
 from runtime.config.errors import ConfigError, message_key
-from runtime.config.overrides import Override, apply_overrides, override_of
+from runtime.config.overrides import Override, apply_overrides, command_line_position, override_of
 from runtime.config.shape import MAX_CONFIG_DEPTH, shape_problem
 
 __all__ = [
@@ -132,9 +132,9 @@ def locate_errors(
             out.append(f"override --{item.key}: {message}")
     prefix = f"{path}:"
 
-    def line(message: str) -> float:  # the file's errors in the order of their lines, then the overrides'
+    def line(message: str) -> tuple[float, int]:  # the file's errors by line, then the overrides' as typed
         number = message[len(prefix) :].partition(":")[0] if message.startswith(prefix) else ""
-        return int(number) if number.isdigit() else math.inf
+        return int(number) if number.isdigit() else math.inf, command_line_position(message, overrides)
 
     return ConfigError(*sorted(out, key=line))
 
