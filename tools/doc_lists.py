@@ -89,13 +89,20 @@ def regions(doc: str, text: str) -> list[Region]:
 
 def render(config: ProjectConfig, region: Region, models: list[Listed]) -> str:
     """The region's text: the selected model types, in backticks, sorted, joined by ", "."""
-    chosen = [f"`{m.model_type}`" for m in models if _selected(config, region, m)]
+    families, filters = selector_parts(region)
+    chosen = [
+        f"`{m.model_type}`"
+        for m in models
+        if m.family in families
+        and all(_flow(config, m) if name == FLOW else name in m.capabilities for name in filters)
+    ]
     if not chosen:
         raise PatchgenError(f"{region.doc}:{region.line}: models:{region.selector} selects no spec's model")
     return ", ".join(chosen)
 
 
-def _selected(config: ProjectConfig, region: Region, model: Listed) -> bool:
+def selector_parts(region: Region) -> tuple[list[str], list[str]]:
+    """The families and the filters a region's selector names, each checked (no spec needs to be read for that)."""
     families, *filters = region.selector.split(":")
     names = families.split("+")
     for name in names:
@@ -110,9 +117,7 @@ def _selected(config: ProjectConfig, region: Region, model: Listed) -> bool:
                 f"{region.doc}:{region.line}: models:{region.selector}: unknown filter {name!r}; expected "
                 f"{FLOW!r} or a capability ({', '.join(CAPABILITIES)})"
             )
-    if model.family not in names:
-        return False
-    return all(_flow(config, model) if name == FLOW else name in model.capabilities for name in filters)
+    return names, filters
 
 
 def _flow(config: ProjectConfig, model: Listed) -> bool:
@@ -145,12 +150,19 @@ def docs_of(config: ProjectConfig) -> list[Path]:
 
 def stale_lists(config: ProjectConfig, write: bool = False) -> tuple[list[str], int]:
     """One line per region whose list differs from the specs' (rewritten when `write`), and how many regions there
-    are. Every doc is rendered before any is written: a bad region anywhere writes nothing."""
-    models, stale, total, texts = listed_models(config), [], 0, {}
+    are. Every region is parsed and rendered before any doc is written: a bad region anywhere writes nothing."""
+    docs = []
     for path in docs_of(config):
         doc, text = path.relative_to(config.root).as_posix(), path.read_text(encoding="utf-8")
+        found = regions(doc, text)
+        for region in found:
+            selector_parts(region)  # a malformed selector fails before the specs are read
+        docs.append((path, doc, text, found))
+    models = listed_models(config) if any(found for *_, found in docs) else []
+    stale, total, texts = [], 0, {}
+    for path, doc, text, found in docs:
         pieces, last = [], 0
-        for region in regions(doc, text):
+        for region in found:
             total += 1
             want, have = render(config, region, models), text[region.start : region.stop]
             if want != have:
