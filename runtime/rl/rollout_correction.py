@@ -14,9 +14,15 @@ each trained step ``[B, K]``, clamped to ``[-20, 20]`` before any ``exp``:
 * applied weight: ``TIS weight x kept`` (1 where IS is off); a rejected row stays in the mean's denominator (verl-omni:
   rejection dilutes the gradient by kept / total rather than renormalising).
 
-The weight multiplies the row's whole objective (its KL term too, where ``kl_coef > 0``: verl-omni weights only the
-policy term, its KL loss being computed elsewhere). Where the trained policy is the rollout policy, ``lr`` is 0
-bitwise, every weight is exactly 1, nothing is rejected, and the loss is the uncorrected one, bit for bit.
+Where the weight acts: inside the algorithm's objective (``Algorithm.step_objective``'s ``weights`` and
+``kl_weights``), on each sample's term before the objective's batch mean, as verl-omni's losses multiply
+``per_elem_loss`` by ``rollout_is_weights``: whatever an objective computes over the micro-batch (GRPO-Guard's
+``guard_scale: verl_omni`` scale and ``1 / mean(sqrt_dt)^2``) is computed once, over every row. ``weighted_terms:
+all`` (the default) weights the KL and the distillation term too (they are averages over the same rollout states);
+``policy`` weights the policy term alone (verl-omni's: its KL and distillation losses are added unweighted, and its
+pure distillation, ``loss_mode=distill_kl``, is not weighted at all). Where the trained policy is the rollout policy,
+``lr`` is 0 bitwise, every weight is exactly 1, nothing is rejected, and the loss is the uncorrected one, bit for bit
+(``x * 1.0`` is ``x``).
 
 Metrics (verl-omni's ``rollout_corr/`` names, over the global batch): ``rollout_is_mean`` / ``_max`` / ``_min``,
 ``rollout_is_eff_sample_size``, ``rollout_is_ratio_fraction_high`` / ``_low`` (the share truncated at C / below
@@ -119,10 +125,6 @@ def correction(
     return weights, {f"rollout_corr/{k}": v for k, v in metrics.items()}
 
 
-def _row(t: torch.Tensor, r: int, n: int) -> torch.Tensor:
-    return t[r : r + 1] if t.ndim and t.shape[0] == n else t
-
-
 def weighted_objective(
     algo: Algorithm,
     settings: Any,
@@ -133,28 +135,17 @@ def weighted_objective(
     kl_terms: Gaussian | None,
     gaussian: Gaussian | None,
     seq_log_ratio: torch.Tensor | None = None,
+    *,
+    weighted_terms: str = "all",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``algo.step_objective`` of a micro-batch with row ``r``'s objective weighted by ``weights[r]``: ``sum_r w_r
-    l_r / n``. All weights 1: the algorithm's loss itself (bitwise the uncorrected run). ``policy_loss`` is weighted
-    alike; the ratio statistics are the unweighted batch's (verl-omni's are unweighted too). ``seq_log_ratio``:
-    passed on (per row) to an algorithm that takes it (``needs_sequence_ratio``)."""
+    """``algo.step_objective`` of a micro-batch with each sample's terms weighted by ``weights`` ``[B]`` (module
+    docstring: the policy term, and the KL or distillation term unless ``weighted_terms`` is ``policy``). All weights
+    1: the algorithm's loss itself (bitwise the uncorrected run). ``policy_loss`` (and ``kl``) are the weighted
+    terms the update minimises; the ratio statistics are the unweighted batch's (verl-omni's are unweighted too).
+    ``seq_log_ratio``: passed on to an algorithm that takes it (``needs_sequence_ratio``)."""
     seq = {} if seq_log_ratio is None else {"seq_log_ratio": seq_log_ratio}
-    loss, stats = algo.step_objective(settings, log_prob, old_log_prob, advantage, kl_terms, gaussian, **seq)
-    if bool((weights == 1).all()):
-        return loss, stats
-    n = log_prob.shape[0]
-    parts, policy = [], []
-    for r in range(n):
-        kl_r = None if kl_terms is None else tuple(_row(t, r, n) for t in kl_terms)
-        g_r = None if gaussian is None else tuple(_row(t, r, n) for t in gaussian)
-        seq_r = {} if seq_log_ratio is None else {"seq_log_ratio": seq_log_ratio[r : r + 1]}
-        l_r, stats_r = algo.step_objective(
-            settings, log_prob[r : r + 1], old_log_prob[r : r + 1], advantage[r : r + 1], kl_r, g_r, **seq_r
-        )
-        w = weights[r].to(l_r.dtype)
-        parts.append(l_r * w)
-        if "policy_loss" in stats_r:
-            policy.append(stats_r["policy_loss"] * w)
-    if len(policy) == n:  # the logged policy loss is the weighted one the update minimises
-        stats = {**stats, "policy_loss": torch.stack(policy).sum() / n}
-    return torch.stack(parts).sum() / n, stats
+    w = weights.detach().to(log_prob.device)
+    kl_w = w if weighted_terms == "all" else None
+    return algo.step_objective(
+        settings, log_prob, old_log_prob, advantage, kl_terms, gaussian, **seq, weights=w, kl_weights=kl_w
+    )

@@ -241,6 +241,7 @@ def train_steps(
                         kl_terms,
                         gaussian,
                         **_sequence(seq, rows, device),
+                        weighted_terms=c.rollout_correction.weighted_terms,
                     )
                 losses.backward(loss, len(rows) * share, step, [names[r] for r in rows.tolist()])
                 step_stats["ratio_mean"] = torch.exp(log_prob.detach() - old).mean()

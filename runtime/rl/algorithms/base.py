@@ -124,11 +124,16 @@ class Algorithm:
         kl_terms: Gaussian | None,
         gaussian: Gaussian | None = None,
         seq_log_ratio: torch.Tensor | None = None,
+        weights: torch.Tensor | None = None,
+        kl_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``trains_on == "steps"``: one window step's loss. ``kl_terms``: ``(mean, ref_mean, std_dev_t,
         sqrt_dt)`` when ``needs_reference`` (the velocities for ``reference_terms == "velocity"``); ``gaussian``:
         ``(mean, old_mean, std_dev_t, sqrt_dt)`` when ``needs_old_mean``; ``seq_log_ratio`` (``[B]``, passed only when
-        ``needs_sequence_ratio``)."""
+        ``needs_sequence_ratio``). ``weights`` / ``kl_weights`` (``[B]``, detached; None: unweighted): rollout
+        correction's per-sample weights of the policy term and of the KL or distillation term, each multiplying a
+        sample's term before the objective's batch mean, so that what the objective computes over the micro-batch
+        (a shared scale) is computed once over all its rows (``runtime/rl/rollout_correction.py``)."""
         raise NotImplementedError(f"{type(self).__name__} trains no rollout steps")
 
     def forward_objective(

@@ -50,7 +50,10 @@ Config (defaults: the paper's Flux recipe where it has one; ``advantage: group``
       advantage_std_ddof: 1
       advantage_eps: 1.0e-4      # the std's epsilon: 1e-4 (verl-omni) | 1e-8 (the DanceGRPO authors)
       clip_range: 1.0e-4
-      adv_clip_max: 5.0
+      policy_loss_mode: vanilla  # vanilla | gspo (Flow-GRPO's)
+      gspo_clip_fraction: band   # band | verl (Flow-GRPO's)
+      adv_clip_max: 5.0          # null: unclamped (verl's gspo)
+      ratio_std_ddof: 0          # 0 (population) | 1 (verl-omni's torch.std)
       kl_coef: 0.0
       kl_form: exact             # exact (verl-omni's dance_grpo) | scaled (exact x -dt, Flow-GRPO's form)
       cps_log_prob: squared_error
@@ -105,7 +108,9 @@ class Settings:
     advantage_eps: float = 1e-4
     clip_range: float = 1e-4
     policy_loss_mode: str = "vanilla"
-    adv_clip_max: float = 5.0
+    gspo_clip_fraction: str = "band"
+    adv_clip_max: float | None = 5.0
+    ratio_std_ddof: int = 0
     kl_coef: float = 0.0
     kl_form: str = "exact"
     cps_log_prob: str = "squared_error"
@@ -119,7 +124,10 @@ RULES = flowgrpo.rules_as(NAME, flowgrpo.COMMON_RULES).merged(
     KeyRules(
         positive=frozenset({f"{NAME}.timestep_fraction", f"{NAME}.advantage_eps"}),
         unit_interval=frozenset({f"{NAME}.timestep_fraction"}),
-        choices={f"{NAME}.sde_type": ("dance", "sde", "cps")},
+        choices={
+            f"{NAME}.sde_type": ("dance", "sde", "cps"),
+            f"{NAME}.gspo_clip_fraction": flowgrpo.GSPO_CLIP_FRACTIONS,
+        },
     )
 )
 step_objective = flowgrpo.step_objective
@@ -144,6 +152,7 @@ def check(config: RLConfig) -> None:
         errors.add(f"{NAME}.ignore_last: a 1-step schedule has nothing else to train; set it to false")
     if s.advantage_std_ddof not in (0, 1):
         errors.add(f"{NAME}.advantage_std_ddof: 1 (torch.std) or 0 (np.std), found {s.advantage_std_ddof!r}")
+    errors.add(*flowgrpo.metric_problems(NAME, s))
     if s.sde_type == "cps" and s.noise_level > 1:
         errors.add(f"{NAME}.noise_level: CPS takes a noise level in [0, 1], found {s.noise_level}")
     if s.kl_coef > 0 and config.reference == "lora_disabled" and config.lora.rank is None:
@@ -220,7 +229,9 @@ def conventions(settings: Settings) -> str:
         noise,
         "the model's own schedule",
     ]
-    return ", ".join(parts)
+    if settings.adv_clip_max is None:
+        parts.append("advantages unclamped (verl's gspo)")
+    return ", ".join(parts + flowgrpo.metric_conventions(settings))
 
 
 class DanceGRPO(flowgrpo.FlowGRPO):

@@ -17,7 +17,7 @@ Flow-GRPO's module docstring applied by the loop)::
 
     distill_kl:     L_d = mean_b( sum_d (mu_s - mu_t)^2 / D / (2 sigma_b^2) )
     distill_fm_mse: L_d = mean_b( sum_d (v_s - v_t)^2 / D )
-    loss_mode distill:   L = distill_loss_coef * L_d
+    loss_mode distill:   L = distill_loss_coef * L_d     (distill_loss_coef_scope: with_reward: L = L_d)
     loss_mode flow_grpo: L = clipped Flow-GRPO policy loss + distill_loss_coef * L_d
 
 ``distill_kl``: both steps are Gaussians of the same std ``s = std_dev_t * sqrt_dt`` (the schedule fixes it), so
@@ -41,6 +41,8 @@ plus::
       loss_mode: distill             # distill (the teacher alone) | flow_grpo (reward objective + the term)
       distill_loss_mode: distill_kl  # distill_kl (step Gaussians' KL) | distill_fm_mse (velocity MSE)
       distill_loss_coef: 1.0         # the term's weight
+      distill_loss_coef_scope: always  # always (the coef scales pure distillation too) | with_reward (verl-omni's:
+                                     # only beside the reward objective; pure distillation takes L_d alone)
       teacher_model_path: null       # a pipeline directory of the same model type; null: the starting weights
 """
 
@@ -76,6 +78,9 @@ __all__ = [
 NAME = "diffusionopd"
 LOSS_MODES = ("distill", "flow_grpo")  # the first is verl-omni's pure distillation (the default)
 DISTILL_LOSS_MODES = ("distill_kl", "distill_fm_mse")  # verl-omni's names; the first its default
+# where distill_loss_coef applies: in both loss modes (ours, the default), or only beside the reward objective
+# (verl-omni's: its pure distillation, loss_mode=distill_kl, adds the term without the coefficient)
+COEF_SCOPES = ("always", "with_reward")
 
 
 @dataclass(frozen=True)
@@ -83,13 +88,18 @@ class Settings(flowgrpo.Settings):
     loss_mode: str = "distill"
     distill_loss_mode: str = "distill_kl"
     distill_loss_coef: float = 1.0
+    distill_loss_coef_scope: str = "always"
     teacher_model_path: str | None = None
 
 
 RULES = flowgrpo.rules_as(NAME).merged(
     KeyRules(
         positive=frozenset({f"{NAME}.distill_loss_coef"}),
-        choices={f"{NAME}.loss_mode": LOSS_MODES, f"{NAME}.distill_loss_mode": DISTILL_LOSS_MODES},
+        choices={
+            f"{NAME}.loss_mode": LOSS_MODES,
+            f"{NAME}.distill_loss_mode": DISTILL_LOSS_MODES,
+            f"{NAME}.distill_loss_coef_scope": COEF_SCOPES,
+        },
     )
 )
 window = flowgrpo.window
@@ -167,7 +177,10 @@ def conventions(settings: Settings) -> str:
         "flow_grpo": "loss_mode flow_grpo: reward objective + the term (verl-omni's use_distill_loss)",
     }[settings.loss_mode]
     teacher = settings.teacher_model_path or "the starting weights (reference)"
-    parts = [f"DiffusionOPD (verl-omni's): {form}, coef {settings.distill_loss_coef:g}", mode, f"teacher {teacher}"]
+    coef = f"coef {settings.distill_loss_coef:g}"
+    if settings.distill_loss_coef_scope == "with_reward":
+        coef += " beside the reward objective only (verl-omni's)"
+    parts = [f"DiffusionOPD (verl-omni's): {form}, {coef}", mode, f"teacher {teacher}"]
     if settings.loss_mode == "flow_grpo":
         parts.append(flowgrpo.conventions(settings))
     return ", ".join(parts)
@@ -188,16 +201,22 @@ def distill_kl(
     std_dev_t: torch.Tensor,
     sqrt_dt: torch.Tensor,
     form: str = "scaled",
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The batch-mean KL of the student's step Gaussian to the teacher's (module docstring)."""
+    """The batch-mean KL of the student's step Gaussian to the teacher's (module docstring), each sample's times
+    ``weights`` when given."""
     from runtime.rl.algorithms.objectives import kl_to_reference
 
-    return kl_to_reference(mean, teacher_mean, std_dev_t, sqrt_dt, form)
+    return kl_to_reference(mean, teacher_mean, std_dev_t, sqrt_dt, form, weights)
 
 
-def distill_fm_mse(v: torch.Tensor, teacher_v: torch.Tensor) -> torch.Tensor:
-    """The mean squared difference of the student's and the teacher's velocities (the teacher's is constant)."""
-    return ((v - teacher_v.detach()) ** 2).mean()
+def distill_fm_mse(v: torch.Tensor, teacher_v: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """The mean squared difference of the student's and the teacher's velocities (the teacher's is constant); each
+    sample's elements times its weight when ``weights`` (``[B]``) is given: ``mean_b(w_b mean_d(...))``."""
+    sq = (v - teacher_v.detach()) ** 2
+    if weights is not None:
+        sq = sq * weights.detach().to(device=sq.device, dtype=sq.dtype).reshape(-1, *([1] * (sq.ndim - 1)))
+    return sq.mean()
 
 
 def step_objective(
@@ -206,27 +225,29 @@ def step_objective(
     old_log_prob: torch.Tensor,
     advantage: torch.Tensor,
     kl_terms: Gaussian,
+    weights: torch.Tensor | None = None,
+    kl_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one window step of a micro-batch (before the share scaling) and its statistics (detached).
 
     ``kl_terms``: ``(mean, teacher_mean, std_dev_t, sqrt_dt)`` for ``distill_kl``, ``(v, teacher_v, ...)`` for
-    ``distill_fm_mse``."""
+    ``distill_fm_mse``; ``weights``: the reward objective's per-sample weights, ``kl_weights`` the distillation
+    term's (``Algorithm.step_objective``)."""
     import torch
 
     if settings.distill_loss_mode == "distill_kl":
-        term = distill_kl(*kl_terms, settings.kl_form)
+        term = distill_kl(*kl_terms, settings.kl_form, kl_weights)
     else:
-        term = distill_fm_mse(kl_terms[0], kl_terms[1])
-    weighted = settings.distill_loss_coef * term
+        term = distill_fm_mse(kl_terms[0], kl_terms[1], kl_weights)
     if settings.loss_mode == "flow_grpo":  # Flow-GRPO's clipped objective (its own KL is off: kl_coef 0)
-        loss, stats = flowgrpo.step_objective(settings, log_prob, old_log_prob, advantage, None)
-        loss = loss + weighted
+        loss, stats = flowgrpo.step_objective(settings, log_prob, old_log_prob, advantage, None, weights=weights)
+        loss = loss + settings.distill_loss_coef * term
     else:  # the distillation term is the whole objective; the ratio statistics still say how far the step moved
         from runtime.rl.algorithms.objectives import ratio_stats
 
-        loss = weighted
+        loss = term if settings.distill_loss_coef_scope == "with_reward" else settings.distill_loss_coef * term
         ratio = torch.exp(log_prob.detach() - old_log_prob.detach())
-        stats = {"policy_loss": loss.detach(), **ratio_stats(ratio, settings.clip_range)}
+        stats = {"policy_loss": loss.detach(), **ratio_stats(ratio, settings.clip_range, settings.ratio_std_ddof)}
     stats[f"{settings.distill_loss_mode}_loss"] = term.detach()  # verl-omni's actor/distill_kl_loss (_fm_mse_loss)
     return loss, stats
 
@@ -265,9 +286,12 @@ class DiffusionOPD(flowgrpo.FlowGRPO):
         advantage: torch.Tensor,
         kl_terms: Gaussian | None,
         gaussian: Gaussian | None = None,
+        seq_log_ratio: torch.Tensor | None = None,
+        weights: torch.Tensor | None = None,
+        kl_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         assert kl_terms is not None, "needs_reference: the loop passes the teacher's terms"
-        return step_objective(settings, log_prob, old_log_prob, advantage, kl_terms)
+        return step_objective(settings, log_prob, old_log_prob, advantage, kl_terms, weights, kl_weights)
 
 
 ALGORITHM = DiffusionOPD()

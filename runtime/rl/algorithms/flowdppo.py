@@ -111,9 +111,14 @@ def dppo_loss(
     kl_mask_threshold: float,
     add_kl_coefficient: bool = True,
     adv_clip_max: float | None = None,
+    weights: torch.Tensor | None = None,
+    ratio_std_ddof: int = 0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The divergence-masked loss of one step (module docstring) and its statistics (detached)."""
+    """The divergence-masked loss of one step (module docstring) and its statistics (detached). ``weights``: each
+    sample's term times its weight before the mean (verl-omni: ``per_elem_loss * rollout_is_weights``)."""
     import torch
+
+    from runtime.rl.algorithms.objectives import ratio_std, weighted_mean
 
     b = log_prob.shape[0]
     adv = advantage.detach().to(log_prob.dtype)
@@ -135,11 +140,11 @@ def dppo_loss(
         neg = far & (adv < 0) & (ratio < 1)
         masked = pos | neg
     per_sample = torch.where(masked, torch.zeros_like(ratio), -adv * ratio)
-    loss = per_sample.mean()
+    loss = weighted_mean(per_sample, weights)
     stats = {
         "policy_loss": loss.detach(),
         "approx_kl": 0.5 * (log_ratio.detach() ** 2).mean(),
-        "ratio_std": ratio.detach().std(unbiased=False) if b > 1 else torch.zeros((), device=ratio.device),
+        "ratio_std": ratio_std(ratio, ratio_std_ddof),
         "dppo/kl_new_old_mean": div.mean(),
         "dppo/kl_new_old_max": div.max(),
         "dppo/kl_mask_fraction": far.float().mean(),
@@ -158,10 +163,13 @@ def step_objective(
     kl_terms: Gaussian | None,
     *,
     gaussian: Gaussian,
+    weights: torch.Tensor | None = None,
+    kl_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one window step of a micro-batch (before the share scaling) and its statistics.
 
-    ``gaussian``: ``(mean, old_mean, std_dev_t, sqrt_dt)`` of the step; ``kl_terms`` as Flow-GRPO's."""
+    ``gaussian``: ``(mean, old_mean, std_dev_t, sqrt_dt)`` of the step; ``kl_terms``, ``weights`` and
+    ``kl_weights`` as Flow-GRPO's."""
     from runtime.rl.algorithms.objectives import kl_to_reference
 
     loss, stats = dppo_loss(
@@ -172,9 +180,11 @@ def step_objective(
         kl_mask_threshold=settings.kl_mask_threshold,
         add_kl_coefficient=settings.add_kl_coefficient,
         adv_clip_max=settings.adv_clip_max,
+        weights=weights,
+        ratio_std_ddof=settings.ratio_std_ddof,
     )
     if kl_terms is not None:
-        kl = kl_to_reference(*kl_terms, settings.kl_form)
+        kl = kl_to_reference(*kl_terms, settings.kl_form, kl_weights)
         loss = loss + settings.kl_coef * kl
         stats["kl"] = kl.detach()
     return loss, stats
@@ -202,9 +212,21 @@ class FlowDPPO(flowgrpo.FlowGRPO):
         advantage: torch.Tensor,
         kl_terms: Gaussian | None,
         gaussian: Gaussian | None = None,
+        seq_log_ratio: torch.Tensor | None = None,
+        weights: torch.Tensor | None = None,
+        kl_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         assert gaussian is not None, "needs_old_mean: the loop passes the step's Gaussian"
-        return step_objective(settings, log_prob, old_log_prob, advantage, kl_terms, gaussian=gaussian)
+        return step_objective(
+            settings,
+            log_prob,
+            old_log_prob,
+            advantage,
+            kl_terms,
+            gaussian=gaussian,
+            weights=weights,
+            kl_weights=kl_weights,
+        )
 
 
 ALGORITHM = FlowDPPO()

@@ -15,7 +15,10 @@ Config (every key with its default; the verl-omni and flow_grpo names are in doc
       clip_range: 1.0e-4         # PPO ratio clip
       policy_loss_mode: vanilla  # vanilla: a ratio per step | gspo: one per sample, the geometric mean of its
                                  # trained steps' ratios, clipped per sample (GSPO; verl's policy_loss.loss_mode)
-      adv_clip_max: 5.0          # advantages clamped to [-adv_clip_max, adv_clip_max]
+      gspo_clip_fraction: band   # gspo's clip_fraction: band (ratio outside [1 - clip, 1 + clip], as vanilla's) |
+                                 # verl (the share where the clip binds, clip_fraction_low 0: verl's gspo)
+      adv_clip_max: 5.0          # advantages clamped to [-adv_clip_max, adv_clip_max]; null: unclamped (verl's gspo)
+      ratio_std_ddof: 0          # the ratio_std metric's divisor n - ddof: 0 (population) | 1 (verl-omni's torch.std)
       kl_coef: 0.0               # > 0: KL to the reference (the top-level `reference` key)
       kl_form: scaled            # scaled: exact KL x -dt (verl-omni, flow_grpo) | exact
       micro_batch_size: null     # samples per forward/backward; null: all of the replica's samples at once (the
@@ -63,7 +66,9 @@ class Settings:
     advantage_std_ddof: int = 1
     clip_range: float = 1e-4
     policy_loss_mode: str = "vanilla"
-    adv_clip_max: float = 5.0
+    gspo_clip_fraction: str = "band"
+    adv_clip_max: float | None = 5.0
+    ratio_std_ddof: int = 0
     kl_coef: float = 0.0
     kl_form: str = "scaled"
     micro_batch_size: int | None = None
@@ -74,6 +79,8 @@ class Settings:
 
 # verl's policy_loss.loss_mode names: the per-step ratio (the default), GSPO's per-sample ratio (objectives.py)
 POLICY_LOSS_MODES = ("vanilla", "gspo")
+# GSPO's clip fraction: the ratio outside the band (ours, the vanilla mode's), or where the clip binds (verl's gspo)
+GSPO_CLIP_FRACTIONS = ("band", "verl")
 
 # The rules of the keys every Flow-GRPO-style section shares (groups, noise, advantages, the clipped objective, the
 # log-prob gap alarm): DanceGRPO's section is these (``rules_as``) plus its own, without the window keys.
@@ -87,6 +94,7 @@ COMMON_RULES = KeyRules(
         "flowgrpo.cps_log_prob": ("squared_error", "gaussian"),
         "flowgrpo.advantage": ("global", "group", "none"),
         "flowgrpo.policy_loss_mode": POLICY_LOSS_MODES,
+        "flowgrpo.gspo_clip_fraction": GSPO_CLIP_FRACTIONS,
         "flowgrpo.kl_form": ("scaled", "exact"),
         "flowgrpo.on_logprob_gap": ("warn", "stop"),
     },
@@ -153,6 +161,7 @@ def check(config: RLConfig) -> None:
             f"flowgrpo.advantage_std_ddof: 1 (verl-omni's torch.std) or 0 (flow_grpo's np.std), found "
             f"{s.advantage_std_ddof!r}"
         )
+    errors.add(*metric_problems("flowgrpo", s))
     if s.sde_type == "cps" and s.noise_level > 1:
         errors.add(f"flowgrpo.noise_level: CPS takes a noise level in [0, 1], found {s.noise_level}")
     if s.kl_coef > 0 and config.reference == "lora_disabled" and config.lora.rank is None:
@@ -160,6 +169,33 @@ def check(config: RLConfig) -> None:
             "reference: lora_disabled needs a LoRA run (lora.rank); full fine-tuning takes reference: frozen_copy"
         )
     errors.raise_if_any()
+
+
+def metric_problems(section: str, s: Settings) -> list[str]:
+    """The metric conventions' keys (shared with DanceGRPO's section): ``ratio_std_ddof`` 0 or 1, and
+    ``gspo_clip_fraction`` only where there is a GSPO clip fraction to define."""
+    out = []
+    if s.ratio_std_ddof not in (0, 1):
+        out.append(
+            f"{section}.ratio_std_ddof: 0 (the population std) or 1 (verl-omni's torch.std), found "
+            f"{s.ratio_std_ddof!r}"
+        )
+    if s.gspo_clip_fraction != "band" and s.policy_loss_mode != "gspo":
+        out.append(
+            f"{section}.gspo_clip_fraction: only with policy_loss_mode: gspo (the vanilla clip fraction is "
+            "verl-omni's already); remove the key"
+        )
+    return out
+
+
+def metric_conventions(settings: Settings) -> list[str]:
+    """The log's words for the metric conventions that differ from the defaults."""
+    parts = []
+    if settings.ratio_std_ddof == 1:
+        parts.append("ratio_std ddof=1 (verl-omni's flow_grpo, grpo_guard)")
+    if settings.gspo_clip_fraction == "verl":
+        parts.append("clip fraction where the clip binds, low side 0 (verl's gspo)")
+    return parts
 
 
 def conventions(settings: Settings) -> str:
@@ -172,7 +208,9 @@ def conventions(settings: Settings) -> str:
         parts.append(f"CPS log-prob {form}")
     if settings.policy_loss_mode == "gspo":
         parts.append("ratio per sample exp(mean of its trained steps' log r), clipped per sample (GSPO, verl's gspo)")
-    return ", ".join(parts)
+    if settings.adv_clip_max is None:
+        parts.append("advantages unclamped (verl's gspo)")
+    return ", ".join(parts + metric_conventions(settings))
 
 
 def advantages(settings: Settings, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
@@ -189,31 +227,43 @@ def step_objective(
     advantage: torch.Tensor,
     kl_terms: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
     seq_log_ratio: torch.Tensor | None = None,
+    weights: torch.Tensor | None = None,
+    kl_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one window step of a micro-batch (before the share scaling) and its statistics (detached).
 
     ``kl_terms``: ``(mean, ref_mean, std_dev_t, sqrt_dt)`` when ``kl_coef > 0``; ``seq_log_ratio``: each sample's
-    mean log-ratio over its trained steps (``policy_loss_mode: gspo``)."""
+    mean log-ratio over its trained steps (``policy_loss_mode: gspo``); ``weights`` / ``kl_weights``: per-sample
+    weights of the policy and the KL term (``Algorithm.step_objective``)."""
     import torch
 
-    from runtime.rl.algorithms.objectives import kl_to_reference, policy_loss, ratio_stats, sequence_policy_loss
+    from runtime.rl.algorithms.objectives import (
+        binding_clip_fraction,
+        kl_to_reference,
+        policy_loss,
+        ratio_stats,
+        sequence_policy_loss,
+    )
 
+    clip, adv_max = settings.clip_range, settings.adv_clip_max
     if settings.policy_loss_mode == "gspo":
         if seq_log_ratio is None:
             raise ValueError("policy_loss_mode gspo: the loop passes each sample's sequence log-ratio (seq_log_ratio)")
         loss, clip_fraction, approx_kl, ratio = sequence_policy_loss(
-            log_prob, seq_log_ratio, advantage, settings.clip_range, settings.adv_clip_max
+            log_prob, seq_log_ratio, advantage, clip, adv_max, weights
         )
         stats = {"seq_ratio_mean": ratio.mean()}
     else:
-        loss, clip_fraction, approx_kl = policy_loss(
-            log_prob, old_log_prob, advantage, settings.clip_range, settings.adv_clip_max
-        )
+        loss, clip_fraction, approx_kl = policy_loss(log_prob, old_log_prob, advantage, clip, adv_max, weights)
         ratio, stats = torch.exp(log_prob.detach() - old_log_prob.detach()), {}
     stats |= {"policy_loss": loss.detach(), "clip_fraction": clip_fraction, "approx_kl": approx_kl}
-    stats |= ratio_stats(ratio, settings.clip_range)
+    stats |= ratio_stats(ratio, clip, settings.ratio_std_ddof)
+    if settings.policy_loss_mode == "gspo" and settings.gspo_clip_fraction == "verl":
+        binding = binding_clip_fraction(ratio, advantage, clip, adv_max)
+        stats |= {"clip_fraction": binding, "clip_fraction_high": binding}
+        stats["clip_fraction_low"] = torch.zeros_like(binding)
     if kl_terms is not None:
-        kl = kl_to_reference(*kl_terms, settings.kl_form)
+        kl = kl_to_reference(*kl_terms, settings.kl_form, kl_weights)
         loss = loss + settings.kl_coef * kl
         stats["kl"] = kl.detach()
     return loss, stats
@@ -252,8 +302,12 @@ class FlowGRPO(Algorithm):
         kl_terms: Gaussian | None,
         gaussian: Gaussian | None = None,
         seq_log_ratio: torch.Tensor | None = None,
+        weights: torch.Tensor | None = None,
+        kl_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        return step_objective(settings, log_prob, old_log_prob, advantage, kl_terms, seq_log_ratio)
+        return step_objective(
+            settings, log_prob, old_log_prob, advantage, kl_terms, seq_log_ratio, weights, kl_weights
+        )
 
     def gap_alarm(self, settings: Settings) -> float:
         return settings.logprob_gap_alarm

@@ -36,7 +36,8 @@ verl-omni (``trainer/diffusion/diffusion_algos.py``, ``grpo_guard``) takes one s
 ``1 / mean_b(sqrt_dt)^2`` for the micro-batch's mean loss (``verl_omni``). The two agree when a micro-batch holds
 one denoising step (verl-omni's layout: its windows are shared by the batch); with Flow-GRPO's per-sample windows a
 micro-batch mixes steps and they differ. Both are defensible: per-sample is the paper's Gaussian of each sample's
-own step, the shared scale is verl-omni's.
+own step, the shared scale is verl-omni's. Rollout correction's weights multiply each sample's clipped term before
+the mean (verl-omni: ``per_elem_loss * rollout_is_weights``); the shared scale stays the whole micro-batch's.
 
 Config: every ``flowgrpo:`` key (same meaning; ``clip_range`` default 2e-6) under ``grpo_guard:``, plus::
 
@@ -121,15 +122,18 @@ def guard_loss(
     sqrt_dt: torch.Tensor,
     *,
     clip_range: float,
-    adv_clip_max: float,
+    adv_clip_max: float | None,
     ratio_norm: bool = True,
     grad_reweight: bool = True,
     guard_scale: str = "per_sample",
+    weights: torch.Tensor | None = None,
+    ratio_std_ddof: int = 0,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The regulated clipped loss of one step (module docstring) and its statistics (detached)."""
+    """The regulated clipped loss of one step (module docstring) and its statistics (detached). ``weights``: each
+    sample's clipped term times its weight before the mean; ``verl_omni``'s scale is still the whole micro-batch's."""
     import torch
 
-    from runtime.rl.algorithms.objectives import ratio_stats
+    from runtime.rl.algorithms.objectives import ratio_stats, weighted_mean
 
     if guard_scale not in GUARD_SCALES:
         raise ValueError(f"guard_scale: expected one of {GUARD_SCALES}, found {guard_scale!r}")
@@ -146,18 +150,20 @@ def guard_loss(
     if ratio_norm:
         log_ratio = (log_ratio + bias) * s
     ratio = torch.exp(log_ratio)
-    adv = torch.clamp(advantage.to(log_prob.dtype), -adv_clip_max, adv_clip_max)
+    adv = advantage.to(log_prob.dtype)
+    if adv_clip_max is not None:
+        adv = torch.clamp(adv, -adv_clip_max, adv_clip_max)
     per_sample = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range))
     if grad_reweight:
         per_sample = per_sample / dt
-    loss = per_sample.mean()
+    loss = weighted_mean(per_sample, weights)
     stats = {
         "policy_loss": loss.detach(),
         "clip_fraction": ((ratio.detach() - 1.0).abs() > clip_range).float().mean(),
         "approx_kl": 0.5 * ((log_prob - old_log_prob).detach() ** 2).mean(),
         "guard/ratio_mean": ratio.detach().mean(),
         "guard/ratio_mean_bias": bias.detach().mean(),
-        **ratio_stats(ratio, clip_range),  # of the normalised ratio: the one the clip acts on
+        **ratio_stats(ratio, clip_range, ratio_std_ddof),  # of the normalised ratio: the one the clip acts on
     }
     return loss, stats
 
@@ -170,10 +176,13 @@ def step_objective(
     kl_terms: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None,
     *,
     gaussian: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    weights: torch.Tensor | None = None,
+    kl_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The loss of one window step of a micro-batch (before the share scaling) and its statistics.
 
-    ``gaussian``: ``(mean, old_mean, std_dev_t, sqrt_dt)`` of the step; ``kl_terms`` as Flow-GRPO's."""
+    ``gaussian``: ``(mean, old_mean, std_dev_t, sqrt_dt)`` of the step; ``kl_terms``, ``weights`` and
+    ``kl_weights`` as Flow-GRPO's."""
     from runtime.rl.algorithms.objectives import kl_to_reference
 
     loss, stats = guard_loss(
@@ -186,9 +195,11 @@ def step_objective(
         ratio_norm=settings.ratio_norm,
         grad_reweight=settings.grad_reweight,
         guard_scale=settings.guard_scale,
+        weights=weights,
+        ratio_std_ddof=settings.ratio_std_ddof,
     )
     if kl_terms is not None:
-        kl = kl_to_reference(*kl_terms, settings.kl_form)
+        kl = kl_to_reference(*kl_terms, settings.kl_form, kl_weights)
         loss = loss + settings.kl_coef * kl
         stats["kl"] = kl.detach()
     return loss, stats
@@ -216,9 +227,21 @@ class GRPOGuard(flowgrpo.FlowGRPO):
         advantage: torch.Tensor,
         kl_terms: Gaussian | None,
         gaussian: Gaussian | None = None,
+        seq_log_ratio: torch.Tensor | None = None,
+        weights: torch.Tensor | None = None,
+        kl_weights: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         assert gaussian is not None, "needs_old_mean: the loop passes the step's Gaussian"
-        return step_objective(settings, log_prob, old_log_prob, advantage, kl_terms, gaussian=gaussian)
+        return step_objective(
+            settings,
+            log_prob,
+            old_log_prob,
+            advantage,
+            kl_terms,
+            gaussian=gaussian,
+            weights=weights,
+            kl_weights=kl_weights,
+        )
 
 
 ALGORITHM = GRPOGuard()

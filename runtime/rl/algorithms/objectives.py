@@ -30,9 +30,21 @@ stop-gradient form)::
 so ``(1/K) sum_k loss_k`` is GSPO's ``mean_b max(-A s_b, -A clip(s_b))`` with its gradient ``-A s_b (1/K) sum_k
 grad logp_k`` where unclipped (the cap at 10 is verl's guard against overflow).
 
+``adv_clip_max: null`` leaves the advantages unclamped (verl's ``gspo``, which clamps nothing).
+
+Per-sample weights (``weights``, ``[B]``, detached: rollout correction's, ``runtime/rl/rollout_correction.py``)
+multiply each sample's term before the batch mean, ``mean_b(w_b l_b)``; whatever the objective computes over the
+micro-batch (a shared scale, a divisor) is computed once, from every row. Weights exactly 1 give the unweighted loss
+bitwise (``x * 1.0`` is ``x``).
+
 Ratio statistics (``ratio_stats``, verl's PPO names in brackets): ``clip_fraction_high = mean(ratio > 1 + clip_range)``
 (``pg_clipfrac``'s upper side), ``clip_fraction_low = mean(ratio < 1 - clip_range)`` (``pg_clipfrac_lower``),
-``ratio_std`` (the spread the clip acts on). A group whose rewards are all equal has no signal:
+``ratio_std`` (the spread the clip acts on; ``ddof`` 0: the population std, ours and verl-omni's ``flow_dppo``; 1:
+``torch.std``, verl-omni's ``flow_grpo`` and ``grpo_guard``: ``sqrt(n / (n - 1))`` larger, 1.41x at a micro-batch of
+2; a micro-batch of one has 0 under both). GSPO's verl form (``gspo_clip_fraction: verl``, ``binding_clip_fraction``):
+``clip_fraction = clip_fraction_high = mean(max term is the clipped one)``, the share where the clip binds (it binds
+on one side only: ``A > 0`` above ``1 + clip_range``, ``A < 0`` below ``1 - clip_range``), ``clip_fraction_low = 0``
+(verl's ``pg_clipfrac_lower``, fixed at 0 for ``gspo``). A group whose rewards are all equal has no signal:
 ``zero_std_ratio`` is the share of such groups in the batch (DAPO's dynamic sampling filters them).
 
 KL to the reference. Both policies are Gaussians of the same (isotropic) std ``s = std_dev_t * sqrt_dt`` that the
@@ -61,12 +73,15 @@ KL_FORMS = ("scaled", "exact")  # the first is verl-omni's (the default)
 __all__ = [
     "AdvantageMode",
     "KL_FORMS",
+    "binding_clip_fraction",
     "KlForm",
     "group_advantages",
     "kl_to_reference",
     "policy_loss",
     "ratio_stats",
+    "ratio_std",
     "sequence_policy_loss",
+    "weighted_mean",
     "zero_std_ratio",
 ]
 
@@ -106,20 +121,34 @@ def group_advantages(
     return adv.to(torch.float32)
 
 
+def weighted_mean(per_sample: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+    """``mean_b(w_b l_b)`` of per-sample terms ``[B]`` (``weights`` None: ``mean_b(l_b)``): the correction weight
+    multiplies each sample's term, the batch's reduction stays the objective's."""
+    if weights is None:
+        return per_sample.mean()
+    return (per_sample * weights.detach().to(device=per_sample.device, dtype=per_sample.dtype)).mean()
+
+
+def _clamped(advantages: torch.Tensor, dtype: torch.dtype, adv_clip_max: float | None) -> torch.Tensor:
+    adv = advantages.to(dtype)
+    return adv if adv_clip_max is None else torch.clamp(adv, -adv_clip_max, adv_clip_max)
+
+
 def policy_loss(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
     advantages: torch.Tensor,
     clip_range: float = 1e-4,
-    adv_clip_max: float = 5.0,
+    adv_clip_max: float | None = 5.0,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The clipped PPO loss of one step; returns ``(loss, clip_fraction, approx_kl)`` (the last two detached)."""
-    adv = torch.clamp(advantages.to(log_prob.dtype), -adv_clip_max, adv_clip_max)
+    adv = _clamped(advantages, log_prob.dtype, adv_clip_max)
     diff = log_prob - old_log_prob.detach()
     ratio = torch.exp(diff)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
-    loss = torch.maximum(unclipped, clipped).mean()
+    loss = weighted_mean(torch.maximum(unclipped, clipped), weights)
     clip_fraction = ((ratio.detach() - 1.0).abs() > clip_range).float().mean()
     approx_kl = 0.5 * (diff.detach() ** 2).mean()
     return loss, clip_fraction, approx_kl
@@ -130,28 +159,49 @@ def sequence_policy_loss(
     seq_log_ratio: torch.Tensor,
     advantages: torch.Tensor,
     clip_range: float = 1e-4,
-    adv_clip_max: float = 5.0,
+    adv_clip_max: float | None = 5.0,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One step's share of the sequence-level (GSPO) clipped loss (module docstring); returns ``(loss,
     clip_fraction, approx_kl, ratio)``, the last three detached (``approx_kl`` of the sequence log-ratio)."""
-    adv = torch.clamp(advantages.to(log_prob.dtype), -adv_clip_max, adv_clip_max)
+    adv = _clamped(advantages, log_prob.dtype, adv_clip_max)
     seq = seq_log_ratio.detach().to(log_prob.dtype)
     ratio = torch.exp(torch.clamp(seq + log_prob - log_prob.detach(), max=10.0))
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
-    loss = torch.maximum(unclipped, clipped).mean()
+    loss = weighted_mean(torch.maximum(unclipped, clipped), weights)
     clip_fraction = ((ratio.detach() - 1.0).abs() > clip_range).float().mean()
     return loss, clip_fraction, 0.5 * (seq**2).mean(), ratio.detach()
 
 
-def ratio_stats(ratio: torch.Tensor, clip_range: float) -> dict[str, torch.Tensor]:
-    """``clip_fraction_high``, ``clip_fraction_low`` and ``ratio_std`` of one step's importance ratios (detached)."""
+def binding_clip_fraction(
+    ratio: torch.Tensor, advantages: torch.Tensor, clip_range: float, adv_clip_max: float | None
+) -> torch.Tensor:
+    """The share of samples whose clipped term is the larger one (verl's ``gspo`` ``pg_clipfrac``: the clip binds),
+    detached."""
+    ratio = ratio.detach()
+    adv = _clamped(advantages.detach(), ratio.dtype, adv_clip_max)
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    return (clipped > -adv * ratio).float().mean()
+
+
+def ratio_stats(ratio: torch.Tensor, clip_range: float, ddof: int = 0) -> dict[str, torch.Tensor]:
+    """``clip_fraction_high``, ``clip_fraction_low`` and ``ratio_std`` (divisor ``n - ddof``) of one step's importance
+    ratios (detached)."""
     ratio = ratio.detach()
     return {
         "clip_fraction_high": (ratio > 1.0 + clip_range).float().mean(),
         "clip_fraction_low": (ratio < 1.0 - clip_range).float().mean(),
-        "ratio_std": ratio.std(unbiased=False) if ratio.numel() > 1 else torch.zeros((), device=ratio.device),
+        "ratio_std": ratio_std(ratio, ddof),
     }
+
+
+def ratio_std(ratio: torch.Tensor, ddof: int = 0) -> torch.Tensor:
+    """The std of the ratios (detached) with divisor ``n - ddof``: 0 for a single ratio under either divisor."""
+    ratio = ratio.detach()
+    if ratio.numel() <= 1:
+        return torch.zeros((), device=ratio.device, dtype=ratio.dtype)
+    return ratio.std(correction=ddof)
 
 
 def zero_std_ratio(rewards: torch.Tensor, group_ids: torch.Tensor) -> float:
@@ -167,8 +217,10 @@ def kl_to_reference(
     std_dev_t: torch.Tensor,
     sqrt_dt: torch.Tensor,
     form: KlForm = "scaled",
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Batch-mean KL between the policy's and the reference's step Gaussians in ``form`` (module docstring)."""
+    """Batch-mean KL between the policy's and the reference's step Gaussians in ``form`` (module docstring), each
+    sample's KL times ``weights`` when given."""
     if form not in KL_FORMS:
         raise ValueError(f"unknown KL form {form!r}; expected one of {', '.join(KL_FORMS)}")
     std = (std_dev_t if form == "scaled" else std_dev_t * sqrt_dt).reshape(-1)
@@ -176,4 +228,4 @@ def kl_to_reference(
     ok = std > 0
     safe = torch.where(ok, std, torch.ones_like(std))
     kl = torch.where(ok, sq / (2 * safe**2), torch.zeros_like(sq))
-    return kl.mean()
+    return weighted_mean(kl, weights)
