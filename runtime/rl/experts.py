@@ -159,7 +159,12 @@ def check_experts(config: RLConfig) -> tuple[int, int] | None:
     expert = transformer_folder(config)  # refuses a missing expert in the trainer's words
     if expert not in EXPERTS:
         raise ConfigError(f"dit.condition.expert: expected one of {', '.join(EXPERTS)}, found {expert!r}")
-    ratio = float(index["boundary_ratio"])
+    ratio = index["boundary_ratio"]
+    if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 < ratio < 1:
+        raise ConfigError(
+            f"model.path: {config.model.path}/model_index.json: boundary_ratio {ratio!r} is not a number in (0, 1) "
+            f"(WanPipeline runs transformer on the timesteps >= boundary_ratio x 1000); fix model_index.json"
+        )
     _check_algorithm(config, ratio)
     try:
         scheduler = getattr(diffusers, index["scheduler"][1]).from_pretrained(config.model.path, subfolder="scheduler")

@@ -5,6 +5,7 @@ target)."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from runtime.checkpoint.export import ExportTargetError, check_export_target
-from runtime.config.errors import ConfigError
+from runtime.config.errors import ConfigError, ConfigErrors
 from runtime.parallel.state import ParallelState
 from runtime.rl.pairs import Pair, read_pairs
 from runtime.rl.prompts import Prompt, PromptSampler, read_prompts
@@ -20,7 +21,12 @@ from runtime.rl.prompts import Prompt, PromptSampler, read_prompts
 if TYPE_CHECKING:
     from runtime.rl.config import RLConfig
 
-__all__ = ["CheckedRLInputs", "check_rl_inputs"]
+__all__ = ["CheckedRLInputs", "RefusedOnEveryRank", "check_before_launch", "check_rl_inputs"]
+
+
+class RefusedOnEveryRank(ConfigError):
+    """Refusals agreed on by every rank (a collective): rank 0 says them, the other ranks exit quietly
+    (``runtime.rl.__main__``), so a launch prints them once, whatever the ranks' timing."""
 
 
 @dataclass(frozen=True)
@@ -110,22 +116,25 @@ def check_nondiffusers_sampling(config: RLConfig, adapter: Any) -> None:
 
 
 def check_sampling(config: RLConfig, condition_class: Any) -> None:
-    """Pixel sizes the VAE and the patching divide; frames for video models only."""
+    """Pixel sizes the VAE and the patching divide; frames for video models only. Every problem at once."""
     s = config.sampling
     multiple = condition_class.pixel_multiple
-    for key in ("height", "width"):
-        value = getattr(s, key)
-        if value % multiple:
-            raise ConfigError(f"sampling.{key}: {value} is not a multiple of {multiple} (the model's pixel multiple)")
+    errors = [
+        f"sampling.{key}: {getattr(s, key)} is not a multiple of {multiple} (the model's pixel multiple)"
+        for key in ("height", "width")
+        if getattr(s, key) % multiple
+    ]
     if condition_class.video:
         step = condition_class.temporal_multiple
         if s.frames is None or (s.frames - 1) % step:
-            raise ConfigError(
+            errors.append(
                 f"sampling.frames: {config.model.type!r} generates videos of {step} k + 1 frames "
                 f"(e.g. {4 * step + 1}), found {s.frames}"
             )
     elif s.frames is not None:
-        raise ConfigError(f"sampling.frames: {config.model.type!r} generates images; remove sampling.frames")
+        errors.append(f"sampling.frames: {config.model.type!r} generates images; remove sampling.frames")
+    if errors:
+        raise ConfigError(*errors)
 
 
 def check_outputs(config: RLConfig) -> None:
@@ -151,29 +160,115 @@ def check_outputs(config: RLConfig) -> None:
             raise ConfigError(str(exc)) from None
 
 
-def check_rl_inputs(config: RLConfig, state: ParallelState) -> CheckedRLInputs:
-    """Every check that can run before the model is built. Collective (checkpoint hashing is split over ranks)."""
-    from runtime.rl.experts import check_experts
-    from runtime.train.preflight import select_checkpoint
+def check_teacher(config: RLConfig) -> None:
+    """A distillation teacher that is the student's own pipeline directory is the student's starting weights, what
+    a null teacher is: refused as null is (nothing to learn), whatever the spelling of the path."""
+    from runtime.rl.config import algorithm
 
-    if config.model.architecture is not None:
-        check_nondiffusers_sampling(config, check_nondiffusers_model(config))
-    else:
-        check_sampling(config, check_model(config))
-        check_experts(config)  # two experts (Wan2.2 A14B): the expert, the algorithm, windows in its steps
-    check_outputs(config)
-    key = "data.prompts" if config.data.pairs is None else "data.pairs"
+    teacher = algorithm(config.algorithm).teacher_path(config.algo)
+    if teacher is None or not config.model.path:
+        return
+    if os.path.realpath(teacher) == os.path.realpath(config.model.path):
+        key = next((f"{config.algorithm}.{k}" for k, v in vars(config.algo).items() if v == teacher), "teacher")
+        raise ConfigError(
+            f"{key}: {teacher} is model.path ({config.model.path}): the teacher would be the student's own starting "
+            "weights, so distillation learns nothing; name another pipeline directory (a stronger checkpoint of the "
+            "same model type)"
+        )
+
+
+def _near_miss(path: Path) -> str:
+    """``; did you mean <sibling>?`` for a missing ``path`` whose directory holds a near namesake, else ``""``."""
+    try:
+        names = os.listdir(path.parent) if path.parent.is_dir() else []
+    except OSError:
+        names = []
+    close = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    return f"; did you mean {path.parent / close[0]}?" if close else ""
+
+
+def read_data(config: RLConfig) -> list[Prompt] | list[Pair]:
+    """The prompts (or dpo's preference pairs) the run samples; a missing file is named with a near namesake."""
+    pairs = config.data.pairs
+    key, value = ("data.prompts", config.data.prompts) if pairs is None else ("data.pairs", pairs)
+    path = Path(value)
+    if not os.path.lexists(path):
+        raise ConfigError(f"{key}: {value}: no such file{_near_miss(path)}")
     try:  # dpo's pairs (runtime/rl/pairs.py) take the prompts' place: the sampler and the checkpoint treat them alike
-        pairs, frames = config.data.pairs, config.sampling.frames  # a video model's pairs: videos of >= frames
-        prompts = read_prompts(config.data.prompts) if pairs is None else read_pairs(pairs, frames)
+        if config.data.pairs is None:
+            return read_prompts(value)
+        return read_pairs(value, config.sampling.frames)  # a video model's pairs: videos of >= frames
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{key}: {exc}") from None
+
+
+def check_static(config: RLConfig) -> list[Prompt] | list[Pair]:
+    """Every check that needs neither a process group nor a model, each independent one run (all errors at once);
+    returns the data."""
+    from runtime.rl.experts import check_experts
+
+    errors, data = ConfigErrors(), []
+
+    def model() -> None:
+        if config.model.architecture is not None:
+            check_nondiffusers_sampling(config, check_nondiffusers_model(config))
+            return
+        condition = check_model(config)  # the checks below read the pipeline it found
+        errors.run(lambda: check_sampling(config, condition))
+        errors.run(lambda: check_experts(config))  # two experts (Wan2.2 A14B): the expert, the algorithm, windows
+
+    errors.run(model)
+    errors.run(lambda: check_outputs(config))
+    errors.run(lambda: check_teacher(config))
+    errors.run(lambda: data.extend(read_data(config)))
+    errors.raise_if_any()
+    return data
+
+
+def check_before_launch(config: RLConfig) -> None:
+    """What ``check_rl_inputs`` checks without a process group, done once by the launcher before any rank starts
+    (as ``runtime.train``'s launcher does): a wrong path, size, expert or output is one line per error in seconds,
+    not one per rank after the ranks built their process group. The checkpoint to resume is verified too."""
+    from runtime.train.preflight import select_checkpoint
+
+    check_static(config)
+    select_checkpoint(config, ParallelState(), warn=False)  # the ranks warn, once
+
+
+def _agreed(error: ConfigError | None, state: ParallelState) -> list[str] | None:
+    """The messages of the first rank that found errors, on every rank (collective), or None."""
+    messages = None if error is None else (error.messages or [str(error)])
+    if state.world_size == 1:
+        return messages
+    import torch.distributed as dist
+
+    every: list[list[str] | None] = [None] * state.world_size
+    dist.all_gather_object(every, messages)
+    return next((m for m in every if m), None)
+
+
+def check_rl_inputs(config: RLConfig, state: ParallelState) -> CheckedRLInputs:
+    """Every check that can run before the model is built. Collective: the ranks agree on the errors (each rank
+    raises ``RefusedOnEveryRank`` with the first failing rank's), and checkpoint hashing is split over them."""
+    from runtime.train.preflight import select_checkpoint
+
+    prompts: list[Prompt] | list[Pair] = []
     try:
-        PromptSampler(len(prompts), config.data.prompts_per_step, config.data.seed, 0, state.dp_size)
-    except ValueError as exc:
-        raise ConfigError(f"data.prompts_per_step: {exc}") from None
-    ranks = config.reward_ranks
-    if ranks is not None and max(ranks) >= state.world_size:
-        raise ConfigError(f"reward_ranks: {ranks} names a rank the run does not have (world size {state.world_size})")
+        prompts = check_static(config)
+        try:
+            PromptSampler(len(prompts), config.data.prompts_per_step, config.data.seed, 0, state.dp_size)
+        except ValueError as exc:
+            raise ConfigError(f"data.prompts_per_step: {exc}") from None
+        ranks = config.reward_ranks
+        if ranks is not None and max(ranks) >= state.world_size:
+            raise ConfigError(
+                f"reward_ranks: {ranks} names a rank the run does not have (world size {state.world_size})"
+            )
+        error = None
+    except ConfigError as exc:
+        error = exc
+    messages = _agreed(error, state)
+    if messages:
+        raise RefusedOnEveryRank(*messages)
     resume_from, skipped = select_checkpoint(config, state)
     return CheckedRLInputs(prompts, resume_from, skipped)

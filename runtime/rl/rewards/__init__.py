@@ -4,7 +4,8 @@ Contract of one reward (every kind): ``reward(samples, prompts) -> [B]`` float v
 that sample alone (never from its batch); ``samples`` are pixels in [-1, 1], ``(B, 3, H, W)`` images or
 ``(B, 3, F, H, W)`` videos, ``prompts`` the samples' prompt strings. A reward that raises (``sys.exit`` included),
 returns the wrong count or a non-finite value fails the iteration with one line naming the reward (``RewardError``,
-exit 2): nothing is trained on it.
+exit 2): nothing is trained on it. A reward that raises ``KeyboardInterrupt`` interrupts the run (one line naming it,
+exit code 130).
 
 Config (``rewards:``, a list; each item names exactly one kind, plus ``weight`` (default 1.0) and ``name``)::
 
@@ -51,6 +52,8 @@ class Reward:
             values = self.fn(samples, list(prompts))
         except RewardError as exc:
             raise RewardError(f"reward {self.name!r}: {exc}") from None
+        except KeyboardInterrupt:  # an interrupt stays one (exit 130 through runtime.rl), naming where it came
+            raise KeyboardInterrupt(f"reward {self.name!r} raised KeyboardInterrupt") from None
         except (Exception, SystemExit) as exc:  # a user's reward: any failure is this reward's, in one line
             raise RewardError(f"reward {self.name!r} failed: {_described(exc)}") from None
         try:
