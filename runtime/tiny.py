@@ -4,13 +4,16 @@ pipeline, a CLIP reward model.
     python -m runtime.tiny tokenizer out/tok              # byte-level BPE trained on the shipped corpus, ChatML
     python -m runtime.tiny processor qwen2_5_vl out/proc  # that tokenizer + the model's vision tokens, image processor
     python -m runtime.tiny pipeline flux out/flux         # a random diffusers pipeline (tiny transformer, VAE, ...)
+    python -m runtime.tiny pipeline wan_a14b out/a14b     # Wan2.2 A14B's layout: two experts at boundary_ratio
     python -m runtime.tiny clip out/clip                  # a random CLIP checkpoint (rewards: [{clip: out/clip}])
     python -m runtime.tiny config qwen2_5_vl              # the tiny model.config of a model type, as YAML to paste
 
 A random-init model trains with them (``data.tokenizer``, ``data.processor``, ``model.path``); they know nothing, so
 what a run learns from them is only that it runs. Each command writes a new directory atomically (built beside it,
-then renamed into place); an existing non-empty directory is refused unless ``--overwrite``, and even then when it
-holds anything the command would not write. A bad argument is one line on stderr and exit code 2. The builders are
+then renamed into place), with the list of the files it wrote (``.runtime-tiny.json``); an existing non-empty
+directory is refused unless ``--overwrite``, and even then, before anything is built, when any file or folder in its
+whole tree is not one that list names (a user's notes in a subfolder included). A bad argument is one line on stderr
+and exit code 2. The builders are
 the ones the tests and demos use (``runtime.data.text.tokenization.build_test_tokenizer``,
 ``runtime.data.vision.processor.build_test_processor``, ``runtime.data.audio.processor.build_omni_test_processor``,
 ``runtime.diffusion.tiny_pipelines.save_tiny_pipeline``, ``runtime.rl.rewards.models.save_tiny_clip``).
@@ -27,6 +30,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+MANIFEST = ".runtime-tiny.json"  # the files an output holds, written by this command: what --overwrite may replace
+A14B_BOUNDARY = 0.875  # Wan2.2-T2V-A14B's boundary_ratio: transformer denoises t >= 875, transformer_2 the rest
+EXTRA_PIPELINES = ("wan_a14b",)  # tiny pipelines built here, beside the specs' cases
 MIN_VOCAB, MAX_VOCAB = 300, 1 << 20  # 256 byte tokens + the special tokens + some merges; a "tiny" bound above
 DEFAULT_VOCAB = 512
 
@@ -63,7 +69,63 @@ def pipeline_cases() -> list[str]:
     """The tiny DiT pipelines (a DiT's model type, or ``<model_type>_<variant>``)."""
     from runtime.diffusion.registry import tiny_cases
 
-    return sorted(tiny_cases())
+    return sorted([*tiny_cases(), *EXTRA_PIPELINES])
+
+
+def save_wan_a14b(directory: Path, seed: int = 0) -> Path:
+    """A tiny Wan2.2 A14B: a ``WanPipeline`` whose two random Wan experts (the ``wan`` spec's tiny config) switch at
+    ``boundary_ratio`` (``transformer``: high noise, ``transformer_2``: low noise), as ``transformer_2`` expects."""
+    import torch
+    from diffusers import WanPipeline
+
+    from runtime.diffusion.conditions.wan import WanConditionModel
+    from runtime.diffusion.registry import lookup_dit, tiny_config
+
+    config = tiny_config("wan", None)
+    torch.manual_seed(seed)
+    components = WanConditionModel.tiny_components(config, None)
+    upstream = lookup_dit("wan").upstream_class()
+    components["transformer"], components["transformer_2"] = upstream(**config), upstream(**config)
+    WanPipeline(**components, boundary_ratio=A14B_BOUNDARY).save_pretrained(directory)
+    return directory
+
+
+def _tree(directory: Path) -> tuple[list[str], list[str]]:
+    """(files, folders) under ``directory`` as relative POSIX paths; a link or special file counts as a file."""
+    files, folders = [], []
+    for root, dirs, names in os.walk(directory):
+        here = Path(root).relative_to(directory)
+        for name in list(dirs):
+            if os.path.islink(os.path.join(root, name)):  # never followed: listed as what it is, a link
+                dirs.remove(name)
+                names.append(name)
+            else:
+                folders.append((here / name).as_posix())
+        files += [(here / name).as_posix() for name in names]
+    return sorted(files), sorted(folders)
+
+
+def _foreign(directory: Path) -> list[str]:
+    """What ``directory`` holds that no earlier output of this command wrote: every file, link or folder in its
+    whole tree that its ``MANIFEST`` does not name (everything, when there is none)."""
+    import json
+
+    try:
+        written = set(json.loads((directory / MANIFEST).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        written = set()
+    ours = {MANIFEST} | written if written else set()
+    parents = {p.as_posix() for f in ours for p in Path(f).parents if p.as_posix() != "."}
+    files, folders = _tree(directory)
+    regular = {f for f in files if not os.path.islink(directory / f) and (directory / f).is_file()}
+    return [f for f in files if f not in ours or f not in regular] + [d for d in folders if d not in parents]
+
+
+def _refuse_foreign(directory: Path) -> None:
+    foreign = _foreign(directory)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise TinyError(f"{directory} holds files this command does not write ({shown}); choose another directory")
 
 
 def _check_target(directory: Path, overwrite: bool) -> None:
@@ -72,8 +134,10 @@ def _check_target(directory: Path, overwrite: bool) -> None:
     if directory.exists() or directory.is_symlink():
         if not directory.is_dir():
             raise TinyError(f"{directory} exists and is not a directory; choose a new directory")
-        if any(directory.iterdir()) and not overwrite:
-            raise TinyError(f"{directory} is not empty; pass --overwrite to replace it, or choose a new directory")
+        if any(directory.iterdir()):
+            if not overwrite:
+                raise TinyError(f"{directory} is not empty; pass --overwrite to replace it, or choose a new directory")
+            _refuse_foreign(directory)  # before the build: a refusal costs no model build
 
 
 def _write(directory: str | os.PathLike, build: Callable[[Path], Any], overwrite: bool) -> Path:
@@ -96,12 +160,13 @@ def _write(directory: str | os.PathLike, build: Callable[[Path], Any], overwrite
 
 
 def _build_and_move(out: Path, tmp: Path, build: Callable[[Path], Any]) -> None:
+    import json
+
     build(tmp)
+    files, _ = _tree(tmp)
+    (tmp / MANIFEST).write_text(json.dumps({"written_by": "python -m runtime.tiny", "files": files}, indent=1))
     if out.exists():
-        foreign = sorted({p.name for p in out.iterdir()} - {p.name for p in tmp.iterdir()})
-        if foreign:
-            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-            raise TinyError(f"{out} holds files this command does not write ({shown}); choose another directory")
+        _refuse_foreign(out)  # again: a file added while the build ran
         old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
         os.rename(out, old / out.name)
         os.rename(tmp, out)
@@ -146,6 +211,8 @@ def write_pipeline(case: str, directory: str | os.PathLike, seed: int = 0, overw
         raise TinyError(f"unknown tiny pipeline {case!r}; known: {', '.join(cases)}")
     if not 0 <= seed < 1 << 63:
         raise TinyError(f"--seed: {seed} is outside [0, 2**63)")
+    if case == "wan_a14b":
+        return _write(directory, lambda tmp: save_wan_a14b(tmp, seed), overwrite)
     from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
     return _write(directory, lambda tmp: save_tiny_pipeline(case, tmp, seed), overwrite)
@@ -224,7 +291,7 @@ def _parser() -> argparse.ArgumentParser:
 _NEXT = {
     "tokenizer": "set data.tokenizer: {path} (and model.config.vocab_size >= {vocab})",
     "processor": "set data.processor: {path} (and the text config's vocab_size >= {vocab})",
-    "pipeline": "set model.path: {path}",
+    "pipeline": "set model.path: {path}{expert}",
     "clip": "use it as a reward: rewards: [{{clip: {path}}}]",
 }
 
@@ -255,7 +322,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     vocab = getattr(args, "vocab_size", None)
-    print(f"wrote a tiny {args.command} to {path}; {_NEXT[args.command].format(path=path, vocab=vocab)}")
+    two = getattr(args, "case", "") == "wan_a14b"  # two experts: the job trains one
+    expert = " and dit.condition.expert: transformer or transformer_2" if two else ""
+    after = _NEXT[args.command].format(path=path, vocab=vocab, expert=expert)
+    print(f"wrote a tiny {args.command} to {path}; {after}")
     return 0
 
 

@@ -67,7 +67,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixt
 def _cases() -> list[str]:
     from runtime.diffusion.registry import tiny_cases
 
-    return sorted(tiny_cases())
+    return sorted([*tiny_cases(), "wan_a14b"])  # the specs' cases and Wan2.2 A14B's two experts (runtime/tiny.py)
 
 
 def test_tokenizer_loads_in_transformers_and_trains(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
