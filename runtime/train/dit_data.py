@@ -177,7 +177,8 @@ def fill_cache(
     state: ParallelState,
 ) -> int:
     """Compute the conditions of every sample whose key the cache lacks (spread over the ranks, each writing its
-    own shards), then make every rank see them. Returns how many were computed. Collective."""
+    own shards), then make every rank see them. Returns how many were computed. Collective. Counts are of distinct
+    keys: samples with the same caption and media share one entry, computed once."""
     first: dict[str, int] = {}
     for index, key in enumerate(keys):
         if key not in cache:
@@ -186,9 +187,10 @@ def fill_cache(
     if missing:
         started = time.perf_counter()
         if state.rank == 0:
+            distinct = len(set(keys))
             print(
-                f"conditions: computing {len(missing)} of {len(keys)} samples into {cache.directory} "
-                f"({len(keys) - len(missing)} cached)",
+                f"conditions: computing {len(missing)} of {distinct} distinct conditions ({len(keys)} samples) into "
+                f"{cache.directory} ({distinct - len(missing)} cached)",
                 file=sys.stderr,
                 flush=True,
             )
