@@ -31,7 +31,7 @@ from runtime.train.job import all_reduce_sum, to_device, train_device
 from runtime.train.self_check import Comparison, Proof, compare, gradients, layout_text, tolerance
 from runtime.train.self_check_shrink import ShrinkLayout, shrink_values
 
-__all__ = ["prove_dit", "shrunk_dit_values", "tiny_with_variants"]
+__all__ = ["prove_dit", "shrunk_dit_text", "shrunk_dit_values", "tiny_with_variants"]
 
 SEED = 1234  # the proof's own weights, inputs and targets (the job's random streams are untouched)
 
@@ -51,6 +51,20 @@ def shrunk_dit_values(model_type: str, job: dict[str, Any], state: ParallelState
     entry = lookup_dit(model_type)
     layout = ShrinkLayout(head_split=state.ulysses_size)
     return shrink_values(job, tiny_with_variants(entry, job), layout)
+
+
+def shrunk_dit_text(model: torch.nn.Module, values: dict[str, Any]) -> str:
+    """What the self-check line says the shrunk transformer is ("4 blocks, 4 heads of 8"). DiTs name their sizes
+    differently: the blocks are counted on the model (Flux's double and single blocks, Lumina2's refiners, AuraFlow's
+    MMDiT and DiT layers each have a key of their own), and a config that names no head width (Lumina2) has
+    ``hidden_size / num_attention_heads``."""
+    from runtime.parallel.fsdp import block_modules
+
+    heads = values.get("num_attention_heads")
+    width = values.get("attention_head_dim")
+    if width is None and heads and values.get("hidden_size"):
+        width = values["hidden_size"] // heads
+    return f"{len(block_modules(model))} blocks, {heads} heads of {width}"
 
 
 def _loss_and_backward(
@@ -96,6 +110,7 @@ def prove_dit(
     ]
     torch.manual_seed(SEED)
     model = model_class(model_class.config_class(**values, attention_backend=backend))
+    shrunk = shrunk_dit_text(model, values)
     initial = copy.deepcopy(model.state_dict())
     reference = copy.deepcopy(model)
     with parallel_state(ParallelState()), torch.no_grad():  # the targets: shaped like the prediction
@@ -124,6 +139,4 @@ def prove_dit(
         comparisons.append(
             compare(f"{layout} vs one process", loss, gradients(model), ref_loss, ref_grads, tolerance(dtype))
         )
-    blocks = values.get("num_layers", "?")
-    shrunk = f"{blocks} layers, {values.get('num_attention_heads')} heads of {values.get('attention_head_dim')}"
     return Proof(shrunk, comparisons)
