@@ -21,6 +21,7 @@ import torch
 from diffusers.utils import _add_variant
 from diffusers.utils.constants import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFETENSORS_WEIGHTS_NAME
 from huggingface_hub import split_torch_state_dict_into_shards
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 __all__ = ["read_config", "read_weights", "write_model_dir"]
@@ -52,17 +53,26 @@ def read_weights(directory: str | os.PathLike, variant: str | None = None) -> di
     single = directory / _add_variant(SAFETENSORS_WEIGHTS_NAME, variant)
     index = directory / _add_variant(SAFE_WEIGHTS_INDEX_NAME, variant)
     if single.is_file():
-        return load_file(single)
+        return _load_file(single)
     if index.is_file():
         weight_map = json.loads(index.read_text())["weight_map"]
         state: dict[str, torch.Tensor] = {}
         for shard in sorted(set(weight_map.values())):
-            state.update(load_file(directory / shard))
+            state.update(_load_file(directory / shard))
         missing = sorted(set(weight_map) - set(state))
         if missing:
             raise ValueError(f"{index}: keys listed in weight_map but absent from the shards: {missing[:5]}")
         return state
     raise FileNotFoundError(f"{directory}: neither {single.name} nor {index.name}")
+
+
+def _load_file(path: Path) -> dict[str, torch.Tensor]:
+    """``load_file``, with a file safetensors refuses (truncated, damaged) a ``ValueError`` naming it: the loaders'
+    callers report a ``ValueError`` in one line; safetensors' own error is none of the built-in ones."""
+    try:
+        return load_file(path)
+    except SafetensorError as exc:
+        raise ValueError(f"{path}: not a whole safetensors file: {' '.join(str(exc).split())[:200]}") from None
 
 
 def _json_value(value: Any) -> Any:

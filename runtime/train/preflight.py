@@ -196,7 +196,10 @@ def check_random_init(config: RunConfig) -> None:
 
 def check_dit_transformer_config(config: RunConfig) -> None:
     """The sizes in a DiT pipeline's ``transformer/config.json`` within ``model_limits``' bounds (a layer count of a
-    billion never finishes building)."""
+    billion never finishes building), and its transformer's weight files whole (a truncated copy, found from the
+    headers in milliseconds, not when every rank loads it). Shared by the trainer and the RL job."""
+    from runtime.diffusion.weight_headers import damaged_transformer_weights
+
     path = Path(config.model.path) / "transformer" / "config.json"
     try:
         values = json.loads(path.read_bytes())
@@ -207,6 +210,9 @@ def check_dit_transformer_config(config: RunConfig) -> None:
     found = size_problem(values) if isinstance(values, dict) else ("", "expected a JSON object")
     if found:
         raise ConfigError(f"model.path: {path}: {found[0]}: {found[1]}")
+    damaged = damaged_transformer_weights(path.parent.parent)
+    if damaged:
+        raise ConfigError(f"model.path: {damaged}")
 
 
 def _model_config_values(model_type: str, path: str | None, overrides: dict, dit: bool) -> tuple[dict, str]:

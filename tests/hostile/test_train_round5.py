@@ -1,6 +1,6 @@
 """Hostile inputs for the trainer and its companions (round 5): a checkpoint whose recorded learning-rate schedule was
-edited (its hashes recomputed) and is followed under ``checkpoint.schedule_change: continue``, a plan whose
-micro-batch overflows torch's sizes.
+edited (its hashes recomputed) and is followed under ``checkpoint.schedule_change: continue``, a truncated DiT
+transformer (trainer, RL policy, DiffusionOPD teacher), a plan whose micro-batch overflows torch's sizes.
 
 Rule: a user error is one ``error:`` line naming the file (and key) and exit code 2, in seconds, no traceback.
 """
@@ -112,3 +112,85 @@ def test_a_forged_saved_schedule_is_refused_under_continue(saved_step2, tmp_path
     assert code == 2 and len(lines) == 1, (code, err[-2000:])
     assert str(state_file) in lines[0] and f"extra.schedule.{key}: " in lines[0] and needle in lines[0], lines
     assert "Traceback" not in err and not (tmp_path / "ckpt" / "step_000003").exists()
+
+
+# ------------------------------------------------------------------------------------------ truncated DiT weights
+
+
+@pytest.fixture(scope="module")
+def flux_pipeline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
+
+    return save_tiny_pipeline("flux", tmp_path_factory.mktemp("round5") / "flux")
+
+
+def _truncated_copy(pipeline: Path, target: Path) -> Path:
+    """A copy of ``pipeline`` whose transformer weights lost their last 100 bytes; the file cut short."""
+    import shutil
+
+    shutil.copytree(pipeline, target)
+    weights = target / "transformer" / "diffusion_pytorch_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    return weights
+
+
+def _one_truncation_line(code: int, err: str, weights: Path) -> None:
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, (code, err[-2000:])
+    assert str(weights) in lines[0] and "not a whole safetensors file" in lines[0], lines
+    assert "Traceback" not in err
+
+
+def test_a_truncated_dit_transformer_is_one_line_for_the_trainer(flux_pipeline: Path, tmp_path: Path) -> None:
+    """Found by the checks before the model is built (the launcher runs them too): it was safetensors'
+    ``SafetensorError`` traceback (32-38 lines, exit 1) from the loader."""
+    from runtime.data.dit.synthetic import write_synthetic_images
+
+    weights = _truncated_copy(flux_pipeline, tmp_path / "flux")
+    images = write_synthetic_images(tmp_path / "images", 2, 32, 48, seed=1)
+    raw = {
+        "model": {"type": "flux", "path": str(tmp_path / "flux"), "seed": 0},
+        "data": {"path": str(images), "buckets": [[32, 48]], "cache": str(tmp_path / "cache")},
+        "train": {"steps": 1},
+        "log": {"dir": str(tmp_path / "log"), "progress": False},
+    }
+    _one_truncation_line(*run_main(raw, tmp_path), weights)
+
+
+def test_a_truncated_transformer_is_a_value_error_naming_it_when_loaded(flux_pipeline: Path, tmp_path: Path) -> None:
+    """The one place a DiT's weights are read (``read_weights``, under every ``from_pretrained``): what the loaders'
+    callers report in one line, whatever path skipped the checks before."""
+    from runtime.diffusion.registry import training_class
+
+    weights = _truncated_copy(flux_pipeline, tmp_path / "flux")
+    with pytest.raises(ValueError, match="not a whole safetensors file") as caught:
+        training_class("flux").from_pretrained(tmp_path / "flux", subfolder="transformer")
+    assert str(weights) in str(caught.value)
+
+
+@pytest.mark.parametrize("which", ["policy", "teacher"])
+def test_a_truncated_rl_transformer_is_one_line(flux_pipeline: Path, tmp_path: Path, which: str) -> None:
+    """``runtime.rl`` (DiffusionOPD): the policy's ``model.path``, or its teacher's pipeline, cut short."""
+    import contextlib
+    import io
+    import shutil
+
+    from runtime.parallel.state import set_parallel_state
+    from runtime.rl.__main__ import main
+    from tests.rl.common import for_algorithm, rl_config
+
+    student, teacher = tmp_path / "student", tmp_path / "teacher"
+    damaged, whole = (student, teacher) if which == "policy" else (teacher, student)
+    weights = _truncated_copy(flux_pipeline, damaged)
+    shutil.copytree(flux_pipeline, whole)
+    raw = rl_config("flux", student, tmp_path)
+    raw = for_algorithm(raw, "diffusionopd", teacher_model_path=str(teacher), distill_loss_mode="distill_kl")
+    config = tmp_path / "rl.yaml"
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main([str(config)])
+        finally:
+            set_parallel_state(None)
+    _one_truncation_line(code, err.getvalue(), weights)
