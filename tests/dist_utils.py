@@ -22,6 +22,7 @@ a fresh one), and the parent raises with every traceback it got.
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import pickle
 import queue as queue_mod
@@ -102,6 +103,9 @@ def _pool_worker(rank: int, world_size: int, tasks, results) -> None:
     while True:
         task = tasks.get()
         if task is None:
+            # what gc.freeze() kept out of collection must be collectable again: at exit, a frozen object of a
+            # nanobind extension (triton's IR, imported by torch._dynamo) reads as a leak, 27 lines per rank
+            gc.unfreeze()
             shutdown(None)  # free every call's groups (join their threads) before the interpreter exits
             return
         fn, port, args, timeout, environ, cwd = task
@@ -119,8 +123,6 @@ def _pool_worker(rank: int, world_size: int, tasks, results) -> None:
 def _free_call_groups() -> int:
     """Free the groups of the call that just ended (see the module docstring); the count of process-group threads
     still alive after that (0 unless something holds a group past its call)."""
-    import gc
-
     from runtime.parallel.teardown import comm_threads, release_process_groups
 
     release_process_groups(collect=True)
