@@ -68,6 +68,7 @@ def export_dit(
     overwrite: bool = False,
     rank: int = 0,
     component: str = _TRANSFORMER,
+    unproven: str | None = None,
 ) -> Path:
     """Write ``out_dir`` on rank 0 (every rank calls it; it ends with a barrier).
 
@@ -75,7 +76,8 @@ def export_dit(
     of ``pipeline_dir`` is copied beside it. LoRA: ``lora = (tensors keyed like blocks.0.attn1.to_q.lora_A.weight,
     peft config metadata)``, written by the pipeline class's ``save_lora_weights``. ``component``: the pipeline's
     transformer folder that was trained (``transformer_2``: the low-noise expert of Wan2.2 A14B; its LoRA file loads
-    with ``load_lora_weights(dir, load_into_transformer_2=True)``).
+    with ``load_lora_weights(dir, load_into_transformer_2=True)``). ``unproven``: what the export's marker records of
+    a run that skipped its layout proof.
     """
     if (write_weights is None) == (lora is None):
         raise ValueError("export_dit: pass exactly one of write_weights or lora")
@@ -88,7 +90,7 @@ def export_dit(
         if tmp.exists():  # left by an export that died (check_export_target made sure it is one)
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        _write_marker(tmp)  # first, so that a leftover of this export is recognisably one
+        _write_marker(tmp, unproven)  # first, so that a leftover of this export is recognisably one
         if lora is not None:
             tensors, metadata = lora
             pipeline_class(pipeline_dir).save_lora_weights(
@@ -100,7 +102,7 @@ def export_dit(
         else:
             _copy_pipeline(Path(pipeline_dir), tmp, component)
             write_weights(tmp / component)
-        _write_marker(tmp)  # now listing every file written
+        _write_marker(tmp, unproven)  # now listing every file written
         replace_dir_atomically(tmp, out_dir)
     if distributed:
         dist.barrier()

@@ -226,9 +226,14 @@ def _marker_files(directory: Path) -> set[str] | None:
     return set(files)
 
 
-def _write_marker(directory: Path) -> None:
+def _write_marker(directory: Path, unproven: str | None = None) -> None:
+    """The marker listing the export's files; ``unproven``: the run skipped its layout proof (``train.self_check``
+    off), recorded as ``layout`` so that whoever loads the export can see it."""
     files = sorted({p.name for p in directory.iterdir()} | {EXPORT_MARKER})
-    text = json.dumps({"format": _MARKER_FORMAT, "version": 1, "files": files}, indent=2) + "\n"
+    record = {"format": _MARKER_FORMAT, "version": 1, "files": files}
+    if unproven is not None:
+        record["layout"] = unproven
+    text = json.dumps(record, indent=2) + "\n"
     (directory / EXPORT_MARKER).write_text(text, encoding="utf-8")
 
 
@@ -316,6 +321,7 @@ def export_hf(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     overwrite: bool = False,
     merge: Callable[[dict[str, torch.Tensor]], tuple[dict[str, torch.Tensor], torch.nn.Module]] | None = None,
+    unproven: str | None = None,
 ) -> Path:
     """Write ``out_dir`` for ``AutoModelForCausalLM.from_pretrained``. Collective: every rank calls it.
 
@@ -326,8 +332,8 @@ def export_hf(
     ``out_dir`` must pass ``check_export_target`` (``overwrite`` replaces an earlier export; nothing else is ever
     replaced): checked again here on every rank, so a directory that changed during training is still refused.
     ``merge`` (a LoRA run, ``runtime/checkpoint/lora_export.py``): on rank 0, the gathered state dict -> the merged
-    plain weights and the plain module whose names and layout they have. Returns ``out_dir`` once it is in place on
-    every rank.
+    plain weights and the plain module whose names and layout they have. ``unproven``: what the marker records of a
+    run that skipped its layout proof. Returns ``out_dir`` once it is in place on every rank.
     """
     state = state if state is not None else get_parallel_state()
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else state.rank
@@ -344,7 +350,7 @@ def export_hf(
         if tmp.exists():  # left by an export that died (check_export_target made sure it is one)
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        _write_marker(tmp)  # first, so that a leftover of this export is recognisably one
+        _write_marker(tmp, unproven)  # first, so that a leftover of this export is recognisably one
         save_safetensors(tensors, tmp, max_shard_bytes)
         floating = {t.dtype for t in tensors.values() if t.is_floating_point()}
         hf_config = export_config(config, dtype if dtype is not None or len(floating) != 1 else floating.pop())
@@ -356,7 +362,7 @@ def export_hf(
         export_generation_config(model, hf_config, token_ids).save_pretrained(tmp)
         if tokenizer is not None:
             _save_tokenizer(tokenizer, tmp)
-        _write_marker(tmp)  # now listing every file written
+        _write_marker(tmp, unproven)  # now listing every file written
         replace_dir_atomically(tmp, out_dir)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

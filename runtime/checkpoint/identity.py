@@ -66,6 +66,13 @@ def model_identity(
     return identity
 
 
+def unproven_identity(identity: dict[str, Any], train: Any) -> dict[str, Any]:
+    """``identity`` with ``layout: "layout unproven (...)"`` when the job's ``train.self_check`` is off: the record a
+    checkpoint keeps of a run that trained without its layout proof. Not compared on resume (the model is the same)."""
+    unproven = train.self_check.unproven
+    return identity if unproven is None else {**identity, "layout": unproven}
+
+
 def module_identity(module: Any) -> dict[str, Any]:
     """The identity of a module saved without one: its config's ``model_type`` and config, if it has a config,
     else its class name and no config."""

@@ -85,12 +85,15 @@ def export_lora(
     tokenizer: Any | None = None,
     base_path: str | None = None,
     overwrite: bool = False,
+    unproven: str | None = None,
 ) -> Path:
     """Write the adapter of the LoRA-trained ``model`` (or, ``fuse``, the merged plain model) to ``out_dir``.
     Collective: every rank calls it; rank 0 writes. Returns ``out_dir`` once it is in place on every rank."""
     if fuse:
         merge = lambda full: _merged(full, base_class, config, peft_config)  # noqa: E731
-        return export_hf(model, config, out_dir, state, tokenizer=tokenizer, overwrite=overwrite, merge=merge)
+        return export_hf(
+            model, config, out_dir, state, tokenizer=tokenizer, overwrite=overwrite, merge=merge, unproven=unproven
+        )
     state = state if state is not None else get_parallel_state()
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else state.rank
     out_dir = check_export_target(out_dir, overwrite=overwrite)
@@ -105,11 +108,11 @@ def export_lora(
         if tmp.exists():  # left by an export that died (check_export_target made sure it is one)
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        _write_marker(tmp)  # first, so that a leftover of this export is recognisably one
+        _write_marker(tmp, unproven)  # first, so that a leftover of this export is recognisably one
         peft_model.save_pretrained(tmp)
         if tokenizer is not None:
             _save_tokenizer(tokenizer, tmp)
-        _write_marker(tmp)  # now listing every file written
+        _write_marker(tmp, unproven)  # now listing every file written
         replace_dir_atomically(tmp, out_dir)
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

@@ -25,6 +25,7 @@ __all__ = [
     "LoraConfig",
     "OptimConfig",
     "ParallelConfig",
+    "SelfCheckConfig",
 ]
 
 OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adafactor", "sgd")  # HF TrainingArguments' `optim` names
@@ -131,6 +132,31 @@ class LoraConfig:
     dropout: float = 0.0
     target_modules: list | str | None = None  # null: the family's default (runtime/train/lora.py)
     target_parameters: list | None = None  # parameters adapted directly (peft's name), e.g. MoE experts' weights
+
+
+@dataclass(frozen=True)
+class SelfCheckConfig:
+    """``train.self_check``: ``true`` (the default) proves the job's layout on a shrunk copy of its model before it
+    trains (``runtime/train/self_check.py``). Skipping the proof is never silent: ``{enabled: false, reason: "..."}``
+    only, the reason printed at start and recorded in checkpoints and exports as "layout unproven"; a bare ``false``
+    is refused (a forgotten switch would otherwise re-open every spec mistake the proof catches)."""
+
+    enabled: bool = True
+    reason: str | None = None
+
+    def problems(self, key: str) -> list[str]:
+        """This section's own rule (``collect_section`` runs it): off needs a reason."""
+        if self.enabled or (self.reason or "").strip():
+            return []
+        return [
+            f'{key}: false needs a reason: write `{key.rpartition(".")[2]}: {{enabled: false, reason: "why this run '
+            'may train with its layout unproven"}` (printed at start, recorded in checkpoints and exports)'
+        ]
+
+    @property
+    def unproven(self) -> str | None:
+        """What a run that skipped the proof records in its checkpoints and exports; None when it ran."""
+        return None if self.enabled else f"layout unproven (self_check off: {self.reason})"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Typed config sections: a frozen dataclass built from a YAML mapping, its keys checked against the fields (unknown,
 missing, type), its numbers held to 64-bit finite values and its keys to the job's range and choice rules
-(``KeyRules``), every error of every section collected at once (``ConfigErrors``)."""
+(``KeyRules``) and its own ``problems`` method where it has one, every error of every section collected at once
+(``ConfigErrors``). A section with an ``enabled`` key may be given as a bare bool."""
 
 from __future__ import annotations
 
@@ -161,7 +162,10 @@ def collect_section(cls: type, raw: Any, prefix: str, rules: KeyRules, errors: C
             continue
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
-            values[name] = collect_section(hint, raw[name], key, rules, errors)
+            section = raw[name]
+            if isinstance(section, bool) and "enabled" in {f.name for f in dataclasses.fields(hint)}:
+                section = {"enabled": section}  # a switchable section's shorthand: `self_check: true`
+            values[name] = collect_section(hint, section, key, rules, errors)
             continue
         try:
             value = _check_type(raw[name], hint, key)
@@ -174,4 +178,7 @@ def collect_section(cls: type, raw: Any, prefix: str, rules: KeyRules, errors: C
         if isinstance(value, dict | list):
             errors.add(*numbers_within(value, key))  # the value is kept: its keys are checked further on
         values[name] = value
-    return cls(**values)
+    built = cls(**values)
+    if callable(getattr(built, "problems", None)):  # the section's own rules across its keys
+        errors.add(*built.problems(prefix))
+    return built

@@ -55,7 +55,8 @@ Example (every key with its default unless marked required)::
     optim: {lr: 3.0e-4, weight_decay: 0.0, betas: [0.9, 0.95], eps: 1.0e-8, max_grad_norm: 1.0, warmup_steps: 0,
             min_lr_ratio: 0.1}
     train: {steps: 100, nonfinite: stop, mixed_precision: auto,  # steps: RL iterations (rollout, reward, update)
-           self_check: true}  # before the first iteration: the policy's layout proven on a shrunk copy
+           self_check: true}  # before the first iteration: the policy's layout proven on a shrunk copy; off only
+                              # as {enabled: false, reason: "..."} (recorded as "layout unproven")
     checkpoint: {dir: null, interval: 0, resume: auto, save_total_limit: 2, schedule_change: refuse}
     log: {dir: runs/latest, interval: 1, report_to: [], project: patchgen, run_name: null, progress: true}
     export: {dir: null, overwrite: false, fuse_lora: false}  # a pipeline directory, or the LoRA file
@@ -87,6 +88,7 @@ from runtime.config.common import (
     LoraConfig,
     OptimConfig,
     ParallelConfig,
+    SelfCheckConfig,
 )
 from runtime.config.errors import ConfigError, ConfigErrors
 from runtime.config.overrides import Override
@@ -160,8 +162,8 @@ class RLTrainConfig:
     nonfinite: str = "stop"
     mixed_precision: str = "auto"  # the trainer's train.mixed_precision: auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32
     # before the first iteration: a shrunk copy of the policy's transformer under this layout against one process and
-    # against upstream, as the trainer's train.self_check (runtime/train/self_check.py); false: skip it
-    self_check: bool = True
+    # against upstream, as the trainer's train.self_check (runtime/train/self_check.py); off only with a reason
+    self_check: SelfCheckConfig = field(default_factory=SelfCheckConfig)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from runtime.checkpoint.identity import model_identity
+from runtime.checkpoint.identity import model_identity, unproven_identity
 from runtime.config.errors import ConfigError
 from runtime.parallel.state import ParallelState
 
@@ -151,7 +151,8 @@ def _identity(config: RLConfig, model_type: str, model_config: Any) -> dict[str,
     from runtime.train.dit import expert_identity
 
     extra = expert_identity(config) if config.model.architecture is None else {}
-    return model_identity(model_type, {"model": model_config, "lora": adapter, "algorithm": config.algorithm, **extra})
+    trained = {"model": model_config, "lora": adapter, "algorithm": config.algorithm, **extra}
+    return unproven_identity(model_identity(model_type, trained), config.train)
 
 
 def _add_lora(config: RLConfig, module: nn.Module) -> Any:
@@ -263,14 +264,14 @@ def export_nondiffusers(config: RLConfig, state: ParallelState, policy: Policy) 
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        _write_marker(tmp)
+        _write_marker(tmp, config.train.self_check.unproven)
         for entry in sorted(source.iterdir()):
             if entry.name.startswith(".") or entry.name in (BAGEL_WEIGHTS_NAME, WEIGHTS_NAME):
                 continue
             (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, tmp / entry.name)
         tensors = {k: v.contiguous() for k, v in to_bagel_keys(weights).items()}
         save_file(tensors, str(tmp / BAGEL_WEIGHTS_NAME), metadata={"format": "pt"})
-        _write_marker(tmp)
+        _write_marker(tmp, config.train.self_check.unproven)
         replace_dir_atomically(tmp, out)
         print(f"exported a {config.model.architecture} checkpoint directory to {out}", flush=True)
     if distributed:

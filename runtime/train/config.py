@@ -34,7 +34,8 @@ Example (every key shown with its default unless marked required)::
             mixed_precision: auto,  # auto (bf16 on GPU, fp32 on CPU) | bf16 | fp32; bf16: bf16 parameters and
                                     # compute, fp32 gradient reduction, fp32 master weights and optimizer state
             self_check: true}  # before step 1, a shrunk copy of the model under this run's layout against one
-                               # process and against upstream (runtime/train/self_check.py); false: skip it
+                               # process and against upstream (runtime/train/self_check.py); skipping it needs
+                               # a reason: {enabled: false, reason: "..."} (checkpoints/exports: "layout unproven")
     checkpoint: {dir: null, interval: 0, resume: auto, save_total_limit: 2, schedule_change: refuse}
                                # schedule_change: refuse | continue | replan (a resume that changes the schedule)
     log: {dir: runs/latest, interval: 1, report_to: [], project: patchgen, run_name: null, peak_tflops: null,

@@ -14,6 +14,7 @@ from runtime.config.common import (
     LoraConfig,
     OptimConfig,
     ParallelConfig,
+    SelfCheckConfig,
 )
 
 __all__ = ["DataConfig", "EvalConfig", "ModelConfig", "RunConfig", "TrainConfig", "ValidationConfig"]
@@ -61,8 +62,9 @@ class TrainConfig:
     # bf16 / fp32: that, on any device (accelerate's --mixed_precision, torchtitan's mixed_precision_param)
     mixed_precision: str = "auto"
     # before step 1: one forward/backward of a shrunk copy of the model under the job's layout against one process,
-    # and the generated class against upstream; a mismatch stops the run (runtime/train/self_check.py)
-    self_check: bool = True
+    # and the generated class against upstream; a mismatch stops the run (runtime/train/self_check.py). Off only
+    # with a reason: {enabled: false, reason: "..."} (the run is recorded as "layout unproven")
+    self_check: SelfCheckConfig = field(default_factory=SelfCheckConfig)
 
 
 @dataclass(frozen=True)

@@ -344,6 +344,7 @@ def export(config: RunConfig, state: ParallelState, model: torch.nn.Module, ema:
         overwrite=config.export.overwrite,
         rank=state.rank,
         component=transformer_folder(config),
+        unproven=config.train.self_check.unproven,
     )
     if peft_config is not None and not config.export.fuse_lora:
         lora = (lora_state_dict(weights), lora_metadata(peft_config)) if state.rank == 0 else ({}, {})

@@ -19,7 +19,7 @@ import torch
 
 from runtime.checkpoint.dcp import load_checkpoint, save_checkpoint
 from runtime.checkpoint.export import export_hf
-from runtime.checkpoint.identity import model_identity
+from runtime.checkpoint.identity import model_identity, unproven_identity
 from runtime.checkpoint.lora_weights import adapter_modules
 from runtime.checkpoint.rank_state import rank_files
 from runtime.checkpoint.verify import CheckpointError, read_marker
@@ -129,8 +129,9 @@ def build_text_job(config: RunConfig, state: ParallelState, inputs: CheckedInput
 
     def export() -> None:
         tokenizer, out = config.data.processor or processor, Path(config.export.dir)
+        unproven = config.train.self_check.unproven
         if lora is None:
-            export_hf(model, mc, out, tokenizer=tokenizer, overwrite=config.export.overwrite)
+            export_hf(model, mc, out, tokenizer=tokenizer, overwrite=config.export.overwrite, unproven=unproven)
             what = "a plain-transformers checkpoint"
         else:  # the adapter peft loads, or (fuse_lora) the merged plain checkpoint
             from runtime.checkpoint.lora_export import export_lora
@@ -138,7 +139,7 @@ def build_text_job(config: RunConfig, state: ParallelState, inputs: CheckedInput
             base_class, fuse = lookup(config.model.type).upstream_class(), config.export.fuse_lora
             export_lora(
                 model, mc, out, lora, base_class, fuse=fuse, tokenizer=tokenizer, base_path=config.model.path,
-                overwrite=config.export.overwrite,
+                overwrite=config.export.overwrite, unproven=unproven,
             )  # fmt: skip
             what = "a plain-transformers checkpoint (LoRA merged)" if fuse else "a peft LoRA adapter"
         if state.rank == 0:
@@ -178,7 +179,7 @@ def run_job(
     optimizer = build_optimizer(trained, o)
     scheduler = build_scheduler(optimizer, o, config.train.steps)
     saved = job.checkpoint_model if job.checkpoint_model is not None else job.model
-    identity = job.identity or model_identity(config.model.type, job.model.config)
+    identity = unproven_identity(job.identity or model_identity(config.model.type, job.model.config), config.train)
 
     start_step, skipped, note = 0, 0, None
     ckpt = config.checkpoint

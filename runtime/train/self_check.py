@@ -3,7 +3,7 @@ forward and backward under the job's exact parallel layout (the same ``paralleli
 FSDP/HSDP, mixed precision, checkpointing) and once in one process, and the generated class runs against its
 upstream class (parallelism off, same weights); the loss and every parameter's gradient must agree within
 ``tolerance``. A mismatch stops the run before any step (one line, exit 2) naming the parameter, the error, the
-tolerance, the layout and the key that turns the check off (``train.self_check: false``).
+tolerance, the layout and the key that turns the check off (``train.self_check: {enabled: false, reason: ...}``).
 
 Why at start-up and not only in the test suite: the suite proves the tiny configs of the specs on CPU and gloo; a job
 runs its own options (softcaps, biases, windows, expert routing) on its own layout, kernels and device, where a
@@ -167,7 +167,8 @@ def report(proof: Proof, seconds: float, off_key: str) -> str:
         if what is not None:
             raise ConfigError(
                 f"{off_key}: the start-up self-check failed: {what}, tolerance {_shown(c.tolerance)}, in {c.what}; "
-                f"this run would train wrongly. Report it with this line; {off_key}: false skips the check"
+                f"this run would train wrongly. Report it with this line; {off_key}: {{enabled: false, reason: ...}} "
+                "skips the check"
             )
     parts = [f"{c.what}: loss {c.loss_error:.1e}, worst {c.worst()[0]} {c.worst()[1]:.1e}" for c in proof.comparisons]
     tol = ", ".join(_shown(t) for t in sorted({c.tolerance for c in proof.comparisons}))

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from runtime.config.common import SelfCheckConfig
 from runtime.models.registry import lookup
 from runtime.parallel.parallelize import ParallelPlan
 from runtime.parallel.state import ParallelState
@@ -19,10 +20,15 @@ from runtime.train.summary import say
 if TYPE_CHECKING:
     from runtime.rl.config import RLConfig
 
-__all__ = ["OFF_KEY", "PROVEN_FAMILIES", "self_check", "self_check_policy"]
+__all__ = ["OFF_KEY", "PROVEN_FAMILIES", "off_line", "self_check", "self_check_policy"]
 
 OFF_KEY = "train.self_check"
 PROVEN_FAMILIES = ("causal_lm", "vlm", "omni", "dit")
+
+
+def off_line(section: SelfCheckConfig) -> str:
+    """The start-up line of a run that skips its proof: it says the layout is unproven and why."""
+    return f"self-check: OFF, this run's layout is unproven ({OFF_KEY}.reason: {section.reason})"
 
 
 def self_check(config: RunConfig, state: ParallelState, model: torch.nn.Module, **classes: Any) -> None:
@@ -30,8 +36,8 @@ def self_check(config: RunConfig, state: ParallelState, model: torch.nn.Module, 
     what trains), print the start-up line (rank 0), or stop the run (``ConfigError``, every rank). ``classes``:
     ``model_class`` / ``upstream_class`` in place of the registry's (tests plant defects through them)."""
     family = lookup(config.model.type).family
-    if not config.train.self_check:
-        say(state, f"self-check: off ({OFF_KEY}: false)")
+    if not config.train.self_check.enabled:
+        say(state, off_line(config.train.self_check))
         return
     if family not in PROVEN_FAMILIES:
         say(state, f"self-check: not available for {family} yet")
@@ -54,8 +60,8 @@ def self_check(config: RunConfig, state: ParallelState, model: torch.nn.Module, 
 def self_check_policy(config: RLConfig, state: ParallelState, module: torch.nn.Module) -> None:
     """The RL job's proof before its first iteration: its policy's DiT under the layout and plan the policy was
     sharded with (``runtime/rl/policy.py``); a non-diffusers policy says that no proof exists for it yet."""
-    if not config.train.self_check:
-        say(state, f"self-check: off ({OFF_KEY}: false)")
+    if not config.train.self_check.enabled:
+        say(state, off_line(config.train.self_check))
         return
     if config.model.type is None:
         say(state, f"self-check: not available for {config.model.architecture} yet")

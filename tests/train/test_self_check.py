@@ -4,6 +4,7 @@ run naming the parameter; the shrink rule keeps the job's options and drops its 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from runtime.train.self_check_shrink import ShrinkLayout, fit_layer_types, shrin
 from tests.dist_utils import run_distributed
 from tests.train.common import TINY_MODEL, TINY_MOE, run_config, run_main
 from tests.train.self_check_defects import DoubledSPLoss, check_worker, job_config, train_printing_worker
+
+SKIPS = "train.self_check: {enabled: false, reason: ...} skips the check"  # the refusal's last words
 
 QWEN3_TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
 
@@ -43,7 +46,7 @@ def test_doubled_sp_gradient_share_stops_the_run_naming_a_parameter(tmp_path: Pa
     error = results[0][1]
     assert error.startswith("train.self_check: the start-up self-check failed: "), error
     assert "its gradient differs by 1.00e+00 relative" in error and "tolerance 1e-04" in error, error  # twice: 1
-    assert "dp_replicate 1 x dp_shard 1 x sp 2" in error and "train.self_check: false skips the check" in error
+    assert "dp_replicate 1 x dp_shard 1 x sp 2" in error and SKIPS in error
     assert "model." in error or "lm_head." in error, error  # a parameter is named
 
 
@@ -102,7 +105,7 @@ def test_generated_class_that_loses_the_window_is_caught(tmp_path: Path, monkeyp
     with pytest.raises(ConfigError) as caught:
         self_check(config, ParallelState(), model)
     message = str(caught.value)
-    assert "generated vs upstream AutoModelForCausalLM" in message and "train.self_check: false" in message, message
+    assert "generated vs upstream AutoModelForCausalLM" in message and SKIPS in message, message
     assert "gradient differs by" in message or "the loss differs by" in message, message
 
 
@@ -118,7 +121,7 @@ def test_a_mismatch_exits_2_with_one_line_before_step_1(tmp_path: Path, monkeypa
     lines = stderr.strip().splitlines()
     assert code == 2 and len(lines) == 1, (code, stderr)
     assert "train.self_check: the start-up self-check failed: " in lines[0], lines
-    assert "generated vs upstream" in lines[0] and "train.self_check: false skips the check" in lines[0], lines
+    assert "generated vs upstream" in lines[0] and SKIPS in lines[0], lines
     assert not (tmp_path / "log" / "metrics.jsonl").exists()  # before step 1
 
 
@@ -145,10 +148,28 @@ def test_clean_single_process_check_passes_and_can_be_turned_off(
 
     model = type("Job", (), {"config": job_config("qwen3", attention_bias=True, rope_theta=5e5)})
     self_check(parse_config(run_config(tmp_path)), ParallelState(), model)
-    self_check(parse_config(run_config(tmp_path, train={"self_check": False})), ParallelState(), model)
+    off = {"enabled": False, "reason": "timing the step alone"}
+    self_check(parse_config(run_config(tmp_path, train={"self_check": off})), ParallelState(), model)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("self-check: passed in ") and "generated vs upstream" in lines[0], lines
-    assert lines[1] == "self-check: off (train.self_check: false)", lines
+    assert (
+        lines[1] == "self-check: OFF, this run's layout is unproven (train.self_check.reason: timing the step alone)"
+    ), lines
+
+
+def test_self_check_off_needs_a_reason(tmp_path: Path) -> None:
+    """A bare ``false`` (or an empty reason) is refused, one line naming the key and the form to write."""
+    from runtime.config.errors import ConfigError
+    from runtime.train.config import parse_config
+
+    for off in (False, {"enabled": False}, {"enabled": False, "reason": "  "}):
+        with pytest.raises(ConfigError) as caught:
+            parse_config(run_config(tmp_path, train={"self_check": off}))
+        assert caught.value.messages == [
+            'train.self_check: false needs a reason: write `self_check: {enabled: false, reason: "why this run may '
+            'train with its layout unproven"}` (printed at start, recorded in checkpoints and exports)'
+        ], off
+    assert parse_config(run_config(tmp_path, train={"self_check": True})).train.self_check.enabled
 
 
 def test_shrink_keeps_the_jobs_options_and_drops_its_sizes_and_token_ids() -> None:
@@ -240,3 +261,24 @@ def test_vision_language_proof_rows_hold_an_image_on_even_replicas() -> None:
     assert torch.equal(row["pixel_values"], rows[0]["pixel_values"])
     starts = (row["position_ids"][0, 0] == 0).nonzero().flatten()
     assert (row["labels"][0, starts] == -100).all()
+
+
+def test_a_run_without_its_proof_says_so_and_records_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Off with a reason: the start-up line says the layout is unproven and why; the checkpoint's identity and the
+    export's marker record it (a run with the proof records nothing: ``test_export_generate``'s export)."""
+    from runtime.checkpoint.dcp import COMPLETE_MARKER
+    from runtime.checkpoint.export import EXPORT_MARKER
+
+    raw = run_config(
+        tmp_path,
+        train={"steps": 1, "self_check": {"enabled": False, "reason": "bench"}},
+        checkpoint={"dir": str(tmp_path / "ckpt"), "interval": 1},
+        export={"dir": str(tmp_path / "hf")},
+    )
+    code, err = run_main(raw, tmp_path)
+    assert code == 0, err
+    record = "layout unproven (self_check off: bench)"
+    assert "self-check: OFF, this run's layout is unproven (train.self_check.reason: bench)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "hf" / EXPORT_MARKER).read_text())["layout"] == record
+    (marker,) = (tmp_path / "ckpt").glob(f"*/{COMPLETE_MARKER}")
+    assert json.loads(marker.read_text())["model"]["layout"] == record

@@ -38,7 +38,7 @@ def test_doubled_sp_gradient_of_a_dit_is_caught() -> None:
     assert results[0] == results[1] and results[0][0] == "", results  # every rank stops, with the same line
     error = results[0][1]
     assert "its gradient differs by 1.00e+00 relative" in error and "tolerance 1e-04" in error, error  # twice: 1
-    assert "sp 2" in error and "train.self_check: false skips the check" in error, error
+    assert "sp 2" in error and "train.self_check: {enabled: false, reason: ...} skips the check" in error, error
 
 
 def test_wan_image_to_video_keeps_its_branch() -> None:
@@ -62,8 +62,8 @@ def test_rl_policy_is_proven_before_the_first_iteration(tmp_path: Path, capsys: 
 
     pipeline = save_tiny_pipeline("flux", tmp_path / "flux")
     start(rl_config("flux", pipeline, tmp_path))
-    start(rl_config("flux", pipeline, tmp_path, train={"steps": 2, "self_check": False}))
+    start(rl_config("flux", pipeline, tmp_path, train={"steps": 2, "self_check": {"enabled": False, "reason": "r"}}))
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("self-check:")]
     assert len(lines) == 2 and lines[0].startswith("self-check: passed in "), lines
     assert "FluxTransformer2DModel" in lines[0], lines
-    assert lines[1] == "self-check: off (train.self_check: false)", lines
+    assert lines[1] == "self-check: OFF, this run's layout is unproven (train.self_check.reason: r)", lines
