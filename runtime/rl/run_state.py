@@ -25,7 +25,7 @@ from runtime.train.finite import check_mode
 from runtime.train.schedule_keys import schedule_record
 from runtime.train.summary import plan_summary, say
 
-__all__ = ["RLRun", "save", "start_run"]
+__all__ = ["RLRun", "earlier_history", "save", "start_run"]
 
 
 @dataclass
@@ -109,23 +109,45 @@ def start_run(config: RLConfig) -> tuple[RLRun, int, CheckedRLInputs]:
     )
     run.skipped_nonfinite = skipped
     if inputs.resume_from is not None:
-        algo.load_state_dict(_saved_algorithm_state(Path(inputs.resume_from), state.rank))
+        extra = _saved_extra(Path(inputs.resume_from), state.rank)
+        algo.load_state_dict(extra.get("algorithm", {}))
         logger.say(f"resumed from {inputs.resume_from} at step {start}")
+        history = earlier_history(extra.get("log_dir"), config.log.dir, start)
+        if history is not None:
+            logger.say(history)
     if note is not None:
         logger.say(note)
     logger.say(f"{config.algorithm}: {algo.conventions(config.algo)}")
     return run, start, inputs
 
 
-def _saved_algorithm_state(path: Path, rank: int) -> dict[str, Any]:
-    """The algorithm's state saved with checkpoint ``path`` (this rank's extra; rank 0's when the checkpoint was
-    written by fewer ranks), {} when it has none (a checkpoint from before the contract saved it)."""
+def _saved_extra(path: Path, rank: int) -> dict[str, Any]:
+    """What the run saved with checkpoint ``path`` beside the tensors (this rank's extra; rank 0's when the
+    checkpoint was written by fewer ranks): the algorithm's state ({} before the contract saved it), the log
+    directory (absent before it was recorded)."""
     import json
 
     for name in (f"rank_{rank:05d}.json", "rank_00000.json"):
         if (path / name).is_file():
-            return json.loads((path / name).read_text()).get("extra", {}).get("algorithm", {})
+            return json.loads((path / name).read_text()).get("extra", {})
     return {}
+
+
+def _saved_algorithm_state(path: Path, rank: int) -> dict[str, Any]:
+    """The algorithm's state saved with checkpoint ``path``; {} when it has none."""
+    return _saved_extra(path, rank).get("algorithm", {})
+
+
+def earlier_history(recorded: Any, log_dir: str, step: int) -> str | None:
+    """The line a resumed run says when the steps before it were logged elsewhere: a run's metrics.jsonl and plot
+    hold only what it logged, so a resume into a new ``log.dir`` starts its curves at ``step + 1``. None when the
+    checkpoint's run logged here too (its lineage continues in this metrics.jsonl) or recorded no directory."""
+    if not isinstance(recorded, str) or not recorded or Path(recorded) == Path(log_dir).resolve():
+        return None
+    return (
+        f"steps 1-{step} were logged in {recorded} (recorded in the checkpoint): this run's metrics.jsonl and "
+        f"plot in {log_dir} start at step {step + 1}"
+    )
 
 
 def save(run: RLRun, step: int) -> Path:
@@ -146,6 +168,7 @@ def save(run: RLRun, step: int) -> Path:
             "skipped_nonfinite": run.skipped_nonfinite,
             "schedule": run.schedule,
             "algorithm": run.algo.state_dict(),  # the contract's checkpoint state (JSON; {} for the built-ins)
+            "log_dir": str(Path(run.config.log.dir).resolve()),  # where these steps' metrics are (said at resume)
         },
         identity=run.policy.identity,
         keep=ckpt.save_total_limit,
