@@ -7,9 +7,11 @@ which scores nothing: ``loss.png``, its loss and implicit reward accuracy, both 
 Keys (docs/flowgrpo.md, "Metrics"): ``step``; ``reward`` / ``reward_std`` (combined, over the global batch) and
 ``reward/<name>`` / ``reward_std/<name>`` per reward; ``advantage_mean`` / ``_std`` / ``_abs_max``;
 ``zero_std_ratio`` (share of groups with equal rewards); ``policy_loss``, ``clip_fraction`` (and its
-``clip_fraction_high`` / ``clip_fraction_low`` sides), ``approx_kl``, ``kl``, ``ratio_mean``, ``ratio_std``,
-``grad_norm``, ``lr``; ``samples_per_second_per_gpu`` (images or videos of the global batch per second of the
-iteration per process: verl-omni's img/GPU/s);
+``clip_fraction_high`` / ``clip_fraction_low`` sides; GSPO with ``gspo_clip_fraction: verl``: verl's, where the clip
+binds, low side 0), ``approx_kl``, ``kl``, ``ratio_mean``, ``ratio_std`` (divisor ``n - ratio_std_ddof`` over the
+micro-batch; ``runtime/rl/algorithms/objectives.py`` defines them all), ``grad_norm``, ``lr``;
+``samples_per_second_per_gpu`` (images or videos of the global batch per second of the iteration per process:
+verl-omni's img/GPU/s);
 ``logprob_gap_mean`` / ``logprob_gap_max`` (|log p_train - log p_rollout| over the first inner step's samples and
 window steps, where the ratio must be 1); ``logprob_gap_alarm`` (1 when the max exceeded the threshold);
 ``skipped_nonfinite``; ``wall_time_<phase>`` (wall seconds: what a user waits) and ``cpu_time_<phase>`` (user CPU

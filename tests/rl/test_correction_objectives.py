@@ -260,3 +260,28 @@ def test_a_mixed_step_micro_batch_takes_one_guard_scale() -> None:
     assert abs(per_row - loss) > 0.05 * abs(loss)
     cosine = torch.nn.functional.cosine_similarity(per_row_grad.flatten(), grad.flatten(), dim=0)
     assert cosine < 0.999
+
+
+def test_the_loop_passes_weighted_terms(tiny_pipelines, tmp_path) -> None:
+    """One off-policy iteration (two inner epochs) of a tiny Flux run with a KL term under each ``weighted_terms``:
+    the policy term is weighted alike (the same loss, bitwise: the first update does not see the KL, whose gradient
+    is 0 at the reference), the KL term only under ``all`` (another ``kl``)."""
+    from runtime.rl.loop import iteration
+    from tests.rl.common import rl_config, start
+    from tests.rl.test_rollout_correction import CORRECTION, _OffPolicyRollout
+
+    out = {}
+    for terms in ("all", "policy"):
+        raw = rl_config(
+            "flux",
+            tiny_pipelines("flux"),
+            tmp_path,
+            rollout_correction={**CORRECTION, "weighted_terms": terms},
+            flowgrpo={"kl_coef": 0.5, "inner_epochs": 2},  # the KL is 0 until the first update
+        )
+        run, _ = start(raw)
+        with _OffPolicyRollout():
+            out[terms] = iteration(run, 1)[0]
+    assert 0 < out["all"]["rollout_corr/rollout_rs_masked_fraction"] < 1
+    assert out["all"]["policy_loss"] == out["policy"]["policy_loss"]
+    assert out["all"]["kl"] != out["policy"]["kl"]
