@@ -153,8 +153,9 @@ def test_the_defaults_stay_ours_and_the_log_names_the_peers() -> None:
     assert "advantages unclamped (verl's gspo)" in line and "low side 0 (verl's gspo)" in line
     assert "ratio_std ddof=1 (verl-omni's" in line
     assert "ratio_std ddof=1" in dancegrpo.conventions(dancegrpo.Settings(ratio_std_ddof=1))
-    opd = diffusionopd.Settings(teacher_model_path="t", distill_loss_coef_scope="with_reward")
+    opd = diffusionopd.Settings(teacher_model_path="t", distill_loss_coef_scope="with_reward", ratio_std_ddof=1)
     assert "beside the reward objective only (verl-omni's)" in diffusionopd.conventions(opd)
+    assert "ratio_std ddof=1" in diffusionopd.conventions(opd)
 
 
 def test_the_keys_are_refused_in_one_line_where_they_do_not_apply(tmp_path: Path) -> None:

@@ -183,6 +183,8 @@ def conventions(settings: Settings) -> str:
     parts = [f"DiffusionOPD (verl-omni's): {form}, {coef}", mode, f"teacher {teacher}"]
     if settings.loss_mode == "flow_grpo":
         parts.append(flowgrpo.conventions(settings))
+    else:  # the ratio statistics are still logged
+        parts += flowgrpo.metric_conventions(settings)
     return ", ".join(parts)
 
 
