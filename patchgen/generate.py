@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import symtable
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -215,6 +216,7 @@ def build(
         (s.unit, plan.added_names) for s, plan in zip(sources, plans, strict=True) if s.unit.companion
     )
     files = [build_file(spec, s, plan, config, companions) for s, plan in zip(sources, plans, strict=True)]
+    check_handles(spec, [code for plan in plans for codes in plan.rendered_by.values() for code in codes])
     check_processor_sites(spec)
     check_links(spec, [(f.relpath, f.text) for f in files], companions, source)
     return dataclasses.replace(files[0], companions=tuple(files[1:]))
@@ -287,6 +289,28 @@ def build_file(spec: Spec, source: UnitSource, plan: Plan, config: ProjectConfig
     tree = functools.partial(parsed, upstream.text, f"{upstream.relpath} ({upstream.pin})")  # parsed when needed
     check_identifier_vars(patches, plan, tree, table, str(spec.path), relpath)
     return Generated(spec, upstream, relpath, text, unified_diff(upstream, text, relpath), header)
+
+
+def check_handles(spec: Spec, rendered: list[str]) -> None:
+    """`[model] handles` is a claim that the patched code re-implements a config option upstream's removed code
+    honoured; it is believed only when a patch's rendered code reads the option (`.<key>`) and a tiny config of the
+    spec sets it, so that the suites and the self-check run the branch (a claim nothing reads trains wrong)."""
+    if spec.model is None:
+        return
+    variants = (spec.model.data.get("tiny_variants") or {}).values()
+    for key in spec.model.handles:
+        read = re.compile(rf"\.{re.escape(key)}\b")
+        if not any(read.search(code) for code in rendered):
+            raise PatchgenError(
+                f"{spec.path}: [model] handles {key!r}, but no patch's rendered code reads it (.{key}): a handled "
+                f"option must be re-implemented by a patch (e.g. loss/causal_lm_head's softcap = "
+                f'"self.config.{key}"); add that patch or drop the key from handles'
+            )
+        if all(tiny.get(key) is None for tiny in (spec.model.tiny, *variants)):
+            raise PatchgenError(
+                f"{spec.path}: [model] handles {key!r}, but neither [model.tiny] nor a data.tiny_variants table sets "
+                f"it: set it in a tiny variant to a value where it changes the result, so that the suites run it"
+            )
 
 
 def check_model_class(spec: Spec, pruned: cst.Module, plan: Plan) -> None:

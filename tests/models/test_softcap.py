@@ -36,9 +36,25 @@ SOFTCAP_HEADER = "if self.config.final_logit_softcapping is not None:"
 OUTPUT = "generated/gemma2_softcap/modeling_gemma2.py"
 
 
-def spec_text(softcap: bool) -> str:
+# The softcap's upstream statements, as a spec's `removes` names them (a spec that deletes them on purpose).
+SOFTCAP_STATEMENTS = [
+    SOFTCAP_HEADER,
+    "logits = logits / self.config.final_logit_softcapping",
+    "logits = torch.tanh(logits)",
+    "logits = logits * self.config.final_logit_softcapping",
+]
+TINY_VARIANT = "[model.data.tiny_variants.softcap]\nfinal_logit_softcapping = 3.0\n"
+
+
+def spec_text(softcap: bool, claim: str = "honest") -> str:
+    """``claim``: honest (the loss patch re-implements what `handles` says), lying (the softcap removed and declared
+    handled, no patch re-implementing it), untried (honest, but no tiny config sets the option)."""
     loss_vars = 'vars = { softcap = "self.config.final_logit_softcapping" }\n' if softcap else ""
     handles = 'handles = ["final_logit_softcapping"]\n' if softcap else ""
+    if claim == "lying":
+        loss_vars = f"removes = {json.dumps(SOFTCAP_STATEMENTS)}\n"
+    if softcap and claim != "untried":
+        handles += TINY_VARIANT
     return f"""module = "transformers.models.gemma2.modeling_gemma2"
 output = "{OUTPUT}"
 keep = ["Gemma2ForCausalLM"]
@@ -83,11 +99,11 @@ through = "if labels is not None:"
 """
 
 
-def project(tmp_path: Path, softcap: bool):
+def project(tmp_path: Path, softcap: bool, claim: str = "honest"):
     shutil.copy(REPO / "pyproject.toml", tmp_path / "pyproject.toml")
     shutil.copytree(REPO / "templates", tmp_path / "templates")
     (tmp_path / "specs").mkdir()
-    (tmp_path / "specs/gemma2.toml").write_text(spec_text(softcap))
+    (tmp_path / "specs/gemma2.toml").write_text(spec_text(softcap, claim))
     config = load_config(tmp_path)
     return config, load_specs(config, ["gemma2"])
 
@@ -109,6 +125,23 @@ def test_regen_refuses_to_delete_the_softcap(tmp_path: Path) -> None:
     assert "specs/gemma2.toml: patch 5 (loss/causal_lm_head): replacing it deletes upstream" in first
     assert f"line {upstream_line_of(SOFTCAP_HEADER)} `{SOFTCAP_HEADER}` in Gemma2ForCausalLM.forward" in first
     assert all("set vars.softcap (the final-logit softcap" in line for line in lines)
+    assert not (tmp_path / OUTPUT).exists()
+
+
+@pytest.mark.parametrize(
+    "claim, message",
+    [
+        ("lying", "handles 'final_logit_softcapping', but no patch's rendered code reads it"),
+        ("untried", "handles 'final_logit_softcapping', but neither [model.tiny] nor a data.tiny_variants table"),
+    ],
+)
+def test_regen_proves_what_handles_claims(tmp_path: Path, claim: str, message: str) -> None:
+    """`handles` is believed only when a patch's rendered code reads the option and a tiny config sets it: a spec
+    that removes the softcap and says it handles it (what the refusal above suggests) trained unsoftcapped logits."""
+    config, specs = project(tmp_path, softcap=True, claim=claim)
+    with pytest.raises(PatchgenError) as err:
+        regen(config, specs)
+    assert str(err.value).startswith(f"{tmp_path / 'specs/gemma2.toml'}: [model] {message}"), str(err.value)
     assert not (tmp_path / OUTPUT).exists()
 
 
