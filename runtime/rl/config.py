@@ -48,7 +48,8 @@ Example (every key with its default unless marked required)::
                                  # reward models and score the whole batch in chunks (samples sent there)
     async_reward: false          # true: score each rollout chunk (sampling.batch_size) in the background while the
                                  # next chunk rolls out (verl-omni's async reward; the same rewards, bitwise)
-    rollout_correction: {rollout_is: null, rollout_is_threshold: 2.0, rollout_rs: null, rollout_rs_threshold: null}
+    rollout_correction: {rollout_is: null, rollout_is_threshold: 2.0, rollout_rs: null, rollout_rs_threshold: null,
+                         weighted_terms: all}
                                  # TIS and rejection sampling of an off-policy rollout: runtime/rl/correction_config.py
     parallel: {sp: 1, dp_replicate: 1, dp_shard: null, activation_checkpointing: false, overlap: false}
                                  # ulysses: u, ring: r (sp = u x r), as in the trainer's run config
