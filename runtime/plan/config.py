@@ -7,11 +7,13 @@ error of a file at once, each a one-line error naming the file, the key's line a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime.config.common import ParallelConfig
 from runtime.config.errors import ConfigError, ConfigErrors
+from runtime.config.overrides import Override, apply_overrides
 from runtime.config.sections import KeyRules, collect_section
 from runtime.config.yaml_file import locate_errors, read_config_file
 from runtime.plan.model_check import model_problems
@@ -72,11 +74,14 @@ RULES = KeyRules(
 SECTIONS = {"model": PlanModel, "workload": Workload, "parallel": ParallelConfig}
 
 
-def read_plan(path: str | Path) -> PlanConfig:
-    """The checked plan file; a ``ConfigError`` otherwise, with every error of the file (``messages``), each one line
-    naming the file, the key's line and the key."""
+def read_plan(path: str | Path, overrides: Sequence[Override] = ()) -> PlanConfig:
+    """The checked plan file with the command-line ``overrides`` set (``--parallel.sp=2``, as ``runtime.train``
+    takes them); a ``ConfigError`` otherwise, with every error of the file (``messages``), each one line naming the
+    file, the key's line and the key, or the override that set it."""
     path = Path(path)
-    raw = read_config_file(path)
+    raw, problems = apply_overrides(read_config_file(path), overrides)
+    if problems:
+        raise ConfigError(*problems)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping with keys {', '.join(SECTIONS)}")
     errors = ConfigErrors()
@@ -90,5 +95,5 @@ def read_plan(path: str | Path) -> PlanConfig:
         model = sections["model"]
         errors.run(lambda: errors.add(*model_problems(model.type, model.config or {})))
     if errors.messages:  # each message with the file and its key's line, in the order of the lines
-        raise locate_errors(ConfigError(*errors.messages), path)
+        raise locate_errors(ConfigError(*errors.messages), path, overrides)
     return PlanConfig(**sections)

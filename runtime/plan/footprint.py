@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -303,10 +303,11 @@ def _step(model: nn.Module, inputs: dict[str, Any], fake: Any, dtype: torch.dtyp
     return tracker.peak
 
 
-def measure(plan: PlanConfig, dtype: torch.dtype = torch.bfloat16) -> Footprint:
-    """The footprint of one micro-batch of ``plan`` in one process, in compute dtype ``dtype``."""
-
+def measure(plan: PlanConfig, dtype: torch.dtype = torch.bfloat16, progress: Callable[[str], Any] = str) -> Footprint:
+    """The footprint of one micro-batch of ``plan`` in one process, in compute dtype ``dtype``; ``progress`` hears
+    each stage as it starts (a real size's fake step takes tens of seconds on a small CPU; default: nothing said)."""
     fake = torch_compat.fake_tensor_mode()
+    progress("building the model on fake tensors")
     with fake, _default_dtype(dtype):
         model = build_model(plan)
         model.train()
@@ -337,6 +338,7 @@ def measure(plan: PlanConfig, dtype: torch.dtype = torch.bfloat16) -> Footprint:
 
     handles = [b.register_forward_pre_hook(pre, with_kwargs=True) for b in blocks]
     handles += [b.register_forward_hook(post, with_kwargs=True) for b in blocks]
+    progress(f"forward+backward of {tokens} tokens, activation checkpointing off")
     try:
         peak = _step(model, inputs, fake, dtype, pack)
     finally:
@@ -344,6 +346,7 @@ def measure(plan: PlanConfig, dtype: torch.dtype = torch.bfloat16) -> Footprint:
             handle.remove()
     for block in blocks:  # what apply_activation_checkpointing does, with the attention stand-in in the recompute
         block.forward = functools.partial(_checkpointed, block.forward)
+    progress(f"forward+backward of {tokens} tokens, activation checkpointing on")
     peak_checkpointed = _step(model, inputs, fake, dtype)
     per_block = [0] * len(blocks)
     outside = 0

@@ -1,5 +1,5 @@
 """Per-rank bytes of a training step under an FSDP2/HSDP/SP/EP/activation-checkpointing layout, and the search for
-the smallest layout that fits (pure arithmetic on a ``Footprint``; no torch).
+a layout that fits (pure arithmetic on a ``Footprint``; no torch).
 
 Per rank, with ``S = dp_shard * sp`` (FSDP2 shards over ``dp_shard x sp``, replicates over ``dp_replicate``; EP
 experts shard over ``ep x edp_shard``, which is also ``S``) and ``P`` parameters:
@@ -17,17 +17,21 @@ experts shard over ``ep x edp_shard``, which is also ``S``) and ``P`` parameters
   conditioning, is small).
 
 A layout fits when the sum is at most ``USABLE`` of the device memory (the rest: CUDA context, NCCL buffers, the
-caching allocator's fragmentation).
+caching allocator's fragmentation). The proposal is the first fitting layout of ``candidates``' order, which puts
+the least recomputation and communication first (checkpointing off, then the smallest sp, shard group and ep), not
+the least memory: it often fills the device while a checkpointed layout would need half of it (``fitting`` lists
+the runners-up with their memory).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from runtime.plan.footprint import Footprint
 
-__all__ = ["USABLE", "Layout", "Memory", "candidates", "per_rank", "smallest_fitting"]
+__all__ = ["USABLE", "Layout", "Memory", "candidates", "fitting", "per_rank", "smallest_fitting"]
 
 USABLE = 0.9  # fraction of a device's memory a plan may fill
 GIB = 2**30
@@ -121,10 +125,23 @@ def candidates(fp: Footprint, gpus: int) -> list[Layout]:
     return sorted(found, key=lambda x: (x.activation_checkpointing, x.sp, x.dp_shard * x.sp, x.ep))
 
 
-def smallest_fitting(fp: Footprint, gpus: int, gpu_bytes: float) -> tuple[Layout, Memory] | None:
-    """The first layout of ``candidates`` whose per-rank total fits ``USABLE * gpu_bytes``; None if none does."""
-    for layout in candidates(fp, gpus):
+def fitting(
+    fp: Footprint, layouts: Iterable[Layout], gpu_bytes: float, count: int | None = None
+) -> list[tuple[Layout, Memory]]:
+    """The layouts of ``layouts`` whose per-rank total fits ``USABLE * gpu_bytes``, in their order, with their
+    memory; at most ``count`` of them (the proposal and its runners-up)."""
+    found: list[tuple[Layout, Memory]] = []
+    for layout in layouts:
+        if count is not None and len(found) >= count:
+            break
         memory = per_rank(fp, layout)
         if memory.total <= USABLE * gpu_bytes:
-            return layout, memory
-    return None
+            found.append((layout, memory))
+    return found
+
+
+def smallest_fitting(fp: Footprint, gpus: int, gpu_bytes: float) -> tuple[Layout, Memory] | None:
+    """The proposal: the first layout of ``candidates`` (least recomputation and communication, not least memory)
+    whose per-rank total fits ``USABLE * gpu_bytes``; None if none does."""
+    first = fitting(fp, candidates(fp, gpus), gpu_bytes, 1)
+    return first[0] if first else None
