@@ -31,6 +31,7 @@ from runtime.config.layout import fewest_processes, resolve_layout
 from runtime.config.overrides import Override, OverrideError, parse_overrides
 from runtime.config.yaml_file import ConfigLoader, locate_error, locate_errors
 from runtime.launcher_options import LauncherOptionError
+from runtime.launcher_signals import LAUNCHER_PID, die_with_launcher, stopped_line
 
 # torchrun's options that take no value (``torch.distributed.run.get_args_parser``; tests/train/test_cli.py checks
 # the list against it). Every other launcher option takes one (``--opt VALUE`` or ``--opt=VALUE``).
@@ -123,7 +124,8 @@ def help_text(command: str, about: str, references: Sequence[tuple[str, str]]) -
         "  -h, --help            this text",
         "",
         "Exit code 0: done; 2: a user error (each one line: file:line: key: what is wrong; under several ranks",
-        "rank 0 prints it); another code: that of a rank that failed otherwise.",
+        "rank 0 prints it); 143 / 130: the launcher was stopped by SIGTERM / SIGINT (and stopped the ranks);",
+        "another code: that of a rank that failed otherwise.",
     ]
     for title, module in references:
         parts += ["", f"== {title} ({module.replace('.', '/')}.py) ==", "", docstring(module)]
@@ -172,6 +174,7 @@ def launch(module: str, launcher: Sequence[str], script_args: Sequence[str]) -> 
     """Start ``python -m module *script_args`` on the ranks that torchrun's ``launcher`` options describe, with torch's
     launcher (``torch.distributed.run``), in this process; the first failed rank's exit code, 0 when all finished."""
     import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     parser = torchrun.get_args_parser()
@@ -185,9 +188,19 @@ def launch(module: str, launcher: Sequence[str], script_args: Sequence[str]) -> 
         refuse(f"{' '.join(launcher)}: the command sets what the ranks run; give only launcher options")
     # The agent's own log of a failure (each rank's exit code, the SIGTERMs it sends the others) is said by the one
     # line below; its warnings at start (OMP_NUM_THREADS) still show.
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)
+    # (each elastic module's logger has a level of its own: the agent's says "Received 15 death signal" itself)
+    for name in ("torch.distributed.elastic", "torch.distributed.elastic.agent.server.api"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    before = os.environ.get(LAUNCHER_PID)
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # the ranks die with this process (runtime/launcher_signals.py)
     try:
         torchrun.run(args)
+    except SignalException as exc:  # the agent passed it on to the ranks and stopped them
+        print(stopped_line(exc.sigval), file=sys.stderr, flush=True)
+        return 128 + exc.sigval
+    except KeyboardInterrupt:  # before the agent's handlers were installed
+        print(stopped_line(signal.SIGINT), file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
     except ChildFailedError as exc:
         # The agent stops the other ranks with SIGTERM once one fails (failure times are whole seconds): the failed
         # rank is the lowest one that did not exit by that signal.
@@ -197,6 +210,11 @@ def launch(module: str, launcher: Sequence[str], script_args: Sequence[str]) -> 
         if line:
             print(line, file=sys.stderr, flush=True)
         return _exit_code(failure.exitcode) or 1
+    finally:
+        if before is None:
+            os.environ.pop(LAUNCHER_PID, None)
+        else:
+            os.environ[LAUNCHER_PID] = before
     return 0
 
 
@@ -312,6 +330,7 @@ def run_command(
         except UsageError as exc:
             print(f"error: {exc}", file=sys.stderr, flush=True)
             return USER_ERROR
+    die_with_launcher()  # a rank this command's launcher started ends with it (SIGKILLed, or passing on SIGINT)
     from runtime.torch_compat import require_supported_torch  # imports torch: only where a rank runs the job
 
     try:
