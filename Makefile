@@ -78,7 +78,8 @@ GPU_CHECK_OUT ?= bench/results/gpu_check
 gpu-check: $(STAMP)
 	$(BIN)/python -m bench.gpu_check --out $(GPU_CHECK_OUT)
 
-# The wheels a GPU machine lacks (no network there), downloaded into .whl/ to be carried with the checkout.
+# The wheels a GPU machine lacks (no network there), downloaded into .whl/ to be carried with the checkout, in place
+# of the wheels there and pinned by hash in .whl/requirements.txt (installed with pip --require-hashes).
 gpu-wheels: $(STAMP)
 	PY=$(BIN)/python bash bench/gpu_check/wheels.sh
 

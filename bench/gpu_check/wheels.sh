@@ -12,14 +12,21 @@
 #     condition model and the rewards), importlib_metadata + zipp (diffusers), pytest + pluggy + iniconfig;
 # versions as in the dev venv (`make venv`). Platform wheels for CPython 3.12 manylinux x86_64.
 #
-# On the GPU machine (see docs/performance.md, "GPU check"):
-#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+# The wheels are downloaded into a stage inside $DEST, checked (one per pin, each a readable zip) and then replace the
+# wheels of $DEST, pinned by hash in $DEST/requirements.txt (bench/gpu_check/pin_wheels.py); stale wheels of an
+# earlier pin list are removed, a failed download or check leaves $DEST as it was.
+#
+# On the GPU machine (see docs/performance.md, "GPU check"), only the pinned bytes are installed:
+#   python3 -m pip install -q --require-hashes --no-index --find-links .whl --no-deps --no-compile --no-cache-dir \
+#     --upgrade --target /tmp/site -r .whl/requirements.txt \
 #     && export PYTHONPATH=/tmp/site:$PWD && python3 -m bench.gpu_check --out $OUT
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEST=${DEST:-.whl}
 PY=${PY:-python3}
 mkdir -p "$DEST"
+STAGE=$(mktemp -d "$DEST/.stage.XXXXXX")
+trap 'rm -rf "$STAGE"' EXIT
 
 PURE=(
   transformers==5.14.1 diffusers==0.40.0
@@ -31,15 +38,17 @@ PURE=(
 PLATFORM=(tokenizers==0.22.2 libcst==1.9.0 pydantic-core==2.50.5 pillow==13.0.0)
 
 download() {
-  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "$@" -d "$DEST"
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp "$@" -d "$STAGE"
 }
 download "${PURE[@]}"
 download --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   "${PLATFORM[@]}"
 
-total=$(du -cb "$DEST"/*.whl | tail -1 | cut -f1)
-echo "$(ls "$DEST"/*.whl | wc -l) wheels in $DEST: $((total / 1024 / 1024)) MiB (the carry limit is 64 MiB)"
+total=$(du -cb "$STAGE"/*.whl | tail -1 | cut -f1)
 if [ "$total" -gt $((56 * 1024 * 1024)) ]; then
-  echo "error: over 56 MiB: no room left under the 64 MiB carry for the checkout itself" >&2
+  echo "error: over 56 MiB: no room left under the 64 MiB carry for the checkout itself; $DEST left as it was" >&2
   exit 1
 fi
+"$PY" -m bench.gpu_check.pin_wheels "$STAGE" "$DEST" $(( ${#PURE[@]} + ${#PLATFORM[@]} ))
+echo "$(ls "$DEST"/*.whl | wc -l) wheels in $DEST, pinned by hash in $DEST/requirements.txt:" \
+  "$((total / 1024 / 1024)) MiB (the carry limit is 64 MiB)"
