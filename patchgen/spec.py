@@ -20,7 +20,7 @@ from patchgen.errors import PatchgenError
 from patchgen.model import ModelTable, check_unsupported, parse_model_table
 from patchgen.ops import OPS
 from patchgen.spec_companions import Companion, check_qualifiers, load_companions, parse_scope
-from patchgen.spec_extends import resolve_extends
+from patchgen.spec_extends import INHERITED_FROM, resolve_extends
 from patchgen.spec_schema import (
     ANCHOR_KEYS,
     MAX_PATCHES,
@@ -94,11 +94,17 @@ class Spec:
 
 
 def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patch:
+    source = f"{path.parent.name}/{path.name}"
     where = f"patch {index}"
     if not isinstance(table, dict):
         raise PatchgenError(f"{path}: {where}: must be a table ([[patch]]), found {type_name(table)}")
+    if INHERITED_FROM in table:  # an error names the base spec that states the patch, and where it is inherited
+        table = dict(table)
+        base_path, base_index = table.pop(INHERITED_FROM)
+        where = f"patch {base_index} (inherited by {path.name} as patch {index})"
+        path = base_path
     if isinstance(table.get("template"), str):
-        where = f"patch {index} ({table['template']})"
+        where = f"{where} ({table['template']})"
     check_keys(table, PATCH_KEYS, REQUIRED_PATCH_KEYS, path, where)
     try:
         template = load_template(templates_dir, table["template"])
@@ -151,7 +157,6 @@ def _load_patch(index: int, table: Any, path: Path, templates_dir: Path) -> Patc
         )
     module, scope = parse_scope(table["scope"], path, where)
     anchors = (table.get(k) for k in ANCHOR_KEYS)
-    source = f"{path.parent.name}/{path.name}"
     return Patch(index, template, scope, why, values, *anchors, source=source, module=module, removes=removes)
 
 

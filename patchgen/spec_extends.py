@@ -23,6 +23,7 @@ from patchgen.varkinds import is_identifier
 
 MAX_EXTENDS_DEPTH = 4
 CODE_KINDS = ("identifier", "dotted", "expr")  # var kinds whose values class_prefix renames
+INHERITED_FROM = "__inherited_from__"  # a resolved patch table's (spec file, patch number) where a base states it
 
 
 def prefix_renamer(rule: Any, path: Path) -> Callable[[str], str]:
@@ -67,6 +68,12 @@ def _renamed_patch(patch: dict, rename, templates_dir: Path, path: Path) -> dict
     return out
 
 
+def _inherited(patch: dict, index: int, rename, templates_dir: Path, base_path: Path) -> dict:
+    """An inherited patch table, renamed, remembering the file and position that state it (``INHERITED_FROM``: the
+    deepest base's), so that an error in it names the file to edit."""
+    return {INHERITED_FROM: (base_path, index), **_renamed_patch(patch, rename, templates_dir, base_path)}
+
+
 def resolve_extends(data: dict, path: Path, templates_dir: Path, depth: int = 0) -> tuple[dict, list[bytes], list]:
     """The spec table with everything it inherits merged in; the raw bytes and paths of the inherited files."""
     if "extends" not in data:
@@ -102,7 +109,8 @@ def resolve_extends(data: dict, path: Path, templates_dir: Path, depth: int = 0)
     if not isinstance(own, list):
         raise PatchgenError(f"{path}: key 'patch' must be an array of tables")
     merged["patch"] = [
-        _renamed_patch(p, rename, templates_dir, base_path) if isinstance(p, dict) else p for p in inherited
+        _inherited(p, i, rename, templates_dir, base_path) if isinstance(p, dict) else p
+        for i, p in enumerate(inherited, start=1)
     ] + own
     base_model = base.get("model")
     if isinstance(base_model, dict) or "model" in data:

@@ -110,3 +110,24 @@ def test_remove_needs_extends(tmp_path, capsys) -> None:
         2,
         f"error: {root / 'specs/qwen3_moe.toml'}: remove drops keys of what a spec inherits; it needs 'extends'\n",
     )
+
+
+def test_an_inherited_patchs_error_names_the_base_spec_that_states_it(tmp_path: Path) -> None:
+    """A bad value in qwen3.toml's patch, loaded through qwen2.toml (which extends qwen3), is reported against
+    qwen3.toml (the file to edit) and says which child inherits it; before, the error named qwen2.toml."""
+    for name in ("pyproject.toml", "templates"):
+        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, tmp_path / name)
+    (tmp_path / "specs").mkdir()
+    for name in ("qwen2", "qwen3"):
+        shutil.copy(REPO / f"specs/{name}.toml", tmp_path / f"specs/{name}.toml")
+    base = tmp_path / "specs/qwen3.toml"
+    anchor = 'anchor = "create_causal_mask"\n'
+    assert anchor in base.read_text()
+    base.write_text(base.read_text().replace(anchor, anchor + 'vars = { position_ids = "import os" }\n', 1))
+    with pytest.raises(PatchgenError) as err:
+        load_specs(load_config(tmp_path), ["qwen2"])
+    message = str(err.value)
+    assert message.startswith(f"{base}: patch 1 (inherited by qwen2.toml as patch 1) (sp/full_sequence_mask): "), (
+        message
+    )
+    assert "vars.position_ids must be" in message
