@@ -200,24 +200,6 @@ def test_a_truncated_rl_transformer_is_one_line(flux_pipeline: Path, tmp_path: P
 # ------------------------------------------------------------------------------------------ carried GPU wheels
 
 
-def _wheel(directory: Path, name: str, version: str, code: str = "") -> Path:
-    """A minimal pure-Python wheel pip installs: one module (``VERSION``, then ``code``) and its dist-info."""
-    import zipfile
-
-    directory.mkdir(parents=True, exist_ok=True)
-    path, info = directory / f"{name}-{version}-py3-none-any.whl", f"{name}-{version}.dist-info"
-    files = {
-        f"{name}.py": f"VERSION = {version!r}\n{code}",
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    with zipfile.ZipFile(path, "w") as archive:
-        for member, text in files.items():
-            archive.writestr(member, text)
-        archive.writestr(f"{info}/RECORD", "".join(f"{member},,\n" for member in [*files, f"{info}/RECORD"]))
-    return path
-
-
 def _install_carried(dest: Path, target: Path) -> subprocess.CompletedProcess:
     """The device-side install of docs/performance.md ("GPU check"), into ``target``."""
     command = [sys.executable, "-m", "pip", "install", "-q", "--require-hashes", "--no-index", "--find-links"]
@@ -229,34 +211,36 @@ def _install_carried(dest: Path, target: Path) -> subprocess.CompletedProcess:
 def test_carried_wheels_replace_stale_ones_and_install_only_by_hash(tmp_path: Path) -> None:
     """``.whl/`` held whatever earlier downloads left and the device installed ``.whl/*.whl`` unverified: now the new
     wheels replace the old ones (other files kept), pinned by hash, and a wheel whose bytes changed is refused."""
+    from tests.engine.helpers import PACKAGE, build_wheel
+
     stage, dest = tmp_path / "stage", tmp_path / ".whl"
-    _wheel(stage, "alpha", "1.0")
-    _wheel(stage, "beta_pkg", "2.0")
-    stale = _wheel(dest, "alpha", "0.9")
+    wheel = build_wheel(stage, "2.0.0")
+    stale = build_wheel(dest, "1.0.0")
     (dest / "notes.txt").write_text("mine")
-    code, lines = _module("bench.gpu_check.pin_wheels", str(stage), str(dest), "2")
+    code, lines = _module("bench.gpu_check.pin_wheels", str(stage), str(dest), "1")
     assert code == 0, lines
-    carried = sorted(p.name for p in dest.glob("*.whl"))
-    assert carried == ["alpha-1.0-py3-none-any.whl", "beta_pkg-2.0-py3-none-any.whl"], carried
-    assert not stale.exists() and (dest / "notes.txt").read_text() == "mine"
+    assert [p.name for p in dest.glob("*.whl")] == [wheel.name] and not stale.exists()
+    assert (dest / "notes.txt").read_text() == "mine"
     pins = (dest / "requirements.txt").read_text().splitlines()
-    assert [line.split(" --hash=sha256:")[0] for line in pins] == ["alpha==1.0", "beta_pkg==2.0"], pins
+    assert [line.split(" --hash=sha256:")[0] for line in pins] == [f"{PACKAGE}==2.0.0"], pins
 
     installed = _install_carried(dest, tmp_path / "site")
     assert installed.returncode == 0, installed.stderr
-    assert (tmp_path / "site" / "alpha.py").read_text() == "VERSION = '1.0'\n"
+    assert (tmp_path / "site" / f"{PACKAGE}-2.0.0.dist-info").is_dir()
 
-    swapped = _wheel(tmp_path / "other", "beta_pkg", "2.0", code="import os\n")  # the same name, other bytes
+    swapped = build_wheel(tmp_path / "other", "2.0.0", {f"{PACKAGE}.plain": "import os\n"})  # other bytes
     swapped.replace(dest / swapped.name)
     refused = _install_carried(dest, tmp_path / "site2")
     assert refused.returncode != 0 and "sha256" in refused.stderr, refused.stderr
-    assert not (tmp_path / "site2" / "beta_pkg.py").exists()
+    assert not (tmp_path / "site2" / PACKAGE).exists()
 
 
 def test_a_wheel_missing_from_the_download_leaves_the_carried_ones(tmp_path: Path) -> None:
+    from tests.engine.helpers import build_wheel
+
     stage, dest = tmp_path / "stage", tmp_path / ".whl"
-    _wheel(stage, "alpha", "1.0")
-    kept = _wheel(dest, "alpha", "0.9")
+    build_wheel(stage, "2.0.0")
+    kept = build_wheel(dest, "1.0.0")
     code, lines = _module("bench.gpu_check.pin_wheels", str(stage), str(dest), "2")
     assert code == 1 and len(lines) == 1 and "1 wheels downloaded, expected 2" in lines[0], lines
     assert kept.exists() and not (dest / "requirements.txt").exists()
