@@ -1,0 +1,98 @@
+"""Every sequence mixer of every generated language model is covered by a sequence-parallel patch.
+
+The runtime's per-forward site check watches the modules it is told are attention; this census does not trust
+names. It runs each generated causal LM on its tiny config and on each tiny variant (the config-gated branches),
+finds the modules that mix information across the sequence by perturbing one token (``tests/models/mixers.py``),
+and requires each minimal mixer to be the scope of one of its spec's ``sp/`` or ``dit/`` patches, for every model
+whose record claims sp. A mixer nobody patched (a linear-attention layer, a causal convolution, a recurrence beside
+the patched attention) would attend to one rank's tokens under SP and train wrong numbers silently; here it fails,
+naming the module, its class and the spec.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from patchgen.config import load_config
+from patchgen.spec_set import load_specs
+from runtime.models.registry import causal_lm_class, lookup, model_types, variant_cases, variant_overrides
+from runtime.models.tiny_configs import tiny_config
+from tests.engine.helpers import REPO
+from tests.models.mixers import minimal_mixers, mixing_modules
+
+LENGTH = 24  # past every tiny sliding window, so a windowed layer mixes as it does in training
+SP_FAMILIES = ("sp/", "dit/")  # the patch kinds that give a module a sequence-parallel path
+
+
+@functools.cache
+def patched_scopes() -> dict[str, frozenset[str]]:
+    """model_type -> the scopes of its spec's sequence-parallel patches (``Class.method``)."""
+    scopes = {}
+    for spec in load_specs(load_config(REPO), None):
+        if spec.model is not None:
+            own = {p.scope for p in spec.patches if p.template.name.startswith(SP_FAMILIES)}
+            scopes[spec.model.model_type] = frozenset(own)
+    return scopes
+
+
+def covering_scopes(module: torch.nn.Module) -> set[str]:
+    """The scopes a patch covering ``module`` would have: its class's methods, and its attention processor's."""
+    names = {type(module).__name__}
+    processor = getattr(module, "processor", None)
+    if processor is not None:
+        names.add(type(processor).__name__)
+    return names
+
+
+def uncovered(model_type: str, mixers: dict[str, torch.nn.Module]) -> list[str]:
+    scopes = patched_scopes()[model_type]
+    classes = {scope.split(".")[0] for scope in scopes}
+    return [
+        f"{name} ({type(module).__name__})" for name, module in mixers.items() if not covering_scopes(module) & classes
+    ]
+
+
+CASES = [case for case in variant_cases(model_types("causal_lm")) if lookup(case[0]).supports.sp]
+
+
+@pytest.mark.parametrize("model_type, variant", CASES, ids=[f"{m}-{v or 'tiny'}" for m, v in CASES])
+def test_every_mixer_of_a_causal_lm_has_an_sp_patch(model_type: str, variant: str | None) -> None:
+    torch.manual_seed(0)
+    model = causal_lm_class(model_type)(tiny_config(model_type, **variant_overrides(model_type, variant))).eval()
+    ids = torch.randint(1, model.config.vocab_size, (1, LENGTH), generator=torch.Generator().manual_seed(1))
+    mixers = minimal_mixers(mixing_modules(model, lambda: model(input_ids=ids), LENGTH))
+    assert mixers, f"{model_type}: no module mixes the sequence: the census saw nothing (its proof has no power)"
+    missing = uncovered(model_type, mixers)
+    assert not missing, (
+        f"{model_type}: sequence mixers without an sp/ or dit/ patch in specs/{model_type}.toml (under SP they would "
+        f"see one rank's tokens): {', '.join(missing)}"
+    )
+
+
+class _RunningMean(torch.nn.Module):
+    """A per-token MLP followed by a causal running mean over the sequence: a mixer no class name announces (as a
+    gated delta-net or a short causal convolution beside attention)."""
+
+    def __init__(self, mlp: torch.nn.Module) -> None:
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        out = self.mlp(hidden_states)
+        steps = torch.arange(1, out.shape[1] + 1, dtype=out.dtype).view(1, -1, 1)
+        return out.cumsum(dim=1) / steps
+
+
+def test_the_census_finds_a_mixer_that_no_name_announces() -> None:
+    """Its power: the same census on qwen3 with layer 0's MLP turned into a causal running mean names that MLP
+    (and still finds both attention modules, which qwen3's spec covers)."""
+    torch.manual_seed(0)
+    model = causal_lm_class("qwen3")(tiny_config("qwen3")).eval()
+    model.model.layers[0].mlp = _RunningMean(model.model.layers[0].mlp)
+    ids = torch.randint(1, model.config.vocab_size, (1, LENGTH), generator=torch.Generator().manual_seed(1))
+    mixers = minimal_mixers(mixing_modules(model, lambda: model(input_ids=ids), LENGTH))
+    assert sorted(mixers) == ["model.layers.0.mlp", "model.layers.0.self_attn", "model.layers.1.self_attn"]
+    assert uncovered("qwen3", mixers) == ["model.layers.0.mlp (_RunningMean)"]
