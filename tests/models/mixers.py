@@ -23,15 +23,26 @@ from torch import nn
 __all__ = ["MOVED", "minimal_mixers", "mixing_modules"]
 
 MOVED = 1e-3  # relative change of the other positions that counts as mixing (module docstring)
+MIN_TOKENS = 4  # a (batch, n, width) argument with fewer rows is not taken for a token stream
 
 
-def _sequence_input(args: tuple, kwargs: dict, length: int) -> tuple[str | int, torch.Tensor] | None:
-    """The first floating tensor argument shaped (batch, length, ...) (where the module reads its tokens)."""
-    items = [*enumerate(args), *kwargs.items()]
-    for key, value in items:
-        if torch.is_tensor(value) and value.is_floating_point() and value.dim() >= 3 and value.shape[1] == length:
-            return key, value
-    return None
+def _sequence_inputs(args: tuple, kwargs: dict, length: int | None) -> list[tuple[str | int, torch.Tensor, bool]]:
+    """The floating tensor arguments a module reads tokens from, each with whether it is a grid: (batch, length, ...)
+    tensors; ``length`` None: every (batch, n, width) token stream with n >= ``MIN_TOKENS`` (a DiT's image, text and
+    joint streams) and every channels-first grid (batch, channels, [frames,] height, width) (a convolution over the
+    latent image, e.g. a DiT feed-forward's depthwise conv)."""
+    found = []
+    for key, value in [*enumerate(args), *kwargs.items()]:
+        if not (torch.is_tensor(value) and value.is_floating_point() and value.dim() >= 3):
+            continue
+        if length is not None:
+            if value.shape[1] == length:
+                found.append((key, value, False))
+        elif value.dim() == 3 and value.shape[1] >= MIN_TOKENS:
+            found.append((key, value, False))
+        elif value.dim() in (4, 5) and all(size >= 2 for size in value.shape[2:]):
+            found.append((key, value, True))
+    return found
 
 
 def _first_tensor(output: Any) -> torch.Tensor | None:
@@ -44,24 +55,36 @@ def _first_tensor(output: Any) -> torch.Tensor | None:
     return None
 
 
-def _moves_others(module: nn.Module, args: tuple, kwargs: dict, key: str | int, hidden: torch.Tensor) -> bool:
+def _others(tensor: torch.Tensor, grid: bool) -> torch.Tensor:
+    """The positions that share nothing with the moved first one: tokens 1.. of a token stream; on a grid, the
+    positions whose every spatial index is past 0 (a norm over a trailing dim of a (batch, tokens, heads, width)
+    tensor, read as a grid, moves only positions in the first one's line: not mixing)."""
+    return tensor[(slice(None), slice(None), *([slice(1, None)] * (tensor.dim() - 2)))] if grid else tensor[:, 1:]
+
+
+def _moves_others(
+    module: nn.Module, args: tuple, kwargs: dict, key: str | int, hidden: torch.Tensor, grid: bool
+) -> bool:
     moved = hidden.clone()
-    moved[:, 0] = moved[:, 0] + 3.0 * hidden.std().clamp_min(1e-3)
+    first = (slice(None), slice(None), *([0] * (hidden.dim() - 2))) if grid else (slice(None), 0)
+    moved[first] = moved[first] + 3.0 * hidden.std().clamp_min(1e-3)
     if isinstance(key, int):
         args2, kwargs2 = (*args[:key], moved, *args[key + 1 :]), kwargs
     else:
         args2, kwargs2 = args, {**kwargs, key: moved}
     before, after = _first_tensor(module(*args, **kwargs)), _first_tensor(module(*args2, **kwargs2))
-    if before is None or after is None or before.dim() < 2 or before.shape[:2] != hidden.shape[:2]:
-        return False  # no per-token output to compare (a router's flattened logits, a pooled vector)
-    others, others_after = before[:, 1:].double(), after[:, 1:].double()
+    if before is None or after is None or before.dim() != hidden.dim() or before.shape[0] != hidden.shape[0]:
+        return False  # no per-position output to compare (a router's flattened logits, a pooled vector)
+    if (before.shape[2:] if grid else before.shape[1:2]) != (hidden.shape[2:] if grid else hidden.shape[1:2]):
+        return False  # positions changed (a strided patch embedding): no position-for-position comparison
+    others, others_after = _others(before, grid).double(), _others(after, grid).double()
     scale = others.norm().clamp_min(1e-30)
     return ((others_after - others).norm() / scale).item() > MOVED
 
 
-def mixing_modules(model: nn.Module, run: Callable[[], Any], length: int) -> dict[str, nn.Module]:
+def mixing_modules(model: nn.Module, run: Callable[[], Any], length: int | None = None) -> dict[str, nn.Module]:
     """Every module of ``model`` that mixes across the sequence in the forward ``run()`` performs, where the
-    sequence dimension is dim 1 of length ``length`` (module docstring), by path."""
+    sequence dimension is dim 1 of length ``length`` (None: of every token stream, ``_sequence_inputs``), by path."""
     calls: list[tuple[str, nn.Module, tuple, dict]] = []
     hooks = [
         module.register_forward_hook(
@@ -80,8 +103,7 @@ def mixing_modules(model: nn.Module, run: Callable[[], Any], length: int) -> dic
         for name, module, args, kwargs in calls:
             if name in found:
                 continue
-            seq = _sequence_input(args, kwargs, length)
-            if seq is not None and _moves_others(module, args, kwargs, *seq):
+            if any(_moves_others(module, args, kwargs, *seq) for seq in _sequence_inputs(args, kwargs, length)):
                 found[name] = module
     return found
 

@@ -38,20 +38,23 @@ def patched_scopes() -> dict[str, frozenset[str]]:
     return scopes
 
 
-def covering_scopes(module: torch.nn.Module) -> set[str]:
-    """The scopes a patch covering ``module`` would have: its class's methods, and its attention processor's."""
-    names = {type(module).__name__}
-    processor = getattr(module, "processor", None)
-    if processor is not None:
-        names.add(type(processor).__name__)
-    return names
+def covering_classes(name: str, module: torch.nn.Module, model: torch.nn.Module) -> set[str]:
+    """The generated classes a patch covering ``module`` may be on: its own, its attention processor's, and, for a
+    torch layer (a ``Conv2d``: no code of the model's to patch), its parent's, whose forward calls it. Only classes
+    of the generated modules count: upstream's class of the same name (a processor set back to diffusers' own) was
+    never patched."""
+    found = [module, getattr(module, "processor", None)]
+    if type(module).__module__.startswith("torch.") and "." in name:
+        found.append(model.get_submodule(name.rpartition(".")[0]))
+    return {type(x).__name__ for x in found if x is not None and type(x).__module__.startswith("generated.")}
 
 
-def uncovered(model_type: str, mixers: dict[str, torch.nn.Module]) -> list[str]:
-    scopes = patched_scopes()[model_type]
-    classes = {scope.split(".")[0] for scope in scopes}
+def uncovered(model_type: str, mixers: dict[str, torch.nn.Module], model: torch.nn.Module) -> list[str]:
+    classes = {scope.split(".")[0] for scope in patched_scopes()[model_type]}
     return [
-        f"{name} ({type(module).__name__})" for name, module in mixers.items() if not covering_scopes(module) & classes
+        f"{name} ({type(module).__name__})"
+        for name, module in mixers.items()
+        if not covering_classes(name, module, model) & classes
     ]
 
 
@@ -65,7 +68,7 @@ def test_every_mixer_of_a_causal_lm_has_an_sp_patch(model_type: str, variant: st
     ids = torch.randint(1, model.config.vocab_size, (1, LENGTH), generator=torch.Generator().manual_seed(1))
     mixers = minimal_mixers(mixing_modules(model, lambda: model(input_ids=ids), LENGTH))
     assert mixers, f"{model_type}: no module mixes the sequence: the census saw nothing (its proof has no power)"
-    missing = uncovered(model_type, mixers)
+    missing = uncovered(model_type, mixers, model)
     assert not missing, (
         f"{model_type}: sequence mixers without an sp/ or dit/ patch in specs/{model_type}.toml (under SP they would "
         f"see one rank's tokens): {', '.join(missing)}"
@@ -95,4 +98,49 @@ def test_the_census_finds_a_mixer_that_no_name_announces() -> None:
     ids = torch.randint(1, model.config.vocab_size, (1, LENGTH), generator=torch.Generator().manual_seed(1))
     mixers = minimal_mixers(mixing_modules(model, lambda: model(input_ids=ids), LENGTH))
     assert sorted(mixers) == ["model.layers.0.mlp", "model.layers.0.self_attn", "model.layers.1.self_attn"]
-    assert uncovered("qwen3", mixers) == ["model.layers.0.mlp (_RunningMean)"]
+    assert uncovered("qwen3", mixers, model) == ["model.layers.0.mlp (_RunningMean)"]
+
+
+def _dit_cases() -> list:
+    from runtime.diffusion.registry import lookup_dit
+    from tests.dit.cases import CASES as DIT_CASES
+
+    return [case for case in DIT_CASES.values() if lookup_dit(case.model_type).supports.sp]
+
+
+@pytest.mark.parametrize("case", _dit_cases(), ids=lambda case: case.name)
+def test_every_mixer_of_a_dit_has_an_sp_patch(case) -> None:
+    """The same census on each DiT's training class (tiny config and variants), on every token stream (image, text,
+    joint: each (batch, n, width) argument); the modules the spec runs before the token split on replicated tokens
+    (``replicated_modules``) need no SP path."""
+    from runtime.diffusion.registry import lookup_dit
+    from tests.dit.cases import inputs, shell
+
+    model, kwargs = shell(case).eval(), inputs(case)
+    run = lambda: model(**kwargs)  # noqa: E731
+    replicated = lookup_dit(case.model_type).supports.replicated_modules
+    mixers = {
+        name: module
+        for name, module in minimal_mixers(mixing_modules(model, run)).items()
+        if not any(name == path or name.startswith(f"{path}.") for path in replicated)
+    }
+    assert mixers, f"{case.name}: no module mixes its tokens: the census saw nothing (no power)"
+    missing = uncovered(case.model_type, mixers, model)
+    assert not missing, (
+        f"{case.name}: sequence mixers without an sp/ or dit/ patch in its spec (under SP they would see one rank's "
+        f"tokens): {', '.join(missing)}"
+    )
+
+
+def test_the_census_finds_a_processor_set_back_to_upstreams() -> None:
+    """Its power on a DiT: flux with one block's processor replaced by diffusers' own ``FluxAttnProcessor`` (same
+    class name, never patched) is named uncovered."""
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+
+    from tests.dit.cases import CASES as DIT_CASES
+    from tests.dit.cases import inputs, shell
+
+    model, kwargs = shell(DIT_CASES["flux"]).eval(), inputs(DIT_CASES["flux"])
+    model.transformer_blocks[0].attn.set_processor(FluxAttnProcessor())
+    mixers = minimal_mixers(mixing_modules(model, lambda: model(**kwargs)))
+    assert uncovered("flux", mixers, model) == ["transformer_blocks.0.attn (FluxAttention)"]
