@@ -26,22 +26,28 @@ MOVED = 1e-3  # relative change of the other positions that counts as mixing (mo
 MIN_TOKENS = 4  # a (batch, n, width) argument with fewer rows is not taken for a token stream
 
 
-def _sequence_inputs(args: tuple, kwargs: dict, length: int | None) -> list[tuple[str | int, torch.Tensor, bool]]:
-    """The floating tensor arguments a module reads tokens from, each with whether it is a grid: (batch, length, ...)
-    tensors; ``length`` None: every (batch, n, width) token stream with n >= ``MIN_TOKENS`` (a DiT's image, text and
-    joint streams) and every channels-first grid (batch, channels, [frames,] height, width) (a convolution over the
-    latent image, e.g. a DiT feed-forward's depthwise conv)."""
+TOKENS, GRID, ROWS = "tokens", "grid", "rows"  # how an argument holds its positions (``_sequence_inputs``)
+
+
+def _sequence_inputs(args: tuple, kwargs: dict, length: int | None) -> list[tuple[str | int, torch.Tensor, str]]:
+    """The floating tensor arguments a module reads positions from, each with its layout: (batch, length, ...)
+    tensors (``TOKENS``); ``length`` None: every (batch, n, width) token stream with n >= ``MIN_TOKENS`` (a DiT's
+    image, text and joint streams), every channels-first grid (batch, channels, [frames,] height, width) (``GRID``:
+    a convolution over the latent image, e.g. a DiT feed-forward's depthwise conv) and every (n, width) stream of
+    packed rows without a batch dimension (``ROWS``: a vision tower's patches)."""
     found = []
     for key, value in [*enumerate(args), *kwargs.items()]:
-        if not (torch.is_tensor(value) and value.is_floating_point() and value.dim() >= 3):
+        if not (torch.is_tensor(value) and value.is_floating_point() and value.dim() >= 2):
             continue
         if length is not None:
-            if value.shape[1] == length:
-                found.append((key, value, False))
+            if value.dim() >= 3 and value.shape[1] == length:
+                found.append((key, value, TOKENS))
         elif value.dim() == 3 and value.shape[1] >= MIN_TOKENS:
-            found.append((key, value, False))
+            found.append((key, value, TOKENS))
         elif value.dim() in (4, 5) and all(size >= 2 for size in value.shape[2:]):
-            found.append((key, value, True))
+            found.append((key, value, GRID))
+        elif value.dim() == 2 and value.shape[0] >= MIN_TOKENS:
+            found.append((key, value, ROWS))
     return found
 
 
@@ -55,29 +61,42 @@ def _first_tensor(output: Any) -> torch.Tensor | None:
     return None
 
 
-def _others(tensor: torch.Tensor, grid: bool) -> torch.Tensor:
-    """The positions that share nothing with the moved first one: tokens 1.. of a token stream; on a grid, the
-    positions whose every spatial index is past 0 (a norm over a trailing dim of a (batch, tokens, heads, width)
-    tensor, read as a grid, moves only positions in the first one's line: not mixing)."""
-    return tensor[(slice(None), slice(None), *([slice(1, None)] * (tensor.dim() - 2)))] if grid else tensor[:, 1:]
+def _first(tensor: torch.Tensor, layout: str) -> tuple:
+    """The index of the first position (the one moved)."""
+    return {TOKENS: (slice(None), 0), GRID: (slice(None), slice(None), *([0] * (tensor.dim() - 2))), ROWS: (0,)}[
+        layout
+    ]
+
+
+def _others(tensor: torch.Tensor, layout: str) -> torch.Tensor:
+    """The positions that share nothing with the moved first one: tokens (rows) 1..; on a grid, the positions whose
+    every spatial index is past 0 (a norm over a trailing dim of a (batch, tokens, heads, width) tensor, read as a
+    grid, moves only positions in the first one's line: not mixing)."""
+    if layout == GRID:
+        return tensor[(slice(None), slice(None), *([slice(1, None)] * (tensor.dim() - 2)))]
+    return tensor[:, 1:] if layout == TOKENS else tensor[1:]
+
+
+def _positions(tensor: torch.Tensor, layout: str) -> tuple[int, ...]:
+    return {TOKENS: tensor.shape[:2], GRID: (tensor.shape[0], *tensor.shape[2:]), ROWS: tensor.shape[:1]}[layout]
 
 
 def _moves_others(
-    module: nn.Module, args: tuple, kwargs: dict, key: str | int, hidden: torch.Tensor, grid: bool
+    module: nn.Module, args: tuple, kwargs: dict, key: str | int, hidden: torch.Tensor, layout: str
 ) -> bool:
     moved = hidden.clone()
-    first = (slice(None), slice(None), *([0] * (hidden.dim() - 2))) if grid else (slice(None), 0)
+    first = _first(hidden, layout)
     moved[first] = moved[first] + 3.0 * hidden.std().clamp_min(1e-3)
     if isinstance(key, int):
         args2, kwargs2 = (*args[:key], moved, *args[key + 1 :]), kwargs
     else:
         args2, kwargs2 = args, {**kwargs, key: moved}
     before, after = _first_tensor(module(*args, **kwargs)), _first_tensor(module(*args2, **kwargs2))
-    if before is None or after is None or before.dim() != hidden.dim() or before.shape[0] != hidden.shape[0]:
+    if before is None or after is None or before.dim() != hidden.dim():
         return False  # no per-position output to compare (a router's flattened logits, a pooled vector)
-    if (before.shape[2:] if grid else before.shape[1:2]) != (hidden.shape[2:] if grid else hidden.shape[1:2]):
-        return False  # positions changed (a strided patch embedding): no position-for-position comparison
-    others, others_after = _others(before, grid).double(), _others(after, grid).double()
+    if _positions(before, layout) != _positions(hidden, layout):
+        return False  # positions changed (a strided patch embedding, a merger): no position-for-position comparison
+    others, others_after = _others(before, layout).double(), _others(after, layout).double()
     scale = others.norm().clamp_min(1e-30)
     return ((others_after - others).norm() / scale).item() > MOVED
 

@@ -144,3 +144,39 @@ def test_the_census_finds_a_processor_set_back_to_upstreams() -> None:
     model.transformer_blocks[0].attn.set_processor(FluxAttnProcessor())
     mixers = minimal_mixers(mixing_modules(model, lambda: model(**kwargs)))
     assert uncovered("flux", mixers, model) == ["transformer_blocks.0.attn (FluxAttention)"]
+
+
+VLM_CASES = [case for case in variant_cases(model_types("vlm")) if lookup(case[0]).supports.sp]
+
+
+@pytest.mark.parametrize("model_type, variant", VLM_CASES, ids=[f"{m}-{v or 'tiny'}" for m, v in VLM_CASES])
+def test_every_mixer_of_a_vlm_has_an_sp_patch(model_type: str, variant: str | None) -> None:
+    """The census on each vision-language model with two images in its row: the language model's token stream and
+    the vision tower's packed patches (rows without a batch dimension) alike."""
+    from tests.parity.vlm import vlm_batch
+
+    config = tiny_config(model_type, **variant_overrides(model_type, variant))
+    torch.manual_seed(0)
+    model = lookup(model_type).causal_lm_class()(config).eval()
+    batch = vlm_batch(model_type)
+    mixers = minimal_mixers(mixing_modules(model, lambda: model(**batch)))
+    assert mixers, f"{model_type}: no module mixes the sequence: the census saw nothing (its proof has no power)"
+    missing = uncovered(model_type, mixers, model)
+    assert not missing, (
+        f"{model_type}: sequence mixers without an sp/ or dit/ patch in specs/{model_type}.toml (under SP they would "
+        f"see one rank's tokens): {', '.join(missing)}"
+    )
+
+
+def test_every_mixer_of_the_omni_thinker_has_an_sp_patch() -> None:
+    """The census on the omni thinker with an image, an audio clip and a video with audio in its row: its language
+    model, vision tower and audio encoder (its convolution front end runs on the whole gathered sequence)."""
+    from tests.omni.omni import MODEL_TYPE, generated_class, omni_batch, tiny_omni_config
+    from tests.omni.test_omni_off import ROWS
+
+    torch.manual_seed(0)
+    model = generated_class()(tiny_omni_config()).eval()
+    batch = omni_batch(*ROWS["image+audio+video_with_audio"])
+    mixers = minimal_mixers(mixing_modules(model, lambda: model(**batch)))
+    assert mixers, f"{MODEL_TYPE}: no module mixes the sequence: the census saw nothing (its proof has no power)"
+    assert not uncovered(MODEL_TYPE, mixers, model), uncovered(MODEL_TYPE, mixers, model)
