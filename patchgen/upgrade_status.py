@@ -14,13 +14,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from patchgen.config import ProjectConfig
 from patchgen.cst.locate import LocateError, code_of, normalize
 from patchgen.cst.plan import Edit, Plan, PlanError
 from patchgen.cst.scopes import scope_chain
-from patchgen.generate import candidate_lines
+from patchgen.generate import _positions, candidate_lines
 from patchgen.spec import Patch
 from patchgen.upstream import UpstreamFile
 
@@ -54,7 +53,8 @@ class Region:
 
 
 class UpstreamLines:
-    """Upstream line numbers of one parsed module (positions resolved once, on first use)."""
+    """Upstream line numbers of one parsed module (positions resolved once, on first use, and shared with the
+    error messages' candidate lines: ``generate._positions``, a second of codegen per big module)."""
 
     def __init__(self, module: cst.Module) -> None:
         self.module = module
@@ -62,7 +62,7 @@ class UpstreamLines:
 
     def span(self, node: cst.CSTNode) -> tuple[int, int]:
         if self._positions is None:
-            self._positions = MetadataWrapper(self.module, unsafe_skip_copy=True).resolve(PositionProvider)
+            self._positions = _positions(self.module)
         if isinstance(node, cst.Module):
             return 1, max(1, len(self.module.code.splitlines()))
         first = [self._positions[d].start.line for d in getattr(node, "decorators", ())]
