@@ -102,8 +102,9 @@ def _moves_others(
 
 
 def mixing_modules(model: nn.Module, run: Callable[[], Any], length: int | None = None) -> dict[str, nn.Module]:
-    """Every module of ``model`` that mixes across the sequence in the forward ``run()`` performs, where the
-    sequence dimension is dim 1 of length ``length`` (None: of every token stream, ``_sequence_inputs``), by path."""
+    """The modules of ``model`` that mix across the sequence in the forward ``run()`` performs, where the sequence
+    dimension is dim 1 of length ``length`` (None: of every token stream, ``_sequence_inputs``), by path; a module
+    containing one already found is not tried (it mixes through it, and is not minimal)."""
     calls: list[tuple[str, nn.Module, tuple, dict]] = []
     hooks = [
         module.register_forward_hook(
@@ -119,9 +120,9 @@ def mixing_modules(model: nn.Module, run: Callable[[], Any], length: int | None 
             hook.remove()
     found: dict[str, nn.Module] = {}
     with torch.no_grad():
-        for name, module, args, kwargs in calls:
-            if name in found:
-                continue
+        for name, module, args, kwargs in calls:  # children finish (and are recorded) before their parents
+            if name in found or any(_below(other, name) for other in found):
+                continue  # a container of a mixer is not minimal: not run again (the whole model is the costliest)
             if any(_moves_others(module, args, kwargs, *seq) for seq in _sequence_inputs(args, kwargs, length)):
                 found[name] = module
     return found
