@@ -80,7 +80,7 @@ def upstream_lines(module: cst.Module, nodes: list[cst.CSTNode]) -> list[int]:
     return [positions[n].start.line if n in positions else 0 for n in nodes]
 
 
-@functools.lru_cache(maxsize=4)
+@functools.lru_cache(maxsize=8)
 def _positions(module: cst.Module) -> Mapping[cst.CSTNode, CodeRange]:
     """Positions of a whole module cost about a second for a big file: an upgrade that reports many patches of
     one module computes them once (modules hash by identity)."""
@@ -146,9 +146,17 @@ def plan_error(spec: Spec, upstream: UpstreamFile, module: cst.Module, exc: Plan
 
 def parse_upstream(upstream: UpstreamFile) -> cst.Module:
     try:
-        return cst.parse_module(upstream.text)
+        return _parse(upstream.text)
     except cst.ParserSyntaxError as exc:
         raise PatchgenError(f"{upstream.relpath} ({upstream.pin}): libcst cannot parse it: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=8)
+def _parse(text: str) -> cst.Module:
+    """One parse per upstream text in a run: a shared module (diffusers' attention_processor.py, 5.7k lines, a
+    companion of several DiT specs) is parsed, and its positions resolved, once for all of them. Sharing is safe:
+    libcst trees are immutable, and each spec's plan and rewrite make new trees."""
+    return cst.parse_module(text)
 
 
 def plan_unit(spec: Spec, source: UnitSource) -> Plan:
