@@ -25,19 +25,22 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # Two pytest-xdist workers, a test file each at a time (tests/conftest.py: why loadfile, and the longest files first):
-# the serial run left one of the two cores idle most of the time (docs/performance.md, "make test").
+# the serial run left one of the two cores idle most of the time (docs/performance.md, "make test"). One intra-op
+# thread per worker (OMP_NUM_THREADS=1, as the spawned test ranks already run): two workers of two threads each on
+# two cores spin against each other (measured: 7% wall, 14% CPU on tests/dit + tests/parity).
 XDIST := -n 2 --dist loadfile
+PYTEST := OMP_NUM_THREADS=1 $(BIN)/pytest
 
 test: $(STAMP)
 	$(BIN)/ruff check .
 	# --full regenerates every body from its inputs: a header whose hashes were recomputed after an edit fails here.
 	$(BIN)/patchgen check --full
-	$(BIN)/pytest $(XDIST)
+	$(PYTEST) $(XDIST)
 
 # The edit loop's tier: the unit and single-process tests, under 3 minutes on 2 cores (docs/architecture.md, Tests).
 # `slow` (torch.distributed ranks, new interpreters, the measured-long tests) is marked by tests/conftest.py itself.
 test-fast: $(STAMP)
-	$(BIN)/pytest $(XDIST) -m "not slow"
+	$(PYTEST) $(XDIST) -m "not slow"
 
 # The numerics-sensitive suites under every kernel level this machine can run (tests/cpu_capabilities.py: ATen's
 # capability, MKL's instruction ceiling and code branch, oneDNN's ISA ceiling together, lowest first): each level sums in the orders
@@ -49,8 +52,8 @@ KERNEL_VARS := ATEN_CPU_CAPABILITY MKL_ENABLE_INSTRUCTIONS MKL_CBWR ONEDNN_MAX_C
 test-portability: $(STAMP)
 	env $(addprefix -u ,$(KERNEL_VARS)) $(BIN)/python -m tests.cpu_capabilities | while read -r level; do \
 		echo "== $$level =="; \
-		env $$level $(BIN)/pytest $(XDIST) -p no:cacheprovider $(NUMERICS) || exit 1; \
-		env $$level $(BIN)/pytest $(XDIST) -p no:cacheprovider -m dist $(LAYOUTS) || exit 1; \
+		env $$level $(PYTEST) $(XDIST) -p no:cacheprovider $(NUMERICS) || exit 1; \
+		env $$level $(PYTEST) $(XDIST) -p no:cacheprovider -m dist $(LAYOUTS) || exit 1; \
 	done
 
 demo: $(STAMP)
