@@ -137,11 +137,20 @@ def _check_processors(
             continue
         if any(name == prefix or name.startswith(prefix + ".") for prefix in replicated_modules):
             continue  # stated by the spec: runs before the split, on replicated tokens only
-        allowed = ", ".join(sorted(p.__name__ for p in processors))
+        got, names = type(processor), {p.__name__ for p in processors}
+        same_name = got.__name__ in names  # upstream's class beside its generated copy: say which is which
+        shown = (lambda cls: f"{cls.__module__}.{cls.__qualname__}") if same_name else (lambda cls: cls.__name__)
+        allowed = ", ".join(sorted(shown(p) for p in processors))
+        copy = (
+            f"; it is upstream's class of that name, not the generated copy: the code that built it imports it from "
+            f"{got.__module__} (a shared module), so that module must be a companion of the spec"
+            if same_name
+            else ""
+        )
         raise ValueError(
-            f"sequence parallelism: attention module {name} has {type(processor).__name__}, which is not SP-aware "
-            f"(SP-aware here: {allowed}). If {name} runs before the token split on replicated tokens only (e.g. a "
-            f"text refiner), add {name.split('.')[0]!r} to the var `replicated_modules` of {site}; if "
+            f"sequence parallelism: attention module {name} has {shown(got)}, which is not SP-aware "
+            f"(SP-aware here: {allowed}){copy}. If {name} runs before the token split on replicated tokens only (e.g. "
+            f"a text refiner), add {name.split('.')[0]!r} to the var `replicated_modules` of {site}; if "
             f"set_attn_processor replaced the generated processor, keep the generated one; or train with sp=1."
         )
 

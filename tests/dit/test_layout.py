@@ -81,3 +81,23 @@ def test_an_undeclared_replicated_module_is_refused_naming_the_var(tmp_path: Pat
     for message in messages:
         assert "attention module context_embedder.token_refiner" in message, message
         assert "add 'context_embedder' to the var `replicated_modules` of specs/hunyuanvideo.toml patch 2" in message
+
+
+def test_a_processor_of_the_same_name_as_the_generated_one_is_told_apart() -> None:
+    """Upstream's processor class beside its generated copy of the same name: the refusal qualifies both (it said
+    "has AttnProcessor2_0 ... SP-aware here: AttnProcessor2_0") and names the module the class came from."""
+    from diffusers.models.transformers.transformer_flux import FluxAttnProcessor
+
+    from runtime.diffusion.sp import _check_processors
+    from tests.dit.cases import CASES, shell
+
+    model = shell(CASES["flux"])
+    generated = type(model.transformer_blocks[0].attn.processor)
+    model.transformer_blocks[0].attn.set_processor(FluxAttnProcessor())
+    with pytest.raises(ValueError) as caught:
+        _check_processors(model, (generated,), (), "specs/flux.toml patch 1")
+    message = str(caught.value)
+    upstream = "diffusers.models.transformers.transformer_flux.FluxAttnProcessor"
+    assert f"transformer_blocks.0.attn has {upstream}, which is not SP-aware" in message, message
+    assert f"(SP-aware here: {generated.__module__}.FluxAttnProcessor)" in message, message
+    assert "upstream's class of that name, not the generated copy" in message, message
