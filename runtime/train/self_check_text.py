@@ -6,9 +6,12 @@ The proof's batch: one packed row per data-parallel replica (several documents e
 padding to add and exceed the shrunk window), exactly as the trainer's loader hands them out. The job's side runs
 the trainer's own step (``text_forward_backward``: ``shard_for_sp``, the global token count as
 ``num_items_in_batch``, the job's ``loss_chunk_size`` and MoE load-balancing switch) on a model made ready by the
-job's ``parallelize``. The reference runs every replica's row, concatenated into one packed row (documents stay
-apart: position ids restart, and no label crosses a row), in one process, fp32, with the generated class; the
-upstream class runs the same row with the same weights.
+job's ``parallelize``. The reference runs every replica's row in turn (gradients accumulated, the global token
+count as ``num_items_in_batch``: the job's loss), in one process, fp32, with the generated class, so that a layer
+carrying state along a row never sees another replica's tokens; with a MoE load-balancing loss on (a statistic of
+the whole batch) and for vision-language and omni models (upstream keeps its M-RoPE deltas between calls) the rows
+run concatenated into one packed row (documents stay apart: position ids restart, and no label crosses a row). The
+upstream class runs the same rows with the same weights.
 """
 
 from __future__ import annotations
@@ -125,21 +128,32 @@ def prove_text(
 
     aux_coef = getattr(shrunk.get_text_config(), "router_aux_loss_coef", 0.0) if entry.is_moe else 0.0
     moe_kwargs = {"output_router_logits": True} if aux_coef else {}
-    row = to_device(concatenated(rows), device)
+    # A text model runs every replica's row in turn, gradients accumulated: a layer that carries state along a row
+    # (a recurrence) must not see another replica's tokens. One packed row (documents stay apart) with a MoE
+    # load-balancing loss (a statistic of the whole batch) and for vision-language models (upstream keeps its
+    # M-RoPE deltas from one call to the next).
+    apart = entry.family == "causal_lm" and not aux_coef
+    batches = [to_device(row, device) for row in rows] if apart else [to_device(concatenated(rows), device)]
     count = target_count(rows).to(device)
+
+    def run(model: torch.nn.Module) -> torch.Tensor:
+        losses = []
+        for batch in batches:
+            out = model(**batch, num_items_in_batch=count, **moe_kwargs)
+            out.loss.backward()
+            losses.append(out.loss.detach())
+        return torch.stack(losses).sum()
+
     with parallel_state(ParallelState()):  # one process, fp32, the generated class: the reference
         reference.to(device).train()
-        out = reference(**row, num_items_in_batch=count, **moe_kwargs)
-        out.loss.backward()
-        ref_loss, ref_grads = out.loss.detach(), gradients(reference)
+        ref_loss = run(reference)
+        ref_grads = gradients(reference)
         upstream = upstream_class.from_config(shrunk, attn_implementation=shrunk._attn_implementation)
         upstream.load_state_dict(initial)
         upstream.to(device).train()
-        out = upstream(**row, num_items_in_batch=count, **moe_kwargs)
-        out.loss.backward()
         what = f"generated vs upstream {entry.upstream_auto} (one process, fp32)"
         comparisons.append(
-            compare(what, out.loss.detach(), gradients(upstream), ref_loss, ref_grads, tolerance(torch.float32))
+            compare(what, run(upstream), gradients(upstream), ref_loss, ref_grads, tolerance(torch.float32))
         )
     del reference, upstream
 

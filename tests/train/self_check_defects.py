@@ -7,6 +7,7 @@ import contextlib
 import io
 from types import SimpleNamespace
 
+import torch
 import transformers
 
 from runtime.diffusion.registry import training_class
@@ -29,6 +30,40 @@ class DoubledSPLoss(Qwen3):
         return out
 
 
+class _RunningMean(torch.nn.Module):
+    """A per-token MLP followed by a causal running mean over the whole row: state carried across positions with
+    no document boundary (as a linear-attention recurrence over packed rows)."""
+
+    def __init__(self, mlp: torch.nn.Module) -> None:
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        out = self.mlp(hidden_states)
+        return out.cumsum(dim=1) / torch.arange(1, out.shape[1] + 1, dtype=out.dtype, device=out.device).view(1, -1, 1)
+
+
+class RecurrentQwen3(Qwen3):
+    """The generated qwen3 with layer 0's MLP carrying state along the row (``_RunningMean``)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.model.layers[0].mlp = _RunningMean(self.model.layers[0].mlp)
+
+
+class RecurrentUpstreamQwen3(transformers.Qwen3ForCausalLM):
+    """Upstream's qwen3 with the same change (the proof compares the two classes too), built as the proof builds
+    upstream (an Auto class's ``from_config``)."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.model.layers[0].mlp = _RunningMean(self.model.layers[0].mlp)
+
+    @classmethod
+    def from_config(cls, config, **kwargs):
+        return cls._from_config(config, **kwargs)
+
+
 def job_config(model_type: str = "qwen3", **values) -> transformers.PretrainedConfig:
     """A real-sized job config of ``model_type`` (the transformers defaults plus ``values``), sdpa attention."""
     config = transformers.AutoConfig.for_model(model_type, use_cache=False, **values)
@@ -36,9 +71,11 @@ def job_config(model_type: str = "qwen3", **values) -> transformers.PretrainedCo
     return config
 
 
-def check_worker(rank: int, world_size: int, raw: dict, model_class: type | None, values: dict) -> tuple[str, str]:
-    """Run the self-check of run config ``raw`` on a job config of ``values`` with ``model_class``: (rank 0's stdout,
-    the error it raised or "")."""
+def check_worker(
+    rank: int, world_size: int, raw: dict, model_class: type | None, values: dict, upstream_class: type | None = None
+) -> tuple[str, str]:
+    """Run the self-check of run config ``raw`` on a job config of ``values`` with ``model_class`` (and
+    ``upstream_class``): (rank 0's stdout, the error it raised or "")."""
     from runtime.config.errors import ConfigError
     from runtime.moe.dispatch import register_experts_kernels
     from runtime.parallel.state import set_parallel_state
@@ -53,6 +90,7 @@ def check_worker(rank: int, world_size: int, raw: dict, model_class: type | None
     job._experts_implementation = config.model.experts_implementation  # what build_model sets
     out, error = io.StringIO(), ""
     classes = {} if model_class is None else {"model_class": model_class}
+    classes.update({} if upstream_class is None else {"upstream_class": upstream_class})
     try:
         with contextlib.redirect_stdout(out):
             self_check(config, state, SimpleNamespace(config=job), **classes)

@@ -17,7 +17,14 @@ from runtime.train.self_check import untouched_rng
 from runtime.train.self_check_shrink import ShrinkLayout, fit_layer_types, shrink_values
 from tests.dist_utils import run_distributed
 from tests.train.common import TINY_MODEL, TINY_MOE, run_config, run_main
-from tests.train.self_check_defects import DoubledSPLoss, check_worker, job_config, train_printing_worker
+from tests.train.self_check_defects import (
+    DoubledSPLoss,
+    RecurrentQwen3,
+    RecurrentUpstreamQwen3,
+    check_worker,
+    job_config,
+    train_printing_worker,
+)
 
 SKIPS = "train.self_check: {enabled: false, reason: ...} skips the check"  # the refusal's last words
 
@@ -282,3 +289,14 @@ def test_a_run_without_its_proof_says_so_and_records_it(tmp_path: Path, capsys: 
     assert json.loads((tmp_path / "hf" / EXPORT_MARKER).read_text())["layout"] == record
     (marker,) = (tmp_path / "ckpt").glob(f"*/{COMPLETE_MARKER}")
     assert json.loads(marker.read_text())["model"]["layout"] == record
+
+
+@pytest.mark.dist
+def test_replicas_rows_stay_apart_in_the_reference(tmp_path: Path) -> None:
+    """A model whose layer carries state along the row (a running mean, as a recurrence over packed rows) at
+    dp_shard 2: each replica runs its own row, and so must the one-process reference; it packed both replicas' rows
+    into one, so replica 1's tokens saw replica 0's and a correct job was refused."""
+    raw = run_config(tmp_path, parallel={"dp_shard": 2}, model={"config": TINY_MODEL})
+    results = run_distributed(check_worker, 2, raw, RecurrentQwen3, {}, RecurrentUpstreamQwen3, timeout=300)
+    out, error = results[0]
+    assert error == "" and out.startswith("self-check: passed in "), results
