@@ -27,7 +27,18 @@ def packed_batch(lengths: tuple[int, ...], seed: int = 1) -> dict[str, torch.Ten
 
 
 def grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    """Every trainable parameter's gradient (whole: a sharded one gathered), one the backward did not reach as
+    zeros (the same on every rank and side); a frozen parameter (``requires_grad`` False: no gradient by design) is
+    left out, so the suites compare what exists. Collective for sharded parameters: every rank calls it."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        grad = param.grad if param.grad is not None else torch.zeros_like(param)
+        out[name] = (grad.full_tensor() if isinstance(grad, DTensor) else grad).detach().clone()
+    return out
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

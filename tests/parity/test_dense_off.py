@@ -50,3 +50,19 @@ def test_chunked_loss_matches_upstream_without_logits(model_type: str) -> None:
         out.loss.backward()
     results = [{"loss": out.loss.detach(), "grads": grads(m)} for out, m in ((got, generated), (ref, upstream))]
     assert_within_rounding(*results, {"loss": truth.loss.detach(), "grads": grads(truth_model)}, what=model_type)
+
+
+def test_a_frozen_parameter_is_left_out_and_the_rest_compared() -> None:
+    """A parameter with no gradient by design (``requires_grad`` False, as a model may register one): the suites'
+    gradient helper compares what exists (it read every parameter's ``.grad`` and failed on the frozen one's None),
+    and a trainable parameter the backward did not reach counts as zeros on both sides."""
+    upstream, generated = models("qwen3")
+    for model in (upstream, generated):
+        model.model.norm.weight.requires_grad_(False)
+    batch = packed_batch((7, 10, 4))
+    for model in (upstream, generated):
+        model(**batch).loss.backward()
+    ref, got = grads(upstream), grads(generated)
+    assert "model.norm.weight" not in ref and ref.keys() == got.keys() and len(ref) > 10
+    for name in ref:
+        assert torch.equal(ref[name], got[name]), name

@@ -8,6 +8,7 @@ import torch
 
 from runtime.models.registry import model_types, variant_cases
 from tests.dist_utils import run_distributed
+from tests.parity.dense import grads as trainable_grads
 from tests.supports import CAPABILITIES, needs, require, supporting
 from tests.tolerance import assert_within_rounding
 
@@ -72,7 +73,7 @@ def reference(model_type: str, num_rows: int, dtype: torch.dtype = torch.float32
     return {
         "lm": lm.detach(),
         "aux": None if aux is None else aux.detach(),
-        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+        "grads": trainable_grads(model),
     }
 
 
@@ -101,7 +102,7 @@ def _parallel_run(rank: int, model_type: str, layout: dict) -> dict:
     lm, aux = _losses(out, model.config)
     lm_share = lm.detach()
     dist.all_reduce(lm_share, group=state.dp_group)
-    grads = {n.replace("_fsdp_wrapped_module.", ""): p.grad.full_tensor() for n, p in model.named_parameters()}
+    grads = {n.replace("_fsdp_wrapped_module.", ""): g for n, g in trainable_grads(model).items()}
     aux = None if aux is None else aux.detach()
     return {"lm": lm_share, "aux": aux, "grads": grads if rank == 0 else None}
 

@@ -17,6 +17,7 @@ import torch
 
 from runtime.models.registry import lookup, model_types
 from tests.dist_utils import run_distributed
+from tests.parity.dense import grads as trainable_grads
 from tests.parity.dense import relative_error
 from tests.parity.test_vlm_sp import CASES, forward_kwargs, full_batch, shard
 from tests.supports import needs, require, supporting
@@ -79,7 +80,7 @@ def reference(model_type: str, num_rows: int, dtype: torch.dtype = torch.float32
     return {
         "lm": (out.loss - coef * out.aux_loss).detach(),
         "aux": out.aux_loss.detach(),
-        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+        "grads": trainable_grads(model),
     }
 
 
@@ -89,7 +90,6 @@ def parallel_worker(rank: int, world: int, layout: dict, models: list[str]) -> d
 
 def _parallel_run(rank: int, model_type: str, layout: dict) -> dict:
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
 
     from runtime.moe.dispatch import register_experts_kernels
     from runtime.parallel.expert_parallel import apply_ep
@@ -108,10 +108,7 @@ def _parallel_run(rank: int, model_type: str, layout: dict) -> dict:
     coef = model.config.text_config.router_aux_loss_coef
     lm_share = (out.loss - coef * out.aux_loss).detach()
     dist.all_reduce(lm_share, group=state.dp_group)
-    grads = {}
-    for name, param in model.named_parameters():  # full_tensor is collective: every rank gathers every grad
-        grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
-        grads[name.replace("_fsdp_wrapped_module.", "")] = grad
+    grads = {n.replace("_fsdp_wrapped_module.", ""): g for n, g in trainable_grads(model).items()}  # collective
     return {"lm": lm_share, "aux": out.aux_loss.detach(), "grads": grads if rank == 0 else None}
 
 
