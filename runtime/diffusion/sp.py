@@ -141,12 +141,9 @@ def _check_processors(
         same_name = got.__name__ in names  # upstream's class beside its generated copy: say which is which
         shown = (lambda cls: f"{cls.__module__}.{cls.__qualname__}") if same_name else (lambda cls: cls.__name__)
         allowed = ", ".join(sorted(shown(p) for p in processors))
-        copy = (
-            f"; it is upstream's class of that name, not the generated copy: the code that built it imports it from "
-            f"{got.__module__} (a shared module), so that module must be a companion of the spec"
-            if same_name
-            else ""
-        )
+        where = f"{got.__module__} (a shared module), so that module must be a companion of the spec"
+        copy = f"; it is upstream's class of that name, not the generated copy: it was imported from {where}"
+        copy = copy if same_name else ""
         raise ValueError(
             f"sequence parallelism: attention module {name} has {shown(got)}, which is not SP-aware "
             f"(SP-aware here: {allowed}){copy}. If {name} runs before the token split on replicated tokens only (e.g. "
