@@ -15,17 +15,9 @@ from runtime.plan.choice import choice_lines
 from runtime.plan.config import read_plan
 from runtime.plan.footprint import Footprint
 from runtime.plan.layout import USABLE, Layout, candidates, fitting, per_rank, smallest_fitting
+from tests.plan_configs import TINY_QWEN3
 
 GIB = 2**30
-TINY_QWEN3 = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "vocab_size": 256,
-}
 # a Wan2.1-14B-like footprint: its activations without checkpointing need sp 8 to fit 80 GiB, with it sp 1 does
 FP = Footprint(
     name="dit",

@@ -19,18 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.plan_configs import TINY_QWEN3 as TINY
+
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 60  # seconds; a checked error answers in about one (no torch import)
-
-TINY = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "vocab_size": 256,
-}
 
 
 def _plan(path: Path, config: dict, model_type: str = "qwen3", workload: dict | None = None) -> Path:

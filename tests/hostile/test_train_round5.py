@@ -19,20 +19,11 @@ import pytest
 import yaml
 
 from runtime.checkpoint import COMPLETE_MARKER
+from tests.plan_configs import TINY_QWEN3
 from tests.train.common import run_config, run_main
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-
-TINY_QWEN3 = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "vocab_size": 256,
-}
 
 
 def _module(module: str, *args: str, timeout: float = 120) -> tuple[int, list[str]]:
@@ -50,9 +41,7 @@ def test_a_plan_whose_tokens_overflow_torch_is_one_line_without_torch_log(tmp_pa
     """10**11 tokens pass the plan file's checks but overflow a fake tensor's size: torch logs the failing kernel's
     traceback before raising, which buried the one-line error under ~30 lines."""
     path = tmp_path / "huge.yaml"
-    path.write_text(
-        yaml.safe_dump({"model": {"type": "qwen3", "config": TINY_QWEN3}, "workload": {"tokens": 10**11}})
-    )
+    path.write_text(yaml.safe_dump({"model": {"type": "qwen3", "config": TINY_QWEN3}, "workload": {"tokens": 10**11}}))
     code, lines = _module("runtime.plan", str(path), "--gpus", "1")
     assert code == 2 and len(lines) == 1, (code, lines[:3])
     assert lines[0].startswith(f"error: {path}: model: "), lines
