@@ -20,6 +20,7 @@ PACKAGE_DIR = Path(__file__).parent
 # imports).
 FRONT_ENDS = (
     "cli.py",
+    "draft/",  # a package: `patchgen draft` writes a spec, the usual generation then reads it
     "migrate.py",
     "migrate_rules/",  # a package: every module under it
     "report.py",

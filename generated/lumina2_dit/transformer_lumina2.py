@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_lumina2.py sha256=00ff868c414ba0ed27f441a05c06e20c820af272e762837a30d233347c7f058e
 # spec: specs/lumina2.toml sha256=5ad4a39b4d8ba923bc7c3f30f4b64f5224bf675a23b5a58fa3dd01a57a349aa7
 # templates: sha256=284f042736079146fa771b79d232d1781ad22222b919109e94f44f980e86646c
-# engine: patchgen==0.1.0 sha256=6dd7573e23f9a6967298886a706535ffb9ee88aaec0f099a07dab7a337ee68fa
+# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
 # body: sha256=f20048ca04dacb4bf6e20ce1a99ed2f0543419f06749aeafb02b5f113c124970
 # patches:
 #   #1 dit/shard_tokens @ Lumina2Transformer2DModel.forward: each SP rank runs the joint blocks on its slice of every sample's [caption, image, padding] sequence and of its key mask (the refiners before it ran on replicated tokens)

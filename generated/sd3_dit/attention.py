@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/attention.py sha256=a530e769345d20ed9296b608c5332351ecd94b12e7fedc289f9983afa04a3e4a
 # spec: specs/sd3.toml sha256=34fdad8151d34e7d9719d3dd47dea54ae566f2f02c7ea54f5f25a0a025f67947
 # templates: sha256=f78d246ff936297c46381cc3c24606d65ecc4d1f074483718a0d7f4cd91bd31f
-# engine: patchgen==0.1.0 sha256=6dd7573e23f9a6967298886a706535ffb9ee88aaec0f099a07dab7a337ee68fa
+# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
 # body: sha256=171598d5debb5a0ab650bf3225b692169bc465d22113e19431ce643392cd76af
 # patches:
 # ---- end of patchgen provenance ----

@@ -4,7 +4,7 @@
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
 # spec: specs/sd3.toml sha256=34fdad8151d34e7d9719d3dd47dea54ae566f2f02c7ea54f5f25a0a025f67947
 # templates: sha256=f78d246ff936297c46381cc3c24606d65ecc4d1f074483718a0d7f4cd91bd31f
-# engine: patchgen==0.1.0 sha256=6dd7573e23f9a6967298886a706535ffb9ee88aaec0f099a07dab7a337ee68fa
+# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
 # body: sha256=debc05bb72f85777dcf8fa451b1467d45a1f34721391e396c67b59510ada0e3d
 # patches:
 #   #4 core/add_parameter @ JointAttnProcessor2_0.__call__: diffusers' Attention passes a processor only the kwargs its signature names: the processor takes the split
