@@ -17,6 +17,7 @@ from typing import Annotated
 import typer
 
 from patchgen.config import ProjectConfig, load_config
+from patchgen.draft.command import draft
 from patchgen.errors import PatchgenError
 from patchgen.ownership import ORPHAN, finish_interrupted_write
 from patchgen.project import check as check_project
@@ -33,6 +34,7 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="Generate reviewable training variants of upstream modeling code from declarative specs.",
 )
+app.command()(draft)  # patchgen/draft/: a front end that writes a spec
 RootOption = Annotated[Path | None, typer.Option("--root", help="project root (default: found from the cwd)")]
 FromOption = Annotated[
     list[str] | None,
@@ -123,8 +125,7 @@ def check(
 
 @app.command("list")
 def list_models(root: RootOption = None) -> None:
-    """Specs in this project: model, upstream module, output, patch count (and the released models a spec serves,
-    where its [model.data] names them)."""
+    """Specs: model, upstream module, output, patch count (and released models, where its [model.data] names them)."""
     config = open_project(root)
     for spec in load_specs(config, None):
         companions = f" (+ {', '.join(Path(c.output).name for c in spec.companions)})" if spec.companions else ""

@@ -1,0 +1,91 @@
+"""The draft pipeline: argument -> recognised structures -> tiny config -> spec text; loading a draft as the spec it
+would be, proving it generates, and diffing it against a committed spec (`--check`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import typer
+
+from patchgen.config import ProjectConfig
+from patchgen.draft.lm import Recognised, recognise
+from patchgen.draft.names import Target, resolve
+from patchgen.draft.render import spec_text
+from patchgen.draft.structure import Module
+from patchgen.draft.tiny import config_fields, tiny_config
+from patchgen.errors import PatchgenError
+from patchgen.spec import Spec, load_spec
+from patchgen.upstream import UpstreamSource
+
+
+@dataclass(frozen=True)
+class Drafted:
+    target: Target
+    found: Recognised
+    text: str
+
+
+def draft_spec(argument: str, source: UpstreamSource, pins: dict[str, str]) -> Drafted:
+    """The spec text for the decoder LM `argument` names (a model type or its causal-LM class)."""
+    target = resolve(argument, source, pins)
+    upstream = source.read(target.module)
+    found = recognise(target, upstream)
+    config_text = source.read(target.config_module).text
+    fields = config_fields(config_text, target.model_type)
+    tiny, variants, capabilities, notes = tiny_config(found, Module(upstream), fields, config_text)
+    return Drafted(target, found, spec_text(found, upstream.pin, tiny, variants, capabilities, notes))
+
+
+def load_drafted(config: ProjectConfig, name: str, text: str) -> Spec:
+    """The drafted text loaded as the spec `specs/<name>.toml` would be, without writing it there."""
+    with tempfile.TemporaryDirectory(prefix="patchgen-draft-") as folder:
+        temp = Path(folder) / f"{name}.toml"
+        temp.write_text(text, encoding="utf-8")
+        spec = load_spec(temp, config.templates_dir)
+    return dataclasses.replace(spec, path=config.spec_path(name))
+
+
+def prove(config: ProjectConfig, spec: Spec, source: UpstreamSource) -> None:
+    """Generate the draft in memory: every patch applies exactly once and the engine's checks pass, or one line."""
+    from patchgen.generate import generate
+    from patchgen.spec_set import check_model_upstream, check_module, check_output
+
+    check_output(config, spec)
+    check_module(config, spec)
+    check_model_upstream(config, spec)
+    try:
+        generate(spec, source, config)
+    except PatchgenError as exc:
+        first = str(exc).splitlines()[0]
+        raise PatchgenError(f"draft of {spec.name} does not generate, nothing written: {first}") from exc
+
+
+def check_draft(config: ProjectConfig, name: str, source: UpstreamSource) -> int:
+    """Print the diff committed spec -> fresh draft; 1 when they differ, 0 when not."""
+    path = config.spec_path(name)
+    if not path.is_file():
+        raise PatchgenError(f"draft --check {name}: no {path.name} in {config.specs_dir}; draft it first")
+    committed = path.read_text(encoding="utf-8")
+    try:
+        model_type = tomllib.loads(committed).get("model", {}).get("model_type", name)
+    except tomllib.TOMLDecodeError as exc:
+        raise PatchgenError(f"{path}: not valid TOML ({exc}); fix it, or redraft with --force") from exc
+    drafted = draft_spec(model_type, source, config.pins).text
+    lines = list(
+        difflib.unified_diff(
+            committed.splitlines(keepends=True),
+            drafted.splitlines(keepends=True),
+            f"a/{path.name}",
+            f"b/{path.name} (draft)",
+        )
+    )
+    if not lines:
+        typer.echo(f"{path.name}: equal to the draft")
+        return 0
+    typer.echo("".join(lines), nl=False)
+    return 1
