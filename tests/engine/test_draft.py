@@ -1,0 +1,104 @@
+"""`patchgen draft`: a decoder LM's spec drafted from the pinned upstream module reproduces the shipped one (the
+generated code and the model record), `--check` shows a hand edit, what draft does not recognise is stated, and bad
+input is one line with exit 2."""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from patchgen.config import load_config
+from patchgen.draft.pipeline import draft_spec
+from patchgen.draft.reproduce import reproduce
+from patchgen.upstream import PinnedSource
+from tests.engine.helpers import REPO
+from tests.engine.test_cli import expression_line, in_process, installed_transformers
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    """The project's pyproject, specs and templates (what draft and its in-memory generation read)."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    shutil.copy2(REPO / "pyproject.toml", root / "pyproject.toml")
+    for name in ("specs", "templates"):
+        shutil.copytree(REPO / name, root / name)
+    return root
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "gpt_oss"])
+def test_draft_reproduces_the_shipped_lm(name: str) -> None:
+    """Drafted without the spec, generated: the committed module's code and its record (tiny config included).
+    gpt_oss: eager attention wrapped (transformers refuses sdpa), mask builders without position ids, biased
+    experts in the EP plan; qwen3_moe: the builder chosen by the config, the load-balancing loss."""
+    config = load_config(REPO)
+    outcome = reproduce(config, name, PinnedSource(config.pins))
+    assert outcome.code_equal and outcome.record_equal, outcome.why
+
+
+def test_draft_writes_a_spec_whose_comments_say_where(scratch: Path, capsys) -> None:
+    (scratch / "specs" / "llama.toml").unlink()
+    code, out, err = in_process(scratch, capsys, "draft", "llama")
+    assert code == 0 and out.startswith("wrote specs/llama.toml: 4 patches"), (out, err)
+    text = (scratch / "specs" / "llama.toml").read_text()
+    upstream = installed_transformers()[0] / "models" / "llama" / "modeling_llama.py"
+    line = expression_line(upstream, "LlamaModel.forward", "self.rotary_emb(hidden_states, position_ids=position_ids)")
+    assert f"transformers/models/llama/modeling_llama.py:{line}\n" in text
+    spec = tomllib.loads(text)
+    assert [p["template"] for p in spec["patch"]] == [
+        "sp/full_sequence_mask",
+        "sp/rope_slice",
+        "sp/ulysses_attention",
+        "loss/causal_lm_head",
+    ]
+    assert list(scratch.glob("specs/.*")) == []  # the atomic write leaves no staging file
+    assert in_process(scratch, capsys, "draft", "--check", "llama")[:2] == (0, "llama.toml: equal to the draft\n")
+
+
+def test_check_shows_a_hand_edit(scratch: Path, capsys) -> None:
+    """The shipped qwen3 spec differs from its draft only in comments; a changed anchor shows as its own line."""
+    path = scratch / "specs" / "qwen3.toml"
+    path.write_text(path.read_text().replace('anchor = "create_sliding_window_causal_mask"', 'anchor = "x"'))
+    code, out, _ = in_process(scratch, capsys, "draft", "--check", "qwen3")
+    assert code == 1
+    assert '-anchor = "x"\n' in out and '+anchor = "create_sliding_window_causal_mask"\n' in out
+
+
+@pytest.mark.parametrize(
+    ("argument", "expected"),
+    [
+        ("lama", "not a model type of transformers==5.14.1; did you mean llama"),
+        ("AutoencoderKL", "AutoencoderKL is not a transformer"),
+        ("FluxTransformer2DModel", "draft does not read DiTs yet"),
+        ("torch.nn.Linear", "'torch' is outside the pinned packages"),
+        ("qwen2_vl", "no causal-LM class for it"),
+        ("llama", "specs/llama.toml exists: draft never overwrites a spec silently"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(scratch: Path, capsys, argument: str, expected: str) -> None:
+    before = (scratch / "specs" / "llama.toml").read_bytes()
+    code, out, err = in_process(scratch, capsys, "draft", argument)
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error: "), err
+    assert expected in err, err
+    assert (scratch / "specs" / "llama.toml").read_bytes() == before
+
+
+def test_force_replaces_an_existing_spec(scratch: Path, capsys) -> None:
+    path = scratch / "specs" / "llama.toml"
+    path.write_text(path.read_text() + "# a hand note\n")
+    code, out, _ = in_process(scratch, capsys, "draft", "--force", "llama")
+    assert code == 0 and "# a hand note" not in path.read_text()
+
+
+def test_an_unrecognised_mixer_is_stated_not_guessed() -> None:
+    """minimax interleaves a lightning (linear) attention with softmax attention: no SP kind splits it, so the draft
+    has no SP patch at all and names the class with its file:line in [model.unsupported]."""
+    config = load_config(REPO)
+    drafted = draft_spec("minimax", PinnedSource(config.pins), config.pins)
+    spec = tomllib.loads(drafted.text)
+    assert not any(p["template"].startswith(("sp/", "loss/")) for p in spec.get("patch", []))
+    reason = spec["model"]["unsupported"]["sp"]
+    assert "MiniMaxLightningAttention (transformers/models/minimax/modeling_minimax.py:" in reason
