@@ -36,7 +36,7 @@ from patchgen.ops.rename import Rename
 from patchgen.provenance import engine_sha256, templates_sha256, unified_diff
 from patchgen.spec import Patch, Spec
 from patchgen.spec_sites import check_processor_sites
-from patchgen.units import Redefined, Unit, assign, check_links, redefined, units
+from patchgen.units import Redefined, Unit, assign, check_links, companion_imports, redefined, units
 from patchgen.upstream import UpstreamFile, UpstreamSource
 
 T = TypeVar("T")
@@ -251,6 +251,9 @@ def build_file(spec: Spec, source: UnitSource, plan: Plan, config: ProjectConfig
     if layout is not None and layout.imported:
         line = f"from {unit.module} import {', '.join(layout.imported)}"
         patched = insert_imports(patched, [line], "companion", "upstream definitions this module does not redefine")
+    tree = functools.partial(parsed, upstream.text, f"{upstream.relpath} ({upstream.pin})")  # parsed when needed
+    used = companion_imports(unit, patches, tree(), companions) if companions.by_module else []
+    patched = insert_imports(patched, used, "companion classes", "the spec's copies, which the patches below name")
     patched = insert_imports(patched, plan.imports)
     if unit.companion:
         keep = {plan.renames.get(name, name) for name in unit.keep} | plan.added_names
@@ -294,7 +297,6 @@ def build_file(spec: Spec, source: UnitSource, plan: Plan, config: ProjectConfig
             f"{spec.path}: generated code refers to pruned or excluded names: {exc}; keep them "
             f"(add to 'keep'), stop excluding them, or patch the reference away"
         ) from exc
-    tree = functools.partial(parsed, upstream.text, f"{upstream.relpath} ({upstream.pin})")  # parsed when needed
     check_identifier_vars(patches, plan, tree, table, str(spec.path), relpath)
     return Generated(spec, upstream, relpath, text, unified_diff(upstream, text, relpath), header)
 

@@ -33,6 +33,7 @@ from typing import Any
 import jinja2
 
 from patchgen.accounting import PLACEHOLDER_KINDS, Reimplemented, parse_reimplements
+from patchgen.cst.attention_calls import AttentionCall
 from patchgen.errors import PatchgenError
 from patchgen.ops import OPS
 from patchgen.sandbox import BoundedEnvironment, render
@@ -53,6 +54,7 @@ class TemplateVar:
     choices: tuple[str, ...] = ()
     binds: bool = False  # an identifier the template assigns (a new local name): never checked as a reference
     module_level: bool = False  # an identifier naming a definition or import of the module (a class), never a local
+    min_items: int = 0  # a list the rendered code cannot do without (an empty one would render invalid Python)
 
     @property
     def required(self) -> bool:
@@ -60,7 +62,13 @@ class TemplateVar:
 
     def prepare(self, value: Any) -> Any:
         """The template input for a spec value; raises VarError when the value does not fit the kind."""
-        return prepare(self.kind, value, self.choices)
+        prepared = prepare(self.kind, value, self.choices)
+        if self.kind.is_list and len(prepared) < self.min_items:
+            raise VarError(
+                f"an array of at least {self.min_items} item{'s' if self.min_items > 1 else ''} ({self.doc}), found "
+                f"{value!r}: name them, or drop the patch"
+            )
+        return prepared
 
     def describe(self) -> str:
         choices = f" of {list(self.choices)}" if self.choices else ""
@@ -78,6 +86,7 @@ class Template:
     body: str
     sha256: str
     reimplements: tuple[Reimplemented, ...] = ()  # upstream statements a replacing template's code re-implements
+    attention_call: AttentionCall | None = None  # a stated layout checked against the anchored call (inserts)
 
     def var(self, name: str) -> TemplateVar | None:
         return next((v for v in self.vars if v.name == name), None)
@@ -124,7 +133,7 @@ def _parse_var(path: Path, var_name: str, decl: Any) -> TemplateVar:
         raise PatchgenError(f"{where}: a variable name must be a Python identifier")
     if not isinstance(decl, dict):
         raise PatchgenError(f"{where} must be a table with kind, doc and optional default/choices; found {decl!r}")
-    unknown = set(decl) - {"kind", "doc", "default", "choices", "binds", "module_level"}
+    unknown = set(decl) - {"kind", "doc", "default", "choices", "binds", "module_level", "min_items"}
     if "type" in decl:
         raise PatchgenError(
             f"{where}: 'type' is now 'kind' (one of int, float, bool, identifier, dotted, expr, str, "
@@ -132,7 +141,8 @@ def _parse_var(path: Path, var_name: str, decl: Any) -> TemplateVar:
         )
     if unknown:
         raise PatchgenError(
-            f"{where}: unknown key(s) {sorted(unknown)}; expected kind, doc, default, choices, binds, module_level"
+            f"{where}: unknown key(s) {sorted(unknown)}; expected kind, doc, default, choices, binds, module_level, "
+            f"min_items"
         )
     kind = parse_kind(decl.get("kind"))
     if kind is None:
@@ -161,8 +171,11 @@ def _parse_var(path: Path, var_name: str, decl: Any) -> TemplateVar:
             f"import of the generated module (not one the template binds); found module_level = {module_level!r} "
             f"on kind {kind.name!r}"
         )
+    min_items = decl.get("min_items", 0)
+    if type(min_items) is not int or min_items < 0 or min_items and not kind.is_list:
+        raise PatchgenError(f"{where}: min_items is a count (>= 0) of list items; found {min_items!r} ({kind.name})")
     default = decl.get("default", _MISSING)
-    var = TemplateVar(var_name, kind, decl.get("doc", ""), default, tuple(choices), binds, module_level)
+    var = TemplateVar(var_name, kind, decl.get("doc", ""), default, tuple(choices), binds, module_level, min_items)
     if not var.required:
         try:
             var.prepare(var.default)
@@ -182,10 +195,11 @@ def parse_template(name: str, path: Path, text: str) -> Template:
         meta = tomllib.loads(text[2:end])
     except tomllib.TOMLDecodeError as exc:
         raise PatchgenError(f"{path}: front matter is not valid TOML: {exc}") from exc
-    unknown = set(meta) - {"op", "doc", "imports", "vars", "reimplements"}
+    unknown = set(meta) - {"op", "doc", "imports", "vars", "reimplements", "attention_call"}
     if unknown:
         raise PatchgenError(
-            f"{path}: unknown front matter key(s) {sorted(unknown)}; expected op, doc, imports, vars, reimplements"
+            f"{path}: unknown front matter key(s) {sorted(unknown)}; expected op, doc, imports, vars, reimplements, "
+            f"attention_call"
         )
     op = meta.get("op")
     if op not in OPS:
@@ -221,7 +235,28 @@ def parse_template(name: str, path: Path, text: str) -> Template:
     except jinja2.TemplateSyntaxError as exc:
         raise PatchgenError(f"{path}:{exc.lineno}: template body is not valid jinja2: {exc.message}") from exc
     digest = hashlib.sha256(text.encode()).hexdigest()
-    return Template(name, path, op, meta["doc"], variables, tuple(imports), body, digest, reimplements)
+    call = _attention_call(path, op, meta.get("attention_call"), variables)
+    return Template(name, path, op, meta["doc"], variables, tuple(imports), body, digest, reimplements, call)
+
+
+def _attention_call(path: Path, op: str, table: Any, variables: tuple[TemplateVar, ...]) -> AttentionCall | None:
+    """``[attention_call]``: which vars state an insert's attention layout and name its tensors
+    (``patchgen.cst.attention_calls``)."""
+    if table is None:
+        return None
+    declared = {v.name for v in variables}
+    fits = (
+        isinstance(table, dict)
+        and set(table) == {"dims", "tensors", "side"}
+        and table["side"] in ("arguments", "result")
+        and {table["dims"], table["tensors"]} <= declared
+    )
+    if op != "insert" or not fits:
+        raise PatchgenError(
+            f"{path}: [attention_call] takes dims and tensors (names of declared vars) and side (arguments or "
+            f"result), for an insert beside an attention call; found {table!r} on op {op!r}"
+        )
+    return AttentionCall(table["dims"], table["tensors"], table["side"])
 
 
 def _is_import(line: str) -> bool:

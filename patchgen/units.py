@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from patchgen.cst.prune import parsed
+from patchgen.cst.prune import bound_names, parsed
 from patchgen.errors import PatchgenError
 from patchgen.model import module_of
 
@@ -95,6 +95,29 @@ def redefined(companions: Iterable[tuple[Unit, Iterable[str]]]) -> Redefined:
     return Redefined(
         {unit.module: (unit.generated_module, frozenset([*unit.keep, *added])) for unit, added in companions}
     )
+
+
+def companion_imports(unit: Unit, patches: Iterable[Patch], tree: ast.Module, companions: Redefined) -> list[str]:
+    """Imports of the generated companion classes a unit's patches name as module-level classes (``module_level``
+    vars, e.g. ``dit/shard_tokens``' SP-aware processors) but the unit's upstream module never imports: PixArt's
+    module uses ``AttnProcessor2_0`` only through ``Attention``'s default, and the generated module must check
+    instances of the spec's (SP-aware) copy, not upstream's. Names the module binds itself are left alone (an
+    import of a redefined name is re-pointed anyway)."""
+    top = set().union(set(), *(bound_names(stmt) for stmt in tree.body))
+    wanted: dict[str, list[str]] = {}
+    for patch in patches:
+        for var in patch.template.vars:
+            if not var.module_level:
+                continue
+            value = patch.vars.get(var.name, None if var.required else var.default)
+            for name in value if isinstance(value, list) else [value]:
+                if not isinstance(name, str) or name in top:
+                    continue
+                for upstream, (generated, names) in sorted(companions.by_module.items()):
+                    if name in names and upstream != unit.module and name not in wanted.setdefault(generated, []):
+                        wanted[generated].append(name)
+                        break
+    return [f"from {module} import {', '.join(names)}" for module, names in wanted.items() if names]
 
 
 def absolute_module(module: str, level: int, name: str | None) -> str:

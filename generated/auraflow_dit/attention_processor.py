@@ -3,8 +3,8 @@
 # template and run `patchgen regen auraflow`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
 # spec: specs/auraflow.toml sha256=2092dfaa60df08a809b423a124721b788ec2757b773ead5d107b073395ef1c6c
-# templates: sha256=dd03e184e0e11b7484bf4179bed2c2f4930595c7253fd0de6e116d8753635d98
-# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
+# templates: sha256=ba26cf995502ec36607dfa6862742a839b587a02db2037156ccfc243213cbd4c
+# engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=f7c281ad2287c57e0ec6bd95bda8f0f95444f39dc4945dd6376316f95cecd2b3
 # patches:
 #   #10 core/add_parameter @ AuraFlowAttnProcessor2_0.__call__: diffusers' Attention passes a processor only the kwargs its signature names: the processor takes the split

@@ -3,8 +3,8 @@
 # template and run `patchgen regen auraflow`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/auraflow_transformer_2d.py sha256=bb43860b13e59b4b578a054b3849a0de472e2b868f398ced6853c13d5de27a44
 # spec: specs/auraflow.toml sha256=2092dfaa60df08a809b423a124721b788ec2757b773ead5d107b073395ef1c6c
-# templates: sha256=dd03e184e0e11b7484bf4179bed2c2f4930595c7253fd0de6e116d8753635d98
-# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
+# templates: sha256=ba26cf995502ec36607dfa6862742a839b587a02db2037156ccfc243213cbd4c
+# engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=c21593bcd2077c87fc39525ab72cd146e4400e8fe9515b58c8da4290ad033e7e
 # patches:
 #   #1 dit/shard_tokens @ AuraFlowTransformer2DModel.forward: each SP rank runs the blocks on its slice of the patchified image tokens (learned position embeddings already added)

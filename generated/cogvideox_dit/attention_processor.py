@@ -3,8 +3,8 @@
 # template and run `patchgen regen cogvideox`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
 # spec: specs/cogvideox.toml sha256=8d71ee30a8854aa55f22bfbf8b1dd26e1263a6f16313faa95fc6feb08ce83c6a
-# templates: sha256=c800d1d844270e42a039169011b0917d0974595aa34ba55506dcae23170fd26c
-# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
+# templates: sha256=740e7fd8b4b7ae7b9002ecb62d96eb835214f1785bc9f915a0c730ad18ed8086
+# engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=aea3a1cfe0fbe132a38c21076a42a04678cd30d53a40a3ab5e6a061d6d461ebe
 # patches:
 #   #4 core/add_parameter @ CogVideoXAttnProcessor2_0.__call__: diffusers' Attention passes a processor only the kwargs its signature names: the processor takes the split

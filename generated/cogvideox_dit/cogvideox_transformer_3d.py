@@ -3,8 +3,8 @@
 # template and run `patchgen regen cogvideox`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/cogvideox_transformer_3d.py sha256=57b4d152bb38af4f90d2aab8df28fa2260c2b474dafdb4e7f144e43a4023259b
 # spec: specs/cogvideox.toml sha256=8d71ee30a8854aa55f22bfbf8b1dd26e1263a6f16313faa95fc6feb08ce83c6a
-# templates: sha256=c800d1d844270e42a039169011b0917d0974595aa34ba55506dcae23170fd26c
-# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
+# templates: sha256=740e7fd8b4b7ae7b9002ecb62d96eb835214f1785bc9f915a0c730ad18ed8086
+# engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=09aaf60be75c90d615efdfe6b82a0281f2a893801c8f4500f1ec1d5164c6f268
 # patches:
 #   #1 dit/shard_tokens @ CogVideoXTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens (position embeddings already added)

@@ -3,8 +3,8 @@
 # template and run `patchgen regen flux`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_flux.py sha256=19c283790c6ecce114759c47daf98b448292dec9c5070ad04eda1580fbf31770
 # spec: specs/flux.toml sha256=5b29df8992d96a506a9a5bcc5cc3ce479f7463735f31c458e7e441149ef02f8b
-# templates: sha256=88f8915891088d69cb8fe86d352522c6b20e27238a768e0af547e8964dab84f4
-# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
+# templates: sha256=6b636d12cd5bcc928ef018d25c3e0be4bc9ed2d83735e746387242dd802f6dfd
+# engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=d40e6578d220667f3dfc252c95f85323110f5b4e05492a712587d6a39feeb05f
 # patches:
 #   #1 dit/shard_tokens @ FluxTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens and their RoPE; text tokens and positions stay whole

@@ -3,8 +3,8 @@
 # template and run `patchgen regen hunyuanvideo`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_hunyuan_video.py sha256=c5de2f401716dad9d63a701dac70ae348debfc81640c33cb300c34f402b9f681
 # spec: specs/hunyuanvideo.toml sha256=c784f55eac49798f96cd0a4ab462502c5af64200a851661c18ab3931c5076bdb
-# templates: sha256=74305d2be96cd3d9e01a6476bb0e98719c964b78c048cb637e2c12c1ff22df7c
-# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
+# templates: sha256=392e4c3970ac7136f95d11ba8f466e5752a91866407dda1eb71e733588b97440
+# engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=48d62491a5caa5055a4c1ee5a63a54e36343bb22a584bc6440917241b6d38fad
 # patches:
 #   #1 dit/refuse_under_sp @ HunyuanVideoTransformer3DModel.forward: I2V token replacement indexes the first frame's tokens globally: refuse SP instead of modulating the wrong tokens

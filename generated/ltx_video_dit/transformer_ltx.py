@@ -3,8 +3,8 @@
 # template and run `patchgen regen ltx_video`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_ltx.py sha256=80054bdb54c44eeda70e5a1aa60a1e736a79418043a43b7b6ed25caa5f78e2ae
 # spec: specs/ltx_video.toml sha256=3c8ffd80494b0cd6fb261f5c511f6c8e02ecb76c77e903b58017bb2e8f7d1cb1
-# templates: sha256=f436d500105fa8e7e9196c6d1f48233f9756c4e08f7d30a9bb1710de44b74ff8
-# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
+# templates: sha256=39267e09a5335441ee5b9d5e8491ff538ad442f5fd4391678ba8d2e38b9c7dfb
+# engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=aa9558c4ec63c074b0b9cfc9b8a59a70123034660b606950f5ea69abf749695f
 # patches:
 #   #1 dit/shard_tokens @ LTXVideoTransformer3DModel.forward: each SP rank runs proj_in and the blocks on its slice of the packed video tokens (the RoPE was computed over the whole grid just before)

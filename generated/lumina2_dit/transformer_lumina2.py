@@ -3,8 +3,8 @@
 # template and run `patchgen regen lumina2`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_lumina2.py sha256=00ff868c414ba0ed27f441a05c06e20c820af272e762837a30d233347c7f058e
 # spec: specs/lumina2.toml sha256=5ad4a39b4d8ba923bc7c3f30f4b64f5224bf675a23b5a58fa3dd01a57a349aa7
-# templates: sha256=284f042736079146fa771b79d232d1781ad22222b919109e94f44f980e86646c
-# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
+# templates: sha256=dde0d716cbdd5d798b5af3f38e5f1a6f3641102b2401da228447ae0de8303dae
+# engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=f20048ca04dacb4bf6e20ce1a99ed2f0543419f06749aeafb02b5f113c124970
 # patches:
 #   #1 dit/shard_tokens @ Lumina2Transformer2DModel.forward: each SP rank runs the joint blocks on its slice of every sample's [caption, image, padding] sequence and of its key mask (the refiners before it ran on replicated tokens)

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen2_moe/modeling_qwen2_moe.py sha256=48fa5f02ffeb3881a55ab047c547600f99fd0ecac02c0bdeb8ad002d76af344d
 # spec: specs/qwen2_moe.toml sha256=5eb1ce881b60ada454abda40e397eaac3d870e94aa193a894d809a975efd4fde
 # templates: sha256=ae0ff8cf1535db0c588065a9823706cc3462815ecd6096af97f6d9bec5febab6
-# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
+# engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=a61c0141542920b2171241fb0ff4241b3edd382303f65c4f892c87ced83a585b
 # patches:
 #   #1 sp/full_sequence_mask @ Qwen2MoeModel.forward: Ulysses attention sees the whole sequence, so the causal/packing mask covers all sp * local tokens

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/processing_qwen3_omni_moe.py sha256=5ebde9431e03451e4d958afb1602704b1f184ebff8b6caf1d2875e3de6853172
 # spec: specs/qwen3_omni_moe_processor.toml sha256=095638e6373175c69bf7c369d7448e968b7e3a1c9d2e5a2a1cf0c2b0a901453a
 # templates: sha256=cd1b020916b5f2c08fd5826325bd3dcff84610d728f8ed9b7581adc94d6feace
-# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
+# engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=76bdde6e1ed30517db4fcd897971ff4640a9dde8f3850247615dc3e7f1971894
 # patches:
 #   #1 processor/kwarg_alias @ Qwen3OmniMoeProcessor.__call__: callers written for other processors pass audios=; upstream would ignore it (it lands in **kwargs)

@@ -4,7 +4,7 @@
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl/modeling_qwen3_vl.py sha256=fcb5571ef95e4a6679af866ef9ef4dfa5cee017f9f91453daf28c7804c7a50fe
 # spec: specs/qwen3_vl.toml sha256=0b764ff97590ec2a7fba011e97debd98066754a59117e4f929e3e9ae9042fa07
 # templates: sha256=ecbabbecbf2c0dd6e367a76a3f2dd18438e0166c4ec59d84c7ec62949d94a63c
-# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
+# engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=340642cd455e7a82ef0b9f1f7eb9befcea06a176304bd25741001d029fbba6f4
 # patches:
 #   #1 vlm/local_submodel @ Qwen3VLModel.__init__: the vision tower is this file's patched class, not upstream's via AutoModel

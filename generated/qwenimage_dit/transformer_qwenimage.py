@@ -3,8 +3,8 @@
 # template and run `patchgen regen qwenimage`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_qwenimage.py sha256=cea921e2dd8bba5fcd86ae99054d7320b2773cc653c04c218983d54e737e2cc5
 # spec: specs/qwenimage.toml sha256=e7345eceb1126a6c1b726715ebb40b1aea33158b59c62ad09ec352b48eb7620c
-# templates: sha256=88f8915891088d69cb8fe86d352522c6b20e27238a768e0af547e8964dab84f4
-# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
+# templates: sha256=6b636d12cd5bcc928ef018d25c3e0be4bc9ed2d83735e746387242dd802f6dfd
+# engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=0efeab962938bea57f754363d998d496bfc9fc7d239c316cb4fde58c09de60b1
 # patches:
 #   #1 dit/shard_tokens @ QwenImageTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole

@@ -3,8 +3,8 @@
 # template and run `patchgen regen sana`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/sana_transformer.py sha256=32cc5094a06ff448c03998aa7071f3350e64c7c1c80b2eba903817f2ab1d21fd
 # spec: specs/sana.toml sha256=2aebf8e7e563622689d3823807fc325e5201cb05ea7da9b214e09ce74a60e96b
-# templates: sha256=102d4e479a5c9142ef4f12006aa6c9a845c25589121df3fb53e86aade618f154
-# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
+# templates: sha256=28d35bc548a5fe106e4110df01257b6f9564be9294fe23cc932f50e384ec762e
+# engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=69d10f888a3e13dbd8a7f05931b8f49af7b9bebe07ccced758240be10b949bdb
 # patches:
 #   #1 dit/refuse_under_sp @ SanaTransformer2DModel.forward: ControlNet residuals cover every image token: refuse SP instead of adding them to the wrong tokens

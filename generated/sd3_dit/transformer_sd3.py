@@ -3,8 +3,8 @@
 # template and run `patchgen regen sd3`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_sd3.py sha256=0c9bcbf6c19c4eeb9c438332157d233f8191253125438e660054700e466c42d8
 # spec: specs/sd3.toml sha256=34fdad8151d34e7d9719d3dd47dea54ae566f2f02c7ea54f5f25a0a025f67947
-# templates: sha256=f78d246ff936297c46381cc3c24606d65ecc4d1f074483718a0d7f4cd91bd31f
-# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
+# templates: sha256=07619aae329bd2deac45e8b9142992840a5b4b0e92239408827c47b7f5e7e7f1
+# engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=f2e8d70b8cd7df382ce4f37d70e7cbf6105f60b72895a8e1d380d48e03b541d3
 # patches:
 #   #1 dit/refuse_under_sp @ SD3Transformer2DModel.forward: ControlNet residuals cover every image token: refuse SP instead of adding them to the wrong tokens

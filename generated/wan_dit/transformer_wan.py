@@ -3,8 +3,8 @@
 # template and run `patchgen regen wan`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_wan.py sha256=74741d74c9fa4b9d02be83de9840b37a732080a795aa2d19037c03e312c76907
 # spec: specs/wan.toml sha256=65b2a4a4052e9484ae9c9116c9c4a701f6cb52306a400f18309ae022f248157c
-# templates: sha256=f436d500105fa8e7e9196c6d1f48233f9756c4e08f7d30a9bb1710de44b74ff8
-# engine: patchgen==0.1.0 sha256=fbfb150ec95ac7685adb4ac301748fd6633808f98a8838cd88ef2b8cfd787174
+# templates: sha256=39267e09a5335441ee5b9d5e8491ff538ad442f5fd4391678ba8d2e38b9c7dfb
+# engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=d9e667e03b4408b1cba69c33b69c3ba575ee4d017827137c626b8251c6fb8349
 # patches:
 #   #1 dit/shard_tokens @ WanTransformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables

@@ -105,7 +105,9 @@ def check_identifier_vars(
                 raise PatchgenError(
                     f"{where}: {patch.label}: vars.{var} = {value!r} names no definition or import of {output}: "
                     f"{var} names classes of the module, never a parameter or local of {patch.where}. Name a class "
-                    f"the module defines or imports (a pruned definition: add it to 'keep'), or correct the name"
+                    f"the module defines or imports (a pruned definition: add it to 'keep'); a class of a shared "
+                    f"module it never imports: keep it in a [[companion]] of that module, and the generated module "
+                    f"imports the spec's copy; or correct the name"
                 )
         if not unresolved:
             continue

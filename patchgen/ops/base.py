@@ -169,6 +169,9 @@ def parse_statements(code: str, patch: Patch) -> list:
     except cst.ParserSyntaxError as exc:
         where = getattr(patch.template, "path", patch.template.name)
         message = f"template {where} renders invalid Python: {syntax_problem(code, exc)}"
+        empty = [name for name, value in sorted(patch.vars.items()) if value == []]
+        if empty:  # what a newcomer who emptied a list sees: name the list, not only the rendered line
+            message += f" (vars.{empty[0]} is an empty list: give it the items the template needs, or drop the patch)"
         raise PlanError(patch, message, kind=RENDER_ERROR) from exc
     body = list(module.body)
     if not body:

@@ -52,12 +52,7 @@ from torch import Tensor
 from torch.distributed import ProcessGroup
 
 from runtime.diffusion.sp_layout import AttentionLayout, check_layout
-from runtime.parallel.collectives import (
-    gather_along_dim,
-    gather_heads_scatter_seq,
-    slice_for_rank,
-    unpad,
-)
+from runtime.parallel.collectives import gather_along_dim, gather_heads_scatter_seq, slice_for_rank, unpad
 from runtime.parallel.sites import mark_site
 from runtime.parallel.state import get_parallel_state
 from runtime.sp.overlap import seq_to_heads
@@ -264,6 +259,7 @@ class AttentionSplit:
 
     shard: TokenShard
     layout: AttentionLayout
+    heads: int | None = None  # the attention module's head count, where it says it (checks the stated dims)
 
 
 def attention_split(
@@ -278,7 +274,7 @@ def attention_split(
         carrier = carrier.shard
     if not isinstance(carrier, TokenShard):
         return None
-    return AttentionSplit(carrier, AttentionLayout(replicated, dims, site))
+    return AttentionSplit(carrier, AttentionLayout(replicated, dims, site), getattr(module, "heads", None))
 
 
 def _joined(layout: AttentionLayout, replicated: Tensor, sharded: Tensor) -> Tensor:
@@ -311,6 +307,7 @@ def ulysses_to_heads(
         return query, key, value, attention_mask
     shard, layout = split.shard, split.layout
     query, key, value = (layout.to_bshd(x) for x in (query, key, value))
+    layout.check_heads(query, split.heads, "the query before the attention call")
     heads = query.size(2)
     if heads % shard.ulysses_size:
         raise ValueError(
@@ -351,13 +348,15 @@ def ulysses_to_heads(
     return query, key, value, attention_mask
 
 
-def ulysses_to_sequence(split: AttentionSplit | None, out: Tensor) -> Tensor:
+def ulysses_to_sequence(split: AttentionSplit | None, out: Tensor, dims: str | None = None) -> Tensor:
     """After attention: every token x this rank's heads -> this rank's sharded tokens x all heads (+ the replicated
-    segment, all-gathered over heads), the inverse of ``ulysses_to_heads``. Identity when ``split`` is None."""
+    segment, all-gathered over heads), the inverse of ``ulysses_to_heads``, in the order ``dims`` states (a call
+    that transposes q/k/v inline returns another) or the one stated before it. Identity when ``split`` is None."""
     if split is None:
         return out
-    shard, layout = split.shard, split.layout
+    shard, layout = split.shard, split.layout.with_dims(dims)
     out = layout.to_bshd(out)
+    layout.check_output(out, split.heads and split.heads // shard.ulysses_size, shard.span)
     count = out.size(1) - shard.span
     start = count if layout.replicated == "first" else 0
     local = out.narrow(1, start, shard.span)

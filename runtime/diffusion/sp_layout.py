@@ -5,9 +5,12 @@ one sequence that holds this rank's sharded tokens and, for joint attention, a s
 text, identical on every SP rank). Where that segment sits is a property of the model's code, not something the
 runtime may assume: Flux and Qwen-Image join ``[text, image]``, HunyuanVideo ``[video, text]``, Wan's
 self-attention has none. The spec states it (``replicated = "none" | "first" | "last"``) together with the order of
-the head and sequence dimensions (``dims = "bshd" | "bhsd"``), and the first SP forward checks the statement against
-the tensors (lengths against the split; the replicated segment bitwise equal on every SP rank and the sharded one
-not), so a wrong statement raises naming the spec's patch instead of computing a wrong result.
+the head and sequence dimensions (``dims = "bshd" | "bhsd"``, before the call and, when the call transposes its
+arguments inline, after it: ``dit/ulysses_to_sequence``'s own ``dims``). Regen checks the order against the anchored
+call where its code says it (``patchgen/cst/attention_calls.py``); the SP forward checks the statement against the
+tensors (the module's head count where the stated head dim is; lengths against the split; the replicated segment
+bitwise equal on every SP rank and the sharded one not), so a wrong statement raises naming the spec's patch
+instead of computing a wrong result.
 """
 
 from __future__ import annotations
@@ -43,6 +46,35 @@ class AttentionLayout:
 
     def from_bshd(self, x: Tensor) -> Tensor:
         return x.transpose(1, 2) if self.dims == "bhsd" else x
+
+    def with_dims(self, dims: str | None) -> AttentionLayout:
+        """The same call with its output in another stated order (``dit/ulysses_to_sequence``'s ``dims``: a call
+        that transposes its arguments inline returns the other layout); itself for None."""
+        return self if dims is None or dims == self.dims else dataclasses.replace(self, dims=dims)
+
+    def check_heads(self, x: Tensor, heads: int | None, what: str) -> None:
+        """Refuse a tensor whose stated head dim does not hold the attention module's ``heads`` while its stated
+        sequence dim does: the dims are swapped (a call that transposes q/k/v inline has the other layout before
+        it than after it). Silent when the module does not say its head count."""
+        if not isinstance(heads, int) or x.dim() != 4 or x.size(2) == heads or x.size(1) != heads:
+            return
+        other = "bhsd" if self.dims == "bshd" else "bshd"
+        raise ValueError(
+            f"{self.site}: {what} of shape {tuple(x.shape)} does not match the stated dims = {self.dims!r}: its "
+            f"{heads} attention heads are where the sequence should be; the tensors are {other!r} here (an attention "
+            f"call that transposes its arguments inline has one layout before it and another after it): state the "
+            f"dims the code has"
+        )
+
+    def check_output(self, out: Tensor, heads: int | None, span: int) -> None:
+        """The attention output (``(b, s, h, d)`` already) against this rank's heads and the call's query tokens."""
+        self.check_heads(out, heads, "the attention output")
+        if out.dim() != 4 or out.size(1) < span:
+            raise ValueError(
+                f"{self.site}: the attention output of shape {tuple(out.shape)} does not match the stated dims = "
+                f"{self.dims!r}: the call attended {span} sharded tokens, which that order does not hold along the "
+                f"sequence dim; state the dims the output has (dit/ulysses_to_sequence's `dims`)"
+            )
 
     def segments(self, length: int, local: int) -> tuple[int, int]:
         """(start of the sharded tokens, number of replicated tokens) in a sequence of ``length`` tokens."""

@@ -25,6 +25,7 @@ attended, partials merged by log-sum-exp, a backward that keeps only the local q
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -40,6 +41,8 @@ from runtime.sp.ring import ring_attention
 
 __all__ = ["ring_dispatch"]
 
+CALLEE_DIMS = {"dispatch_attention_fn": "bshd", "scaled_dot_product_attention": "bhsd"}  # what each takes
+
 
 def ring_dispatch(split: AttentionSplit | None, attention: Callable[..., Tensor]) -> Callable[..., Tensor]:
     """``attention`` itself unless this call carries the split under a ring; then a function with the same
@@ -47,7 +50,10 @@ def ring_dispatch(split: AttentionSplit | None, attention: Callable[..., Tensor]
     backend arguments ignored) that runs ring attention in the split's stated layout."""
     if split is None or split.shard.ring_size == 1:
         return attention
-    return functools.partial(_ring_call, split)
+    # the callee's own layout where it is a known one: a call that transposes q/k/v inline passes them in another
+    # order than the one stated for the tensors before it (Cosmos: dispatch_attention_fn(query.transpose(1, 2)))
+    dims = CALLEE_DIMS.get(getattr(attention, "__name__", ""))
+    return functools.partial(_ring_call, dataclasses.replace(split, layout=split.layout.with_dims(dims)))
 
 
 def _refuse(site: str, dropout_p: float, is_causal: bool, parallel_config: Any) -> None:
