@@ -12,7 +12,7 @@ import pytest
 
 from patchgen.config import load_config
 from patchgen.draft.pipeline import draft_spec
-from patchgen.draft.reproduce import reproduce
+from patchgen.draft.reproduce import NOT_REPRODUCED, reproduce
 from patchgen.upstream import PinnedSource
 from tests.engine.helpers import REPO
 from tests.engine.test_cli import expression_line, in_process, installed_transformers
@@ -29,14 +29,29 @@ def scratch(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen3_moe", "glm4_moe", "gpt_oss"])
 def test_draft_reproduces_the_shipped_lm(name: str) -> None:
     """Drafted without the spec, generated: the committed module's code and its record (tiny config included).
     gpt_oss: eager attention wrapped (transformers refuses sdpa), mask builders without position ids, biased
-    experts in the EP plan; qwen3_moe: the builder chosen by the config, the load-balancing loss."""
+    experts in the EP plan; qwen3_moe: the builder chosen by the config, the load-balancing loss; glm4_moe: an
+    aux-loss-free router, a leading dense layer, partial rotary; qwen2: a spec that extends qwen3, drafted whole."""
     config = load_config(REPO)
     outcome = reproduce(config, name, PinnedSource(config.pins))
     assert outcome.code_equal and outcome.record_equal, outcome.why
+
+
+@pytest.mark.parametrize("name", ["qwen2_moe", "mimo_v2_flash"])
+def test_a_hand_chosen_tiny_config_is_the_only_difference(name: str) -> None:
+    """The code is reproduced; the record differs in the tiny config alone, a hand choice that reproduce names
+    (NOT_REPRODUCED, docs/adding-a-model.md): draft's rule stays one rule for every model."""
+    config = load_config(REPO)
+    outcome = reproduce(config, name, PinnedSource(config.pins))
+    assert outcome.code_equal and not outcome.record_equal
+    reasons = outcome.why.split("; ")
+    assert reasons[0].startswith("record tiny: ") and all(
+        r == "only the patches' why in the markers differs" for r in reasons[1:]
+    ), outcome.why
+    assert "hand choice" in NOT_REPRODUCED[name]
 
 
 def test_draft_writes_a_spec_whose_comments_say_where(scratch: Path, capsys) -> None:
