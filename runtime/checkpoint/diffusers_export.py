@@ -6,7 +6,8 @@
   diffusers ``__init__`` parameters, safetensors with upstream key names).
 * **LoRA**: ``pytorch_lora_weights.safetensors`` written by the pipeline class's own ``save_lora_weights``
   (``transformer.``-prefixed peft keys plus the adapter config as metadata), which
-  ``pipeline.load_lora_weights(out_dir)`` accepts; ``fuse`` writes full weights with the adapter merged instead.
+  ``pipeline.load_lora_weights(out_dir)`` accepts (a pipeline class without that loader: peft's adapter directory);
+  ``fuse`` writes full weights with the adapter merged instead.
 
 The directory rules of ``runtime/checkpoint/export.py`` apply unchanged (``check_export_target``: never replaces a
 directory it did not write; an earlier export only with ``overwrite``; written as ``.<name>.tmp`` and renamed into
@@ -59,6 +60,18 @@ def _copy_pipeline(source: Path, out_dir: Path, component: str = _TRANSFORMER) -
             shutil.copy2(entry, out_dir / entry.name)
 
 
+def _save_peft_adapter(out_dir: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, Any]) -> None:
+    """A pipeline class without diffusers' LoRA loader (``PixArtSigmaPipeline``: its transformer has no
+    ``load_lora_adapter`` either) gets the adapter as peft saves it, ``adapter_model.safetensors`` and
+    ``adapter_config.json``, which peft's ``PeftModel.from_pretrained(pipe.transformer, out_dir)`` loads."""
+    from safetensors.torch import save_file
+
+    save_file(
+        {f"base_model.model.{k}": v.contiguous() for k, v in tensors.items()}, out_dir / "adapter_model.safetensors"
+    )
+    (out_dir / "adapter_config.json").write_text(json.dumps(metadata, indent=2, sort_keys=True) + "\n")
+
+
 def export_dit(
     out_dir: str | Path,
     *,
@@ -93,12 +106,16 @@ def export_dit(
         _write_marker(tmp, unproven)  # first, so that a leftover of this export is recognisably one
         if lora is not None:
             tensors, metadata = lora
-            pipeline_class(pipeline_dir).save_lora_weights(
-                tmp,
-                transformer_lora_layers={k: v.contiguous() for k, v in tensors.items()},
-                weight_name=LORA_WEIGHT_NAME,
-                transformer_lora_adapter_metadata=metadata,
-            )
+            cls = pipeline_class(pipeline_dir)
+            if not hasattr(cls, "save_lora_weights"):
+                _save_peft_adapter(tmp, tensors, metadata)
+            else:
+                cls.save_lora_weights(
+                    tmp,
+                    transformer_lora_layers={k: v.contiguous() for k, v in tensors.items()},
+                    weight_name=LORA_WEIGHT_NAME,
+                    transformer_lora_adapter_metadata=metadata,
+                )
         else:
             _copy_pipeline(Path(pipeline_dir), tmp, component)
             write_weights(tmp / component)

@@ -125,7 +125,10 @@ def test_condition_model_feeds_what_the_pipeline_feeds(name: str, tiny_pipelines
     if inputs["timestep"].dim() == 2:
         assert torch.equal(inputs["timestep"][0] == 0, seen["timestep"][0] == 0)
     out = transformer(**inputs, return_dict=False)[0]
-    assert out.shape == inputs.target.shape == (inputs["hidden_states"][:, : out.shape[1]]).shape
+    assert out.shape == inputs.target.shape
+    objective = getattr(cm, "objective", None)  # DDPM (PixArt): a learned variance doubles the output's channels
+    trained = objective.predicted(out) if objective is not None else out
+    assert trained.shape == (inputs["hidden_states"][:, : trained.shape[1]]).shape
 
     # batches: two samples (Qwen-Image prompts of different lengths are padded and masked)
     pair = cm.get_condition([PROMPT, "red"], [pixels, _pixels(case, 1)])
@@ -139,13 +142,16 @@ def test_condition_model_feeds_what_the_pipeline_feeds(name: str, tiny_pipelines
     if case.condition_class.prediction == "flow":  # x_s = (1 - s) x0 + s noise, target noise - x0
         noise = x0 + target
         expected = (1 - s) * x0 + s * noise
+    elif case.condition_class.prediction == "epsilon":  # DDPM: x_t = a x0 + s noise, a = sqrt(1 - s^2), target noise
+        noise = target
+        expected = (1 - s**2).sqrt() * x0 + s * noise
     else:  # v: x_t = a x0 + s noise with a = sqrt(1 - s^2), target a noise - s x0
         a = (1 - s**2).sqrt()
         noise = (target + s * x0) / a
         expected = a * x0 + s * noise
     given = getattr(batch, "loss_mask", None)  # latents the model is given (TI2V's first frame), not noised
     if given is not None:
-        keep = given.bool()
+        keep = given.bool()[:, : noisy.shape[1]]  # PixArt: the noise channels of [noise, variance]
         noisy, expected = noisy[keep], expected[keep]
     assert torch.allclose(noisy, expected, atol=1e-5)
     assert transformer(**batch, return_dict=False)[0].shape == batch.target.shape

@@ -134,6 +134,23 @@ def _lumina2(config: dict[str, Any], generator: torch.Generator) -> Inputs:
     }
 
 
+def _pixart_sigma(config: dict[str, Any], generator: torch.Generator) -> Inputs:
+    """6x10 latents, patch 2 -> 3 x 5 = 15 image tokens (sp = 2 and 4 do not divide them: every SP run pads); 7 text
+    tokens, the last sample's last 3 masked (the pipeline's T5 attention mask); integer timesteps; no resolution or
+    aspect-ratio conditions, as PixArtSigmaPipeline passes them; a batch of 2."""
+    batch, text = 2, 7
+    mask = torch.ones(batch, text, dtype=torch.long)
+    mask[-1, text - 3 :] = 0
+    return {
+        "hidden_states": torch.randn(batch, config["in_channels"], 6, 10, generator=generator),
+        "encoder_hidden_states": torch.randn(batch, text, config["caption_channels"], generator=generator),
+        "encoder_attention_mask": mask,
+        "timestep": torch.randint(0, 1000, (batch,), generator=generator),
+        "added_cond_kwargs": {"resolution": None, "aspect_ratio": None},
+        "return_dict": False,
+    }
+
+
 def _qwenimage(config: dict[str, Any], generator: torch.Generator) -> Inputs:
     """3x5 = 15 packed image tokens (zero_cond_t: plus a 2x3 condition image, batch 1), 7 text tokens of which
     the last sample's last 2 are padding."""
@@ -213,6 +230,7 @@ _BUILDERS: dict[str, Callable[[dict[str, Any], torch.Generator], Inputs]] = {
     "hunyuanvideo": _hunyuanvideo,
     "ltx_video": _ltx_video,
     "lumina2": _lumina2,
+    "pixart_sigma": _pixart_sigma,
     "qwenimage": _qwenimage,
     "sana": _sana,
     "sd3": _sd3,
