@@ -17,7 +17,13 @@ from patchgen.upstream import PinnedSource
 
 
 def draft(
-    name: Annotated[str, typer.Argument(help="a transformers model type (e.g. llama), or with --check a spec name")],
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="a transformers model type (e.g. llama), a diffusers transformer class (FluxTransformer2DModel), "
+            "or with --check a spec name"
+        ),
+    ],
     check: Annotated[
         bool, typer.Option("--check", help="re-draft and print the diff against specs/<name>.toml (exit 1 if any)")
     ] = False,

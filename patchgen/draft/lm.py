@@ -44,6 +44,7 @@ class Found:
     anchor: str | None = None
     through: str | None = None
     vars: dict[str, Any] = field(default_factory=dict)
+    place: str = "anchor"  # the spec key the anchor goes under: anchor, before or after
 
 
 @dataclass

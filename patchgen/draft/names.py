@@ -16,6 +16,7 @@ from patchgen.upstream import UpstreamSource
 AUTO_MAPPINGS = "transformers.models.auto.auto_mappings"
 MODELING_AUTO = "transformers.models.auto.modeling_auto"
 CAUSAL_LM_MAPPING = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
+DIT_PACKAGE = "diffusers.models.transformers."
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,19 @@ class Target:
     causal_lm: str
 
 
+@dataclass(frozen=True)
+class DitTarget:
+    """A diffusers transformer draft can read: its class, module, and the spec name (`<name>_dit` output folder)."""
+
+    cls: str
+    module: str
+    name: str
+
+    @property
+    def model_type(self) -> str:
+        return self.name
+
+
 def literal_mapping(text: str, variable: str) -> dict[str, str]:
     """`NAME = OrderedDict([(key, value), ...])` of an upstream module, read from its text."""
     for node in ast.parse(text).body:
@@ -40,8 +54,9 @@ def literal_mapping(text: str, variable: str) -> dict[str, str]:
     return {}
 
 
-def resolve(argument: str, source: UpstreamSource, pins: dict[str, str]) -> Target:
-    """The decoder LM `argument` names; PatchgenError (one line, exit 2) for anything draft cannot read."""
+def resolve(argument: str, source: UpstreamSource, pins: dict[str, str]) -> Target | DitTarget:
+    """The decoder LM (a model type or its causal-LM class) or the diffusers transformer class `argument`
+    names; PatchgenError (one line, exit 2) for anything draft cannot read."""
     if "." in argument or "/" in argument:
         package = re.split(r"[./]", argument)[0]
         if package not in pins:
@@ -59,6 +74,9 @@ def resolve(argument: str, source: UpstreamSource, pins: dict[str, str]) -> Targ
     if argument[:1].isupper():
         by_class = {cls: model_type for model_type, cls in causal.items()}
         if argument not in by_class:
+            where = _diffusers_class(argument, source) if "diffusers" in pins else None
+            if where is not None and where.startswith(DIT_PACKAGE):
+                return DitTarget(argument, where, _dit_name(where))
             raise PatchgenError(_not_a_decoder_class(argument, causal, pins, source))
         argument = by_class[argument]
     if argument not in configs:
@@ -77,19 +95,21 @@ def resolve(argument: str, source: UpstreamSource, pins: dict[str, str]) -> Targ
     return Target(argument, folder, f"{base}.modeling_{folder}", f"{base}.configuration_{folder}", causal[argument])
 
 
+def _dit_name(module: str) -> str:
+    """The spec name of a DiT: its module's name less `transformer` and `2d` / `3d` (transformer_wan -> wan,
+    sana_transformer -> sana, cogvideox_transformer_3d -> cogvideox)."""
+    parts = [p for p in module.rsplit(".", 1)[1].split("_") if p not in ("transformer", "2d", "3d")]
+    return "_".join(parts)
+
+
 def _not_a_decoder_class(name: str, causal: dict[str, str], pins: dict[str, str], source: UpstreamSource) -> str:
     """The one line for a class name that is no transformers causal-LM class: a diffusers class (a DiT draft is not
     written yet; anything else is not a transformer), or an unknown name with the nearest causal-LM classes."""
     where = _diffusers_class(name, source) if "diffusers" in pins else None
-    if where is not None and where.startswith("diffusers.models.transformers."):
-        return (
-            f"draft {name!r}: a diffusers transformer ({where}); draft does not read DiTs yet: write "
-            f"specs/<name>.toml by hand from a shipped DiT spec (docs/adding-a-model.md, A diffusion transformer)"
-        )
     if where is not None:
         return (
-            f"draft {name!r}: {where}.{name} is not a transformer (draft reads decoder LMs and, later, the classes of "
-            f"diffusers.models.transformers); nothing to draft"
+            f"draft {name!r}: {where}.{name} is not a transformer (draft reads decoder LMs and the classes of "
+            f"{DIT_PACKAGE.rstrip('.')}); nothing to draft"
         )
     near = difflib.get_close_matches(name, list(causal.values()), n=3, cutoff=0.6)
     hint = f"did you mean {' or '.join(near)}?" if near else "name a model type, e.g. llama"

@@ -13,8 +13,10 @@ from pathlib import Path
 import typer
 
 from patchgen.config import ProjectConfig
+from patchgen.draft.dit import recognise_dit
+from patchgen.draft.dit_spec import dit_capabilities, dit_spec_text, dit_tiny
 from patchgen.draft.lm import Recognised, recognise
-from patchgen.draft.names import Target, resolve
+from patchgen.draft.names import DitTarget, Target, resolve
 from patchgen.draft.render import spec_text
 from patchgen.draft.structure import Module
 from patchgen.draft.tiny import config_fields, tiny_config
@@ -25,15 +27,22 @@ from patchgen.upstream import UpstreamSource
 
 @dataclass(frozen=True)
 class Drafted:
-    target: Target
+    target: Target | DitTarget
     found: Recognised
     text: str
 
 
-def draft_spec(argument: str, source: UpstreamSource, pins: dict[str, str]) -> Drafted:
-    """The spec text for the decoder LM `argument` names (a model type or its causal-LM class)."""
+def draft_spec(argument: str, source: UpstreamSource, pins: dict[str, str], name: str | None = None) -> Drafted:
+    """The spec text for the decoder LM (a model type or its causal-LM class) or the diffusers transformer class
+    `argument` names; `name` overrides a DiT's spec name (default: its module's, `transformer_wan` -> wan)."""
     target = resolve(argument, source, pins)
     upstream = source.read(target.module)
+    if isinstance(target, DitTarget):
+        target = dataclasses.replace(target, name=name or target.name)
+        found = recognise_dit(target, upstream)
+        mod = Module(upstream)
+        text = dit_spec_text(found, upstream.pin, dit_tiny(mod, target.cls), dit_capabilities(mod, target.cls))
+        return Drafted(target, found, text)
     found = recognise(target, upstream)
     config_text = source.read(target.config_module).text
     fields = config_fields(config_text, target.model_type)
@@ -44,7 +53,8 @@ def draft_spec(argument: str, source: UpstreamSource, pins: dict[str, str]) -> D
 def load_drafted(config: ProjectConfig, name: str, text: str) -> Spec:
     """The drafted text loaded as the spec `specs/<name>.toml` would be, without writing it there."""
     with tempfile.TemporaryDirectory(prefix="patchgen-draft-") as folder:
-        temp = Path(folder) / f"{name}.toml"
+        temp = Path(folder) / config.specs_dir.name / f"{name}.toml"  # a site a template quotes: specs/<name>.toml
+        temp.parent.mkdir()
         temp.write_text(text, encoding="utf-8")
         spec = load_spec(temp, config.templates_dir)
     return dataclasses.replace(spec, path=config.spec_path(name))
@@ -65,6 +75,15 @@ def prove(config: ProjectConfig, spec: Spec, source: UpstreamSource) -> None:
         raise PatchgenError(f"draft of {spec.name} does not generate, nothing written: {first}") from exc
 
 
+def drafted_from(committed: dict, name: str) -> tuple[str, bool]:
+    """(what to draft, whether a DiT) for a committed spec: a DiT's diffusers class, else its model type."""
+    model = committed.get("model", {})
+    upstream = str(model.get("upstream", ""))
+    if model.get("family") == "dit" and upstream.startswith("diffusers."):
+        return upstream.rsplit(".", 1)[1], True
+    return model.get("model_type", name), False
+
+
 def check_draft(config: ProjectConfig, name: str, source: UpstreamSource) -> int:
     """Print the diff committed spec -> fresh draft; 1 when they differ, 0 when not."""
     path = config.spec_path(name)
@@ -72,10 +91,10 @@ def check_draft(config: ProjectConfig, name: str, source: UpstreamSource) -> int
         raise PatchgenError(f"draft --check {name}: no {path.name} in {config.specs_dir}; draft it first")
     committed = path.read_text(encoding="utf-8")
     try:
-        model_type = tomllib.loads(committed).get("model", {}).get("model_type", name)
+        argument, dit = drafted_from(tomllib.loads(committed), name)
     except tomllib.TOMLDecodeError as exc:
         raise PatchgenError(f"{path}: not valid TOML ({exc}); fix it, or redraft with --force") from exc
-    drafted = draft_spec(model_type, source, config.pins).text
+    drafted = draft_spec(argument, source, config.pins, name if dit else None).text
     lines = list(
         difflib.unified_diff(
             committed.splitlines(keepends=True),

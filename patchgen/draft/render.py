@@ -84,7 +84,7 @@ def spec_text(
 def _patch(patch: Found) -> list[str]:
     out = [f"# recognised: {patch.note}", "[[patch]]", f'template = "{patch.template}"', f'scope = "{patch.scope}"']
     if patch.anchor is not None:
-        out.append(f"anchor = {value(patch.anchor)}")
+        out.append(f"{patch.place} = {value(patch.anchor)}")
     if patch.through is not None:
         out.append(f"through = {value(patch.through)}")
     if patch.vars:
