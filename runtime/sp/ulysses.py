@@ -81,6 +81,7 @@ def ulysses_attention(inner: str | Callable[..., Any]):
         return gather_heads_scatter_seq(out, head_dim=2, seq_dim=1, group=group), None
 
     forward.__name__ = f"{PREFIX}{inner_name}"
+    forward.local_attention = inner  # what a rank would run alone (the self-check plants it: self_check_power)
     return forward
 
 

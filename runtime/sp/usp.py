@@ -140,6 +140,7 @@ def usp_attention(inner: str):
         return gather_heads_scatter_seq(out.transpose(1, 2), head_dim=2, seq_dim=1, group=group), None
 
     forward.__name__ = f"{PREFIX}{inner}"
+    forward.local_attention = inner  # what a rank would run alone (the self-check plants it: self_check_power)
     return forward
 
 

@@ -14,6 +14,7 @@ that the check is not available yet and go on.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -27,7 +28,18 @@ from torch.distributed.tensor import DTensor
 from runtime.config.errors import ConfigError
 from runtime.parallel.state import ParallelState
 
-__all__ = ["Comparison", "Proof", "compare", "gradients", "layout_text", "report", "tolerance", "untouched_rng"]
+__all__ = [
+    "Comparison",
+    "Proof",
+    "compare",
+    "gradients",
+    "layout_text",
+    "margin",
+    "power_text",
+    "report",
+    "tolerance",
+    "untouched_rng",
+]
 
 # fp32: the project's parity standard is 1e-5 (docs/parallelism.md, CPU gloo); the proof runs on the job's own
 # kernels and device, where reductions run in other orders, and must never stop a correct run: 10x margin. The
@@ -84,6 +96,8 @@ class Proof:
 
     shrunk: str  # "2 layers, hidden 64, 8 experts"
     comparisons: list[Comparison] = field(default_factory=list)
+    # one per planted defect (``self_check_power.py``): each must fail, or the proof has no power on this job
+    planted: list[Comparison] = field(default_factory=list)
 
 
 def relative(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
@@ -160,8 +174,27 @@ def _shown(tol: float) -> str:
     return f"{tol:.0e}" if tol < 1e-2 else f"{tol:g}"
 
 
+def margin(comparison: Comparison) -> float:
+    """How far outside the tolerance a planted defect landed: its largest error over the tolerance."""
+    return max(comparison.loss_error, comparison.worst()[1]) / comparison.tolerance
+
+
+def power_text(planted: list[Comparison]) -> str:
+    """The self-check line's power part: how many planted defects were caught and by what margin."""
+    if not planted:
+        return "power: no layout defect to plant in one process"
+    count = f"power: {len(planted)} planted defect{'s' if len(planted) > 1 else ''} detected"
+    finite = [margin(c) for c in planted if not math.isinf(margin(c))]
+    refused = len(planted) - len(finite)
+    by_check = f"{refused} by a run-time check" if refused else ""
+    if not finite:
+        return f"{count}, {'each' if refused > 1 else 'it'} refused by a run-time check"
+    return f"{count}, smallest margin {min(finite):.0f}x" + (f" ({by_check})" if refused else "")
+
+
 def report(proof: Proof, seconds: float, off_key: str) -> str:
-    """The start-up line of a proof that passed; raises ``ConfigError`` (one line, exit 2) for one that did not."""
+    """The start-up line of a proof that passed; raises ``ConfigError`` (one line, exit 2) for one that did not,
+    and for one without power: a planted defect it did not detect (``self_check_power.py``)."""
     for c in proof.comparisons:
         what = c.failure()
         if what is not None:
@@ -170,9 +203,19 @@ def report(proof: Proof, seconds: float, off_key: str) -> str:
                 f"this run would train wrongly. Report it with this line; {off_key}: {{enabled: false, reason: ...}} "
                 "skips the check"
             )
+    blind = [c for c in proof.planted if c.failure() is None]
+    if blind:
+        names = "; ".join(f"{c.what} (moved it by {max(c.loss_error, c.worst()[1]):.1e})" for c in blind)
+        raise ConfigError(
+            f"{off_key}: the start-up self-check cannot fail on this job: planted defects stayed inside the "
+            f"tolerance {_shown(blind[0].tolerance)}: {names}; its shrunk model and rows do not reach what they "
+            f"change, so this run's layout would be unproven. Report it with this line; "
+            f"{off_key}: {{enabled: false, reason: ...}} skips the check"
+        )
     parts = [f"{c.what}: loss {c.loss_error:.1e}, worst {c.worst()[0]} {c.worst()[1]:.1e}" for c in proof.comparisons]
     tol = ", ".join(_shown(t) for t in sorted({c.tolerance for c in proof.comparisons}))
-    return f"self-check: passed in {seconds:.2f} s ({proof.shrunk}; {'; '.join(parts)}; tolerance {tol})"
+    power = power_text(proof.planted)
+    return f"self-check: passed in {seconds:.2f} s ({proof.shrunk}; {'; '.join(parts)}; tolerance {tol}; {power})"
 
 
 @contextmanager
@@ -188,5 +231,5 @@ def run_proof(prove: Callable[[], Proof], off_key: str, say: Callable[[str], Non
     """Run ``prove``, agree on its errors over ``group`` (the world), print the start-up line or raise."""
     started = time.perf_counter()
     proof = prove()
-    proof = Proof(proof.shrunk, agree(proof.comparisons, group))
+    proof = Proof(proof.shrunk, agree(proof.comparisons, group), agree(proof.planted, group))
     say(report(proof, time.perf_counter() - started, off_key))

@@ -29,6 +29,8 @@ from runtime.parallel.precision import compute_dtype
 from runtime.parallel.state import ParallelState, parallel_state
 from runtime.train.job import all_reduce_sum, to_device, train_device
 from runtime.train.self_check import Comparison, Proof, compare, gradients, layout_text, tolerance
+from runtime.train.self_check_power import DOUBLED_SHARE, planted_run
+from runtime.train.self_check_power_dit import dit_defects
 from runtime.train.self_check_shrink import ShrinkLayout, shrink_values
 
 __all__ = ["prove_dit", "shrunk_dit_text", "shrunk_dit_values", "tiny_with_variants"]
@@ -68,12 +70,18 @@ def shrunk_dit_text(model: torch.nn.Module, values: dict[str, Any]) -> str:
 
 
 def _loss_and_backward(
-    model: torch.nn.Module, inputs: dict[str, Any], target: torch.Tensor, replicas: int, device: torch.device
+    model: torch.nn.Module,
+    inputs: dict[str, Any],
+    target: torch.Tensor,
+    replicas: int,
+    device: torch.device,
+    scale: float = 1.0,
 ) -> torch.Tensor:
+    """This replica's share of the global mean squared error, backpropagated (``scale``: the planted doubled share)."""
     with warnings.catch_warnings():  # FSDP2 warns that unpatchify's view is returned: no in-place op follows
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         prediction = model(**to_device(inputs, device))[0]
-    loss = (prediction.float() - target.to(device)).pow(2).mean() / replicas
+    loss = (prediction.float() - target.to(device)).pow(2).mean() / replicas * scale
     loss.backward()
     return loss.detach()
 
@@ -129,14 +137,23 @@ def prove_dit(
         comparisons.append(compare(what, up_loss, up_grads, ref_loss, ref_grads, tolerance(torch.float32)))
     del reference, upstream
 
+    planted: list[Comparison] = []
     if state.world_size > 1:  # the job's layout against one process
         model = parallelize(model, state, plan, device)
         model.train()
-        share = _loss_and_backward(model, batches[state.dp_rank], targets[state.dp_rank], state.dp_size, device)
-        loss = all_reduce_sum(share, state.dp_group)  # SP ranks hold the same share; replicas add up
         dtype = compute_dtype(plan.mixed_precision, state.device_type)
+
+        def step(doubled: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            model.zero_grad(set_to_none=True)
+            scale = 2.0 if doubled and state.dp_rank == state.dp_size - 1 else 1.0
+            inputs, target = batches[state.dp_rank], targets[state.dp_rank]
+            share = _loss_and_backward(model, inputs, target, state.dp_size, device, scale)
+            return all_reduce_sum(share, state.dp_group), gradients(model)  # SP ranks hold the same share
+
         layout = layout_text(state, plan.mixed_precision, dtype, plan.activation_checkpointing)
-        comparisons.append(
-            compare(f"{layout} vs one process", loss, gradients(model), ref_loss, ref_grads, tolerance(dtype))
-        )
-    return Proof(shrunk, comparisons)
+        comparisons.append(compare(f"{layout} vs one process", *step(), ref_loss, ref_grads, tolerance(dtype)))
+        for defect in dit_defects(state, model):
+            planted.append(planted_run(defect, model, step, ref_loss, ref_grads, tolerance(dtype)))
+        if state.dp_size > 1:
+            planted.append(compare(DOUBLED_SHARE, *step(doubled=True), ref_loss, ref_grads, tolerance(dtype)))
+    return Proof(shrunk, comparisons, planted)

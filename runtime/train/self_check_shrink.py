@@ -19,6 +19,12 @@ what the job costs. The rule, applied key by key (sub-configs such as ``text_con
 4. window sizes (``sliding_window`` and the like) are capped below the proof's documents (the tiny config's value,
    else a quarter of the proof's row) so the window branch is really reached; a window the job turns off (None)
    stays off;
+   thresholds go the same way: an integer of the job the tiny config lacks, which the model's code reads from its
+   config (``config.<key>``, found in the generated module's source, not listed per model) and which is neither a
+   size, a capacity (``max_*``), a layer or expert grouping nor a token id, and any such ``*chunk*`` key (a floor for
+   a position-dependent scale, a chunk length) is capped at the same length, so the proof's rows cross it: a layout
+   that gives a rank local positions shows only past it (the tiny config's own values are kept: they are its
+   author's, consistent with its sizes);
 5. expert counts must divide by the job's ``ep``: the tiny config's count if it does, else the smallest multiple of
    ``ep`` at least the top-k; attention heads (and key/value heads) are raised to what the job's Ulysses degree
    splits (the language model's: ``sp / ring``; a vision or audio tower's: ``sp``);
@@ -29,13 +35,14 @@ what the job costs. The rule, applied key by key (sub-configs such as ``text_con
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from runtime.train.model_limits import size_kind
 
-__all__ = ["ShrinkLayout", "fit_layer_types", "shrink_values"]
+__all__ = ["ShrinkLayout", "config_reads", "crossed_thresholds", "fit_layer_types", "is_threshold", "shrink_values"]
 
 # What describes the checkpoint, not the computation: never carried into the shrunk config.
 META_KEYS = frozenset(
@@ -71,6 +78,12 @@ class ShrinkLayout:
     ep_size: int = 1
     head_split: int = 1
     row_length: int = 24
+    reads: frozenset[str] = frozenset()  # config keys the model's code reads (``config_reads``): thresholds to cross
+
+    @property
+    def cap(self) -> int:
+        """The length windows and thresholds are capped at: well inside the proof's documents and rows."""
+        return max(2, self.row_length // 4)
 
 
 def is_token_id(name: str) -> bool:
@@ -80,6 +93,34 @@ def is_token_id(name: str) -> bool:
 def is_window(name: str) -> bool:
     """An attention window size (not a switch or a layer threshold such as ``max_window_layers``)."""
     return "window" in name and size_kind(name) is None and not name.startswith(("use_", "max_window"))
+
+
+# words of integer keys that count or group things (layers, experts, groups, steps) rather than positions
+_NOT_THRESHOLD_WORDS = ("layer", "group", "expert", "step", "freq", "replace", "top", "seed", "vocab", "head", "dim")
+_READ = re.compile(r"\bconfig\.(\w+)|getattr\(\s*[\w.]*config\s*,\s*[\"'](\w+)[\"']")
+
+
+def config_reads(source: str) -> frozenset[str]:
+    """The config keys a module's code reads (``config.<key>``, ``self.config.<key>``, ``getattr(config, "key")``)."""
+    return frozenset(a or b for a, b in _READ.findall(source))
+
+
+def is_threshold(name: str) -> bool:
+    """An integer key that may be a position threshold (a floor, a chunk length): not a size, count or id."""
+    if "chunk" in name:
+        return True
+    if size_kind(name) is not None or is_token_id(name) or name.startswith("max_") or name in TOP_K_KEYS:
+        return False  # a size, an id, a capacity (max_position_embeddings, max_source_positions) or a top-k
+    return not any(word in name for word in _NOT_THRESHOLD_WORDS)
+
+
+def crossed_thresholds(job: Mapping[str, Any], shrunk: Mapping[str, Any], layout: ShrinkLayout) -> list[str]:
+    """"key job -> shrunk" for each threshold the shrunk config lowered into the proof's rows (the start-up line)."""
+    return [
+        f"{name} {job[name]} -> {shrunk[name]}"
+        for name in sorted(layout.reads)
+        if is_threshold(name) and _is_int(job.get(name)) and _is_int(shrunk.get(name)) and shrunk[name] < job[name]
+    ]
 
 
 def is_expert_count(name: str) -> bool:
@@ -115,8 +156,10 @@ def _overlay(name: str, job: Any, tiny: Mapping[str, Any], layout: ShrinkLayout)
     if is_window(name) and (job is None or _is_int(job)):
         if job is None:
             return True, None
-        cap = tiny.get(name) if _is_int(tiny.get(name)) else max(2, layout.row_length // 4)
+        cap = tiny.get(name) if _is_int(tiny.get(name)) else layout.cap
         return True, min(job, cap)
+    if name in layout.reads and name not in tiny and is_threshold(name) and _is_int(job):
+        return True, min(job, layout.cap)
     if isinstance(job, bool | float | str) or _is_str_list(job):
         return True, job
     if _is_int(job) or _is_int_list(job) or (job is None and name in tiny):

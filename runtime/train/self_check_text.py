@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
+import sys
 from typing import Any
 
 import torch
@@ -31,7 +33,14 @@ from runtime.parallel.state import ParallelState, parallel_state
 from runtime.train.config import RunConfig
 from runtime.train.job import parallel_plan, to_device, train_device
 from runtime.train.self_check import Comparison, Proof, compare, gradients, layout_text, tolerance
-from runtime.train.self_check_shrink import ShrinkLayout, is_token_id, shrink_values
+from runtime.train.self_check_power import binding_softcaps, handled_defects, planted_run, text_defects
+from runtime.train.self_check_shrink import (
+    ShrinkLayout,
+    config_reads,
+    crossed_thresholds,
+    is_token_id,
+    shrink_values,
+)
 from runtime.train.self_check_vision import concatenated, with_image
 from runtime.train.text_step import target_count, text_forward_backward
 
@@ -44,12 +53,24 @@ ROW_LENGTH = sum(DOCUMENTS)
 SEED = 1234  # the proof's own weights and tokens (the job's random streams are untouched)
 
 
-def shrunk_text_config(job_config: transformers.PretrainedConfig, state: ParallelState) -> Any:
+def model_reads(model_class: type) -> frozenset[str]:
+    """The config keys the code of ``model_class``'s module reads (``self_check_shrink.config_reads``)."""
+    module = sys.modules.get(model_class.__module__)
+    try:
+        return config_reads(inspect.getsource(module)) if module is not None else frozenset()
+    except (OSError, TypeError):  # a module without a source file: nothing found, nothing capped
+        return frozenset()
+
+
+def shrunk_text_config(
+    job_config: transformers.PretrainedConfig, state: ParallelState, reads: frozenset[str] = frozenset()
+) -> Any:
     """The job's config shrunk by ``self_check_shrink``'s rule, with the job's attention and experts kernels. The
-    language model's heads fit the Ulysses degree, a tower's (vision, audio) sp: towers run Ulysses over all of SP."""
+    language model's heads fit the Ulysses degree, a tower's (vision, audio) sp: towers run Ulysses over all of SP.
+    ``reads``: the config keys the model's code reads (its thresholds are brought into the proof's rows)."""
     entry = lookup(job_config.model_type)
-    layout = ShrinkLayout(ep_size=state.ep_size, head_split=state.ulysses_size, row_length=ROW_LENGTH)
-    towers = ShrinkLayout(ep_size=state.ep_size, head_split=state.sp_size, row_length=ROW_LENGTH)
+    layout = ShrinkLayout(ep_size=state.ep_size, head_split=state.ulysses_size, row_length=ROW_LENGTH, reads=reads)
+    towers = ShrinkLayout(ep_size=state.ep_size, head_split=state.sp_size, row_length=ROW_LENGTH, reads=reads)
     subs = tuple(job_config.sub_configs)
     sub_layouts = {name: layout if name == "text_config" else towers for name in subs}
     values = shrink_values(job_config.to_dict(), entry.tiny, layout, sub_layouts, sub_configs=subs)
@@ -115,11 +136,18 @@ def prove_text(
     entry = lookup(config.model.type)
     model_class = model_class or entry.model_class()
     upstream_class = upstream_class or entry.upstream_class()
-    shrunk = shrunk_text_config(job_config, state)
+    reads = model_reads(model_class)
+    shrunk = shrunk_text_config(job_config, state, reads)
+    job_text, shrunk_text = job_config.get_text_config().to_dict(), shrunk.get_text_config().to_dict()
+    crossed = crossed_thresholds(job_text, shrunk_text, ShrinkLayout(reads=reads))
     device = train_device(state)
     torch.manual_seed(SEED)
     model = model_class(shrunk)
     rows = proof_rows(state.dp_size, shrunk, entry.is_vlm, model if entry.family == "vlm" else None)
+    softcaps = binding_softcaps(model, shrunk, rows[0], reads)
+    if softcaps:  # the same weights, built with the caps that bind (a module may copy its cap in __init__)
+        torch.manual_seed(SEED)
+        model = model_class(shrunk)
     initial = copy.deepcopy(model.state_dict())
     reference = copy.deepcopy(model)
     plan = parallel_plan(config)
@@ -144,6 +172,9 @@ def prove_text(
             losses.append(out.loss.detach())
         return torch.stack(losses).sum()
 
+    handled = handled_defects(shrunk, list(entry.supports.handles))
+    planted: list[Comparison] = []
+    fp32 = tolerance(torch.float32)
     with parallel_state(ParallelState()):  # one process, fp32, the generated class: the reference
         reference.to(device).train()
         ref_loss = run(reference)
@@ -152,18 +183,30 @@ def prove_text(
         upstream.load_state_dict(initial)
         upstream.to(device).train()
         what = f"generated vs upstream {entry.upstream_auto} (one process, fp32)"
-        comparisons.append(
-            compare(what, run(upstream), gradients(upstream), ref_loss, ref_grads, tolerance(torch.float32))
-        )
+        up_loss, up_grads = run(upstream), gradients(upstream)
+        comparisons.append(compare(what, up_loss, up_grads, ref_loss, ref_grads, fp32))
+        if state.world_size == 1:  # no layout: a handled option skipped shows against upstream
+            for defect in handled:
+                reference.zero_grad(set_to_none=True)
+                with defect.plant(reference):
+                    loss = run(reference)
+                planted.append(compare(defect.name, loss, gradients(reference), up_loss, up_grads, fp32))
     del reference, upstream
 
     if state.world_size > 1:  # the job's layout against one process
         model = parallelize(model, state, plan, device)
         model.train()
         step_config = dataclasses.replace(config, train=dataclasses.replace(config.train, micro_batches=1))
-        work = text_forward_backward(model, _Rows(rows[state.dp_rank]), state, step_config)
+
+        def step() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            model.zero_grad(set_to_none=True)
+            work = text_forward_backward(model, _Rows(rows[state.dp_rank]), state, step_config)
+            return work.loss, gradients(model)
+
         layout = layout_text(state, plan.mixed_precision, dtype, plan.activation_checkpointing)
-        comparisons.append(
-            compare(f"{layout} vs one process", work.loss, gradients(model), ref_loss, ref_grads, tolerance(dtype))
-        )
-    return Proof(_summary(shrunk), comparisons)
+        comparisons.append(compare(f"{layout} vs one process", *step(), ref_loss, ref_grads, tolerance(dtype)))
+        for defect in text_defects(state, model) + handled:
+            planted.append(planted_run(defect, model, step, ref_loss, ref_grads, tolerance(dtype)))
+    summary = _summary(shrunk) + (f", thresholds inside its rows: {', '.join(crossed)}" if crossed else "")
+    summary += f", softcaps set to bind: {', '.join(softcaps)}" if softcaps else ""
+    return Proof(summary, comparisons, planted)

@@ -38,6 +38,8 @@ def test_clean_sp2_run_passes_and_says_so_before_step_1(tmp_path: Path) -> None:
     lines = [line for line in out0.splitlines() if line.startswith("self-check:")]
     assert len(lines) == 1 and lines[0].startswith("self-check: passed in "), out0
     assert "dp_replicate 1 x dp_shard 1 x sp 2" in lines[0] and "generated vs upstream" in lines[0], lines[0]
+    # the local first attention site and the first shard's RoPE slice, each planted and caught
+    assert re.search(r"power: 2 planted defects detected, smallest margin \d+x\)$", lines[0]), lines[0]
     first_step = re.search(r"step +1/1 loss", out0)
     assert first_step and out0.index("self-check:") < first_step.start(), out0  # before step 1 is reported
     assert "self-check" not in out1  # rank 0 speaks
@@ -66,6 +68,7 @@ def test_moe_ep2_with_a_job_option_passes(tmp_path: Path) -> None:
     out, error = results[0]
     assert error == "" and out.startswith("self-check: passed in "), results
     assert "dp_replicate 1 x dp_shard 2 x sp 1, ep 2" in out and "experts" in out, out
+    assert "power: 1 planted defect detected" in out, out  # the doubled replica share
 
 
 @pytest.mark.dist

@@ -4,6 +4,7 @@ the spec's tiny variants."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ def test_every_dit_passes_at_sp2(model_type: str) -> None:
         "dp_replicate 1 x dp_shard 1 x sp 2" in line
         and f"generated vs upstream {lookup_dit(model_type).upstream_auto}" in line
     )
+    assert re.search(r"power: [12] planted defects? detected", line), line  # a local site (and RoPE where sharded)
 
 
 @pytest.mark.dist

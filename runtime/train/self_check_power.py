@@ -1,0 +1,259 @@
+"""The self-check's own power: before it reports "passed", the proof shows it would have failed. Each defect class
+the job's layout can suffer is planted in turn into the shrunk model's run under that layout (the model's weights are
+untouched; only the run is made defective), and the planted run must land outside the tolerance like a real defect.
+A planted defect that stays inside it means the proof's inputs cannot tell the defect from a correct run on this
+job (a row too short for a position offset to matter, a value regime where a branch does nothing): the run is
+refused, naming what the proof could not reach (``self_check.report``).
+
+The classes, each planted only where the layout has the parallelism it concerns:
+
+- ``one attention site attends to its rank's tokens only`` (SP): the first attention call of the forward runs on
+  this rank's tokens (text: the registered Ulysses / USP implementation swapped for the local inner one, its mask
+  cut to the rank's block; DiT: ``self_check_power_dit``, one class per kind of SP site the model has);
+- ``positions restart at the shard boundary`` (SP): the rank computes positions from its own tokens (text: the
+  document crossing into the shard restarts at 0; DiT: every rank takes the first shard's RoPE tables);
+- ``a replica's gradient share counted twice`` (data parallel): the last replica's loss doubled before backward,
+  as a sum where a mean was meant;
+- ``handled option <key> skipped`` (a ``[model] handles`` key the job sets): the option turned off in the planted
+  run, as a patch that dropped upstream's branch without re-implementing it.
+
+Why planted per job and not once in the suite: whether a defect shows depends on the job's own config (a softcap of
+30 on logits of 1e-1 never binds; a position floor of 8192 is never reached by a 24-token row), which is exactly what
+the suite cannot know.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers.modeling_utils import AttentionInterface
+
+from runtime.parallel.sites import mark_site
+from runtime.parallel.state import ParallelState, parallel_state
+from runtime.train.self_check import Comparison, compare
+
+__all__ = [
+    "DOUBLED_SHARE",
+    "LOCAL_ATTENTION",
+    "LOCAL_POSITIONS",
+    "Defect",
+    "binding_softcaps",
+    "imported_by",
+    "swapped",
+    "handled_defects",
+    "planted_run",
+    "text_defects",
+]
+
+LOCAL_ATTENTION = "one attention site attends to its rank's tokens only"
+LOCAL_POSITIONS = "positions restart at the shard boundary"
+DOUBLED_SHARE = "a replica's gradient share counted twice"
+
+
+@dataclass(frozen=True)
+class Defect:
+    """A defect class and how to plant it: ``plant(model)`` is a context manager within which the job's step on
+    ``model`` is defective."""
+
+    name: str
+    plant: Callable[[torch.nn.Module], AbstractContextManager[Any]]
+
+
+@contextmanager
+def swapped(name: str, real: Callable[..., Any], planted: Callable[..., Any]) -> Iterator[None]:
+    """``name`` rebound to ``planted`` in every loaded module that imported ``real`` under it (the generated
+    modules import the runtime's functions by name)."""
+    holders = [m for m in list(sys.modules.values()) if getattr(m, "__dict__", {}).get(name) is real]
+    try:
+        for module in holders:
+            module.__dict__[name] = planted
+        yield
+    finally:
+        for module in holders:
+            module.__dict__[name] = real
+
+
+def imported_by(model: torch.nn.Module, name: str, real: Callable[..., Any]) -> bool:
+    """Whether a module defining one of ``model``'s submodule classes or their attention processors (diffusers'
+    processors are not modules) imported the runtime function ``real`` as ``name``."""
+    classes = [type(m) for m in model.modules()] + [type(getattr(m, "processor", None)) for m in model.modules()]
+    modules = {sys.modules.get(c.__module__) for c in classes}
+    return any(getattr(m, "__dict__", {}).get(name) is real for m in modules if m is not None)
+
+
+def _sp_implementations() -> dict[str, Callable[..., Any]]:
+    """The registered SP attention implementations (Ulysses and USP wrap an inner one: ``local_attention``)."""
+    return {k: v for k, v in AttentionInterface._global_mapping.items() if hasattr(v, "local_attention")}
+
+
+def _rank_block(mask: Any, local: int, rank: int, full: int) -> Any:
+    """The rows and columns of this rank's tokens of a full-sequence mask; a ring's mask object (the ring builds
+    its masks itself) becomes None: the inner implementation's own causal mask over the rank's tokens."""
+    if not isinstance(mask, torch.Tensor):
+        return None
+    if mask.dim() != 4:
+        return mask
+    if mask.size(-1) == full:
+        mask = mask.narrow(-1, rank * local, local)
+    if mask.size(-2) == full:
+        mask = mask.narrow(-2, rank * local, local)
+    return mask
+
+
+def _local_first_site(state: ParallelState) -> Callable[[torch.nn.Module], AbstractContextManager[Any]]:
+    @contextmanager
+    def plant(model: torch.nn.Module) -> Iterator[None]:
+        originals = _sp_implementations()
+        first: list[torch.nn.Module] = []
+
+        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+            def forward(module, query, key, value, attention_mask, **kwargs):
+                first.extend([] if first else [module])
+                if module is not first[0]:
+                    return original(module, query, key, value, attention_mask, **kwargs)
+                mark_site(module)
+                inner = original.local_attention
+                attend = AttentionInterface._global_mapping[inner] if isinstance(inner, str) else inner
+                local = query.size(2)
+                mask = _rank_block(attention_mask, local, state.sp_rank, local * state.sp_size)
+                return attend(module, query, key, value, mask, **kwargs)
+
+            return forward
+
+        try:
+            for name, original in originals.items():
+                AttentionInterface.register(name, wrap(original))
+            yield
+        finally:
+            for name, original in originals.items():
+                AttentionInterface.register(name, original)
+
+    return plant
+
+
+def _first_shard_positions(model: torch.nn.Module) -> AbstractContextManager[Any]:
+    """Every rank keeps the first shard's slice of the RoPE tables (``sp/rope_slice``'s
+    ``slice_position_embeddings``): the positions a rank computes from its own tokens."""
+    from runtime.sp import positions
+    from runtime.sp.layout import rank_token_index
+
+    correct = positions.slice_position_embeddings  # held here: the swap rebinds the name in its own module too
+
+    def slice_position_embeddings(position_embeddings: tuple[torch.Tensor, ...], seq_dim: int = 1) -> Any:
+        real = correct(position_embeddings, seq_dim)
+        state = positions.get_parallel_state()
+        if not state.sp_enabled:
+            return real
+        length = position_embeddings[0].shape[seq_dim]
+        index = rank_token_index(length, state.sp_size, state.ring_size, 0) if state.ring_enabled else None
+        if index is None:
+            return tuple(t.narrow(seq_dim, 0, length // state.sp_size) for t in position_embeddings)
+        return tuple(t.index_select(seq_dim, index.to(t.device)) for t in position_embeddings)
+
+    return swapped("slice_position_embeddings", correct, slice_position_embeddings)
+
+
+def _doubled_share(state: ParallelState) -> Callable[[torch.nn.Module], AbstractContextManager[Any]]:
+    @contextmanager
+    def plant(model: torch.nn.Module) -> Iterator[None]:
+        def post(module: torch.nn.Module, args: tuple, output: Any) -> Any:
+            if state.dp_rank == state.dp_size - 1 and getattr(output, "loss", None) is not None:
+                output.loss = 2 * output.loss
+            return output
+
+        handle = model.register_forward_hook(post)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    return plant
+
+
+def planted_run(
+    defect: Defect,
+    model: torch.nn.Module,
+    step: Callable[[], tuple[torch.Tensor, dict[str, torch.Tensor]]],
+    ref_loss: torch.Tensor,
+    ref_grads: dict[str, torch.Tensor],
+    tol: float,
+) -> Comparison:
+    """``step`` run with ``defect`` planted, against the reference. A run-time layout check that refuses the
+    defective run (``ValueError``, e.g. the DiT's replicated segment no longer equal on every rank) detected it: an
+    error of infinity on every parameter (those checks agree over the group, so every rank raises alike)."""
+    try:
+        with defect.plant(model):
+            return compare(defect.name, *step(), ref_loss, ref_grads, tol)
+    except ValueError:
+        refused = dict.fromkeys(ref_grads, math.inf)
+        return Comparison(f"{defect.name} (refused by a run-time check)", math.inf, refused, tol)
+
+
+def binding_softcaps(
+    model: torch.nn.Module, config: Any, row: dict[str, torch.Tensor], reads: frozenset[str]
+) -> list[str]:
+    """Set every softcap the job turns on and the model's code reads (``*softcap*``) to the largest logit the shrunk
+    model computes on ``row``, so that it binds (``tanh(x / c) c`` moves ``x`` by a quarter at ``x = c``): random
+    weights give logits far below a real model's cap of 30, where a skipped or deleted cap changes nothing.
+    Returns "key job -> proof" per cap set (the start-up line); the caller rebuilds the model when any is."""
+    text = config.get_text_config()
+    keys = [k for k in sorted(reads) if "softcap" in k and type(getattr(text, k, None)) in (int, float)]
+    if not keys:
+        return []
+    with torch.no_grad(), parallel_state(ParallelState()):
+        logits = model(**row).logits
+    largest = float(f"{logits.abs().max().item():.2g}")
+    changed = []
+    for key in keys:
+        if largest < getattr(text, key):
+            changed.append(f"{key} {getattr(text, key):g} -> {largest:g}")
+            setattr(text, key, largest)
+    return changed
+
+
+def handled_defects(config: Any, handles: list[str]) -> list[Defect]:
+    """A defect per ``[model] handles`` key ``config`` sets (not None, False or 0): the option turned off in the
+    config of the model the defect is planted into (its code reads the option at each forward)."""
+
+    def plant(key: str) -> Callable[[torch.nn.Module], AbstractContextManager[Any]]:
+        @contextmanager
+        def off(model: torch.nn.Module) -> Iterator[None]:
+            config = model.config
+            holders = [c for c in {id(c): c for c in (config, config.get_text_config())}.values() if hasattr(c, key)]
+            # modules that copied the option in __init__ (``self.attn_logit_softcapping = config...``) too
+            holders += [m for m in model.modules() if key in vars(m)]
+            kept = [getattr(c, key) for c in holders]
+            try:
+                for c in holders:
+                    setattr(c, key, None)
+                yield
+            finally:
+                for c, value in zip(holders, kept, strict=True):
+                    setattr(c, key, value)
+
+        return off
+
+    text = config.get_text_config()
+    found = [key for key in handles if getattr(text, key, getattr(config, key, None)) not in (None, False, 0)]
+    return [Defect(f"handled option {key} skipped", plant(key)) for key in found]
+
+
+def text_defects(state: ParallelState, model: torch.nn.Module) -> list[Defect]:
+    """The defect classes of a language model's layout (the module docstring); the positions class where the
+    model slices RoPE tables computed from the global positions (its modules import ``slice_position_embeddings``)."""
+    found = []
+    if state.sp_enabled:
+        found.append(Defect(LOCAL_ATTENTION, _local_first_site(state)))
+        from runtime.sp.positions import slice_position_embeddings
+
+        if imported_by(model, "slice_position_embeddings", slice_position_embeddings):
+            found.append(Defect(LOCAL_POSITIONS, _first_shard_positions))
+    if state.dp_size > 1:
+        found.append(Defect(DOUBLED_SHARE, _doubled_share(state)))
+    return found
