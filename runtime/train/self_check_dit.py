@@ -40,11 +40,15 @@ SEED = 1234  # the proof's own weights, inputs and targets (the job's random str
 
 def tiny_with_variants(entry: Any, job: dict[str, Any]) -> dict[str, Any]:
     """The spec's tiny config with every tiny variant merged in whose branch the job turns on: a variant key the
-    tiny config lacks, set in the job (not None, False or empty)."""
+    tiny config lacks (a trigger), set in the job (not None, False or empty). Of an active variant, the keys the tiny
+    config has (its consistent companions: Wan I2V's ``in_channels``) and the triggers the job turns on are merged;
+    a trigger the job leaves off is not (an SD3.5 job with ``qk_norm`` and no dual-attention layers is proven
+    without them, as it runs)."""
     tiny = dict(entry.tiny)
     for variant in (entry.data.get("tiny_variants") or {}).values():
-        if any(key not in entry.tiny and job.get(key) not in (None, False, [], ()) for key in variant):
-            tiny.update(variant)
+        on = {key for key in variant if key not in entry.tiny and job.get(key) not in (None, False, [], ())}
+        if on:
+            tiny.update({key: value for key, value in variant.items() if key in entry.tiny or key in on})
     return tiny
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.diffusion.registry import dit_model_types, lookup_dit
+from runtime.diffusion.registry import dit_model_types, lookup_dit, training_class
 from runtime.parallel.parallelize import ParallelPlan
 from runtime.parallel.state import ParallelState
 from runtime.train.self_check import report
@@ -18,6 +18,8 @@ from tests.dist_utils import run_distributed
 from tests.rl.common import rl_config, start
 from tests.supports import require
 from tests.train.self_check_defects import DoubledSPGradientDiT, WanShell, dit_check_worker
+
+SD3Shell = training_class("sd3")
 
 
 @pytest.mark.dist
@@ -56,6 +58,18 @@ def test_wan_image_to_video_keeps_its_branch() -> None:
     assert "image_dim" not in {
         k for k, v in shrunk_dit_values("wan", lookup_dit("wan").tiny, ParallelState()).items() if v
     }
+
+
+@pytest.mark.parametrize(("dual", "expected"), [([0, 1, 2], [0]), ([], [])])
+def test_a_variant_merges_only_the_branches_the_job_turns_on(dual: list, expected: list) -> None:
+    """SD3.5 medium (rms q/k norms and dual-attention layers) is proven with both, as the spec's sd35 variant has
+    them; SD3.5 large (rms q/k norms, no dual-attention layer) with the norms only: the variant's other trigger,
+    which the job leaves off, is not merged in (it would prove a structure the job does not run)."""
+    job = {**lookup_dit("sd3").tiny, "qk_norm": "rms_norm", "dual_attention_layers": dual}
+    values = shrunk_dit_values("sd3", job, ParallelState())
+    assert values["qk_norm"] == "rms_norm" and list(values.get("dual_attention_layers", [])) == expected
+    line = report(prove_dit("sd3", ParallelPlan(), ParallelState(), SD3Shell.config_class(**job)), 0.0, "x")
+    assert line.startswith("self-check: passed in "), line
 
 
 def test_rl_policy_is_proven_before_the_first_iteration(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
