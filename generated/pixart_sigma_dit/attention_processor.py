@@ -2,7 +2,7 @@
 # Made by patchgen 0.1.0 from specs/pixart_sigma.toml; to change it, edit the spec or a
 # template and run `patchgen regen pixart_sigma`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/attention_processor.py sha256=7158a23bff0ce5bb1c03d66e2441dfd8d169b3598b2d494d32c6f88a3301ea01
-# spec: specs/pixart_sigma.toml sha256=6e293e48c93c48aad5dd0197f09591177f54cce37bda265d128b7411e81905a0
+# spec: specs/pixart_sigma.toml sha256=7613464fbb75cc6c5e513f2d83c157252ccd908e7454aa89d48eb00eb54ae4a1
 # templates: sha256=ac4331b35bfbdeacae189df055363477744b6f0e8ffd697425fced2aa0e051e1
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=e7365ac971dfc3381559016de12c9a1cc2a71343053bb75b1c2fd2dd10022245

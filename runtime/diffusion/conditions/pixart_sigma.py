@@ -31,6 +31,7 @@ from runtime.diffusion.timesteps import TimestepSampler
 __all__ = ["PixArtSigmaConditionModel"]
 
 TEXT_LENGTH = 300  # the pipeline's max_sequence_length
+DRAW_OPTIONS = ("distribution", "logit_mean", "logit_std")  # what may shape the draw u of t = floor(u T)
 
 
 class PixArtSigmaConditionModel(ConditionModel):
@@ -59,8 +60,14 @@ class PixArtSigmaConditionModel(ConditionModel):
     def from_pretrained(
         cls, path: str | os.PathLike, encoders: bool = True, **sampler_overrides: Any
     ) -> PixArtSigmaConditionModel:
-        """``sampler_overrides`` may only shape the draw ``u`` of ``t = floor(u T)`` (``distribution``); the DDPM
-        recipe has no shift or weighting."""
+        """``sampler_overrides`` may only shape the draw ``u`` of ``t = floor(u T)`` (``DRAW_OPTIONS``); the DDPM
+        recipe has no shift, weighting or range, so any of those is refused rather than ignored."""
+        unknown = sorted(set(sampler_overrides) - set(DRAW_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"{', '.join(unknown)}: not part of PixArt-Sigma's DDPM recipe (t = floor(u T), loss weight 1); only "
+                f"{', '.join(DRAW_OPTIONS)} shape the draw u"
+            )
         pipeline = cls.load_pipeline(path, encoders=encoders)
         transformer_config = json.loads((Path(path) / "transformer" / "config.json").read_text())
         return cls(pipeline, TimestepSampler(**sampler_overrides), transformer_config)
