@@ -6,8 +6,9 @@ Rule (docs/adding-a-model.md, `patchgen draft`): vocab 97, hidden 64, intermedia
 heads, head_dim 16, 128 positions, untied, no cache; sliding windows of 6 tokens on one layer of two (or, where the
 builder is chosen for the whole model, in a `sliding` variant); MoE: 8 experts, top-2, expert width 32 (48 shared),
 every layer sparse unless the model has a leading dense layer (then one), 2 expert groups, a routed scale of 1.5,
-the load-balancing loss on at 0.01; partial rotary 0.5; value heads of 8; a boolean `use_*` field a patched scope
-branches on gets a variant that turns it on.
+the load-balancing loss on at 0.01; partial rotary 0.5; value heads of 8; latent attention (MLA) with RoPE and
+no-RoPE query/key parts of 8, KV / query ranks of 32 / 48 and a KV head per head; a padding id outside the
+vocabulary becomes 0; a boolean `use_*` field a patched scope branches on gets a variant that turns it on.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ MOE_VALUES: dict[str, Any] = {
     "norm_topk_prob": True,
 }
 WINDOW = 6
+MLA_VALUES: dict[str, Any] = {"qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "kv_lora_rank": 32, "q_lora_rank": 48}
 
 
 def config_fields(text: str, model_type: str) -> dict[str, Any]:
@@ -107,6 +109,13 @@ def tiny_config(found: Recognised, mod: Module, fields: dict[str, Any], config_t
             )
     if "v_head_dim" in fields:
         tiny["v_head_dim"] = 8
+    if "qk_rope_head_dim" in fields:  # multi-head latent attention: the config derives head_dim from these
+        del tiny["head_dim"]
+        tiny["num_key_value_heads"] = tiny["num_attention_heads"]  # keys and values decompress to every head
+        tiny.update({k: v for k, v in MLA_VALUES.items() if k in fields})
+    pad = fields.get("pad_token_id")
+    if isinstance(pad, int) and pad >= tiny["vocab_size"]:  # the embedding's padding row must exist
+        tiny["pad_token_id"] = 0
     if 'rope_parameters.get("partial_rotary_factor"' in mod.upstream.text:
         tiny["partial_rotary_factor"] = 0.5
     if "rope_parameters[layer_type]" in mod.upstream.text and "layer_types" in tiny:
