@@ -3,7 +3,7 @@
 # template and run `patchgen regen glm4_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/glm4_moe/modeling_glm4_moe.py sha256=d2ca8fc9a48aba758db977c1f05b7484caa433d4bdc62ec7714c68060e168666
 # spec: specs/glm4_moe.toml sha256=dc387b5c0d71a4ee8c4751d394c3964c21603cf4a2461c89e6768c846c519585
-# templates: sha256=36021c72b2ecfae8a837a3dc86ddfd3cc031fdb18b04897362e0dbd1f9d2f857
+# templates: sha256=ee09b370c61e31da0ee316fd0482eb36f7123feba9d3cb3a4ade93ab5e1da2e5
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=c4d4031521cd8d5e2e805c2c05bbdd7e9207061ed7a0c97a4e34aaa629de7717
 # patches:

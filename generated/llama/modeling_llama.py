@@ -3,7 +3,7 @@
 # template and run `patchgen regen llama`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/llama/modeling_llama.py sha256=46d313ec0f1116bcc1bb7f2379467ab249c140415c64fb758e2d5915cd8b89a5
 # spec: specs/llama.toml sha256=2a15c94f8f1f915f559e4fb2485fbba7c2c37b6bcfb90a1a1aaae876d8f51fa4
-# templates: sha256=235475d129d4717bb0c0bfe99de134dc7b0866720643bd2e251c1c5892c4bdee
+# templates: sha256=366f52712d25e063bfd1a8b0ef7bfea9c09c6753d07c6b1c77be8815c45f00a8
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=8a572fcaef5afeed7015425052fe7b5206b09b1f5f1aa7577ed5cdcd7f2f3337
 # patches:

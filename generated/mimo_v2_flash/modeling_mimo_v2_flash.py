@@ -3,7 +3,7 @@
 # template and run `patchgen regen mimo_v2_flash`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/mimo_v2_flash/modeling_mimo_v2_flash.py sha256=9f8d696e81a350d27ac556bfc94679526c109c02ec77e744f22a933e09a8b664
 # spec: specs/mimo_v2_flash.toml sha256=4bbb56096efb5e02d0d60002ed4eba6e78ed657156db9b97d865dfc5f12ba27f
-# templates: sha256=36021c72b2ecfae8a837a3dc86ddfd3cc031fdb18b04897362e0dbd1f9d2f857
+# templates: sha256=ee09b370c61e31da0ee316fd0482eb36f7123feba9d3cb3a4ade93ab5e1da2e5
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=c3465940a8e47eb41bbd6b313d60cf9cd230b6b314dd9e6bee86c4b354e4615f
 # patches:

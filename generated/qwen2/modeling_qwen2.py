@@ -3,7 +3,7 @@
 # template and run `patchgen regen qwen2`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen2/modeling_qwen2.py sha256=99fa98c5676604cf6ef505892b70fda5c1c4cd835971459f38d61090cccab1e4
 # spec: specs/qwen2.toml sha256=dcb3cc52ce82df5a1d71c7654061b2456f50951d58f41361f0b57d87b334f00a
-# templates: sha256=235475d129d4717bb0c0bfe99de134dc7b0866720643bd2e251c1c5892c4bdee
+# templates: sha256=366f52712d25e063bfd1a8b0ef7bfea9c09c6753d07c6b1c77be8815c45f00a8
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=bf5f5f0ad867642d83a54def0a662dce125ddeb83009bcf375760ae3335c2f3c
 # patches:

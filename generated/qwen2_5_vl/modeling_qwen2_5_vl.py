@@ -3,7 +3,7 @@
 # template and run `patchgen regen qwen2_5_vl`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen2_5_vl/modeling_qwen2_5_vl.py sha256=7cdf4e42cb7624123f89f5357553ae222aec3ce0c9c0c49abf183e2fdde06857
 # spec: specs/qwen2_5_vl.toml sha256=a84ba2dd42438b24e633906d45493ab8b18cdb7ef2568e9bd4c27c85d88f1bc6
-# templates: sha256=185cd9d37b0d3651c5d60bf302f737ba3776b064787ffdbc118787a7c40e2709
+# templates: sha256=66f7a66081bf5c7f755eb05361629fffc6e211adf8f8db4d5aeefdf67cbaf35f
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=7e4e3569e8a6668868fd7b46f27b4bbeecf021c8d1f8506d03f7073c91e6350f
 # patches:

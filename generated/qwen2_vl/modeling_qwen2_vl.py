@@ -3,7 +3,7 @@
 # template and run `patchgen regen qwen2_vl`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen2_vl/modeling_qwen2_vl.py sha256=6c124dace35b8a649c34ce5041808e183c4989f90049c6ea9ba1d52aa8bbea99
 # spec: specs/qwen2_vl.toml sha256=ad82ed3b9eb21aca9ad67216cfe42a102064ef28d16bdf7c69fa1812540b8ffe
-# templates: sha256=185cd9d37b0d3651c5d60bf302f737ba3776b064787ffdbc118787a7c40e2709
+# templates: sha256=66f7a66081bf5c7f755eb05361629fffc6e211adf8f8db4d5aeefdf67cbaf35f
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=fdcee756341c2b5792a5374adcfc586250dcba7e8d7bb79c64c8d47366502e9d
 # patches:

@@ -3,7 +3,7 @@
 # template and run `patchgen regen qwen3`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3/modeling_qwen3.py sha256=fbdcfeeb1b54135ca67ba7df924da92f4b264e1252b517eea2de989289ebaeab
 # spec: specs/qwen3.toml sha256=2fb2e016c089c84cb46485677903ecab9b274b004fcaeb43b07f49526d09c7a8
-# templates: sha256=235475d129d4717bb0c0bfe99de134dc7b0866720643bd2e251c1c5892c4bdee
+# templates: sha256=366f52712d25e063bfd1a8b0ef7bfea9c09c6753d07c6b1c77be8815c45f00a8
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=0146a1dc622bfb1ecc692c02dcf0178231af05d471ade378b6e6f20d552617dc
 # patches:

@@ -3,7 +3,7 @@
 # template and run `patchgen regen qwen3_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_moe/modeling_qwen3_moe.py sha256=f07ab1b3a17e27612006a447812b83667af7ab3d527afe3ebbdf89dc5dac8a90
 # spec: specs/qwen3_moe.toml sha256=212f00fb4373c994d44d0aee3f9b451a5ea6c3209b818949b51452c5ac89e38e
-# templates: sha256=ae0ff8cf1535db0c588065a9823706cc3462815ecd6096af97f6d9bec5febab6
+# templates: sha256=caaa7533f8295a400bd861773c25c296ef713e40e57b2d7dcd047c3a68a1983f
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=bce2c9c0dfd7e33818c0701a1a95d82172e8ae515eb04e0b65c3e1c451a3b147
 # patches:

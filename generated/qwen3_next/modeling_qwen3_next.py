@@ -3,7 +3,7 @@
 # template and run `patchgen regen qwen3_next`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_next/modeling_qwen3_next.py sha256=bc6ee64d65d9b42c021c2f5bef7a79a2823fc3fd511db7a0335b5e9bf8a088b4
 # spec: specs/qwen3_next.toml sha256=0c71f3bd7ac877fe58df047537e915a731d9b0c202ac90764eeb71e41c744654
-# templates: sha256=4bd6649f1de8e1261630a2592e212ef0b1fa4b1186c87504f5f1b3c547fbaf3c
+# templates: sha256=669d3e8d993a235f2229206cef450f394468ac89f57d43aae31db90d83dd29ce
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=874fe62280901101d9467b4bb951df74e3379d7ea7c436d8fb12a9825b7bbbf0
 # patches:

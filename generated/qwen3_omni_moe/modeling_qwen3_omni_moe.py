@@ -3,7 +3,7 @@
 # template and run `patchgen regen qwen3_omni_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_omni_moe/modeling_qwen3_omni_moe.py sha256=a55c7951f8ad316ab3abeadb09c51bc577ae3ffb673b40ebb5f17abac1348340
 # spec: specs/qwen3_omni_moe.toml sha256=c6059011509fcbcd0c3dc3670c2e7dd3908bf0751cc06c1c02e464ea0e2d69ca
-# templates: sha256=cb3328ce2571643bcae3226968548878f0601fa3b27970e5df40047122010898
+# templates: sha256=6bc5a2b36ec91a45333813025e62951479421d15a8b4085d3116b7b9de4d66b4
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=6a89ed3209bdd886c91ba856f83521ce47e18527523fe7f76d8cda0f3659d2f6
 # patches:

@@ -3,7 +3,7 @@
 # template and run `patchgen regen qwen3_vl`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl/modeling_qwen3_vl.py sha256=fcb5571ef95e4a6679af866ef9ef4dfa5cee017f9f91453daf28c7804c7a50fe
 # spec: specs/qwen3_vl.toml sha256=0b764ff97590ec2a7fba011e97debd98066754a59117e4f929e3e9ae9042fa07
-# templates: sha256=ecbabbecbf2c0dd6e367a76a3f2dd18438e0166c4ec59d84c7ec62949d94a63c
+# templates: sha256=6d3d5df9935ca9f8e7debe822f3fb56d73c62e675f730b9412274acab69d6c1f
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=340642cd455e7a82ef0b9f1f7eb9befcea06a176304bd25741001d029fbba6f4
 # patches:

@@ -3,7 +3,7 @@
 # template and run `patchgen regen qwen3_vl_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen3_vl_moe/modeling_qwen3_vl_moe.py sha256=cd26d4602a3797c957bf5483bd3502b549afbe85bd0c1607ed0730df86e97ce1
 # spec: specs/qwen3_vl_moe.toml sha256=364121ac405a08f14f28af3e3f0144c5b42e2759565740821b3b890eb066c47d
-# templates: sha256=dee03b8b10d956e523b836765a474eecb2662576d8a3a82c5e74b3347d3567de
+# templates: sha256=2339de8f98b597f7eddf8df0d87ccc907198892da1ec273ff19e94ea961fd490
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=ecd79cfc3ca6eee6e8d79b8f8c7df12c3511150714783a0106dea39e4c527875
 # patches:

@@ -17,16 +17,32 @@ from runtime.parallel.state import get_parallel_state
 from runtime.sp.layout import rank_token_index
 
 
-def slice_position_embeddings(position_embeddings: tuple[torch.Tensor, ...], seq_dim: int = 1):
-    """Keep this SP rank's slice of (cos, sin) computed from global position ids."""
+def slice_position_embeddings(
+    position_embeddings: tuple[torch.Tensor, ...] | torch.Tensor, seq_dim: int = 1, form: str = "pair"
+) -> tuple[torch.Tensor, ...] | torch.Tensor:
+    """Keep this SP rank's slice of the RoPE tables computed from global position ids: a ``(cos, sin)`` pair
+    (``form = "pair"``, most models) or one tensor (``form = "tensor"``: complex frequencies, Llama 4's
+    ``freqs_cis``). The form is the spec's statement (``sp/rope_slice``' ``form``), checked here: iterating one
+    tensor as a pair would slice its batch rows instead of its positions."""
+    one = isinstance(position_embeddings, torch.Tensor)
+    if one != (form == "tensor"):
+        shape = tuple(position_embeddings.shape) if one else None
+        found = f"one tensor of shape {shape}" if one else f"a {type(position_embeddings).__name__}"
+        raise ValueError(
+            f"sp/rope_slice: the RoPE tables are {found}, but the patch states form = {form!r}; state form = "
+            f"{'tensor' if one else 'pair'!r} in the spec's sp/rope_slice patch"
+        )
     state = get_parallel_state()
     if not state.sp_enabled:
         return position_embeddings
+    tables = (position_embeddings,) if one else tuple(position_embeddings)
     if state.ring_enabled:  # this rank's zigzag chunks (runtime.sp.layout)
-        length = position_embeddings[0].shape[seq_dim]
+        length = tables[0].shape[seq_dim]
         index = rank_token_index(length, state.sp_size, state.ring_size, state.sp_rank)
-        return tuple(t.index_select(seq_dim, index.to(t.device)) for t in position_embeddings)
-    return tuple(slice_for_rank(t, seq_dim, state.sp_group) for t in position_embeddings)
+        sliced = tuple(t.index_select(seq_dim, index.to(t.device)) for t in tables)
+    else:
+        sliced = tuple(slice_for_rank(t, seq_dim, state.sp_group) for t in tables)
+    return sliced[0] if one else sliced
 
 
 @dataclass(frozen=True)

@@ -145,16 +145,20 @@ def _first_shard_positions(model: torch.nn.Module) -> AbstractContextManager[Any
 
     correct = positions.slice_position_embeddings  # held here: the swap rebinds the name in its own module too
 
-    def slice_position_embeddings(position_embeddings: tuple[torch.Tensor, ...], seq_dim: int = 1) -> Any:
-        real = correct(position_embeddings, seq_dim)
+    def slice_position_embeddings(position_embeddings: Any, seq_dim: int = 1, form: str = "pair") -> Any:
+        real = correct(position_embeddings, seq_dim, form)
         state = positions.get_parallel_state()
         if not state.sp_enabled:
             return real
-        length = position_embeddings[0].shape[seq_dim]
+        one = isinstance(position_embeddings, torch.Tensor)
+        tables = (position_embeddings,) if one else tuple(position_embeddings)
+        length = tables[0].shape[seq_dim]
         index = rank_token_index(length, state.sp_size, state.ring_size, 0) if state.ring_enabled else None
         if index is None:
-            return tuple(t.narrow(seq_dim, 0, length // state.sp_size) for t in position_embeddings)
-        return tuple(t.index_select(seq_dim, index.to(t.device)) for t in position_embeddings)
+            first = tuple(t.narrow(seq_dim, 0, length // state.sp_size) for t in tables)
+        else:
+            first = tuple(t.index_select(seq_dim, index.to(t.device)) for t in tables)
+        return first[0] if one else first
 
     return swapped("slice_position_embeddings", correct, slice_position_embeddings)
 
