@@ -332,7 +332,7 @@ def describe_sample(index: int, conditions: Any) -> str:
 def export(config: RunConfig, state: ParallelState, model: torch.nn.Module, ema: Any, peft_config: Any) -> None:
     """The diffusers export (``runtime/checkpoint/diffusers_export.py``): EMA weights when kept, the LoRA file or
     (fused, or full fine-tuning) the whole pipeline directory."""
-    from runtime.checkpoint.diffusers_export import export_dit, full_state_dict
+    from runtime.checkpoint.diffusers_export import export_dit, full_state_dict, pipeline_class
     from runtime.checkpoint.lora_weights import lora_metadata, lora_state_dict, merged_state_dict
 
     weights = full_state_dict(model)
@@ -349,7 +349,8 @@ def export(config: RunConfig, state: ParallelState, model: torch.nn.Module, ema:
     if peft_config is not None and not config.export.fuse_lora:
         lora = (lora_state_dict(weights), lora_metadata(peft_config)) if state.rank == 0 else ({}, {})
         export_dit(config.export.dir, lora=lora, **common)
-        what = "a LoRA file diffusers' load_lora_weights reads"
+        loader = hasattr(pipeline_class(config.model.path), "save_lora_weights")  # as export_dit decides
+        what = "a LoRA file diffusers' load_lora_weights reads" if loader else "a peft adapter directory"
     else:
         if peft_config is not None and state.rank == 0:
             weights = merged_state_dict(weights, peft_config.lora_alpha / peft_config.r)
