@@ -92,6 +92,17 @@ def _sp_implementations() -> dict[str, Callable[..., Any]]:
     return {k: v for k, v in AttentionInterface._global_mapping.items() if hasattr(v, "local_attention")}
 
 
+def _implementation(inner: str | Callable[..., Any], module: torch.nn.Module) -> Callable[..., Any]:
+    """The inner attention function: a registered one by name, or ``eager``: the model module's own
+    ``eager_attention_forward`` (transformers registers no eager function; gpt_oss's reads its sinks there)."""
+    if not isinstance(inner, str):
+        return inner
+    if inner in AttentionInterface._global_mapping:
+        return AttentionInterface._global_mapping[inner]
+    own = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    return own if own is not None else AttentionInterface._global_mapping["sdpa"]
+
+
 def _rank_block(mask: Any, local: int, rank: int, full: int) -> Any:
     """The rows and columns of this rank's tokens of a full-sequence mask; a ring's mask object (the ring builds
     its masks itself) becomes None: the inner implementation's own causal mask over the rank's tokens."""
@@ -119,7 +130,7 @@ def _local_first_site(state: ParallelState) -> Callable[[torch.nn.Module], Abstr
                     return original(module, query, key, value, attention_mask, **kwargs)
                 mark_site(module)
                 inner = original.local_attention
-                attend = AttentionInterface._global_mapping[inner] if isinstance(inner, str) else inner
+                attend = _implementation(inner, module)
                 local = query.size(2)
                 mask = _rank_block(attention_mask, local, state.sp_rank, local * state.sp_size)
                 return attend(module, query, key, value, mask, **kwargs)
