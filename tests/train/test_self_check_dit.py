@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from runtime.diffusion.registry import dit_model_types, lookup_dit, training_class
 from runtime.parallel.parallelize import ParallelPlan
@@ -83,3 +84,16 @@ def test_rl_policy_is_proven_before_the_first_iteration(tmp_path: Path, capsys: 
     assert len(lines) == 2 and lines[0].startswith("self-check: passed in "), lines
     assert "FluxTransformer2DModel" in lines[0], lines
     assert lines[1] == "self-check: OFF, this run's layout is unproven (train.self_check.reason: r)", lines
+
+
+def test_a_condition_model_without_example_inputs_is_one_line() -> None:
+    """A newcomer's DiT whose condition model has no example-input builder: the proof cannot build its inputs, and
+    says so in one line (a ConfigError: exit 2 through the launchers), naming the file to add it to."""
+    from runtime.config.errors import ConfigError
+    from runtime.diffusion.conditions.example_inputs import example_inputs
+
+    with pytest.raises(ConfigError) as caught:
+        example_inputs("newcomer", {}, torch.Generator().manual_seed(0))
+    message = str(caught.value)
+    assert "\n" not in message and "condition model 'newcomer'" in message, message
+    assert "runtime/diffusion/conditions/example_inputs.py" in message and "wan" in message, message

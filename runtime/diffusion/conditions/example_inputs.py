@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from runtime.config.errors import ConfigError
+
 __all__ = ["example_inputs"]
 
 Inputs = dict[str, Any]
@@ -245,9 +247,10 @@ def example_inputs(
     ``condition_model_type``; identical for identically seeded generators. ``variant``: the spec's tiny variant,
     for a builder whose inputs differ by more than the config (a builder takes it as a ``variant`` parameter)."""
     if condition_model_type not in _BUILDERS:
-        raise KeyError(
-            f"no example inputs for condition model {condition_model_type!r}: add a builder to "
-            f"runtime/diffusion/conditions/example_inputs.py (known: {', '.join(sorted(_BUILDERS))})"
+        raise ConfigError(  # a newcomer's new condition model: one line, exit 2 (the self-check builds its inputs)
+            f"no example inputs for condition model {condition_model_type!r}: the start-up self-check and the DiT "
+            f"suites build random transformer inputs from a builder in runtime/diffusion/conditions/example_inputs.py "
+            f"(known: {', '.join(sorted(_BUILDERS))}); add one for it (docs/adding-a-model.md, DiTs)"
         )
     builder = _BUILDERS[condition_model_type]
     if variant is not None and "variant" in inspect.signature(builder).parameters:
