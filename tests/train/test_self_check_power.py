@@ -33,6 +33,7 @@ from tests.engine.helpers import REPO
 from tests.train.common import run_config
 
 OUTPUT = "generated/position_scale/modeling_qwen3.py"
+NEXT_OUTPUT = "generated/unsplit_mixer/modeling_qwen3_next.py"
 # Queries scaled past a configured floor by a function of the position, the positions from torch.arange over the
 # tokens the layer holds (a rank under SP holds its own slice: its positions restart at 0 there).
 POSITION_SCALE = """{#
@@ -166,6 +167,51 @@ def test_a_position_dependent_scale_past_a_real_floor_is_refused_under_sp(tmp_pa
     assert error == "" and "thresholds inside its rows: query_scale_floor 8192 -> 5" in out, (out, error)
     raw = run_config(tmp_path, parallel={"sp": 2})
     results = run_distributed(position_scale_worker, 2, raw, path, timeout=300)
+    error = results[0][1]
+    assert all(e == error for _, e in results) and "\n" not in error, results
+    assert error.startswith("train.self_check: the start-up self-check failed: ") and "sp 2" in error, error
+
+
+def _unsplit_delta_net_project(root: Path) -> Path:
+    """The shipped Qwen3-Next spec without its delta-net SP patches: the gated delta-net layers (a convolution and a
+    recurrence, no class named *Attention, so the per-forward site check does not watch them) run on each rank's
+    tokens only, while the full-attention layers keep Ulysses."""
+    root.mkdir()
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    shutil.copytree(REPO / "templates", root / "templates")
+    text = (REPO / "specs" / "qwen3_next.toml").read_text()
+    head, *patches = re.sub(r'output = "[^"]*"', f'output = "{NEXT_OUTPUT}"', text, count=1).split("[[patch]]")
+    kept = [p for p in patches if "sp/linear_attention" not in p]
+    assert len(kept) == len(patches) - 2
+    (root / "specs").mkdir()
+    (root / "specs" / "qwen3_next.toml").write_text("[[patch]]".join([head, *kept]))
+    config = load_config(root)
+    regen(config, load_specs(config, ["qwen3_next"]))
+    return root / NEXT_OUTPUT
+
+
+def unsplit_mixer_worker(rank: int, world_size: int, raw: dict, path: str | None) -> tuple[str, str]:
+    """The qwen3_next self-check with the generated class of the module at ``path`` (None: the shipped class)."""
+    from tests.train.self_check_defects import check_worker
+
+    if path is None:
+        return check_worker(rank, world_size, raw, None, {})
+    spec = importlib.util.spec_from_file_location(f"unsplit_mixer_{rank}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return check_worker(rank, world_size, raw, module.Qwen3NextForCausalLM, {})
+
+
+@pytest.mark.dist
+def test_a_sequence_mixer_that_is_not_attention_is_proven_under_sp(tmp_path: Path) -> None:
+    """The shipped Qwen3-Next passes at sp = 2 with the planted defects detected; with its delta-net layers left
+    unsplit it is refused before step 1, in one line, on every rank."""
+    raw = run_config(tmp_path, model={"type": "qwen3_next", "config": {}}, parallel={"sp": 2})
+    out, error = run_distributed(unsplit_mixer_worker, 2, raw, None, timeout=300)[0]
+    assert error == "" and re.search(r"power: \d planted defects? detected", out), (out, error)
+    path = str(_unsplit_delta_net_project(tmp_path / "project"))
+    results = run_distributed(unsplit_mixer_worker, 2, raw, path, timeout=300)
     error = results[0][1]
     assert all(e == error for _, e in results) and "\n" not in error, results
     assert error.startswith("train.self_check: the start-up self-check failed: ") and "sp 2" in error, error
