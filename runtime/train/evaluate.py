@@ -31,6 +31,7 @@ from runtime.data.sp_batch import packed_attention_kwargs, shard_for_sp
 from runtime.models.registry import lookup
 from runtime.parallel.state import ParallelState
 from runtime.train.config import RunConfig
+from runtime.train.text_step import needs_documents
 
 __all__ = ["TextEvaluator", "build_eval_loader", "eval_due", "read_eval_samples"]
 
@@ -105,7 +106,7 @@ class TextEvaluator:
         self.rows_evaluated = min(len(plan), rounds * dp)
         text = model.config.get_text_config()
         self.aux_coef = getattr(text, "router_aux_loss_coef", 0.0) if lookup(config.model.type).is_moe else 0.0
-        self.varlen = text._attn_implementation.startswith("flash")
+        self.varlen = text._attn_implementation.startswith("flash") or needs_documents(config)
         self.tokens: torch.Tensor | None = None
 
     def _row(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:

@@ -11,7 +11,10 @@ count as ``num_items_in_batch``: the job's loss), in one process, fp32, with the
 carrying state along a row never sees another replica's tokens; with a MoE load-balancing loss on (a statistic of
 the whole batch) and for vision-language and omni models (upstream keeps its M-RoPE deltas between calls) the rows
 run concatenated into one packed row (documents stay apart: position ids restart, and no label crosses a row). The
-upstream class runs the same rows with the same weights.
+upstream class runs the same rows with the same weights. A model whose layers keep packed documents apart only when
+given the row's boundaries (a linear-attention recurrence: its record's ``data.packed_documents``) gets them in the
+trainer's step, so the layout is compared with the reference run again with them (upstream's torch path reads none:
+the generated class is compared with it without them).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 import torch
 import transformers
 
+from runtime.data.sp_batch import packed_attention_kwargs
 from runtime.models.registry import lookup
 from runtime.models.tiny_configs import random_packed_batch
 from runtime.parallel.parallelize import parallelize
@@ -42,7 +46,7 @@ from runtime.train.self_check_shrink import (
     shrink_values,
 )
 from runtime.train.self_check_vision import concatenated, with_image
-from runtime.train.text_step import target_count, text_forward_backward
+from runtime.train.text_step import needs_documents, target_count, text_forward_backward
 
 __all__ = ["DOCUMENTS", "prove_text", "proof_rows", "shrunk_text_config"]
 
@@ -164,10 +168,11 @@ def prove_text(
     batches = [to_device(row, device) for row in rows] if apart else [to_device(concatenated(rows), device)]
     count = target_count(rows).to(device)
 
-    def run(model: torch.nn.Module) -> torch.Tensor:
+    def run(model: torch.nn.Module, documents: bool = False) -> torch.Tensor:
         losses = []
         for batch in batches:
-            out = model(**batch, num_items_in_batch=count, **moe_kwargs)
+            bounds = to_device(packed_attention_kwargs(batch["position_ids"]), device) if documents else {}
+            out = model(**batch, **bounds, num_items_in_batch=count, **moe_kwargs)
             out.loss.backward()
             losses.append(out.loss.detach())
         return torch.stack(losses).sum()
@@ -191,6 +196,10 @@ def prove_text(
                 with defect.plant(reference):
                     loss = run(reference)
                 planted.append(compare(defect.name, loss, gradients(reference), up_loss, up_grads, fp32))
+        if needs_documents(config) and state.world_size > 1:  # the layout's step passes the rows' boundaries
+            reference.zero_grad(set_to_none=True)
+            ref_loss = run(reference, documents=True)
+            ref_grads = gradients(reference)
     del reference, upstream
 
     if state.world_size > 1:  # the job's layout against one process

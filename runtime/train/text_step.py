@@ -25,7 +25,7 @@ from runtime.train.config import RunConfig
 from runtime.train.job import StepWork, all_reduce_sum, to_device, train_device
 from runtime.train.metrics import step_flops
 
-__all__ = ["IGNORE_INDEX", "describe_rows", "sample_names", "target_count", "text_forward_backward"]
+__all__ = ["IGNORE_INDEX", "describe_rows", "needs_documents", "sample_names", "target_count", "text_forward_backward"]
 
 IGNORE_INDEX = -100
 
@@ -58,6 +58,12 @@ def describe_rows(
     return [[names[i] for i in row] for row in rows]
 
 
+def needs_documents(config: RunConfig) -> bool:
+    """Whether the model honours packed documents only when given the row's boundaries (its record's
+    ``data.packed_documents``: a linear-attention layer's recurrence has no mask to read them from)."""
+    return lookup(config.model.type).data.get("packed_documents") == "cu_seq_lens"
+
+
 def text_forward_backward(
     model, loader, state: ParallelState, config: RunConfig, names: Sequence[str] | None = None
 ) -> StepWork:
@@ -73,7 +79,7 @@ def text_forward_backward(
     moe = lookup(config.model.type).is_moe
     aux_coef = getattr(model.config.get_text_config(), "router_aux_loss_coef", 0.0) if moe else 0.0
     moe_kwargs = {"output_router_logits": True} if aux_coef else {}
-    varlen = model.config.get_text_config()._attn_implementation.startswith("flash")
+    varlen = model.config.get_text_config()._attn_implementation.startswith("flash") or needs_documents(config)
     for row in rows:
         batch = shard_for_sp(row, state)
         if varlen:  # the packed segments, computed here rather than by a device sync inside the forward

@@ -22,6 +22,7 @@ MODELS = {
     "gpt_oss": {"attn_implementation": "eager", "experts_implementation": "patchgen_eager"},
     "glm4_moe": {"attn_implementation": "sdpa", "experts_implementation": "patchgen_grouped"},
     "mimo_v2_flash": {"attn_implementation": "eager", "experts_implementation": "patchgen_grouped"},
+    "qwen3_next": {"attn_implementation": "sdpa", "experts_implementation": "patchgen_grouped"},
 }
 
 
