@@ -40,7 +40,7 @@ def draft(
     if check:
         raise typer.Exit(check_draft(config, name, source))
     started = time.perf_counter()
-    drafted = draft_spec(name, source, config.pins)
+    drafted = draft_spec(name, source, config.pins, project=config)
     path = config.spec_path(drafted.target.name)
     rel = path.relative_to(config.root) if path.is_relative_to(config.root) else path
     if path.exists() and not force:

@@ -47,17 +47,20 @@ class PlanEntry:
 
 
 def cp_plan(mod: Module, cls: str) -> list[PlanEntry] | None:
-    """The class's `_cp_plan` literal, flattened; None when it declares none."""
+    """The class's `_cp_plan` literal, flattened; None when it declares none, [] when it is no literal."""
     text = mod.class_attr(cls, "_cp_plan")
     if text is None:
         return None
     out = []
-    for key, value in zip(*_dict_items(ast.parse(text, mode="eval").body), strict=True):
-        if isinstance(value, ast.Dict):
-            for item, call in zip(*_dict_items(value), strict=True):
-                out.append(PlanEntry(key, item, *_call(call)))
-        else:
-            out.append(PlanEntry(key, None, *_call(value)))
+    try:
+        for key, value in zip(*_dict_items(ast.parse(text, mode="eval").body), strict=True):
+            if isinstance(value, ast.Dict):
+                for item, call in zip(*_dict_items(value), strict=True):
+                    out.append(PlanEntry(key, item, *_call(call)))
+            else:
+                out.append(PlanEntry(key, None, *_call(value)))
+    except (ValueError, TypeError, AttributeError, AssertionError):  # `**other`, a computed key or value
+        return []
     return out
 
 
@@ -70,7 +73,7 @@ def _call(node: ast.AST) -> tuple[str, dict[str, Any]]:
     return ast.unparse(node.func), {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
 
 
-def recognise_dit(target: DitTarget, upstream: UpstreamFile) -> Recognised:
+def recognise_dit(target: DitTarget, upstream: UpstreamFile, condition: str) -> Recognised:
     """The DiT kinds in the order the shipped DiT specs list them: shard tokens, RoPE and per-token timesteps; per
     processor the all-to-all pair and the ring; the gather after the output projection; the training shell."""
     mod = Module(upstream)
@@ -79,16 +82,15 @@ def recognise_dit(target: DitTarget, upstream: UpstreamFile) -> Recognised:
     reachable = sorted(reachable_definitions(parsed(upstream.text, upstream.relpath), [cls]))
     plan = cp_plan(mod, cls)
     missing: list[str] = []
-    if plan is None:
-        missing.append(
-            f"{cls} ({mod.where(mod.classes[cls])}) states no _cp_plan, the only place draft reads a token split from"
-        )
+    if not plan:
+        state = "states no _cp_plan" if plan is None else "states a _cp_plan that is no literal"
+        missing.append(f"{cls} ({mod.where(mod.classes[cls])}) {state}, the only place draft reads a token split from")
     else:
         _forward(mod, cls, plan, reachable, out, missing)
     if missing:  # all SP patches or none
         out.patches = []
         out.unsupported["sp"] = "; ".join(missing)[:300]
-    shell = {"cls": cls, "model_type": target.name, "condition_model_type": target.name}
+    shell = {"cls": cls, "model_type": target.name, "condition_model_type": condition}
     if mod.class_attr(cls, "_no_split_modules") is None:
         blocks = [c for attr, c in mod.built(cls) if "blocks" in attr]
         if not blocks:
@@ -154,7 +156,7 @@ def _forward(
         (i for i, s in enumerate(body) if _assign(s)[0] == "hidden_states" and _self_call(_assign(s)[1])), None
     )
     if embed is None:
-        missing.append(f"{cls}.forward: no `hidden_states = self.<embedder>(hidden_states)` patch embedding")
+        missing.append(f"{cls}.forward ({mod.where(forward)}): no `hidden_states = self.<embedder>(hidden_states)`")
         return
     end = embed
     while end + 1 < len(body) and _assign(body[end + 1])[0] == "hidden_states":
@@ -176,7 +178,7 @@ def _forward(
     ]
     processors = _processors(mod, reachable)
     if not processors:
-        missing.append(f"no processor of {cls} calls {DISPATCH} with parallel_config=self._parallel_config")
+        missing.append(f"no processor of {cls} ({mod.where(mod.classes[cls])}) hands {DISPATCH} self._parallel_config")
         return
     dim, prefix = _rotary_dim(body, r, rope_attr, inputs)
     if dim is None:
@@ -206,7 +208,9 @@ def _forward(
     gathered = [e.module for e in plan if e.kind == "ContextParallelOutput"]
     sites = [s for s in body if _self_call(_assign(s)[1]) in gathered]
     if len(sites) != 1:
-        missing.append(f"{cls}.forward: the _cp_plan output ({', '.join(gathered)}) is not called once")
+        missing.append(
+            f"{cls}.forward ({mod.where(forward)}): the _cp_plan output ({', '.join(gathered)}) is not called once"
+        )
         return
     gvars = {"tensor": _assign(sites[0])[0]}
     note = f"_cp_plan gathers the output of `{_text(sites[0])}` at {mod.where(sites[0])}"

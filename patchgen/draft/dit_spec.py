@@ -3,11 +3,17 @@ training shell as its class, `[model.data]` naming the condition model, then the
 
 from __future__ import annotations
 
+import ast
+import tomllib
 from typing import Any
 
+from patchgen.config import ProjectConfig
 from patchgen.draft.lm import Recognised
 from patchgen.draft.render import _patch, _table, value
 from patchgen.draft.structure import Module
+from patchgen.upstream import UpstreamSource
+
+CONDITIONS = "runtime/diffusion/conditions"
 
 # Rule (docs/adding-a-model.md, `patchgen draft`): 2 blocks (1 double-stream + 1 single-stream where both exist),
 # 4 heads of 16 (sp = 2 and 4 divide the heads; RoPE axes 4/6/6), 4 latent channels, text/condition widths 16-32,
@@ -51,7 +57,9 @@ def dit_capabilities(mod: Module, cls: str) -> list[str]:
     return [name for name, present in found.items() if present]
 
 
-def dit_spec_text(found: Recognised, pin: str, tiny: dict[str, Any], capabilities: list[str]) -> str:
+def dit_spec_text(
+    found: Recognised, pin: str, tiny: dict[str, Any], capabilities: list[str], condition: tuple[str, str]
+) -> str:
     """The whole DiT spec file, deterministic for one upstream release."""
     target = found.target
     stem = target.module.rsplit(".", 1)[1]
@@ -74,11 +82,51 @@ def dit_spec_text(found: Recognised, pin: str, tiny: dict[str, Any], capabilitie
     lines += [*_table("model", model), ""]
     lines += ["# tiny random config by draft's DiT rule (docs/adding-a-model.md); fit it to the condition model's"]
     lines += [*_table("model.tiny", tiny), ""]
-    lines += [f"# the frozen condition model: runtime/diffusion/conditions/{target.name}.py (written by hand)"]
-    lines += [*_table("model.data", {"condition_model_type": target.name}), ""]
+    lines += [f"# the frozen condition model: {condition[1]}"]
+    lines += [*_table("model.data", {"condition_model_type": condition[0]}), ""]
     if found.unsupported:
         lines += ["# not recognised (draft never guesses): the runtime refuses these layouts quoting the reason"]
         lines += [*_table("model.unsupported", found.unsupported), ""]
     for patch in found.patches:
         lines += [*_patch(patch), ""]
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def forward_params(text: str, cls: str) -> tuple[str, ...] | None:
+    """The parameters of `cls.forward` in a module's text (its inputs, as a condition model feeds them)."""
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == "forward":
+                    return tuple(a.arg for a in item.args.args[1:] + item.args.kwonlyargs)
+    return None
+
+
+def condition_model(
+    project: ProjectConfig | None, source: UpstreamSource, cls: str, text: str, name: str
+) -> tuple[str, str]:
+    """(condition model type, where it comes from): the project's condition model of that name, else a shipped
+    DiT's whose diffusers class takes the same forward inputs with latents of as many dims (ChronoEdit's are Wan's;
+    SanaVideo's video latents are not Sana's images), else the name, to write."""
+    own = f"{CONDITIONS}/{name}.py"
+    if project is None or (project.root / own).is_file():
+        return name, own
+    params = forward_params(text, cls)
+    for path in sorted(p for p in project.specs_dir.glob("*.toml") if p.stem != name):  # not its own spec
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        model = raw.get("model", {})
+        other = str(model.get("upstream", "")).rsplit(".", 1)[-1]
+        condition = model.get("data", {}).get("condition_model_type")
+        if model.get("family") != "dit" or "module" not in raw or not condition:
+            continue
+        if (
+            _latent_dims(other) == _latent_dims(cls)
+            and forward_params(source.read(raw["module"]).text, other) == params
+        ):
+            return condition, f"{CONDITIONS}/{condition}.py, {path.stem}'s: {other}.forward takes the same inputs"
+    return name, f"none yet: write {own} (docs/dit.md)"
+
+
+def _latent_dims(cls: str) -> str:
+    """`2D` / `3D` of a diffusers class name (image or video latents), '' when it says neither."""
+    return "3D" if "3D" in cls else "2D" if "2D" in cls else ""

@@ -14,7 +14,7 @@ import typer
 
 from patchgen.config import ProjectConfig
 from patchgen.draft.dit import recognise_dit
-from patchgen.draft.dit_spec import dit_capabilities, dit_spec_text, dit_tiny
+from patchgen.draft.dit_spec import condition_model, dit_capabilities, dit_spec_text, dit_tiny
 from patchgen.draft.lm import Recognised, recognise
 from patchgen.draft.names import DitTarget, Target, resolve
 from patchgen.draft.render import spec_text
@@ -32,17 +32,25 @@ class Drafted:
     text: str
 
 
-def draft_spec(argument: str, source: UpstreamSource, pins: dict[str, str], name: str | None = None) -> Drafted:
+def draft_spec(
+    argument: str,
+    source: UpstreamSource,
+    pins: dict[str, str],
+    name: str | None = None,
+    project: ProjectConfig | None = None,
+) -> Drafted:
     """The spec text for the decoder LM (a model type or its causal-LM class) or the diffusers transformer class
-    `argument` names; `name` overrides a DiT's spec name (default: its module's, `transformer_wan` -> wan)."""
+    `argument` names; `name` overrides a DiT's spec name (default: its module's, `transformer_wan` -> wan);
+    `project`: where a DiT's condition model is looked for (none: the DiT's own name)."""
     target = resolve(argument, source, pins)
     upstream = source.read(target.module)
     if isinstance(target, DitTarget):
         target = dataclasses.replace(target, name=name or target.name)
-        found = recognise_dit(target, upstream)
+        condition = condition_model(project, source, target.cls, upstream.text, target.name)
+        found = recognise_dit(target, upstream, condition[0])
         mod = Module(upstream)
-        text = dit_spec_text(found, upstream.pin, dit_tiny(mod, target.cls), dit_capabilities(mod, target.cls))
-        return Drafted(target, found, text)
+        tiny, capabilities = dit_tiny(mod, target.cls), dit_capabilities(mod, target.cls)
+        return Drafted(target, found, dit_spec_text(found, upstream.pin, tiny, capabilities, condition))
     found = recognise(target, upstream)
     config_text = source.read(target.config_module).text
     fields = config_fields(config_text, target.model_type)
@@ -94,7 +102,7 @@ def check_draft(config: ProjectConfig, name: str, source: UpstreamSource) -> int
         argument, dit = drafted_from(tomllib.loads(committed), name)
     except tomllib.TOMLDecodeError as exc:
         raise PatchgenError(f"{path}: not valid TOML ({exc}); fix it, or redraft with --force") from exc
-    drafted = draft_spec(argument, source, config.pins, name if dit else None).text
+    drafted = draft_spec(argument, source, config.pins, name if dit else None, config).text
     lines = list(
         difflib.unified_diff(
             committed.splitlines(keepends=True),

@@ -67,9 +67,10 @@ class Outcome:
 
 
 def scratch_project(config: ProjectConfig, folder: Path, without: str) -> ProjectConfig:
-    """pyproject.toml, specs/ (less `without`) and templates/ copied to `folder`: generated/ is read from the real
-    project, nothing is written there."""
+    """pyproject.toml, specs/ (less `without`) and templates/ copied to `folder`, runtime/ linked (where a DiT's
+    condition model is looked for): generated/ is read from the real project, nothing is written there."""
     shutil.copy2(config.root / "pyproject.toml", folder / "pyproject.toml")
+    (folder / "runtime").symlink_to(config.root / "runtime", target_is_directory=True)
     shutil.copytree(config.specs_dir, folder / "specs")
     shutil.copytree(config.templates_dir, folder / "templates")
     (folder / "specs" / f"{without}.toml").unlink()
@@ -86,7 +87,7 @@ def reproduce(config: ProjectConfig, name: str, source: UpstreamSource) -> Outco
     with tempfile.TemporaryDirectory(prefix="patchgen-reproduce-") as folder:
         scratch = scratch_project(config, Path(folder), name)
         try:
-            drafted = draft_spec(argument, source, scratch.pins, name if dit else None)
+            drafted = draft_spec(argument, source, scratch.pins, name if dit else None, scratch)
             spec = load_drafted(scratch, name, drafted.text)
             generated = generate(spec, source, scratch)
         except PatchgenError as exc:

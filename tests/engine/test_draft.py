@@ -91,6 +91,33 @@ def test_a_dit_without_a_context_parallel_plan_is_stated() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("cls", "condition", "reason"),
+    [
+        ("ChronoEditTransformer3DModel", "wan", None),  # Wan's forward inputs: Wan's condition model
+        ("SanaVideoTransformer3DModel", "sana_video", "states no _cp_plan"),  # Sana's inputs, but video latents
+        ("HeliosTransformer3DModel", "helios", "states a _cp_plan that is no literal"),  # `**other` inside
+    ],
+)
+def test_an_unseen_dit_gets_a_condition_model_only_with_the_same_inputs(
+    cls: str, condition: str, reason: str | None
+) -> None:
+    """A DiT the project does not ship takes a shipped DiT's condition model only when its diffusers class takes
+    the same forward inputs with latents of as many dims; else its own name, left to write (the comment says so)."""
+    config = load_config(REPO)
+    drafted = draft_spec(cls, PinnedSource(config.pins), config.pins, project=config)
+    spec = tomllib.loads(drafted.text)
+    assert spec["model"]["data"]["condition_model_type"] == condition
+    assert spec["patch"][-1]["vars"]["condition_model_type"] == condition
+    if reason is None:
+        assert "unsupported" not in spec["model"] and len(spec["patch"]) == 7
+        assert "# the frozen condition model: runtime/diffusion/conditions/wan.py, wan's:" in drafted.text
+    else:
+        assert f"{cls} (diffusers/models/transformers/" in spec["model"]["unsupported"]["sp"]
+        assert reason in spec["model"]["unsupported"]["sp"]
+        assert f"none yet: write runtime/diffusion/conditions/{condition}.py" in drafted.text
+
+
 def test_draft_writes_a_spec_whose_comments_say_where(scratch: Path, capsys) -> None:
     (scratch / "specs" / "llama.toml").unlink()
     code, out, err = in_process(scratch, capsys, "draft", "llama")
