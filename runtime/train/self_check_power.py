@@ -12,6 +12,10 @@ The classes, each planted only where the layout has the parallelism it concerns:
   cut to the rank's block; DiT: ``self_check_power_dit``, one class per kind of SP site the model has);
 - ``positions restart at the shard boundary`` (SP): the rank computes positions from its own tokens (text: the
   document crossing into the shard restarts at 0; DiT: every rank takes the first shard's RoPE tables);
+- ``one linear-attention site runs on its rank's tokens only``, ``one convolution sees no neighbouring tokens``
+  (SP, where the model has those sites: a gated delta-net's recurrence and short convolution,
+  ``sp/linear_attention_*``; a DiT's linear attention and grid convolution): the first such site runs upstream's
+  call on the rank's tokens;
 - ``a replica's gradient share counted twice`` (data parallel): the last replica's loss doubled before backward,
   as a sum where a mean was meant;
 - ``handled option <key> skipped`` (a ``[model] handles`` key the job sets): the option turned off in the planted
@@ -41,6 +45,8 @@ from runtime.train.self_check import Comparison, compare
 __all__ = [
     "DOUBLED_SHARE",
     "LOCAL_ATTENTION",
+    "LOCAL_CONVOLUTION",
+    "LOCAL_LINEAR_ATTENTION",
     "LOCAL_POSITIONS",
     "Defect",
     "binding_softcaps",
@@ -48,12 +54,15 @@ __all__ = [
     "swapped",
     "handled_defects",
     "planted_run",
+    "planted_swap",
     "text_defects",
 ]
 
 LOCAL_ATTENTION = "one attention site attends to its rank's tokens only"
 LOCAL_POSITIONS = "positions restart at the shard boundary"
 DOUBLED_SHARE = "a replica's gradient share counted twice"
+LOCAL_LINEAR_ATTENTION = "one linear-attention site runs on its rank's tokens only"
+LOCAL_CONVOLUTION = "one convolution sees no neighbouring tokens"
 
 
 @dataclass(frozen=True)
@@ -259,16 +268,65 @@ def handled_defects(config: Any, handles: list[str]) -> list[Defect]:
     return [Defect(f"handled option {key} skipped", plant(key)) for key in found]
 
 
+def _first_recurrence_local(correct: Callable[..., Any]) -> Callable[..., Any]:
+    """``sp/linear_attention_heads``: the first module's recurrence runs on the rank's tokens (upstream's call)."""
+    first: list[Any] = []
+
+    def linear_attention_heads(kernel: Callable[..., Any], module: torch.nn.Module) -> Callable[..., Any]:
+        first.extend([] if first else [module])
+        if module is not first[0]:
+            return correct(kernel, module)
+
+        def local(*args: Any, **kwargs: Any) -> Any:
+            mark_site(module)
+            return kernel(*args, **kwargs)
+
+        return local
+
+    return linear_attention_heads
+
+
+def _first_conv_local(correct: Callable[..., Any]) -> Callable[..., Any]:
+    """``sp/linear_attention_conv``: the first convolution runs on the rank's tokens (upstream's call)."""
+    first: list[Any] = []
+
+    def sequence_conv1d(conv: torch.nn.Conv1d, documents: Any, x: torch.Tensor) -> torch.Tensor:
+        first.extend([] if first else [conv])
+        return conv(x) if conv is first[0] else correct(conv, documents, x)
+
+    return sequence_conv1d
+
+
+def planted_swap(
+    name: str, correct: Callable[..., Any], make: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> Callable[[torch.nn.Module], AbstractContextManager[Any]]:
+    """A plant rebinding ``name`` to a fresh defective wrapper of ``correct`` (its first-call memory is per run)."""
+
+    def plant(model: torch.nn.Module) -> AbstractContextManager[Any]:
+        return swapped(name, correct, make(correct))
+
+    return plant
+
+
 def text_defects(state: ParallelState, model: torch.nn.Module) -> list[Defect]:
     """The defect classes of a language model's layout (the module docstring); the positions class where the
-    model slices RoPE tables computed from the global positions (its modules import ``slice_position_embeddings``)."""
+    model slices RoPE tables computed from the global positions (its modules import ``slice_position_embeddings``),
+    the linear-attention classes where its modules import the SP kinds of a gated delta-net."""
     found = []
     if state.sp_enabled:
-        found.append(Defect(LOCAL_ATTENTION, _local_first_site(state)))
+        from runtime.sp import linear_attention
         from runtime.sp.positions import slice_position_embeddings
 
+        found.append(Defect(LOCAL_ATTENTION, _local_first_site(state)))
         if imported_by(model, "slice_position_embeddings", slice_position_embeddings):
             found.append(Defect(LOCAL_POSITIONS, _first_shard_positions))
+        for what, name, make in (
+            (LOCAL_LINEAR_ATTENTION, "linear_attention_heads", _first_recurrence_local),
+            (LOCAL_CONVOLUTION, "sequence_conv1d", _first_conv_local),
+        ):
+            correct = getattr(linear_attention, name)
+            if imported_by(model, name, correct):
+                found.append(Defect(what, planted_swap(name, correct, make)))
     if state.dp_size > 1:
         found.append(Defect(DOUBLED_SHARE, _doubled_share(state)))
     return found

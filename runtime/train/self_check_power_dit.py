@@ -3,9 +3,9 @@ the generated model has, found by what its modules import from the runtime, not 
 
 - ``one attention site attends to its rank's tokens only``: ``attention_split`` gives the first attention module
   that carries the split no split (its Ulysses all-to-alls and ring skipped: the site attends to the rank's tokens);
-- ``one linear-attention site sums its rank's tokens only``: ``sp_linear_kv``'s first call runs without the SP
+- ``one linear-attention site runs on its rank's tokens only``: ``sp_linear_kv``'s first call runs without the SP
   all-reduce of its key-value sums (Sana's linear self-attention);
-- ``one convolution sees no neighbour rows``: ``grid_halo_conv2d``'s first convolution runs on the rank's rows
+- ``one convolution sees no neighbouring tokens``: ``grid_halo_conv2d``'s first convolution runs on the rank's rows
   alone, zero-padded at the shard boundary instead of exchanging halo rows (Sana's GLUMBConv);
 - ``positions restart at the shard boundary``: every rank takes the first shard's RoPE tables (``shard_rotary``).
 
@@ -18,18 +18,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
 from runtime.parallel.state import ParallelState
-from runtime.train.self_check_power import LOCAL_ATTENTION, LOCAL_POSITIONS, Defect, imported_by, swapped
+from runtime.train.self_check_power import (
+    LOCAL_ATTENTION,
+    LOCAL_CONVOLUTION,
+    LOCAL_LINEAR_ATTENTION,
+    LOCAL_POSITIONS,
+    Defect,
+    imported_by,
+    planted_swap,
+)
 
-__all__ = ["LOCAL_CONVOLUTION", "LOCAL_LINEAR_ATTENTION", "dit_defects"]
-
-LOCAL_LINEAR_ATTENTION = "one linear-attention site sums its rank's tokens only"
-LOCAL_CONVOLUTION = "one convolution sees no neighbour rows"
+__all__ = ["dit_defects"]
 
 
 def _first_attention_local(correct: Callable[..., Any]) -> Callable[..., Any]:
@@ -84,15 +88,6 @@ def _first_shard_rotary(correct: Callable[..., Any]) -> Callable[..., Any]:
     return shard_rotary
 
 
-def _plant(name: str, correct: Callable[..., Any], make: Callable[[Callable[..., Any]], Callable[..., Any]]):
-    """A plant that rebinds ``name`` to a fresh defective wrapper of ``correct`` (its first-call memory is per run)."""
-
-    def plant(model: torch.nn.Module) -> AbstractContextManager[Any]:
-        return swapped(name, correct, make(correct))
-
-    return plant
-
-
 def dit_defects(state: ParallelState, model: torch.nn.Module) -> list[Defect]:
     """The planted SP defects of a DiT: one per site function the model's modules import (the module docstring)."""
     from runtime.diffusion import sp, sp_grid
@@ -106,7 +101,7 @@ def dit_defects(state: ParallelState, model: torch.nn.Module) -> list[Defect]:
         (LOCAL_POSITIONS, "shard_rotary", sp.shard_rotary, _first_shard_rotary),
     ]
     return [
-        Defect(what, _plant(name, correct, make))
+        Defect(what, planted_swap(name, correct, make))
         for what, name, correct, make in kinds
         if imported_by(model, name, correct)
     ]
