@@ -16,11 +16,13 @@ Every rank of the SP group takes part, with or without a ring (``parallel.ring``
 layers' keys): the gathered tokens are put in the row's natural order first (``runtime.sp.layout``), so the layer
 is exact under Ulysses, a ring or both, provided the SP size divides the value heads and the conv channels.
 
-Packed documents: upstream's fused kernels (flash-linear-attention, causal-conv1d) take the packed row's document
-boundaries (``cu_seq_lens_q``, as flash attention's varlen path); its torch path has none and carries the state
-across documents. Given boundaries (``documents``: the cumulative lengths over the whole row, what
+Packed documents: upstream's flash-linear-attention kernel takes the packed row's document boundaries
+(``cu_seq_lens_q``, as flash attention's varlen path); its torch path has none and carries the state across
+documents. Given boundaries (``documents``: the cumulative lengths over the whole row, what
 ``runtime.data.sp_batch.packed_attention_kwargs`` computes), the convolution and the recurrence restart at each
 document here, in one process as under SP. Without them, and with SP off, both calls are upstream's own (bitwise).
+causal-conv1d's fused convolution reads ``seq_idx`` instead, which the trainer does not pass: with it installed and
+SP off a packed row's convolution carries ``kernel - 1`` tokens across each boundary (under SP it is refused).
 """
 
 from __future__ import annotations
