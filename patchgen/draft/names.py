@@ -16,6 +16,7 @@ from patchgen.upstream import UpstreamSource
 AUTO_MAPPINGS = "transformers.models.auto.auto_mappings"
 MODELING_AUTO = "transformers.models.auto.modeling_auto"
 CAUSAL_LM_MAPPING = "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"
+VLM_MAPPING = "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES"
 DIT_PACKAGE = "diffusers.models.transformers."
 
 
@@ -27,7 +28,8 @@ class Target:
     name: str  # the spec's name: the module folder (model types may hold '-')
     module: str
     config_module: str
-    causal_lm: str
+    causal_lm: str  # the class trained: a *ForCausalLM, or a VLM's *ForConditionalGeneration
+    family: str = "causal_lm"
 
 
 @dataclass(frozen=True)
@@ -85,13 +87,16 @@ def resolve(argument: str, source: UpstreamSource, pins: dict[str, str]) -> Targ
         raise PatchgenError(
             f"draft {argument!r}: not a model type of transformers=={source.version('transformers')}; {hint}"
         )
+    folder = special.get(argument, argument.replace("-", "_"))
+    base = f"transformers.models.{folder}"
+    vlm = literal_mapping(source.read(MODELING_AUTO).text, VLM_MAPPING).get(argument)
+    if argument not in causal and vlm is not None:  # drafted as a member of a shipped VLM family (family.py)
+        return Target(argument, folder, f"{base}.modeling_{folder}", f"{base}.configuration_{folder}", vlm, "vlm")
     if argument not in causal:
         raise PatchgenError(
             f"draft {argument!r}: transformers has no causal-LM class for it (not in {CAUSAL_LM_MAPPING}); draft "
             f"recognises decoder LMs so far: write a VLM, omni or encoder spec by hand (docs/adding-a-model.md)"
         )
-    folder = special.get(argument, argument.replace("-", "_"))
-    base = f"transformers.models.{folder}"
     return Target(argument, folder, f"{base}.modeling_{folder}", f"{base}.configuration_{folder}", causal[argument])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import shutil
 import tempfile
 import tomllib
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import typer
 from patchgen.config import ProjectConfig
 from patchgen.draft.dit import recognise_dit
 from patchgen.draft.dit_spec import condition_model, dit_capabilities, dit_spec_text, dit_tiny
+from patchgen.draft.family import draft_member
 from patchgen.draft.lm import Recognised, recognise
 from patchgen.draft.names import DitTarget, Target, resolve
 from patchgen.draft.render import spec_text
@@ -43,6 +45,10 @@ def draft_spec(
     `argument` names; `name` overrides a DiT's spec name (default: its module's, `transformer_wan` -> wan);
     `project`: where a DiT's condition model is looked for (none: the DiT's own name)."""
     target = resolve(argument, source, pins)
+    if isinstance(target, Target) and target.family == "vlm":
+        if project is None:
+            raise PatchgenError(f"draft {argument!r}: a VLM is drafted from a shipped VLM spec: name the project")
+        return Drafted(target, *draft_member(target, source, project))
     upstream = source.read(target.module)
     if isinstance(target, DitTarget):
         target = dataclasses.replace(target, name=name or target.name)
@@ -63,6 +69,9 @@ def load_drafted(config: ProjectConfig, name: str, text: str) -> Spec:
     with tempfile.TemporaryDirectory(prefix="patchgen-draft-") as folder:
         temp = Path(folder) / config.specs_dir.name / f"{name}.toml"  # a site a template quotes: specs/<name>.toml
         temp.parent.mkdir()
+        for other in config.specs_dir.glob("*.toml"):  # what an `extends` draft inherits from sits beside it
+            if other.name != temp.name:
+                shutil.copy2(other, temp.parent / other.name)
         temp.write_text(text, encoding="utf-8")
         spec = load_spec(temp, config.templates_dir)
     return dataclasses.replace(spec, path=config.spec_path(name))

@@ -33,10 +33,11 @@ NOT_REPRODUCED = {
     "qwen2_moe": "hand choice: the shipped tiny config omits head_dim (hidden / heads = 16 anyway: the same model)",
     "mimo_v2_flash": "hand choice: the shipped tiny config puts the full-attention layer first, gives each layer type "
     "its own RoPE theta and leaves grouped routing at its defaults (draft's rule: 2 groups, scale 1.5)",
-    "qwen2_vl": "a VLM: draft reads decoder LMs (vision kinds not recognised yet)",
-    "qwen2_5_vl": "a VLM: draft reads decoder LMs (vision kinds not recognised yet)",
-    "qwen3_vl": "a VLM: draft reads decoder LMs (vision kinds not recognised yet)",
-    "qwen3_vl_moe": "a VLM: draft reads decoder LMs (vision kinds not recognised yet)",
+    "qwen2_vl": "a VLM of its own structure: draft writes a VLM only as a member of a shipped VLM family (extends)",
+    "qwen2_5_vl": "a VLM of its own structure: draft writes a VLM only as a member of a shipped VLM family (extends)",
+    "qwen3_vl": "a VLM of its own structure: draft writes a VLM only as a member of a shipped VLM family (extends)",
+    "qwen3_vl_moe": "code reproduced (extends qwen3_vl); hand choice: the shipped tiny text config has experts 48 "
+    "wide and no output_router_logits (draft's rule: 32, on)",
     "qwen3_omni_moe": "an omni model (thinker): draft reads decoder LMs (vision and audio kinds not recognised yet)",
     "qwen3_omni_moe_processor": "a processor spec, not a model: outside draft",
 }

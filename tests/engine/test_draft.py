@@ -91,6 +91,19 @@ def test_a_dit_without_a_context_parallel_plan_is_stated() -> None:
     )
 
 
+def test_a_vlm_family_member_extends_the_shipped_spec() -> None:
+    """Qwen3-VL-MoE drafted without its spec: `extends = "qwen3_vl"` with the class prefix renamed (every inherited
+    anchor matches once in the new module) plus the MoE patches the LM recogniser finds in its text model; the
+    generated code is the committed one, the record differs only in the hand-chosen tiny text config."""
+    config = load_config(REPO)
+    outcome = reproduce(config, "qwen3_vl_moe", PinnedSource(config.pins))
+    assert outcome.code_equal, outcome.why
+    assert all(r.startswith(("record tiny: ", "only the patches' why")) for r in outcome.why.split("; ")), outcome.why
+    drafted = tomllib.loads(draft_spec("qwen3_vl_moe", PinnedSource(config.pins), config.pins, project=config).text)
+    assert drafted["extends"] == "qwen3_vl" and drafted["class_prefix"] == {"from": "Qwen3VL", "to": "Qwen3VLMoe"}
+    assert [p["template"] for p in drafted["patch"]] == ["moe/global_aux_loss", "moe/ep_plan"]
+
+
 @pytest.mark.parametrize(
     ("cls", "condition", "reason"),
     [
@@ -153,7 +166,7 @@ def test_check_shows_a_hand_edit(scratch: Path, capsys) -> None:
         ("AutoencoderKL", "AutoencoderKL is not a transformer"),
         ("FluxTransformer2DModel", "specs/flux.toml exists: draft never overwrites a spec silently"),
         ("torch.nn.Linear", "'torch' is outside the pinned packages"),
-        ("qwen2_vl", "no causal-LM class for it"),
+        ("qwen2_vl", "a VLM (Qwen2VLForConditionalGeneration) whose module is no shipped VLM spec's"),
         ("llama", "specs/llama.toml exists: draft never overwrites a spec silently"),
     ],
 )
