@@ -1,6 +1,7 @@
 """How many shipped specs `patchgen draft` reproduces: for each, in a scratch copy of the project without that spec,
-draft it, generate, and compare with the committed generated files: the code (every generated module's body, the
-header aside: it hashes the spec's bytes and quotes each patch's `why`) and the model record (`.model.json`).
+draft it (a DiT from its diffusers class, named as the shipped spec; a VLM as a member of a shipped family), generate,
+and compare with the committed generated files: the code (every generated module's body, the header aside: it hashes
+the spec's bytes and quotes each patch's `why`) and the model record (`.model.json`).
 
 `python -m patchgen.draft.reproduce [spec ...]` prints one line per spec and the count; exit 0.
 """
