@@ -98,6 +98,9 @@ class Proof:
     comparisons: list[Comparison] = field(default_factory=list)
     # one per planted defect (``self_check_power.py``): each must fail, or the proof has no power on this job
     planted: list[Comparison] = field(default_factory=list)
+    # planted defect classes whose regime the proof cannot set (name -> why): one it does not detect is named in the
+    # line instead of refusing the run (``self_check_power.Defect.advisory``)
+    advisory: dict[str, str] = field(default_factory=dict)
 
 
 def relative(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
@@ -179,17 +182,27 @@ def margin(comparison: Comparison) -> float:
     return max(comparison.loss_error, comparison.worst()[1]) / comparison.tolerance
 
 
-def power_text(planted: list[Comparison]) -> str:
-    """The self-check line's power part: how many planted defects were caught and by what margin."""
+def power_text(planted: list[Comparison], advisory: dict[str, str] | None = None) -> str:
+    """The self-check line's power part: how many planted defects were caught and by what margin, and which
+    advisory ones (``Proof.advisory``) it could not see on this job."""
     if not planted:
         return "power: no layout defect to plant in one process"
-    count = f"power: {len(planted)} planted defect{'s' if len(planted) > 1 else ''} detected"
-    finite = [margin(c) for c in planted if not math.isinf(margin(c))]
-    refused = len(planted) - len(finite)
+    advisory = advisory or {}
+    missed = [c for c in planted if c.failure() is None and c.what in advisory]
+    caught = [c for c in planted if c not in missed]
+    count = f"power: {len(caught)} planted defect{'s' if len(caught) != 1 else ''} detected"
+    finite = [margin(c) for c in caught if not math.isinf(margin(c))]
+    refused = len(caught) - len(finite)
     by_check = f"{refused} by a run-time check" if refused else ""
-    if not finite:
-        return f"{count}, {'each' if refused > 1 else 'it'} refused by a run-time check"
-    return f"{count}, smallest margin {min(finite):.0f}x" + (f" ({by_check})" if refused else "")
+    if not caught:
+        text = count
+    elif not finite:
+        text = f"{count}, {'each' if refused > 1 else 'it'} refused by a run-time check"
+    else:
+        text = f"{count}, smallest margin {min(finite):.0f}x" + (f" ({by_check})" if refused else "")
+    for c in missed:
+        text += f"; not detectable on this job: {c.what} ({margin(c):.2f}x the tolerance: {advisory[c.what]})"
+    return text
 
 
 def report(proof: Proof, seconds: float, off_key: str) -> str:
@@ -203,7 +216,7 @@ def report(proof: Proof, seconds: float, off_key: str) -> str:
                 f"this run would train wrongly. Report it with this line; {off_key}: {{enabled: false, reason: ...}} "
                 "skips the check"
             )
-    blind = [c for c in proof.planted if c.failure() is None]
+    blind = [c for c in proof.planted if c.failure() is None and c.what not in proof.advisory]
     if blind:
         names = "; ".join(f"{c.what} (moved it by {max(c.loss_error, c.worst()[1]):.1e})" for c in blind)
         raise ConfigError(
@@ -214,7 +227,7 @@ def report(proof: Proof, seconds: float, off_key: str) -> str:
         )
     parts = [f"{c.what}: loss {c.loss_error:.1e}, worst {c.worst()[0]} {c.worst()[1]:.1e}" for c in proof.comparisons]
     tol = ", ".join(_shown(t) for t in sorted({c.tolerance for c in proof.comparisons}))
-    power = power_text(proof.planted)
+    power = power_text(proof.planted, proof.advisory)
     return f"self-check: passed in {seconds:.2f} s ({proof.shrunk}; {'; '.join(parts)}; tolerance {tol}; {power})"
 
 
@@ -231,5 +244,5 @@ def run_proof(prove: Callable[[], Proof], off_key: str, say: Callable[[str], Non
     """Run ``prove``, agree on its errors over ``group`` (the world), print the start-up line or raise."""
     started = time.perf_counter()
     proof = prove()
-    proof = Proof(proof.shrunk, agree(proof.comparisons, group), agree(proof.planted, group))
+    proof = Proof(proof.shrunk, agree(proof.comparisons, group), agree(proof.planted, group), proof.advisory)
     say(report(proof, time.perf_counter() - started, off_key))

@@ -142,6 +142,7 @@ def prove_dit(
     del reference, upstream
 
     planted: list[Comparison] = []
+    advisory: dict[str, str] = {}
     if state.world_size > 1:  # the job's layout against one process
         model = parallelize(model, state, plan, device)
         model.train()
@@ -158,6 +159,7 @@ def prove_dit(
         comparisons.append(compare(f"{layout} vs one process", *step(), ref_loss, ref_grads, tolerance(dtype)))
         for defect in dit_defects(state, model):
             planted.append(planted_run(defect, model, step, ref_loss, ref_grads, tolerance(dtype)))
+            advisory.update({defect.name: defect.advisory} if defect.advisory else {})
         if state.dp_size > 1:
             planted.append(compare(DOUBLED_SHARE, *step(doubled=True), ref_loss, ref_grads, tolerance(dtype)))
-    return Proof(shrunk, comparisons, planted)
+    return Proof(shrunk, comparisons, planted, advisory)

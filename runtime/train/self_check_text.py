@@ -179,6 +179,7 @@ def prove_text(
 
     handled = handled_defects(shrunk, list(entry.supports.handles))
     planted: list[Comparison] = []
+    advisory: dict[str, str] = {}
     fp32 = tolerance(torch.float32)
     with parallel_state(ParallelState()):  # one process, fp32, the generated class: the reference
         reference.to(device).train()
@@ -214,8 +215,10 @@ def prove_text(
 
         layout = layout_text(state, plan.mixed_precision, dtype, plan.activation_checkpointing)
         comparisons.append(compare(f"{layout} vs one process", *step(), ref_loss, ref_grads, tolerance(dtype)))
-        for defect in text_defects(state, model) + handled:
+        defects = text_defects(state, model) + handled
+        advisory.update({d.name: d.advisory for d in defects if d.advisory})
+        for defect in defects:
             planted.append(planted_run(defect, model, step, ref_loss, ref_grads, tolerance(dtype)))
     summary = _summary(shrunk) + (f", thresholds inside its rows: {', '.join(crossed)}" if crossed else "")
     summary += f", softcaps set to bind: {', '.join(softcaps)}" if softcaps else ""
-    return Proof(summary, comparisons, planted)
+    return Proof(summary, comparisons, planted, advisory)

@@ -70,6 +70,12 @@ def test_a_blind_planted_defect_refuses_the_run_naming_it() -> None:
     assert "\n" not in message and "{enabled: false, reason: ...}" in message
     line = report(Proof("2 layers", [layout], [_passed(0.5), _passed(2e-2)]), 0.1, "train.self_check")
     assert line.endswith("tolerance 1e-04; power: 2 planted defects detected, smallest margin 200x)"), line
+    advisory = {blind.what: "its regime is set by the weights"}  # said in the line, not a refusal
+    line = report(Proof("2 layers", [layout], [_passed(0.5), blind], advisory), 0.1, "train.self_check")
+    assert line.endswith(
+        "power: 1 planted defect detected, smallest margin 5000x; not detectable on this job: positions restart at "
+        "the shard boundary (0.00x the tolerance: its regime is set by the weights))"
+    ), line
     line = report(Proof("2 layers", [layout], []), 0.1, "train.self_check")
     assert line.endswith("power: no layout defect to plant in one process)"), line
 
@@ -209,8 +215,8 @@ def test_a_sequence_mixer_that_is_not_attention_is_proven_under_sp(tmp_path: Pat
     unsplit it is refused before step 1, in one line, on every rank."""
     raw = run_config(tmp_path, model={"type": "qwen3_next", "config": {}}, parallel={"sp": 2})
     out, error = run_distributed(unsplit_mixer_worker, 2, raw, None, timeout=300)[0]
-    # a local attention site, RoPE restarting, a local recurrence, a local convolution
-    assert error == "" and "power: 4 planted defects detected" in out, (out, error)
+    # a local attention site, RoPE restarting, a local convolution (and a local recurrence, where it shows)
+    assert error == "" and re.search(r"power: [34] planted defects detected", out), (out, error)
     path = str(_unsplit_delta_net_project(tmp_path / "project"))
     results = run_distributed(unsplit_mixer_worker, 2, raw, path, timeout=300)
     error = results[0][1]
