@@ -53,11 +53,23 @@ def _runs(model, inputs: dict[str, torch.Tensor], kwargs: dict) -> dict[str, obj
     return {"full": full, "no_cache": no_cache, "first": first, "continued": continued}
 
 
+def _tensors(value: object) -> list[torch.Tensor]:
+    """The tensors in a cache layer's attribute: itself, or those of a list / dict of them (by key)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for key in sorted(value, key=str) for t in _tensors(value[key])]
+    if isinstance(value, list | tuple):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
 def _cache(output) -> list[torch.Tensor]:
-    """Every key and value tensor of a run's returned cache (none without one)."""
+    """Every tensor of a run's returned cache (none without one): an attention layer's keys and values, a linear
+    attention layer's convolution and recurrent states (Qwen3-Next's hybrid cache)."""
     cache = getattr(output, "past_key_values", None)
     layers = [] if cache is None else cache.layers
-    return [t for layer in layers for t in (layer.keys, layer.values)]
+    return [t for layer in layers for name in sorted(vars(layer)) for t in _tensors(vars(layer)[name])]
 
 
 @pytest.mark.parametrize("attn", ATTENTION)
