@@ -32,7 +32,8 @@ def draft(
 ) -> None:
     """Draft specs/<name>.toml from the pinned upstream module: each patch a structure recognised there (file:line in
     its comment), the [model] table and a tiny config; what is not recognised goes to [model.unsupported]."""
-    from patchgen.draft.pipeline import check_draft, draft_spec, load_drafted, prove
+    from patchgen.draft.loading import load_drafted
+    from patchgen.draft.pipeline import check_draft, draft_spec, prove
     from patchgen.files import write_text_atomic
 
     config = load_config(root)

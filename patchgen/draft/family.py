@@ -12,6 +12,7 @@ from typing import Any
 from patchgen.config import ProjectConfig
 from patchgen.cst.prune import parsed, reachable_definitions
 from patchgen.draft.lm import Recognised, _moe
+from patchgen.draft.loading import load_drafted
 from patchgen.draft.names import Target
 from patchgen.draft.render import _patch, _table, value
 from patchgen.draft.structure import Module
@@ -35,8 +36,7 @@ def _prefixes(shipped: str, cls: str) -> tuple[str, str] | None:
 
 def draft_member(target: Target, source: UpstreamSource, project: ProjectConfig) -> tuple[Recognised, str]:
     """(what was recognised, the spec text) for the VLM `target` names (its class in `target.causal_lm`)."""
-    from patchgen.draft.pipeline import load_drafted
-    from patchgen.generate import generate
+    from patchgen.generate import generate  # the engine's heavy half, loaded only to prove a member's draft
 
     cls = target.causal_lm
     upstream = source.read(target.module)

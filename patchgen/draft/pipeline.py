@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import shutil
-import tempfile
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
 
 import typer
 
@@ -23,7 +20,7 @@ from patchgen.draft.render import spec_text
 from patchgen.draft.structure import Module
 from patchgen.draft.tiny import config_fields, tiny_config
 from patchgen.errors import PatchgenError
-from patchgen.spec import Spec, load_spec
+from patchgen.spec import Spec
 from patchgen.upstream import UpstreamSource
 
 
@@ -62,19 +59,6 @@ def draft_spec(
     fields = config_fields(config_text, target.model_type)
     tiny, variants, capabilities, notes = tiny_config(found, Module(upstream), fields, config_text)
     return Drafted(target, found, spec_text(found, upstream.pin, tiny, variants, capabilities, notes))
-
-
-def load_drafted(config: ProjectConfig, name: str, text: str) -> Spec:
-    """The drafted text loaded as the spec `specs/<name>.toml` would be, without writing it there."""
-    with tempfile.TemporaryDirectory(prefix="patchgen-draft-") as folder:
-        temp = Path(folder) / config.specs_dir.name / f"{name}.toml"  # a site a template quotes: specs/<name>.toml
-        temp.parent.mkdir()
-        for other in config.specs_dir.glob("*.toml"):  # what an `extends` draft inherits from sits beside it
-            if other.name != temp.name:
-                shutil.copy2(other, temp.parent / other.name)
-        temp.write_text(text, encoding="utf-8")
-        spec = load_spec(temp, config.templates_dir)
-    return dataclasses.replace(spec, path=config.spec_path(name))
 
 
 def prove(config: ProjectConfig, spec: Spec, source: UpstreamSource) -> None:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from patchgen.config import ProjectConfig, load_config
-from patchgen.draft.pipeline import draft_spec, drafted_from, load_drafted
+from patchgen.draft.loading import load_drafted
+from patchgen.draft.pipeline import draft_spec, drafted_from
 from patchgen.errors import PatchgenError
 from patchgen.header import split
 from patchgen.ownership import model_record

@@ -209,7 +209,7 @@ def test_an_unseen_model_drafted_is_bitwise_upstream_with_parallelism_off(
     import torch
 
     import generated
-    from patchgen.draft.pipeline import load_drafted
+    from patchgen.draft.loading import load_drafted
     from patchgen.generate import generate
     from patchgen.ownership import model_record
     from runtime.models import registry
