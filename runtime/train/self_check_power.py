@@ -49,6 +49,7 @@ __all__ = [
     "LOCAL_LINEAR_ATTENTION",
     "LOCAL_POSITIONS",
     "Defect",
+    "FirstSite",
     "binding_softcaps",
     "imported_by",
     "swapped",
@@ -93,6 +94,21 @@ def swapped(name: str, real: Callable[..., Any], planted: Callable[..., Any]) ->
             module.__dict__[name] = real
 
 
+class FirstSite:
+    """Which call of a planted run is the defective one: the first site (module, convolution) it is asked about;
+    one per planted run, so every run plants at the same site."""
+
+    def __init__(self) -> None:
+        self.site: Any = None
+        self.seen = False
+
+    def __call__(self, site: Any) -> bool:
+        """Whether ``site`` is the first site seen (remembering it if none was)."""
+        if not self.seen:
+            self.site, self.seen = site, True
+        return site is self.site
+
+
 def imported_by(model: torch.nn.Module, name: str, real: Callable[..., Any]) -> bool:
     """Whether a module defining one of ``model``'s submodule classes or their attention processors (diffusers'
     processors are not modules) imported the runtime function ``real`` as ``name``."""
@@ -135,12 +151,11 @@ def _local_first_site(state: ParallelState) -> Callable[[torch.nn.Module], Abstr
     @contextmanager
     def plant(model: torch.nn.Module) -> Iterator[None]:
         originals = _sp_implementations()
-        first: list[torch.nn.Module] = []
+        first = FirstSite()
 
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             def forward(module, query, key, value, attention_mask, **kwargs):
-                first.extend([] if first else [module])
-                if module is not first[0]:
+                if not first(module):
                     return original(module, query, key, value, attention_mask, **kwargs)
                 mark_site(module)
                 inner = original.local_attention
@@ -275,11 +290,10 @@ def handled_defects(config: Any, handles: list[str]) -> list[Defect]:
 
 def _first_recurrence_local(correct: Callable[..., Any]) -> Callable[..., Any]:
     """``sp/linear_attention_heads``: the first module's recurrence runs on the rank's tokens (upstream's call)."""
-    first: list[Any] = []
+    first = FirstSite()
 
     def linear_attention_heads(kernel: Callable[..., Any], module: torch.nn.Module) -> Callable[..., Any]:
-        first.extend([] if first else [module])
-        if module is not first[0]:
+        if not first(module):
             return correct(kernel, module)
 
         def local(*args: Any, **kwargs: Any) -> Any:
@@ -291,13 +305,12 @@ def _first_recurrence_local(correct: Callable[..., Any]) -> Callable[..., Any]:
     return linear_attention_heads
 
 
-def _first_conv_local(correct: Callable[..., Any]) -> Callable[..., Any]:
+def _first_sequence_conv_local(correct: Callable[..., Any]) -> Callable[..., Any]:
     """``sp/linear_attention_conv``: the first convolution runs on the rank's tokens (upstream's call)."""
-    first: list[Any] = []
+    first = FirstSite()
 
     def sequence_conv1d(conv: torch.nn.Conv1d, documents: Any, x: torch.Tensor) -> torch.Tensor:
-        first.extend([] if first else [conv])
-        return conv(x) if conv is first[0] else correct(conv, documents, x)
+        return conv(x) if first(conv) else correct(conv, documents, x)
 
     return sequence_conv1d
 
@@ -327,7 +340,7 @@ def text_defects(state: ParallelState, model: torch.nn.Module) -> list[Defect]:
             found.append(Defect(LOCAL_POSITIONS, _first_shard_positions))
         for what, name, make in (
             (LOCAL_LINEAR_ATTENTION, "linear_attention_heads", _first_recurrence_local),
-            (LOCAL_CONVOLUTION, "sequence_conv1d", _first_conv_local),
+            (LOCAL_CONVOLUTION, "sequence_conv1d", _first_sequence_conv_local),
         ):
             correct = getattr(linear_attention, name)
             if imported_by(model, name, correct):

@@ -29,6 +29,7 @@ from runtime.train.self_check_power import (
     LOCAL_LINEAR_ATTENTION,
     LOCAL_POSITIONS,
     Defect,
+    FirstSite,
     imported_by,
     planted_swap,
 )
@@ -37,36 +38,29 @@ __all__ = ["dit_defects"]
 
 
 def _first_attention_local(correct: Callable[..., Any]) -> Callable[..., Any]:
-    first: list[Any] = []
+    first = FirstSite()
 
     def attention_split(carrier: Any, **kwargs: Any) -> Any:
         split = correct(carrier, **kwargs)
-        if split is not None and not first:
-            first.append(kwargs.get("module"))
-        return None if split is not None and kwargs.get("module") is first[0] else split
+        return None if split is not None and first(kwargs.get("module")) else split
 
     return attention_split
 
 
 def _first_linear_kv_local(correct: Callable[..., Any]) -> Callable[..., Any]:
-    first: list[Any] = []
+    first = FirstSite()
 
     def sp_linear_kv(value: torch.Tensor, key: torch.Tensor, shard: Any, module: Any = None) -> torch.Tensor:
-        if shard is not None and not first:
-            first.append(module)
-        local = shard is not None and module is first[0]
-        return correct(value, key, None if local else shard, module)
+        return correct(value, key, None if shard is not None and first(module) else shard, module)
 
     return sp_linear_kv
 
 
-def _first_conv_local(correct: Callable[..., Any]) -> Callable[..., Any]:
-    first: list[Any] = []
+def _first_grid_conv_local(correct: Callable[..., Any]) -> Callable[..., Any]:
+    first = FirstSite()
 
     def grid_halo_conv2d(shard: Any, conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
-        if shard is not None and not first:
-            first.append(conv)
-        return correct(None if shard is not None and conv is first[0] else shard, conv, x)
+        return correct(None if shard is not None and first(conv) else shard, conv, x)
 
     return grid_halo_conv2d
 
@@ -97,7 +91,7 @@ def dit_defects(state: ParallelState, model: torch.nn.Module) -> list[Defect]:
     kinds = [
         (LOCAL_ATTENTION, "attention_split", sp.attention_split, _first_attention_local),
         (LOCAL_LINEAR_ATTENTION, "sp_linear_kv", sp_grid.sp_linear_kv, _first_linear_kv_local),
-        (LOCAL_CONVOLUTION, "grid_halo_conv2d", sp_grid.grid_halo_conv2d, _first_conv_local),
+        (LOCAL_CONVOLUTION, "grid_halo_conv2d", sp_grid.grid_halo_conv2d, _first_grid_conv_local),
         (LOCAL_POSITIONS, "shard_rotary", sp.shard_rotary, _first_shard_rotary),
     ]
     return [
