@@ -55,9 +55,14 @@ def _loss(family: str, model: torch.nn.Module, inputs: dict[str, Any]) -> torch.
     if family == "dit":
         from tests.dit.cases import target_like
 
-        out = model(**inputs)[0].float()
+        out = _at_least_fp32(model(**inputs)[0])
         return torch.nn.functional.mse_loss(out, target_like(out))
-    return model(**inputs, **({"output_router_logits": True} if family == "moe" else {})).loss.float()
+    return _at_least_fp32(model(**inputs, **({"output_router_logits": True} if family == "moe" else {})).loss)
+
+
+def _at_least_fp32(value: torch.Tensor) -> torch.Tensor:
+    """A bf16 result in fp32 for the loss; an fp64 one (a rounding witness) kept in fp64."""
+    return value.to(torch.promote_types(value.dtype, torch.float32))
 
 
 def _bf16(key: str, value: Any) -> Any:

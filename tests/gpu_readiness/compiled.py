@@ -1,6 +1,7 @@
 """One forward+backward of each family's generated tiny model at SP=2, eager and with every block compiled
 (``runtime.parallel.compile.apply_compile``) then FSDP2 over the two ranks (``apply_fsdp``, as the trainer), on the
-same rank with the same weights and inputs; and what dynamo saw.
+same rank with the same weights and inputs; and what dynamo saw. Eager also runs in float64 (the same weights and
+inputs, widened): the rounding model's witness (``tests.tolerance``), since compiling reorders and fuses float32 sums.
 
 Families: dense (qwen3, packed row), MoE with EP (qwen3_moe, grouped experts, ep=2 over the two SP ranks), VLM
 (qwen3_vl with two images: ViT, deepstack and LM blocks) and DiT (Wan). Gradients are this rank's (partial) ones;
@@ -41,12 +42,19 @@ def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
-def _step(family: str, state: Any, compiled: bool, backend: str) -> dict[str, Any]:
+def _widened(value: Any, dtype: torch.dtype) -> Any:
+    """A floating input in ``dtype`` (the float64 witness); integer ids and masks as they are."""
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(dtype)
+    return value
+
+
+def _step(family: str, state: Any, compiled: bool, backend: str, dtype: torch.dtype = torch.float32) -> dict[str, Any]:
     from runtime.parallel.compile import apply_compile
     from runtime.parallel.fsdp import apply_fsdp
     from tests.gpu_readiness.bf16 import _inputs, _loss, _model
 
-    model = _model(family)
+    model = _model(family).to(dtype)
     if family == "moe":
         from runtime.parallel.expert_parallel import apply_ep
 
@@ -54,13 +62,15 @@ def _step(family: str, state: Any, compiled: bool, backend: str) -> dict[str, An
     if compiled:
         apply_compile(model, backend=backend)
     apply_fsdp(model, state)  # FSDP2 over the SP ranks, as the trainer: compiled blocks under its hooks
-    loss = _loss(family, model, _inputs(family, state.sp_size, state.sp_rank))
+    inputs = {key: _widened(value, dtype) for key, value in _inputs(family, state.sp_size, state.sp_rank).items()}
+    loss = _loss(family, model, inputs)
     loss.backward()
     return {"loss": loss.detach(), "grads": _grads(model)}
 
 
 def compile_worker(rank: int, world: int, families: list[str], backend: str) -> dict[str, Any]:
-    """Per family: eager and compiled results, graph-break reasons and graph counts (dynamo's counters)."""
+    """Per family: eager (float32 and the float64 witness) and compiled results, graph-break reasons and graph
+    counts (dynamo's counters)."""
     import torch._dynamo
     from torch._dynamo.utils import counters
 
@@ -70,11 +80,13 @@ def compile_worker(rank: int, world: int, families: list[str], backend: str) -> 
     for family in families:
         state = init_parallel_state(sp_size=world, ep_size=world if family == "moe" else 1)
         eager = _step(family, state, compiled=False, backend=backend)
+        witness = _step(family, state, compiled=False, backend=backend, dtype=torch.float64)
         torch._dynamo.reset()
         counters.clear()
         compiled = _step(family, state, compiled=True, backend=backend)
         results[family] = {
             "eager": eager,
+            "witness": witness,
             "compiled": compiled,
             "breaks": {str(reason): int(count) for reason, count in counters["graph_break"].items()},
             "graphs": int(counters["stats"]["unique_graphs"]),

@@ -1,5 +1,7 @@
 """``train.compile``: every family's blocks compiled (``apply_compile``) under FSDP2 at SP=2 on CPU: graph breaks
-counted by dynamo and named, host syncs listed, compiled vs eager loss and gradients within 1e-5 (fp32).
+counted by dynamo and named, host syncs listed, compiled vs eager loss and gradients (fp32) within the rounding model
+(``tests.tolerance``: inductor fuses and reorders float32 sums, so the bound scales with eager's own float32 error
+against a float64 run of the same step, not a constant).
 
 Backends: inductor (C++ on CPU) for dense and DiT; ``aot_eager`` for the VLM and MoE-with-EP, whose graph breaks
 (below) split them into many small graphs that inductor would each compile (minutes on two cores). Dynamo and
@@ -12,10 +14,9 @@ from __future__ import annotations
 import pytest
 
 from tests.dist_utils import run_distributed
-from tests.gpu_readiness.bf16 import errors
 from tests.gpu_readiness.compiled import compile_worker, kind
+from tests.tolerance import assert_steps_within_rounding, assert_within_rounding
 
-TOL = 1e-5
 BACKENDS = {"dense": "inductor", "dit": "inductor", "vlm": "aot_eager", "moe": "aot_eager"}
 # The graph breaks each family may have, by kind (docs/performance.md names each one and where it is).
 ALLOWED = {
@@ -48,11 +49,7 @@ def test_compiled_matches_eager_and_breaks_are_known(compiled: list[dict], famil
     for rank, results in enumerate(compiled):
         got = results[family]
         eager, comp = got["eager"], got["compiled"]
-        assert comp["grads"].keys() == eager["grads"].keys()
-        assert errors(comp, eager)["loss"] <= TOL, (family, rank)
-        for name, grad in eager["grads"].items():
-            rel = ((comp["grads"][name] - grad).norm() / grad.norm().clamp_min(1e-30)).item()
-            assert rel <= TOL, (family, rank, name, rel)
+        assert_within_rounding(comp, eager, got["witness"], what=f"{family} rank {rank} compiled")
         kinds = {kind(reason) for reason in got["breaks"]}
         assert kinds <= ALLOWED[family], (family, rank, kinds - ALLOWED[family])
         assert got["graphs"] >= 1  # the blocks really were compiled
@@ -84,21 +81,26 @@ def test_moe_block_without_ep_compiles_without_host_sync() -> None:
 def test_trainer_with_train_compile_matches_eager(tmp_path) -> None:
     """The run-config switch end to end: SP=2 under FSDP2 on two ranks, two steps, eager vs ``train.compile: true``
     with ``train.compile_backend: aot_eager``: the blocks really are compiled (dynamo's graphs on every rank) and the
-    losses and gradient norms are the eager ones within 1e-5 (aot_eager runs the traced graph's ops eagerly: the
-    same kernels). Inductor's own numerics on these blocks (dense, SP=2, FSDP2) are the fixture's above; running it
-    again through the trainer cost 63-121 s of C++ compilation on two cores for no further proof."""
+    losses and gradient norms are the eager ones within the rounding model (aot_eager runs the traced graph's ops
+    eagerly, but its backward may add a tensor's gradient contributions in another order); the witness of float32's
+    error is the same two steps in one process (another summation order of the same sums). Inductor's own numerics
+    on these blocks (dense, SP=2, FSDP2) are the fixture's above; running it again
+    through the trainer cost 63-121 s of C++ compilation on two cores for no further proof."""
     from tests.train.common import run_config, train_worker
 
-    def run(name: str, compile_blocks: bool) -> list[list[dict]]:
+    def run(name: str, compile_blocks: bool, world: int = 2) -> list[list[dict]]:
         train = {"steps": 2, "compile": compile_blocks, "compile_backend": "aot_eager"}
-        return run_distributed(
-            train_worker, 2, run_config(tmp_path / name, parallel={"sp": 2}, train=train), timeout=900
-        )
+        parallel = {"sp": world} if world > 1 else {}
+        raw = run_config(tmp_path / name, parallel=parallel, train=train)
+        return run_distributed(train_worker, world, raw, timeout=900)
 
     eager_ranks, compiled_ranks = run("eager", False), run("compiled", True)
+    one_process = run("one process", False, world=1)[0][:-1]
     assert all(rank[-1]["compiled_graphs"] >= 1 for rank in compiled_ranks)
     eager, compiled = eager_ranks[0][:-1], compiled_ranks[0][:-1]
     assert [m["step"] for m in compiled] == [1, 2]
-    for a, b in zip(eager, compiled, strict=True):
-        assert abs(a["loss"] - b["loss"]) <= TOL * abs(a["loss"]), (a, b)
-        assert abs(a["grad_norm"] - b["grad_norm"]) <= TOL * abs(a["grad_norm"]), (a, b)
+
+    def steps(metrics: list[dict]) -> list[tuple[float, float]]:
+        return [(m["loss"], m["grad_norm"]) for m in metrics]
+
+    assert_steps_within_rounding(steps(compiled), steps(eager), steps(one_process), "sp2 compiled vs eager")
