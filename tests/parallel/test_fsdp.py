@@ -25,7 +25,6 @@ from tests.tolerance import assert_within_rounding
 
 VOCAB = tiny_config("qwen3").vocab_size
 MAX_NORM = 0.05  # below every case's gradient norm, so clipping really scales
-TOL = 1e-5
 # Packed rows, one per data-parallel replica; odd lengths so SP needs padding.
 ROWS_2 = [(7, 10), (5, 9, 3)]
 ROWS_4 = [(7, 10), (5, 9, 3), (11, 6), (4, 8, 2)]
