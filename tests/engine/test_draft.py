@@ -197,51 +197,30 @@ def test_an_unrecognised_mixer_is_stated_not_guessed() -> None:
 
 
 @pytest.mark.parametrize("model_type", ["mistral", "mixtral", "deepseek_v3"])
-def test_an_unseen_model_drafted_is_bitwise_upstream_with_parallelism_off(
-    model_type: str, tmp_path: Path, monkeypatch, request
-) -> None:
+def test_an_unseen_model_drafted_is_bitwise_upstream_with_parallelism_off(model_type: str, tmp_path: Path) -> None:
     """A model the project does not ship (mistral: a sliding window; mixtral: MoE with a load-balancing loss;
     deepseek_v3: latent attention, grouped routing, a leading dense layer), drafted with no hand edit and generated
-    into a scratch package: logits, loss and every gradient equal to upstream's on the draft's tiny config."""
+    into a scratch package (``tests.engine.drafted``): logits, loss and every gradient equal to upstream's on the
+    draft's tiny config."""
     import json
-    import sys
 
     import torch
 
-    import generated
-    from patchgen.draft.loading import load_drafted
-    from patchgen.generate import generate
-    from patchgen.ownership import model_record
-    from runtime.models import registry
+    from tests.engine.drafted import drafted_installed, generate_drafted
     from tests.parity.dense import grads, models, packed_batch
 
-    config = load_config(REPO)
-    source = PinnedSource(config.pins)
-    drafted = draft_spec(model_type, source, config.pins)
-    spec = load_drafted(config, drafted.target.name, drafted.text)
-    [module] = generate(spec, source, config).files
-    path = tmp_path / module.relpath
-    path.parent.mkdir(parents=True)
-    (path.parent / "__init__.py").write_text("")
-    path.write_text(module.text)
-    monkeypatch.setattr(generated, "__path__", [*generated.__path__, str(tmp_path / "generated")])
-    record = path.with_suffix(".model.json")
-    record.write_text(model_record(spec))
-    monkeypatch.setitem(registry.REGISTRY, model_type, registry._record(record))
-    package = f"generated.{drafted.target.name}"
-    for name in [n for n in sys.modules if n == package or n.startswith(package + ".")]:
-        monkeypatch.delitem(sys.modules, name)
-    request.addfinalizer(lambda: [sys.modules.pop(n) for n in list(sys.modules) if n.startswith(package)])
-    assert json.loads(record.read_text())["supports"]["sp"] is True
-    upstream, generated_model = models(model_type)
-    assert type(generated_model).__module__ == f"generated.{drafted.target.name}.{path.stem}"
-    batch = packed_batch((7, 10, 4))
-    outputs = [m(**batch) for m in (upstream, generated_model)]
-    assert torch.equal(outputs[0].logits, outputs[1].logits)
-    assert torch.equal(outputs[0].loss, outputs[1].loss)
-    for out in outputs:
-        out.loss.backward()
-    ref, got = grads(upstream), grads(generated_model)
+    drafted = generate_drafted(model_type, tmp_path)
+    assert drafted.model_type == model_type and json.loads(drafted.record.read_text())["supports"]["sp"] is True
+    with drafted_installed(tmp_path, [drafted]):
+        upstream, generated_model = models(model_type)
+        assert type(generated_model).__module__ == drafted.module
+        batch = packed_batch((7, 10, 4))
+        outputs = [m(**batch) for m in (upstream, generated_model)]
+        assert torch.equal(outputs[0].logits, outputs[1].logits)
+        assert torch.equal(outputs[0].loss, outputs[1].loss)
+        for out in outputs:
+            out.loss.backward()
+        ref, got = grads(upstream), grads(generated_model)
     assert ref.keys() == got.keys() and len(ref) > 10
     for name in ref:
         assert torch.equal(ref[name], got[name]), name

@@ -1,0 +1,80 @@
+"""The real trainer on models the project does not ship, each drafted with no hand edit and generated into a scratch
+package (``tests.engine.drafted``): at sp=2 (Ulysses) every step's loss and gradient norm equal one process's within
+the rounding model (``tests.tolerance``). Dense: olmo2 (q/k norms over all heads), glm4 (partial rotary, extra norms);
+MoE: olmoe (a load-balancing loss, q/k norms), deepseek_v3 (latent attention, grouped routing, a leading dense layer);
+a DiT: ChronoEdit (Wan's forward inputs, so draft gave it Wan's condition model; a tiny Wan pipeline around the
+drafted tiny transformer, real MP4 clips). All five train in one spawned pair of ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.dist_utils import run_distributed, start_reordered
+from tests.engine.drafted import DraftedModel, drafted_installed, generate_drafted
+from tests.train.common import assert_steps_match, run_config, witness_config
+from tests.train.dit_common import WAN_BUCKETS, train_in_process
+
+LMS = ["olmo2", "glm4", "olmoe", "deepseek_v3"]
+DITS = ["ChronoEditTransformer3DModel"]
+STEPS = 3
+
+
+def _lm_run(root: Path, model_type: str) -> dict:
+    from runtime.models.registry import lookup
+    from runtime.models.tiny_configs import tiny_config_dict
+
+    entry = lookup(model_type)
+    model = {
+        "type": model_type,
+        "config": {**tiny_config_dict(model_type), "vocab_size": 512, "max_position_embeddings": 512},
+        "attn_implementation": entry.data.get("attn_implementation", "sdpa"),
+    }
+    if entry.supports.ep:
+        model["experts_implementation"] = "patchgen_grouped"
+    return run_config(root, model=model, train={"steps": STEPS}, log={"dir": str(root / "log" / model_type)})
+
+
+def _dit_run(root: Path, model_type: str) -> dict:
+    """A tiny pipeline of the DiT's condition model around its drafted tiny config, trained on video clips."""
+    from runtime.data.dit.synthetic import write_synthetic_clips
+    from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
+
+    clips = root / "clips" / "data.jsonl"
+    if not clips.exists():
+        clips = write_synthetic_clips(root / "clips", 8, 9, 32, 32, seed=0, frame_folders_every=3)
+    return {
+        "model": {"type": model_type, "path": str(save_tiny_pipeline(model_type, root / model_type)), "seed": 0},
+        "data": {"path": str(clips), "buckets": [list(b) for b in WAN_BUCKETS], "cache": str(root / "cache")},
+        "optim": {"lr": 2e-3, "warmup_steps": 1},
+        "train": {"steps": STEPS},
+        "log": {"dir": str(root / "log" / model_type), "progress": False},
+    }
+
+
+def drafted_worker(rank: int, world_size: int, root: str, models: list[DraftedModel], runs: list[dict]) -> list:
+    """Each run trained in turn with the drafted models importable and registered: its per-step metrics."""
+    import dataclasses
+
+    with drafted_installed(Path(root), models):
+        return [[dataclasses.asdict(m) for m in train_in_process(raw).metrics] for raw in runs]
+
+
+@pytest.mark.dist
+def test_drafted_models_train_at_sp2_as_in_one_process(tmp_path: Path) -> None:
+    torch.set_num_threads(1)  # tiny models on shared cores: threads cost wall time and change no result
+    models = [generate_drafted(argument, tmp_path) for argument in LMS + DITS]
+    with drafted_installed(tmp_path, models):
+        runs = [_lm_run(tmp_path, m.model_type) for m in models[: len(LMS)]]
+        runs += [_dit_run(tmp_path, m.model_type) for m in models[len(LMS) :]]
+        pending = start_reordered(drafted_worker, str(tmp_path), models, [witness_config(r) for r in runs])
+        reference = drafted_worker(0, 1, str(tmp_path), models, runs)
+        witness = pending()
+    sp2 = [{**raw, "parallel": {"sp": 2}} for raw in runs]
+    per_rank = run_distributed(drafted_worker, 2, str(tmp_path), models, sp2, timeout=300)
+    for model, ref, wit, *ranks in zip(models, reference, witness, *per_rank, strict=True):
+        assert [m["step"] for m in ref] == list(range(1, STEPS + 1)), model.argument
+        for got in ranks:
+            assert_steps_match(got, ref, wit, f"drafted {model.argument} sp=2")
