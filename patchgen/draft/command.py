@@ -28,6 +28,9 @@ def draft(
         bool, typer.Option("--check", help="re-draft and print the diff against specs/<name>.toml (exit 1 if any)")
     ] = False,
     force: Annotated[bool, typer.Option("--force", help="replace an existing specs/<name>.toml")] = False,
+    stdout: Annotated[
+        bool, typer.Option("--stdout", help="print the draft (generated in memory first) instead of writing it")
+    ] = False,
     root: Annotated[Path | None, typer.Option("--root", help="project root (default: found from the cwd)")] = None,
 ) -> None:
     """Draft specs/<name>.toml from the pinned upstream module: each patch a structure recognised there (file:line in
@@ -44,16 +47,18 @@ def draft(
     drafted = draft_spec(name, source, config.pins, project=config)
     path = config.spec_path(drafted.target.name)
     rel = path.relative_to(config.root) if path.is_relative_to(config.root) else path
-    if path.exists() and not force:
+    if path.exists() and not (force or stdout):
         raise PatchgenError(
             f"{rel} exists: draft never overwrites a spec silently; see what differs with `patchgen draft --check "
             f"{drafted.target.name}`, or replace it with `patchgen draft --force {name}`"
         )
     prove(config, load_drafted(config, drafted.target.name, drafted.text), source)
-    write_text_atomic(path, drafted.text)
     unsupported = drafted.found.unsupported
     stated = f"; [model.unsupported]: {', '.join(unsupported)}" if unsupported else ""
-    typer.echo(
-        f"wrote {rel}: {len(drafted.found.patches)} patches{stated} ({time.perf_counter() - started:.1f} s); "
-        f"next: `patchgen regen {drafted.target.name}`, review the .diff, run the suites"
-    )
+    found = f"{len(drafted.found.patches)} patches{stated} ({time.perf_counter() - started:.1f} s)"
+    if stdout:  # the spec alone on stdout (a pipe gets TOML), what was found on stderr
+        typer.echo(drafted.text, nl=False)
+        typer.echo(f"drafted {rel} (not written): {found}", err=True)
+        return
+    write_text_atomic(path, drafted.text)
+    typer.echo(f"wrote {rel}: {found}; next: `patchgen regen {drafted.target.name}`, review the .diff, run the suites")

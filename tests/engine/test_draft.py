@@ -150,6 +150,19 @@ def test_draft_writes_a_spec_whose_comments_say_where(scratch: Path, capsys) -> 
     assert in_process(scratch, capsys, "draft", "--check", "llama")[:2] == (0, "llama.toml: equal to the draft\n")
 
 
+def test_stdout_prints_the_draft_and_writes_nothing(scratch: Path, capsys) -> None:
+    """`--stdout`: the spec text alone on stdout (where a spec exists too), what was found on stderr, no file; the
+    text is what the draft then writes."""
+    code, out, err = in_process(scratch, capsys, "draft", "--stdout", "llama")
+    assert code == 0 and err.startswith("drafted specs/llama.toml (not written): 4 patches"), (out, err)
+    assert tomllib.loads(out)["model"]["model_type"] == "llama"
+    (scratch / "specs" / "llama.toml").unlink()
+    assert in_process(scratch, capsys, "draft", "--stdout", "llama")[:2] == (0, out)
+    assert not (scratch / "specs" / "llama.toml").exists() and list(scratch.glob("specs/.*")) == []
+    assert in_process(scratch, capsys, "draft", "llama")[0] == 0
+    assert (scratch / "specs" / "llama.toml").read_text() == out
+
+
 def test_check_shows_a_hand_edit(scratch: Path, capsys) -> None:
     """The shipped qwen3 spec differs from its draft only in comments; a changed anchor shows as its own line."""
     path = scratch / "specs" / "qwen3.toml"
