@@ -1,8 +1,8 @@
 """`patchgen draft`: a decoder LM's spec drafted from the pinned upstream module reproduces the shipped one (the
 generated code and the model record), a DiT's drafted from its diffusers class reproduces the generated code,
 `--check` shows a hand edit, what draft does not recognise is stated, and bad input is one line with exit 2.
-Renders and generates without torch (about 15 s on one core), except the three unseen models built and compared
-with upstream (about 3 s each once torch is imported)."""
+Renders and generates without torch (about 15 s on one core), except the four unseen models (three LMs, a DiT)
+built and compared with upstream (about 3 s each once torch is imported)."""
 
 from __future__ import annotations
 
@@ -237,3 +237,26 @@ def test_an_unseen_model_drafted_is_bitwise_upstream_with_parallelism_off(model_
     assert ref.keys() == got.keys() and len(ref) > 10
     for name in ref:
         assert torch.equal(ref[name], got[name]), name
+
+
+def test_an_unseen_dit_drafted_is_bitwise_upstream_with_parallelism_off(tmp_path: Path) -> None:
+    """ChronoEdit, drafted with no hand edit (Wan's condition model, so Wan's example inputs) and generated into a
+    scratch package: output, loss and every gradient equal to diffusers' class on the draft's tiny config."""
+    import torch
+
+    from runtime.diffusion.registry import tiny_config
+    from tests.dit.cases import Case, inputs, loss_and_grads, shell, upstream_like
+    from tests.engine.drafted import drafted_installed, generate_drafted
+
+    drafted = generate_drafted("ChronoEditTransformer3DModel", tmp_path)
+    with drafted_installed(tmp_path, [drafted]):
+        case = Case(drafted.model_type, drafted.model_type, None, tiny_config(drafted.model_type))
+        assert case.condition_model_type == "wan" and case.shell_class.__module__ == drafted.module
+        model = shell(case)
+        kwargs = inputs(case)
+        out, loss, grads = loss_and_grads(model, kwargs)
+        ref_out, ref_loss, ref_grads = loss_and_grads(upstream_like(case, model), kwargs)
+    assert torch.equal(out, ref_out) and torch.equal(loss, ref_loss)
+    assert grads.keys() == ref_grads.keys() and sum(g is not None for g in grads.values()) > 10
+    for key, grad in ref_grads.items():
+        assert (grads[key] is None and grad is None) or torch.equal(grads[key], grad), key
