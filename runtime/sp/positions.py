@@ -49,20 +49,25 @@ def slice_position_embeddings(
 class RingMask:
     """What a mask builder stands for under ring attention, instead of an ``L x L`` tensor: causal, with this
     sliding ``window`` (None: none); documents come from the global position ids (``runtime.sp.usp``) when the
-    model's mask builder saw them (``documents``), as transformers finds packed documents only then."""
+    model's mask builder saw them (``documents``), as transformers finds packed documents only then; ``chunk``:
+    chunked attention (Llama 4), a query sees only keys of its own block of ``chunk`` tokens counted from the row's
+    first token (transformers' ``chunked_overlay``), within its document."""
 
     window: int | None = None
     documents: bool = True
+    chunk: int | None = None
 
 
-RING_MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask")
+RING_MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask", "create_chunked_causal_mask")
 
 
 def _ring_mask(make_mask: Callable[..., Any], config: Any, documents: bool = True) -> RingMask:
     name = getattr(make_mask, "__name__", repr(make_mask))
     if name not in RING_MASK_BUILDERS:
         raise ValueError(f"ring attention (parallel.ring > 1) supports the masks {RING_MASK_BUILDERS}, not {name}")
-    return RingMask(config.sliding_window if name == "create_sliding_window_causal_mask" else None, documents)
+    window = config.sliding_window if name == "create_sliding_window_causal_mask" else None
+    chunk = config.attention_chunk_size if name == "create_chunked_causal_mask" else None
+    return RingMask(window, documents, chunk)
 
 
 def full_sequence_mask(make_mask: Callable[..., Any], position_ids: torch.Tensor | None = None) -> Callable[..., Any]:

@@ -9,7 +9,8 @@ the layout has a ring (``parallel.ring > 1``). Per call:
    *global* position ids the model passes to every attention call (a new document starts where the position does not
    follow the previous one, as transformers decides packing), so no ``L x L`` mask is needed: under a ring the
    mask builders return a ``RingMask`` (``runtime.sp.positions.full_sequence_mask``) that only says whether the
-   layer has a sliding window (some models pass the window only through the mask, qwen2_moe for one).
+   layer has a sliding window (some models pass the window only through the mask, qwen2_moe for one) or attends in
+   chunks (Llama 4's chunked layers: each document is cut at chunk boundaries, ``segment_ids``).
 3. The inverse all-to-all back to (b, s/sp, h, d).
 
 Tokens are laid out zigzag over the ring (``runtime.sp.layout``: the data layer, the RoPE slice, the label shift and
@@ -44,6 +45,17 @@ def document_ids(position_ids: torch.Tensor) -> torch.Tensor:
     starts = torch.ones_like(position_ids, dtype=torch.bool)
     starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
     return starts.long().cumsum(1)
+
+
+def segment_ids(position_ids: torch.Tensor, mask: RingMask) -> torch.Tensor | None:
+    """(b, L) id of the span a token may attend within (None: the whole row): its packed document when the mask
+    builder saw the position ids, and under chunked attention its chunk of the row (a (document, chunk) pair)."""
+    docs = document_ids(position_ids) if mask.documents else None
+    if mask.chunk is None:
+        return docs
+    length = position_ids.shape[-1]
+    chunks = (torch.arange(length, device=position_ids.device) // mask.chunk).expand_as(position_ids)
+    return chunks if docs is None else docs * (length // mask.chunk + 1) + chunks
 
 
 # What the ring implementation honours of the keyword arguments attention modules pass: the scale, the window
@@ -120,8 +132,8 @@ def usp_attention(inner: str):
         query, key, value = seq_to_heads((query, key, value), seq_dim=2, head_dim=1, group=group)
         ring = state.ring_size
         index = torch.stack([zigzag_indices(full, ring, r) for r in range(ring)])
-        docs = document_ids(position_ids.to(query.device))
-        doc_ids = torch.stack([docs[:, i] for i in index.to(docs.device)]) if attention_mask.documents else None
+        docs = segment_ids(position_ids.to(query.device), attention_mask)
+        doc_ids = None if docs is None else torch.stack([docs[:, i] for i in index.to(docs.device)])
         sink = heads_of_rank(kwargs, query.shape[1] * ulysses, ulysses, state.ulysses_rank).get("s_aux")
         scale = kwargs.get("scaling") or module.scaling
         out = ring_attention(
