@@ -36,9 +36,11 @@ def local_grid_rows(rows: int, shard: TokenShard | None) -> int:
 
 def grid_halo_conv2d(shard: TokenShard | None, conv: torch.nn.Conv2d, x: Tensor) -> Tensor:
     """``conv(x)`` over this rank's block of whole grid rows, equal to that block of ``conv`` over the whole grid
-    (the neighbours' ``k // 2`` rows exchanged); ``conv(x)`` when SP is off."""
+    (the neighbours' ``k // 2`` rows exchanged); ``conv(x)`` when SP is off. The convolution's caller passed a
+    checked site (``runtime.parallel.sites``: the self-check's census watches it as a mixer)."""
     if shard is None:
         return conv(x)
+    mark_site(conv)
     return halo_conv2d(conv, x, x.size(2), shard.group)
 
 

@@ -33,7 +33,9 @@ the embedding ``requires_grad`` hook (non-reentrant checkpointing does not need 
 only. Other blocks get the composable ``torch.distributed._composable.checkpoint``. Both keep parameter names
 unchanged (no wrapper module) and compose with FSDP2, whose hooks skip the all-gather during recomputation
 (the pre-backward hook has already unsharded the block). Do not also call ``gradient_checkpointing_enable()``:
-the blocks would be recomputed twice (numerically harmless, only slower).
+the blocks would be recomputed twice (numerically harmless, only slower). Under SP a diffusers model's own
+checkpointing branch (``gradient_checkpointing_enable()`` on a DiT) is refused at its first forward: it calls the
+blocks with upstream's arguments, which may not carry the token split (``runtime/parallel/own_checkpointing.py``).
 
 Mixed precision
 ---------------
@@ -67,6 +69,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from runtime import torch_compat
+from runtime.parallel.own_checkpointing import refuse_own_checkpointing
 from runtime.parallel.state import ParallelState, get_parallel_state
 
 __all__ = [
@@ -150,6 +153,8 @@ def apply_fsdp(
     blocks = block_modules(model)
     if activation_checkpointing:
         apply_activation_checkpointing(model)
+    if state.sp_enabled:  # the runtime checkpoints the blocks itself: upstream's own branch may lose the split
+        refuse_own_checkpointing(model, f"parallel.sp = {state.sp_size}")
     if state.fsdp_mesh is None:
         return model
     policy = mixed_precision_policy(state, param_dtype, reduce_dtype)

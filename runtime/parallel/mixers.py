@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["MOVED", "minimal_mixers", "mixing_modules"]
+__all__ = ["MOVED", "census", "minimal_mixers", "mixing_modules"]
 
 MOVED = 1e-3  # relative change of the other positions that counts as mixing (module docstring)
 MIN_TOKENS = 4  # a (batch, n, width) argument with fewer rows is not taken for a token stream
@@ -136,3 +136,22 @@ def minimal_mixers(found: dict[str, nn.Module]) -> dict[str, nn.Module]:
 def _below(other: str, name: str) -> bool:
     """``other`` is a strict descendant of ``name`` (the root's path is "")."""
     return other != name and (name == "" or other.startswith(f"{name}."))
+
+
+def census(
+    model: nn.Module, run: Callable[[], Any], length: int | None = None, exempt: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """The minimal mixers of ``model`` in ``run()`` (those under an ``exempt`` path left out) as the run-time site
+    check watches them (``runtime/parallel/sites.py``): a module of the model's own code by its class name; a torch
+    layer by its caller's class and attribute name (``GLUMBConv.conv_depth``: every ``Conv2d`` would include a patch
+    embedding that runs before the token split)."""
+    keys = set()
+    for name, module in minimal_mixers(mixing_modules(model, run, length)).items():
+        if any(name == path or name.startswith(f"{path}.") for path in exempt):
+            continue
+        if type(module).__module__.startswith("torch.") and "." in name:
+            parent, _, attribute = name.rpartition(".")
+            keys.add(f"{type(model.get_submodule(parent)).__name__}.{attribute}")
+        else:
+            keys.add(type(module).__name__)
+    return tuple(sorted(keys))

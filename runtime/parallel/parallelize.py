@@ -11,8 +11,9 @@ The order is fixed, because each step needs what the one before it left:
 5. ``apply_fsdp`` with activation checkpointing and the mixed-precision policy when there is more than one rank;
    in one process, activation checkpointing alone (``gradient_checkpointing_enable``);
 6. ``apply_autocast``: bf16 in one process is autocast (FSDP2's policy does it on more ranks);
-7. ``install_site_checks`` (``state.sp_enabled``): every attention module must pass a patched attention site in each
-   forward (``runtime/parallel/sites.py``), or the forward raises instead of attending to this rank's tokens only.
+7. ``watch_sites`` (``state.sp_enabled``): every attention module, and every module of a class the self-check's
+   census found mixing the sequence (``plan.mixer_classes``), must pass a patched site in each forward
+   (``runtime/parallel/sites.py``), or the forward raises instead of mixing this rank's tokens only.
 
 The parallel layout itself (sp, ring, ep, dp_shard, dp_replicate) is the ``ParallelState``; what a job adds is its
 ``ParallelPlan``, stated once.
@@ -34,7 +35,7 @@ from runtime.parallel.precision import apply_autocast, fsdp_dtypes
 from runtime.parallel.sites import install_site_checks
 from runtime.parallel.state import ParallelState
 
-__all__ = ["ParallelPlan", "parallelize"]
+__all__ = ["ParallelPlan", "parallelize", "watch_sites"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,9 @@ class ParallelPlan:
     # their attention is upstream's and needs no checked site
     replicated_modules: tuple[str, ...] = ()
     model_name: str = "?"  # the spec the model was generated from, for the site check's error
+    # classes of the modules that mix the sequence, found by behaviour on the self-check's shrunk model
+    # (runtime/parallel/mixers.py): watched like attention modules whatever their name
+    mixer_classes: tuple[str, ...] = ()
 
 
 def parallelize(
@@ -74,8 +78,14 @@ def parallelize(
         model = apply_fsdp(model, state, activation_checkpointing=plan.activation_checkpointing, **dtypes)
     elif plan.activation_checkpointing:
         model.gradient_checkpointing_enable()
+    watch_sites(model, state, plan)
+    return apply_autocast(model, plan.mixed_precision, state)
+
+
+def watch_sites(model: nn.Module, state: ParallelState, plan: ParallelPlan) -> None:
+    """Step 7 (the module docstring); again after the self-check with its census's classes (a module already watched
+    is left as it is)."""
     if state.sp_enabled:
         ring = f", parallel.ring = {state.ring_size}" if state.ring_enabled else ""
         layout = f"parallel.sp = {state.sp_size}{ring}"
-        install_site_checks(model, layout, plan.replicated_modules, plan.model_name)
-    return apply_autocast(model, plan.mixed_precision, state)
+        install_site_checks(model, layout, plan.replicated_modules, plan.model_name, plan.mixer_classes)

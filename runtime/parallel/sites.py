@@ -10,7 +10,12 @@ finished without one.
 "The model's attention modules" does not come from the patches (that would check nothing): it is every leaf-most
 module whose class name ends with ``Attention`` (transformers' convention) and every diffusers attention module
 (``AttentionModuleMixin`` / ``Attention``), minus the module paths the spec declares as running before the token
-split on replicated tokens only (``dit/shard_tokens``' ``replicated_modules``, recorded in the model record).
+split on replicated tokens only (``dit/shard_tokens``' ``replicated_modules``, recorded in the model record). Names
+alone miss a mixer no name announces (a gated delta-net, a causal convolution): the start-up self-check finds the
+model's sequence mixers by behaviour on its shrunk copy (``runtime/parallel/mixers.py``) and their classes are
+watched too (``classes``). A torch layer that mixes (a ``Conv2d``: no code of the model's own) is watched through
+the module that calls it, its parent, which the site helper marks when it is handed the layer
+(``grid_halo_conv2d``).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from runtime.config.errors import LayoutRefused
 __all__ = ["attention_modules", "install_site_checks", "mark_site", "UnpatchedAttentionError"]
 
 _COUNT = "_patchgen_site_calls"
+_CALLER = "_patchgen_site_caller"  # on a watched torch layer's module: the parent whose count its site marks
 
 
 class UnpatchedAttentionError(LayoutRefused):
@@ -32,9 +38,12 @@ class UnpatchedAttentionError(LayoutRefused):
 
 
 def mark_site(module: Any) -> None:
-    """Called by every patched attention site with the attention module it serves (None: not known, no mark)."""
-    if isinstance(module, nn.Module) and _COUNT in module.__dict__:
-        module.__dict__[_COUNT] += 1
+    """Called by every patched attention site with the attention module it serves (None: not known, no mark); a
+    torch layer marks the watched module that calls it."""
+    if isinstance(module, nn.Module):
+        module = module.__dict__.get(_CALLER, module)
+        if _COUNT in module.__dict__:
+            module.__dict__[_COUNT] += 1
 
 
 def _is_attention(module: nn.Module) -> bool:
@@ -48,10 +57,21 @@ def _is_attention(module: nn.Module) -> bool:
     return isinstance(module, (AttentionModuleMixin, Attention))
 
 
-def attention_modules(model: nn.Module, exempt: Iterable[str] = ()) -> list[tuple[str, nn.Module]]:
-    """The leaf-most attention modules of ``model`` with their paths, those under an ``exempt`` path left out."""
-    exempt = tuple(exempt)
-    found = [(name, m) for name, m in model.named_modules() if _is_attention(m)]
+def attention_modules(
+    model: nn.Module, exempt: Iterable[str] = (), classes: Iterable[str] = ()
+) -> list[tuple[str, nn.Module]]:
+    """The leaf-most attention modules of ``model`` with their paths, and those of the census's ``classes``
+    (``runtime.parallel.mixers.census``: a torch layer's caller in its place), those under an ``exempt`` path left
+    out."""
+    exempt, classes = tuple(exempt), frozenset(classes)
+    found = [(name, m) for name, m in model.named_modules() if _is_attention(m) or type(m).__name__ in classes]
+    for name, module in model.named_modules():
+        parent_name, _, attribute = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if name else None
+        if parent is not None and f"{type(parent).__name__}.{attribute}" in classes:
+            module.__dict__[_CALLER] = parent
+            if all(m is not parent for _, m in found):
+                found.append((parent_name, parent))
     paths = [name for name, _ in found]
     leaves = []
     for name, module in found:
@@ -63,13 +83,18 @@ def attention_modules(model: nn.Module, exempt: Iterable[str] = ()) -> list[tupl
     return leaves
 
 
-def install_site_checks(model: nn.Module, layout: str, exempt: Iterable[str] = (), spec: str = "?") -> list[Any]:
-    """Watch every attention module of ``model`` (see the module docstring); returns the hook handles.
+def install_site_checks(
+    model: nn.Module, layout: str, exempt: Iterable[str] = (), spec: str = "?", classes: Iterable[str] = ()
+) -> list[Any]:
+    """Watch every attention module of ``model`` and every module of the ``classes`` (see the module docstring; one
+    already watched is left as it is); returns the hook handles.
 
     ``layout`` names the sharded layout in the error (e.g. ``parallel.sp = 2``), ``spec`` the model's spec.
     """
     handles = []
-    for name, module in attention_modules(model, exempt):
+    for name, module in attention_modules(model, exempt, classes):
+        if _COUNT in module.__dict__:
+            continue
         module.__dict__[_COUNT] = 0
 
         def before(mod: nn.Module, args: Any) -> None:
@@ -79,10 +104,10 @@ def install_site_checks(model: nn.Module, layout: str, exempt: Iterable[str] = (
             if mod.__dict__.get(_COUNT, 1) == 0:
                 raise UnpatchedAttentionError(
                     f"{name} ({type(mod).__name__}) ran under {layout} without passing through a patched attention "
-                    f"site: it attended to this rank's tokens only, which trains wrong numbers. Patch its attention "
-                    f"call in spec {spec!r} (sp/ulysses_attention, sp/vit_attention_all_to_all or "
-                    f"dit/ulysses_to_heads), declare it in dit/shard_tokens' replicated_modules if it runs before the "
-                    f"token split, or train with parallel.sp: 1"
+                    f"site: it mixed this rank's tokens only, which trains wrong numbers. Patch its attention "
+                    f"call in spec {spec!r} (sp/ulysses_attention, sp/vit_attention_all_to_all, "
+                    f"sp/linear_attention_heads or dit/ulysses_to_heads), declare it in dit/shard_tokens' "
+                    f"replicated_modules if it runs before the token split, or train with parallel.sp: 1"
                 )
 
         handles.append(module.register_forward_pre_hook(before))

@@ -53,6 +53,7 @@ from runtime.train.metrics import (
 )
 from runtime.train.model import build_model
 from runtime.train.optim import build_optimizer, build_scheduler
+from runtime.train.packed_documents import check_packed_documents
 from runtime.train.preflight import CheckedInputs, check_inputs
 from runtime.train.schedule_keys import follow_schedule, followed_schedule, schedule_record
 from runtime.train.self_check_job import self_check
@@ -108,6 +109,7 @@ def build_text_job(config: RunConfig, state: ParallelState, inputs: CheckedInput
     model = build_model(config.model, fixed_model_config(config, processor))
     mc = model.config
     check_sp(model, config, state.sp_size)
+    check_packed_documents(lookup(config.model.type), model.config)  # a mixer carrying state across packed rows
     check_vocab(model, processor)
     loader = build_loader(config, state, model, processor, inputs.samples)
     names = sample_names(inputs.samples) if loader.num_dropped == 0 else None  # loader.samples[i] is samples[i]

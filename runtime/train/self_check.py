@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from runtime.config.errors import ConfigError
+from runtime.parallel.full_tensors import full_tensors
 from runtime.parallel.state import ParallelState
 
 __all__ = [
@@ -101,6 +102,9 @@ class Proof:
     # planted defect classes whose regime the proof cannot set (name -> why): one it does not detect is named in the
     # line instead of refusing the run (``self_check_power.Defect.advisory``)
     advisory: dict[str, str] = field(default_factory=dict)
+    # the shrunk model's sequence mixers found by behaviour (``runtime.parallel.mixers.census``; under SP only): the
+    # job's model watches them at every forward whatever their class name (``runtime/parallel/sites.py``)
+    mixers: tuple[str, ...] = ()
 
 
 def relative(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
@@ -110,19 +114,18 @@ def relative(a: torch.Tensor, b: torch.Tensor, floor: float = 0.0) -> float:
 
 
 def gradients(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every trained parameter's full gradient (sharded DTensors gathered: collective, every rank in the same
-    order), zeros where none was computed, on the CPU in fp32."""
-    found = {}
+    """Every trained parameter's full gradient (sharded DTensors gathered, ``runtime.parallel.full_tensors``:
+    collective, every rank in the same order), zeros where none was computed, on the CPU in fp32."""
+    found, sharded = {}, {}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        grad = param.grad
-        if grad is None:
-            grad = torch.zeros(param.shape)
-        elif isinstance(grad, DTensor):
-            grad = grad.full_tensor()
-        found[name.replace("_orig_mod.", "")] = grad.detach().float().cpu()
-    return found
+        key, grad = name.replace("_orig_mod.", ""), param.grad
+        if isinstance(grad, DTensor):
+            sharded[key] = grad
+        found[key] = torch.zeros(param.shape) if grad is None else grad
+    found.update(full_tensors(sharded))
+    return {name: grad.detach().float().cpu() for name, grad in found.items()}
 
 
 def compare(
@@ -240,9 +243,10 @@ def untouched_rng(device: torch.device):
         yield
 
 
-def run_proof(prove: Callable[[], Proof], off_key: str, say: Callable[[str], None], group: Any) -> None:
-    """Run ``prove``, agree on its errors over ``group`` (the world), print the start-up line or raise."""
+def run_proof(prove: Callable[[], Proof], off_key: str, say: Callable[[str], None], group: Any) -> Proof:
+    """Run ``prove``, agree on its errors over ``group`` (the world), print the start-up line or raise; the proof."""
     started = time.perf_counter()
     proof = prove()
-    proof = Proof(proof.shrunk, agree(proof.comparisons, group), agree(proof.planted, group), proof.advisory)
+    proof = replace(proof, comparisons=agree(proof.comparisons, group), planted=agree(proof.planted, group))
     say(report(proof, time.perf_counter() - started, off_key))
+    return proof

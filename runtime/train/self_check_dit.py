@@ -17,13 +17,16 @@ replica's inputs in turn in one process, fp32, accumulating gradients; the upstr
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from runtime.diffusion.conditions.example_inputs import example_inputs
 from runtime.diffusion.registry import lookup_dit
+from runtime.parallel.mixers import census
 from runtime.parallel.parallelize import ParallelPlan, parallelize
 from runtime.parallel.precision import compute_dtype
 from runtime.parallel.state import ParallelState, parallel_state
@@ -128,6 +131,9 @@ def prove_dit(
     with parallel_state(ParallelState()), torch.no_grad():  # the targets: shaped like the prediction
         reference.to(device)  # the job's device: its attention backend may not run elsewhere
         shapes = [reference(**to_device(b, device))[0].shape for b in batches]
+        if state.sp_enabled:  # the sequence mixers the layout's site check watches (whatever their class name)
+            run = functools.partial(reference, **to_device(batches[0], device))
+            plan = replace(plan, mixer_classes=census(reference, run, exempt=plan.replicated_modules))
     targets = [torch.randn(s, generator=torch.Generator().manual_seed(SEED + 100 + d)) for d, s in enumerate(shapes)]
     comparisons: list[Comparison] = []
     with parallel_state(ParallelState()):  # one process, fp32, the generated class: the reference
@@ -162,4 +168,4 @@ def prove_dit(
             advisory.update({defect.name: defect.advisory} if defect.advisory else {})
         if state.dp_size > 1:
             planted.append(compare(DOUBLED_SHARE, *step(doubled=True), ref_loss, ref_grads, tolerance(dtype)))
-    return Proof(shrunk, comparisons, planted, advisory)
+    return Proof(shrunk, comparisons, planted, advisory, plan.mixer_classes)

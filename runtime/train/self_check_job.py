@@ -4,13 +4,14 @@ so and the run goes on."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from runtime.config.common import SelfCheckConfig
 from runtime.models.registry import lookup
-from runtime.parallel.parallelize import ParallelPlan
+from runtime.parallel.parallelize import ParallelPlan, watch_sites
 from runtime.parallel.state import ParallelState
 from runtime.train.config import RunConfig
 from runtime.train.job import parallel_plan, site_plan, train_device
@@ -54,7 +55,8 @@ def self_check(config: RunConfig, state: ParallelState, model: torch.nn.Module, 
             return prove_text(config, state, model.config, **classes)
 
     with untouched_rng(train_device(state)):
-        run_proof(prove, OFF_KEY, lambda line: say(state, line), state.loss_group)
+        proof = run_proof(prove, OFF_KEY, lambda line: say(state, line), state.loss_group)
+    watch_sites(model, state, replace(parallel_plan(config), mixer_classes=proof.mixers))
 
 
 def self_check_policy(config: RLConfig, state: ParallelState, module: torch.nn.Module) -> None:
@@ -74,9 +76,10 @@ def self_check_policy(config: RLConfig, state: ParallelState, module: torch.nn.M
         **site_plan(config.model.type),
     )
     with untouched_rng(train_device(state)):
-        run_proof(
+        proof = run_proof(
             lambda: prove_dit(config.model.type, plan, state, module.config),
             OFF_KEY,
             lambda line: say(state, line),
             state.loss_group,
         )
+    watch_sites(module, state, replace(plan, mixer_classes=proof.mixers))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import inspect
 import sys
 from typing import Any
@@ -31,6 +32,7 @@ import transformers
 from runtime.data.sp_batch import packed_attention_kwargs
 from runtime.models.registry import lookup
 from runtime.models.tiny_configs import random_packed_batch
+from runtime.parallel.mixers import census
 from runtime.parallel.parallelize import parallelize
 from runtime.parallel.precision import compute_dtype
 from runtime.parallel.state import ParallelState, parallel_state
@@ -183,6 +185,10 @@ def prove_text(
     fp32 = tolerance(torch.float32)
     with parallel_state(ParallelState()):  # one process, fp32, the generated class: the reference
         reference.to(device).train()
+        if state.sp_enabled:  # the sequence mixers the layout's site check watches (whatever their class name)
+            length = batches[0]["input_ids"].shape[1] if entry.family == "causal_lm" else None
+            mixers = census(reference, functools.partial(reference, **batches[0], **moe_kwargs), length)
+            plan = dataclasses.replace(plan, mixer_classes=mixers)
         ref_loss = run(reference)
         ref_grads = gradients(reference)
         upstream = upstream_class.from_config(shrunk, attn_implementation=shrunk._attn_implementation)
@@ -221,4 +227,4 @@ def prove_text(
             planted.append(planted_run(defect, model, step, ref_loss, ref_grads, tolerance(dtype)))
     summary = _summary(shrunk) + (f", thresholds inside its rows: {', '.join(crossed)}" if crossed else "")
     summary += f", softcaps set to bind: {', '.join(softcaps)}" if softcaps else ""
-    return Proof(summary, comparisons, planted, advisory)
+    return Proof(summary, comparisons, planted, advisory, plan.mixer_classes)

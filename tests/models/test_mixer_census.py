@@ -2,7 +2,7 @@
 
 The runtime's per-forward site check watches the modules it is told are attention; this census does not trust
 names. It runs each generated causal LM on its tiny config and on each tiny variant (the config-gated branches),
-finds the modules that mix information across the sequence by perturbing one token (``tests/models/mixers.py``),
+finds the modules that mix information across the sequence by perturbing one token (``runtime/parallel/mixers.py``),
 and requires each minimal mixer to be the scope of one of its spec's ``sp/`` or ``dit/`` patches, for every model
 whose record claims sp. A mixer nobody patched (a linear-attention layer, a causal convolution, a recurrence beside
 the patched attention) would attend to one rank's tokens under SP and train wrong numbers silently; here it fails,
@@ -20,8 +20,8 @@ from patchgen.config import load_config
 from patchgen.spec_set import load_specs
 from runtime.models.registry import causal_lm_class, lookup, model_types, variant_cases, variant_overrides
 from runtime.models.tiny_configs import tiny_config
+from runtime.parallel.mixers import minimal_mixers, mixing_modules
 from tests.engine.helpers import REPO
-from tests.models.mixers import minimal_mixers, mixing_modules
 
 LENGTH = 24  # past every tiny sliding window, so a windowed layer mixes as it does in training
 SP_FAMILIES = ("sp/", "dit/")  # the patch kinds that give a module a sequence-parallel path

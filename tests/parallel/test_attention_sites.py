@@ -80,7 +80,7 @@ def sites_worker(rank: int, world_size: int) -> dict[str, str]:
 def test_an_unpatched_attention_under_sp_is_refused_at_its_first_forward() -> None:
     for result in run_distributed(sites_worker, 2, timeout=300):
         assert result["qwen3"].startswith("model.layers.1.self_attn (Qwen3Attention) ran under parallel.sp = 2")
-        assert "attended to this rank's tokens only" in result["qwen3"]
+        assert "mixed this rank's tokens only" in result["qwen3"]
         assert (
             "(FluxAttention) ran under parallel.sp = 2 without passing through a patched attention site"
             in (result["flux"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-from types import SimpleNamespace
 
 import torch
 import transformers
@@ -93,7 +92,7 @@ def check_worker(
     classes.update({} if upstream_class is None else {"upstream_class": upstream_class})
     try:
         with contextlib.redirect_stdout(out):
-            self_check(config, state, SimpleNamespace(config=job), **classes)
+            self_check(config, state, _job_model(job), **classes)
     except ConfigError as exc:
         error = str(exc)
     finally:
@@ -161,3 +160,11 @@ class DoubledSPGradientDiT(WanShell):
             return out
         prediction = out[0]
         return (prediction + (sp - 1) * (prediction - prediction.detach()), *out[1:])
+
+
+def _job_model(config: transformers.PretrainedConfig) -> torch.nn.Module:
+    """A stand-in for the job's built model: the proof reads its config; the census's watchers find no module in it
+    (the job's own model is not built here: the proof builds its shrunk copy)."""
+    holder = torch.nn.Module()
+    holder.config = config
+    return holder

@@ -8,6 +8,11 @@ only). Both regenerate cleanly (regen cannot know the maths is wrong); the copie
 a temporary project and the start-up self-check runs the job's layout with the generated class
 (``tests/train/self_check_defects.py``). The launcher's ``check_supported`` refuses the shell-only spec even
 earlier (tests/train/test_supports.py); here the self-check alone is shown to stop it.
+
+A model whose sequence mixer carries state across packed documents (a copy of the qwen3_next spec whose record no
+longer states the row's boundaries) is refused when the trainer builds it, one line naming the mixer
+(``runtime/train/packed_documents.py``). A split carried on the wrong argument and upstream's checkpointing branch
+without the split: tests/train/test_planted_defects_dit.py.
 """
 
 from __future__ import annotations
@@ -37,9 +42,12 @@ LOCAL_LOSS = (
 )
 
 
-def _project(root: Path, spec_text: str, bodies: dict[str, str] | None = None, name: str = "qwen3") -> Path:
+def _project(
+    root: Path, spec_text: str, bodies: dict[str, str] | None = None, name: str = "qwen3", output: str | None = None
+) -> Path:
     """A project with a copy of the shipped templates (``bodies``: template name -> the body its copy renders
-    instead, header kept) and one spec; regenerated; the path of the generated module."""
+    instead, header kept) and one spec; regenerated; the path of the generated module (``output``, else the qwen3
+    or flux copy's)."""
     shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
     shutil.copytree(REPO / "templates", root / "templates")
     for template_name, body in (bodies or {}).items():
@@ -50,7 +58,12 @@ def _project(root: Path, spec_text: str, bodies: dict[str, str] | None = None, n
     (root / "specs" / f"{name}.toml").write_text(spec_text)
     config = load_config(root)
     regen(config, load_specs(config, [name]))
-    return root / (OUTPUT if name == "qwen3" else DIT_OUTPUT)
+    return root / (output or (OUTPUT if name == "qwen3" else DIT_OUTPUT))
+
+
+def shipped(name: str, output: str) -> str:
+    """The text of shipped spec ``name`` with its output moved to ``output``."""
+    return re.sub(r'output = "[^"]*"', f'output = "{output}"', (REPO / "specs" / f"{name}.toml").read_text(), count=1)
 
 
 def _shipped_spec() -> str:
@@ -127,3 +140,61 @@ def test_a_dit_whose_attention_is_not_split_is_caught(planted: dict[str, Path], 
     assert (
         "(FluxAttention) ran under parallel.sp = 2 without passing through a patched attention site" in (results[0][1])
     )
+
+
+NEXT_OUTPUT = "generated/planted_next/modeling_qwen3_next.py"
+STATED = 'packed_documents = "cu_seq_lens"'
+REFUSED = "carries state from one packed document into the next, and the trainer packs several documents per row"
+
+
+def _packed_check(entry: object, model_class: type | None = None, model_type: str | None = None) -> str:
+    """The trainer's start-up check of packed rows on a real-sized job config: its one-line error, or ""."""
+    from runtime.config.errors import ConfigError
+    from runtime.train.packed_documents import check_packed_documents
+    from tests.train.self_check_defects import job_config
+
+    try:
+        check_packed_documents(entry, job_config(model_type or entry.model_type), model_class)
+    except ConfigError as exc:
+        assert len(exc.messages) == 1 and "\n" not in exc.messages[0], exc.messages
+        return exc.messages[0]
+    return ""
+
+
+def test_packed_rows_through_a_recurrence_without_boundaries_are_refused(tmp_path: Path) -> None:
+    """A copy of the qwen3_next spec whose record does not state the row's boundaries (its gated delta-net carries
+    its state across packed documents): refused in one line naming the mixer; the shipped record is accepted."""
+    import dataclasses
+    import json
+
+    from runtime.models.registry import lookup
+
+    spec = shipped("qwen3_next", NEXT_OUTPUT)
+    assert spec.count(STATED) == 1
+    path = _project(tmp_path, spec.replace(STATED, ""), name="qwen3_next", output=NEXT_OUTPUT)
+    record = json.loads(path.with_name("modeling_qwen3_next.model.json").read_text())
+    assert "packed_documents" not in record["data"]
+    copy = dataclasses.replace(lookup("qwen3_next"), data=record["data"])
+    error = _packed_check(copy, _load(str(path)).Qwen3NextForCausalLM)
+    assert error.startswith(f"model.type: qwen3_next: model.layers.0.linear_attn (Qwen3NextGatedDeltaNet) {REFUSED}")
+    assert error.endswith(f"([model.data] {STATED}, with patches that restart the mixer at cu_seq_lens_q)"), error
+    assert _packed_check(lookup("qwen3_next")) == ""  # the shipped record: the trainer passes the boundaries
+
+
+def test_packed_rows_are_checked_by_behaviour_not_by_name() -> None:
+    """Softmax attention (qwen3) is accepted; a per-token module that carries state along the row (qwen3's MLP made
+    a running mean: no name announces it) is refused, and so is a record that states boundaries it does not honour."""
+    import dataclasses
+
+    from runtime.models.registry import lookup
+    from tests.train.self_check_defects import RecurrentQwen3
+
+    assert _packed_check(lookup("qwen3")) == ""
+    error = _packed_check(lookup("qwen3"), RecurrentQwen3)
+    assert error.startswith(f"model.type: qwen3: model.layers.0.mlp (_RunningMean) {REFUSED}"), error
+    stated = dataclasses.replace(lookup("qwen3"), data={"packed_documents": "cu_seq_lens"})
+    error = _packed_check(stated, RecurrentQwen3)
+    assert error == (
+        "model.type: qwen3: model.layers.0.mlp (_RunningMean) carries state from one packed document into the next "
+        "even given the row's boundaries (cu_seq_lens_q/k): its patches must restart it at them"
+    ), error

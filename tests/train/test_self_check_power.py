@@ -212,7 +212,8 @@ def unsplit_mixer_worker(rank: int, world_size: int, raw: dict, path: str | None
 @pytest.mark.dist
 def test_a_sequence_mixer_that_is_not_attention_is_proven_under_sp(tmp_path: Path) -> None:
     """The shipped Qwen3-Next passes at sp = 2 with the planted defects detected; with its delta-net layers left
-    unsplit it is refused before step 1, in one line, on every rank."""
+    unsplit it is refused before step 1, in one line, on every rank: by the per-forward site check, which watches the
+    gated delta-net (no class name says attention) because the proof's census found it mixing the sequence."""
     raw = run_config(tmp_path, model={"type": "qwen3_next", "config": {}}, parallel={"sp": 2})
     out, error = run_distributed(unsplit_mixer_worker, 2, raw, None, timeout=300)[0]
     # a local attention site, RoPE restarting, a local convolution (and a local recurrence, where it shows)
@@ -221,4 +222,7 @@ def test_a_sequence_mixer_that_is_not_attention_is_proven_under_sp(tmp_path: Pat
     results = run_distributed(unsplit_mixer_worker, 2, raw, path, timeout=300)
     error = results[0][1]
     assert all(e == error for _, e in results) and "\n" not in error, results
-    assert error.startswith("train.self_check: the start-up self-check failed: ") and "sp 2" in error, error
+    assert error.startswith(
+        "model.layers.0.linear_attn (Qwen3NextGatedDeltaNet) ran under parallel.sp = 2 without "
+        "passing through a patched attention site"
+    ), error

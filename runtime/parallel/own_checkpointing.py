@@ -1,0 +1,60 @@
+"""Under sequence parallelism a diffusers model's own gradient-checkpointing branch is refused.
+
+Upstream's DiT forwards hold a second path through their blocks: ``if torch.is_grad_enabled() and
+self.gradient_checkpointing: self._gradient_checkpointing_func(block, ...)``, with upstream's arguments. A spec
+that hands the token split to the blocks as an argument (``dit/pass_split``: Sana, no RoPE to carry it) must patch
+that call too; a spec that forgot it would run each rank's blocks on its own tokens only, with every attention site
+still passed (the split is simply absent), and train wrong numbers with exit 0. The runtime never takes that branch:
+its activation checkpointing is its own per-block checkpoint (``runtime/parallel/fsdp.py``; the DiT blocks are no
+``GradientCheckpointingLayer``, so ``model.gradient_checkpointing`` stays False), and one process has no SP. So
+while SP is on, a forward pre-hook on the root refuses any training forward with the branch turned on (a
+``gradient_checkpointing_enable()`` or diffusers' ``enable_gradient_checkpointing()`` called on the model, before or
+after it was sharded), whether or not the spec patched the call: ``parallel.activation_checkpointing`` is the way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from runtime.config.errors import LayoutRefused
+
+__all__ = ["OwnCheckpointingError", "own_checkpointing", "refuse_own_checkpointing"]
+
+
+class OwnCheckpointingError(LayoutRefused):
+    """A diffusers model's own gradient-checkpointing branch was turned on under sequence parallelism."""
+
+
+def own_checkpointing(model: nn.Module) -> str | None:
+    """The class of the first diffusers model in ``model`` whose own gradient-checkpointing branch is on, or None."""
+    try:
+        from diffusers import ModelMixin
+    except ImportError:  # a text-only install: no diffusers model exists
+        return None
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, ModelMixin) and getattr(module, "gradient_checkpointing", False):
+            cls = type(module)
+            return (cls.__bases__[1] if issubclass(cls, FSDPModule) else cls).__name__  # FSDP<Name>(FSDPModule, Name)
+    return None
+
+
+def refuse_own_checkpointing(model: nn.Module, layout: str) -> Any:
+    """Install the root pre-hook of the module docstring on ``model`` (``layout``: the SP layout, for the error);
+    returns its handle."""
+
+    def before(root: nn.Module, args: Any) -> None:
+        cls = own_checkpointing(root) if root.training and torch.is_grad_enabled() else None
+        if cls is not None:
+            raise OwnCheckpointingError(
+                f"{cls}.gradient_checkpointing is on under {layout}: upstream's checkpointing branch calls the blocks "
+                f"with upstream's arguments, which a spec may not hand the token split (each rank would train on its "
+                f"own tokens only); checkpoint with parallel.activation_checkpointing: true and leave the model's own "
+                f"off (gradient_checkpointing_disable())"
+            )
+
+    return model.register_forward_pre_hook(before)
