@@ -4,7 +4,8 @@ tuning, in steps of ``floor_scale``); the row here is longer than both, packed (
 boundary) and odd (SP pads it). Parallelism off: logits, loss and every gradient bitwise equal to upstream. Ulysses
 SP = 2, a ring of 2 and Ulysses 2 x ring 2: within the rounding model of one process (``tests.tolerance``). The same
 runs with ``sp/global_token_positions`` rendering its expression unchanged (each rank's temperature positions
-restart at 0) fail that comparison, so the kind is what makes them pass."""
+restart at 0) fail that comparison, so the kind is what makes them pass. The ring's mask of a chunked layer (each
+document cut at chunk boundaries) equals transformers' chunked mask of the row."""
 
 from __future__ import annotations
 
@@ -62,6 +63,41 @@ def test_parallelism_off_is_bitwise_upstream() -> None:
     assert got["grads"].keys() == ref["grads"].keys()
     for name, grad in ref["grads"].items():
         assert torch.equal(got["grads"][name], grad), name
+
+
+@pytest.mark.parametrize("documents", [True, False], ids=["packed", "no_position_ids"])
+def test_the_ring_masks_chunks_as_transformers_does(documents: bool) -> None:
+    """The ring's "may attend" (same segment, causal: ``runtime.sp.usp.segment_ids``) equals transformers' chunked
+    mask of the packed row (chunks counted from the row's first token, documents apart when the builder sees the
+    position ids), and differs from the unchunked one: the row crosses chunk boundaries inside a document."""
+    from transformers.masking_utils import create_chunked_causal_mask
+
+    from runtime.sp.positions import RingMask
+    from runtime.sp.usp import segment_ids
+
+    config = tiny_config(MODEL)
+    position_ids = packed_batch(LENGTHS)["position_ids"]
+    length = position_ids.shape[1]
+    upstream = create_chunked_causal_mask(
+        config=config,
+        inputs_embeds=torch.zeros(1, length, 4),
+        attention_mask=None,
+        past_key_values=None,
+        position_ids=position_ids if documents else None,
+    )
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+
+    def ring(chunk: int | None) -> torch.Tensor:
+        segments = segment_ids(position_ids, RingMask(documents=documents, chunk=chunk))
+        same = (
+            torch.ones(1, length, length, dtype=torch.bool)
+            if segments is None
+            else segments[:, :, None] == segments[:, None, :]
+        )
+        return (same & causal)[:, None]
+
+    assert torch.equal(ring(config.attention_chunk_size), upstream)
+    assert not torch.equal(ring(None), upstream)
 
 
 def _load_class(path: str | None) -> type | None:
