@@ -8,7 +8,9 @@ unpacked latents (the transformer patchifies, patch 2) and a caption mask of one
 longest joint sequence); LTX-Video 8x temporal, 32x spatial, latents packed into ``((F-1)/8+1) * (H/32) * (W/32)``
 tokens of 128 channels (patch 1) with the latent grid and ``rope_interpolation_scale`` (frame rate 25, the pipeline's
 default) as ``LTXPipeline`` passes them, and a T5 mask of ones; AuraFlow SDXL's 8x VAE, unpacked latents (the
-transformer patchifies, patch 2), no text mask (the transformer prepends its 8 register tokens to the text). The
+transformer patchifies, patch 2), no text mask (the transformer prepends its 8 register tokens to the text);
+PixArt-Sigma the same 8x VAE, unpacked latents (patch 2), 300 T5 tokens with a mask of ones and no resolution
+conditions (``added_cond_kwargs`` of Nones, as ``PixArtSigmaPipeline`` passes them). The
 timestep stays fp32, as the pipelines pass it; with ``expand_timesteps`` (Wan2.2 TI2V) it is one per latent token, so
 the per-token modulation tensors count.
 
@@ -45,7 +47,7 @@ def _pixels(model_type: str, workload: Workload, video: bool) -> tuple[int, int,
 
 def dit_inputs(model: PlanModel, config: FrozenDict, workload: Workload) -> tuple[dict[str, Any], int]:
     """(forward kwargs, latent tokens after patchify) for ``model.type`` (wan, flux, qwenimage, sana, lumina2,
-    ltx_video, auraflow)."""
+    ltx_video, auraflow, pixart_sigma)."""
     model_type, text = model.type, workload.text_tokens
     timestep = torch.full((1,), 500.0, dtype=torch.float32)
     spatial = model.vae_scale_factor_spatial
@@ -109,6 +111,17 @@ def dit_inputs(model: PlanModel, config: FrozenDict, workload: Workload) -> tupl
             "timestep": timestep / 1000,
             "return_dict": False,
         }, (rows // patch) * (cols // patch)
+    if model_type == "pixart_sigma":
+        spatial, patch = spatial or 8, config.patch_size
+        rows, cols = height // spatial, width // spatial
+        return {
+            "hidden_states": torch.zeros(1, config.in_channels, rows, cols),
+            "encoder_hidden_states": torch.zeros(1, text, config.caption_channels),
+            "encoder_attention_mask": torch.ones(1, text, dtype=torch.long),
+            "timestep": timestep,
+            "added_cond_kwargs": {"resolution": None, "aspect_ratio": None},
+            "return_dict": False,
+        }, (rows // patch) * (cols // patch)
     rows, cols = height // 16, width // 16
     tokens = rows * cols
     if model_type == "flux":
@@ -133,6 +146,6 @@ def dit_inputs(model: PlanModel, config: FrozenDict, workload: Workload) -> tupl
             "return_dict": False,
         }, tokens
     raise ValueError(
-        f"{model_type}: no plan inputs for this DiT (wan, flux, qwenimage, sana, lumina2, ltx_video and auraflow "
-        "have them)"
+        f"{model_type}: no plan inputs for this DiT (wan, flux, qwenimage, sana, lumina2, ltx_video, auraflow and "
+        "pixart_sigma have them)"
     )

@@ -138,3 +138,41 @@ def test_resolution_conditions_and_foreign_sampler_options_are_refused(directory
             load_condition_model("pixart_sigma", directory, encoders=False, **option)
     bare = load_condition_model("pixart_sigma", directory, encoders=False, distribution="logit_normal")
     assert bare.sampler == TimestepSampler(distribution="logit_normal") and not bare.has_encoders
+
+
+PLAN = Path(__file__).resolve().parents[2] / "runtime" / "plan" / "configs" / "pixart-sigma-xl-2-1024-ms.yaml"
+
+
+def test_plan_config_names_every_parameter_but_the_unused_ones() -> None:
+    """The plan file states PixArt-Sigma XL/2's transformer config: every key is a parameter of the diffusers class,
+    and the ones it leaves out keep their defaults (the 2-D transformer's options PixArt never turns on)."""
+    import inspect
+
+    import yaml
+
+    config = yaml.safe_load(PLAN.read_text())["model"]["config"]
+    signature = inspect.signature(PixArtTransformer2DModel.__init__).parameters
+    assert set(config) <= set(signature) - {"self"}
+    left_out = set(signature) - {"self"} - set(config)
+    assert all(signature[k].default in (None, False) for k in left_out), left_out
+
+
+def test_plan_inputs_fit_the_transformer_and_the_plan_runs() -> None:
+    """``dit_inputs``' pixart_sigma branch (8x VAE, unpacked latents, patch 2, a T5 mask of ones, no resolution
+    conditions) on a small workload and the tiny config: the upstream transformer takes them and returns the learned
+    variance's doubled channels; the token count is its patchify's. The plan file reads and fits on 8 GPUs."""
+    from diffusers.configuration_utils import FrozenDict
+
+    from runtime.plan.config import PlanModel, Workload, read_plan
+    from runtime.plan.dit_inputs import dit_inputs
+
+    inputs, tokens = dit_inputs(
+        PlanModel(type="pixart_sigma"), FrozenDict(TINY), Workload(height=64, width=96, text_tokens=9)
+    )
+    assert inputs["hidden_states"].shape == (1, TINY["in_channels"], 8, 12) and tokens == 4 * 6
+    assert inputs["encoder_hidden_states"].shape == (1, 9, TINY["caption_channels"])
+    torch.manual_seed(0)
+    out = PixArtTransformer2DModel(**TINY)(**inputs)[0]
+    assert out.shape == (1, TINY["out_channels"], 8, 12)
+    plan = read_plan(PLAN)
+    assert plan.model.type == "pixart_sigma" and plan.workload.text_tokens == 300
