@@ -4,7 +4,8 @@ Upstream's DiT forwards hold a second path through their blocks: ``if torch.is_g
 self.gradient_checkpointing: self._gradient_checkpointing_func(block, ...)``, with upstream's arguments. A spec
 that hands the token split to the blocks as an argument (``dit/pass_split``: Sana, no RoPE to carry it) must patch
 that call too; a spec that forgot it would run each rank's blocks on its own tokens only, with every attention site
-still passed (the split is simply absent), and train wrong numbers with exit 0. The runtime never takes that branch:
+still passed (the split is simply absent), and train wrong numbers with exit 0 (PixArt-Sigma; Sana's grid-row
+feed-forward stops on a reshape error instead). The runtime never takes that branch:
 its activation checkpointing is its own per-block checkpoint (``runtime/parallel/fsdp.py``; the DiT blocks are no
 ``GradientCheckpointingLayer``, so ``model.gradient_checkpointing`` stays False), and one process has no SP. So
 while SP is on, a forward pre-hook on the root refuses any training forward with the branch turned on (a

@@ -11,7 +11,8 @@ Upstream's gradient-checkpointing branch not given the split: Sana's spec withou
 ``self._gradient_checkpointing_func(block, ...)``. No path of the runtime takes that branch under SP (its activation
 checkpointing is its own per-block checkpoint; one process has no SP): the planted copy passes the self-check with
 ``parallel.activation_checkpointing``, and the branch turned on by hand is refused at the first forward under SP
-(``runtime/parallel/own_checkpointing.py``).
+(``runtime/parallel/own_checkpointing.py``). Why refuse it: a PixArt-Sigma copy without the same patch, run through
+that branch under SP directly, trains wrong numbers with no error (Sana's copy stops on a reshape error instead).
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from tests.train.test_planted_defects import _project, shipped
 
 SD3_OUTPUT = "generated/planted_sd3/transformer_sd3.py"
 SANA_OUTPUT = "generated/planted_sana/sana_transformer.py"
+PIXART_OUTPUT = "generated/planted_pixart/pixart_transformer_2d.py"
 CARRY = 'vars = { kwargs = "joint_attention_kwargs" }'
-CHECKPOINT_CALL = "self._gradient_checkpointing_func(block, hidden_states"
+CHECKPOINT_CALL = "self._gradient_checkpointing_func(block, hidden_states"  # the anchor of that pass_split
 
 
 def _misnamed_carry() -> str:
@@ -42,9 +44,9 @@ def _misnamed_carry() -> str:
     return spec.replace(CARRY, 'vars = { kwargs = "joint_attention_kwargs", name = "dit_split" }')
 
 
-def _sana_without_checkpoint_split() -> str:
-    """The shipped sana spec without its dit/pass_split patch of upstream's checkpointing call."""
-    head, *blocks = shipped("sana", SANA_OUTPUT).split("[[patch]]")
+def _without_checkpoint_split(name: str, output: str) -> str:
+    """Shipped spec ``name`` without its dit/pass_split patch of upstream's checkpointing call."""
+    head, *blocks = shipped(name, output).split("[[patch]]")
     kept = [b for b in blocks if CHECKPOINT_CALL not in b]
     assert len(kept) == len(blocks) - 1
     return "[[patch]]".join([head, *kept])
@@ -68,11 +70,15 @@ def _load(path: str) -> ModuleType:
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     misnamed = _project(tmp_path_factory.mktemp("misnamed"), _misnamed_carry(), name="sd3", output=SD3_OUTPUT)
-    sana = _project(tmp_path_factory.mktemp("sana"), _sana_without_checkpoint_split(), name="sana", output=SANA_OUTPUT)
+    sana_spec = _without_checkpoint_split("sana", SANA_OUTPUT)
+    sana = _project(tmp_path_factory.mktemp("sana"), sana_spec, name="sana", output=SANA_OUTPUT)
+    pixart_spec = _without_checkpoint_split("pixart_sigma", PIXART_OUTPUT)
+    pixart = _project(tmp_path_factory.mktemp("pixart"), pixart_spec, name="pixart_sigma", output=PIXART_OUTPUT)
     assert 'key="dit_split"' in misnamed.read_text()
     assert "with_split(dit_sp, self._gradient_checkpointing_func)" not in sana.read_text()
     assert "with_split(dit_sp, block)" in sana.read_text()  # the blocks' plain call still takes the split
-    return {"misnamed carry": misnamed, "sana": sana}
+    assert "with_split(dit_sp, self._gradient_checkpointing_func)" not in pixart.read_text()
+    return {"misnamed carry": misnamed, "sana": sana, "pixart": pixart}
 
 
 def test_a_carrier_the_processor_does_not_take_is_refused_by_regen(tmp_path: Path) -> None:
@@ -90,12 +96,13 @@ CASES = {  # name: (planted copy, its class, the runtime's activation checkpoint
 }
 
 
-def check_worker(rank: int, world_size: int, cases: dict[str, tuple[str, str, bool, bool]]) -> dict[str, tuple]:
+def check_worker(rank: int, world_size: int, cases: dict[str, tuple], pixart_path: str) -> dict[str, tuple]:
     """The DiT self-check at sp = world size of each case (name: the generated module's path, the class, the
     runtime's activation checkpointing, upstream's own checkpointing branch turned on): name -> (the start-up line,
-    or the error)."""
+    or the error); and "branch gap": upstream's branch run directly under SP by the PixArt copy at ``pixart_path``
+    and by the shipped PixArt (``_branch_gap``)."""
     from runtime.config.errors import ConfigError
-    from runtime.diffusion.registry import lookup_dit
+    from runtime.diffusion.registry import lookup_dit, training_class
     from runtime.parallel.parallelize import ParallelPlan
     from runtime.parallel.state import init_parallel_state, set_parallel_state
     from runtime.train.job import site_plan
@@ -125,15 +132,47 @@ def check_worker(rank: int, world_size: int, cases: dict[str, tuple[str, str, bo
             results[name] = (lines[0], "")
         except ConfigError as exc:
             results[name] = ("", str(exc))
+    pixart = _load(pixart_path).PixArtTransformer2DModelForTraining
+    results["branch gap"] = (_branch_gap(pixart, state), _branch_gap(training_class("pixart_sigma"), state))
     set_parallel_state(None)
     return results
+
+
+def _branch_gap(shell: type, state: object) -> float:
+    """The worst error (the self-check's ``compare``) of PixArt-Sigma's tiny case run through upstream's own
+    checkpointing branch under SP (no ``parallelize``: nothing refuses it; partial gradients summed over the group)
+    against one process."""
+    import torch
+    import torch.distributed as dist
+
+    from runtime.parallel.state import ParallelState, parallel_state
+    from runtime.train.self_check import compare, tolerance
+    from tests.dit.cases import CASES, inputs, loss_and_grads
+
+    case = CASES["pixart_sigma"]
+
+    def run() -> tuple:
+        torch.manual_seed(0)
+        model = shell(shell.config_class(**case.config))
+        model.gradient_checkpointing_enable()
+        model.train()
+        _, loss, grads = loss_and_grads(model, inputs(case))
+        return loss, {name: grad for name, grad in grads.items() if grad is not None}
+
+    with parallel_state(ParallelState()):
+        reference = run()
+    loss, grads = run()
+    for grad in grads.values():
+        dist.all_reduce(grad, group=state.sp_group)
+    comparison = compare("upstream's branch under SP", loss, grads, *reference, tolerance(torch.float32))
+    return max(comparison.loss_error, *comparison.errors.values())
 
 
 @pytest.fixture(scope="module")
 def checked(planted: dict[str, Path]) -> list[dict[str, tuple[str, str]]]:
     """Every rank's results of every case (one group of processes for all)."""
     cases = {name: (str(planted[copy]), *rest) for name, (copy, *rest) in CASES.items()}
-    return run_distributed(check_worker, 2, cases, timeout=300)
+    return run_distributed(check_worker, 2, cases, str(planted["pixart"]), timeout=300)
 
 
 @pytest.mark.dist
@@ -180,3 +219,18 @@ def test_upstreams_checkpointing_branch_under_sp_is_refused(checked: list) -> No
         "checkpointing branch calls the blocks with upstream's arguments"
     ), results[0][1]
     assert "parallel.activation_checkpointing: true" in results[0][1]
+
+
+@pytest.mark.dist
+def test_the_branch_without_the_split_trains_wrong_numbers(checked: list) -> None:
+    """Why the refusal: a PixArt-Sigma copy without the same patch, run directly under SP through upstream's branch
+    (as tests/dit/test_sp.py runs the shipped specs), trains wrong numbers with no error: its blocks get no split,
+    each rank attends to its own tokens (every site passed). The shipped spec's stays inside the self-check's
+    tolerance. (Sana's copy does not get that far: its feed-forward's grid, built from the whole image's rows, does
+    not fit the rank's tokens, a reshape error; the refusal turns either into one line.)"""
+    import torch
+
+    from runtime.train.self_check import tolerance
+
+    planted, shipped_gap = checked[0]["branch gap"]
+    assert planted > 100 * tolerance(torch.float32) and shipped_gap < tolerance(torch.float32), (planted, shipped_gap)
