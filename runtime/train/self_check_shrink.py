@@ -96,7 +96,10 @@ def is_window(name: str) -> bool:
 
 
 # words of integer keys that count or group things (layers, experts, groups, steps) rather than positions
-_NOT_THRESHOLD_WORDS = ("layer", "group", "expert", "step", "freq", "replace", "top", "seed", "vocab", "head", "dim")
+# ("size" inside a name: Llama 4's intermediate_size_mlp; a chunk length is a threshold whatever its name says)
+_NOT_THRESHOLD_WORDS = (
+    "layer", "group", "expert", "step", "freq", "replace", "top", "seed", "vocab", "head", "dim", "size"
+)
 _READ = re.compile(r"\bconfig\.(\w+)|getattr\(\s*[\w.]*config\s*,\s*[\"'](\w+)[\"']")
 
 

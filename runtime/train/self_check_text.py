@@ -96,9 +96,13 @@ def proof_rows(
     every special token id). A vision-language or omni row is laid out as its data path lays out a text-only
     sample: M-RoPE position ids ``(4, 1, L)`` (every channel the text positions) and text token types; with
     ``model`` (a vision-language model), even replicas' rows end with an image sample (``self_check_vision.py``)."""
-    ids = [v for k, v in config.to_dict().items() if is_token_id(k) and isinstance(v, int) and v > 1]
-    limit = min([config.get_text_config().vocab_size, *ids])
-    rows = [random_packed_batch(tuple(n + d for n in DOCUMENTS), limit, seed=SEED + d) for d in range(replicas)]
+    table = text_tokens(config)
+    rows = []
+    for d in range(replicas):
+        row = random_packed_batch(tuple(n + d for n in DOCUMENTS), len(table) + 1, seed=SEED + d)
+        row["input_ids"] = table[row["input_ids"] - 1]  # draws 1..len(table), as the row's labels
+        row["labels"] = torch.where(row["labels"] < 0, row["labels"], row["input_ids"])
+        rows.append(row)
     if multimodal:
         for row in rows:
             row["position_ids"] = row["position_ids"][None].expand(4, -1, -1).clone()
@@ -106,6 +110,24 @@ def proof_rows(
     if model is not None:
         rows = [with_image(row, config, model, SEED + d) if d % 2 == 0 else row for d, row in enumerate(rows)]
     return rows
+
+
+# A special token id below this sits at the bottom of the vocabulary (bos 1, eos 2, pad 0: Mistral, Gemma2), one at
+# or above it at its top, above the text tokens (a vision-language model's image and video tokens)
+LOW_SPECIAL = 32
+
+
+def text_tokens(config: Any) -> torch.Tensor:
+    """The ids a proof row draws its text tokens from: every id of the vocabulary but 0, the special token ids at
+    its bottom and everything from the lowest special id at its top. Drawing only below the lowest special id would
+    leave one token where bos and eos are 1 and 2 (every position the same: attention over equal values is the
+    same whatever keys it sees, so a local site or a wrong position moves nothing and the proof has no power)."""
+    specials = set()
+    for key, value in config.to_dict().items():
+        if is_token_id(key):
+            specials |= {v for v in (value if isinstance(value, list) else [value]) if isinstance(v, int)}
+    top = min([config.get_text_config().vocab_size, *(v for v in specials if v >= LOW_SPECIAL)])
+    return torch.tensor([t for t in range(1, top) if t not in specials])
 
 
 class _Rows:

@@ -1,9 +1,12 @@
 """The real trainer on models the project does not ship, each drafted with no hand edit and generated into a scratch
 package (``tests.engine.drafted``): at sp=2 (Ulysses) every step's loss and gradient norm equal one process's within
-the rounding model (``tests.tolerance``). Dense: olmo2 (q/k norms over all heads), glm4 (partial rotary, extra norms);
-MoE: olmoe (a load-balancing loss, q/k norms), deepseek_v3 (latent attention, grouped routing, a leading dense layer);
+the rounding model (``tests.tolerance``). Dense: olmo2 (q/k norms over all heads), glm4 (partial rotary, extra norms),
+mistral (a sliding window), gemma2 (alternating windows, softcaps, tied embeddings); MoE: olmoe (a load-balancing
+loss, q/k norms), deepseek_v3 (latent attention, grouped routing, a leading dense layer), mixtral, ernie4_5_moe;
 a DiT: ChronoEdit (Wan's forward inputs, so draft gave it Wan's condition model; a tiny Wan pipeline around the
-drafted tiny transformer, real MP4 clips). All five train in one spawned pair of ranks."""
+drafted tiny transformer, real MP4 clips). Every run passes the start-up self-check at sp=2 with its planted defects
+detected (mistral, gemma2, mixtral and ernie4_5_moe, whose bos and eos ids are 1 and 2, once drew every proof token
+as id 1: no planted defect could show). All nine train in one spawned pair of ranks."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from tests.engine.drafted import DraftedModel, drafted_installed, generate_draft
 from tests.train.common import assert_steps_match, run_config, witness_config
 from tests.train.dit_common import WAN_BUCKETS, train_in_process
 
-LMS = ["olmo2", "glm4", "olmoe", "deepseek_v3"]
+LMS = ["olmo2", "glm4", "mistral", "gemma2", "olmoe", "deepseek_v3", "mixtral", "ernie4_5_moe"]
 DITS = ["ChronoEditTransformer3DModel"]
 STEPS = 3
 

@@ -226,3 +226,17 @@ def test_a_sequence_mixer_that_is_not_attention_is_proven_under_sp(tmp_path: Pat
         "model.layers.0.linear_attn (Qwen3NextGatedDeltaNet) ran under parallel.sp = 2 without "
         "passing through a patched attention site"
     ), error
+
+
+def test_proof_tokens_avoid_special_ids_without_collapsing_to_one() -> None:
+    """The proof's text tokens: not the special ids at the bottom of a vocabulary (Mistral's bos 1 and eos 2, which
+    once left the single id 1 to draw from: every position equal, no planted defect could move anything), and
+    nothing from the lowest special id at its top (a vision-language model's image token)."""
+    import transformers
+
+    from runtime.train.self_check_text import text_tokens
+
+    mistral = text_tokens(transformers.MistralConfig(vocab_size=64))
+    assert mistral.tolist() == list(range(3, 64))
+    vlm = transformers.Qwen2Config(vocab_size=512, bos_token_id=1, eos_token_id=[2, 7], image_token_id=300)
+    assert text_tokens(vlm).tolist() == [t for t in range(3, 300) if t != 7]
