@@ -83,13 +83,16 @@ def _loss_and_backward(
     replicas: int,
     device: torch.device,
     scale: float = 1.0,
+    backward: bool = True,
 ) -> torch.Tensor:
-    """This replica's share of the global mean squared error, backpropagated (``scale``: the planted doubled share)."""
+    """This replica's share of the global mean squared error, backpropagated (``scale``: the planted doubled share;
+    ``backward=False``: the share alone)."""
     with warnings.catch_warnings():  # FSDP2 warns that unpatchify's view is returned: no in-place op follows
         warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
         prediction = model(**to_device(inputs, device))[0]
     loss = (prediction.float() - target.to(device)).pow(2).mean() / replicas * scale
-    loss.backward()
+    if backward:
+        loss.backward()
     return loss.detach()
 
 
@@ -154,17 +157,18 @@ def prove_dit(
         model.train()
         dtype = compute_dtype(plan.mixed_precision, state.device_type)
 
-        def step(doubled: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        def step(backward: bool = True, doubled: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             model.zero_grad(set_to_none=True)
             scale = 2.0 if doubled and state.dp_rank == state.dp_size - 1 else 1.0
             inputs, target = batches[state.dp_rank], targets[state.dp_rank]
-            share = _loss_and_backward(model, inputs, target, state.dp_size, device, scale)
-            return all_reduce_sum(share, state.dp_group), gradients(model)  # SP ranks hold the same share
+            share = _loss_and_backward(model, inputs, target, state.dp_size, device, scale, backward)
+            grads = gradients(model) if backward else {}
+            return all_reduce_sum(share, state.dp_group), grads  # SP ranks hold the same share
 
         layout = layout_text(state, plan.mixed_precision, dtype, plan.activation_checkpointing)
         comparisons.append(compare(f"{layout} vs one process", *step(), ref_loss, ref_grads, tolerance(dtype)))
         for defect in dit_defects(state, model):
-            planted.append(planted_run(defect, model, step, ref_loss, ref_grads, tolerance(dtype)))
+            planted.append(planted_run(defect, model, step, ref_loss, ref_grads, tolerance(dtype), state.loss_group))
             advisory.update({defect.name: defect.advisory} if defect.advisory else {})
         if state.dp_size > 1:
             planted.append(compare(DOUBLED_SHARE, *step(doubled=True), ref_loss, ref_grads, tolerance(dtype)))

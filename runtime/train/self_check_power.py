@@ -40,7 +40,7 @@ from transformers.modeling_utils import AttentionInterface
 
 from runtime.parallel.sites import mark_site
 from runtime.parallel.state import ParallelState, parallel_state
-from runtime.train.self_check import Comparison, compare
+from runtime.train.self_check import Comparison, agree, compare, relative
 
 __all__ = [
     "DOUBLED_SHARE",
@@ -223,16 +223,26 @@ def _doubled_share(state: ParallelState) -> Callable[[torch.nn.Module], Abstract
 def planted_run(
     defect: Defect,
     model: torch.nn.Module,
-    step: Callable[[], tuple[torch.Tensor, dict[str, torch.Tensor]]],
+    step: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]],
     ref_loss: torch.Tensor,
     ref_grads: dict[str, torch.Tensor],
     tol: float,
+    group: Any = None,
 ) -> Comparison:
-    """``step`` run with ``defect`` planted, against the reference. A run-time layout check that refuses the
-    defective run (``ValueError``, e.g. the DiT's replicated segment no longer equal on every rank) detected it: an
-    error of infinity on every parameter (those checks agree over the group, so every rank raises alike)."""
+    """``step`` run with ``defect`` planted, against the reference. First its forward alone (``step(backward=False)``
+    under ``torch.no_grad``): a loss outside the tolerance on any rank of ``group`` has detected the defect, with no
+    backward and no gradients gathered (most plants move the loss by far more); else the whole step, every gradient
+    compared, as a defect may show in gradients only. A run-time layout check that refuses the defective run
+    (``ValueError``, e.g. the DiT's replicated segment no longer equal on every rank) detected it: an error of
+    infinity on every parameter (those checks agree over the group, so every rank raises alike)."""
     try:
         with defect.plant(model):
+            with torch.no_grad():
+                loss, _ = step(backward=False)
+            seen = Comparison(defect.name, relative(loss, ref_loss), {}, tol)
+            [seen] = agree([seen], group)  # every rank takes the same branch: the whole step has collectives
+            if seen.failure() is not None:
+                return Comparison(defect.name, seen.loss_error, dict.fromkeys(ref_grads, 0.0), tol)
             return compare(defect.name, *step(), ref_loss, ref_grads, tol)
     except ValueError:
         refused = dict.fromkeys(ref_grads, math.inf)

@@ -236,17 +236,17 @@ def prove_text(
         model.train()
         step_config = dataclasses.replace(config, train=dataclasses.replace(config.train, micro_batches=1))
 
-        def step() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        def step(backward: bool = True) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
             model.zero_grad(set_to_none=True)
-            work = text_forward_backward(model, _Rows(rows[state.dp_rank]), state, step_config)
-            return work.loss, gradients(model)
+            work = text_forward_backward(model, _Rows(rows[state.dp_rank]), state, step_config, backward=backward)
+            return work.loss, gradients(model) if backward else {}
 
         layout = layout_text(state, plan.mixed_precision, dtype, plan.activation_checkpointing)
         comparisons.append(compare(f"{layout} vs one process", *step(), ref_loss, ref_grads, tolerance(dtype)))
         defects = text_defects(state, model) + handled
         advisory.update({d.name: d.advisory for d in defects if d.advisory})
         for defect in defects:
-            planted.append(planted_run(defect, model, step, ref_loss, ref_grads, tolerance(dtype)))
+            planted.append(planted_run(defect, model, step, ref_loss, ref_grads, tolerance(dtype), state.loss_group))
     summary = _summary(shrunk) + (f", thresholds inside its rows: {', '.join(crossed)}" if crossed else "")
     summary += f", softcaps set to bind: {', '.join(softcaps)}" if softcaps else ""
     return Proof(summary, comparisons, planted, advisory, plan.mixer_classes)

@@ -65,9 +65,15 @@ def needs_documents(config: RunConfig) -> bool:
 
 
 def text_forward_backward(
-    model, loader, state: ParallelState, config: RunConfig, names: Sequence[str] | None = None
+    model,
+    loader,
+    state: ParallelState,
+    config: RunConfig,
+    names: Sequence[str] | None = None,
+    backward: bool = True,
 ) -> StepWork:
-    """Packed rows: every rank's loss is its share of the global token-weighted mean (see the module docstring)."""
+    """Packed rows: every rank's loss is its share of the global token-weighted mean (see the module docstring).
+    ``backward=False``: the loss alone (the self-check's first look at a planted defect, under ``torch.no_grad``)."""
     position = loader.state_dict()
     rows = [next(loader) for _ in range(config.train.micro_batches)]
     micro_losses = []
@@ -90,7 +96,8 @@ def text_forward_backward(
             loss_chunk_size=config.train.loss_chunk_size,
             **moe_kwargs,
         )
-        out.loss.backward()
+        if backward:
+            out.loss.backward()
         # MoE: the load-balancing term is the global value on every rank (not a share); report it once.
         row_aux = getattr(out, "aux_loss", None)
         row_aux = torch.zeros((), device=device) if row_aux is None else aux_coef * row_aux.detach()
