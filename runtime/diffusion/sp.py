@@ -51,6 +51,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
+from runtime.diffusion.sp_block_inputs import watch_block_inputs
 from runtime.diffusion.sp_layout import AttentionLayout, check_layout
 from runtime.parallel.collectives import gather_along_dim, gather_heads_scatter_seq, slice_for_rank, unpad
 from runtime.parallel.sites import mark_site
@@ -166,6 +167,7 @@ def token_shard(
     if not state.sp_enabled:
         return None
     _check_processors(model, processors, replicated_modules, site)
+    watch_block_inputs(model, site)  # a per-token tensor left whole: one line, not a broadcast crash
     size = state.sp_size
     if rows is not None and rows % size:
         raise ValueError(

@@ -1,0 +1,1 @@
+# Package of generated modeling files; written by `patchgen regen`.
