@@ -2,7 +2,7 @@
 # Made by patchgen 0.1.0 from specs/gpt_oss.toml; to change it, edit the spec or a
 # template and run `patchgen regen gpt_oss`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/gpt_oss/modeling_gpt_oss.py sha256=6748d3ee97cf428cc370d7a4f02e0dc87d2847a3ae063b556c385999e96808ce
-# spec: specs/gpt_oss.toml sha256=5cdf417f55f1d1c9bedcf8fb9d86c918383e626a5b5edbb6c4b842ebc5fbd0f7
+# spec: specs/gpt_oss.toml sha256=877e18136a8450309ce3e2bb9d6b83a4347bca2aa64b0d162eefa7c434bd96cc
 # templates: sha256=caaa7533f8295a400bd861773c25c296ef713e40e57b2d7dcd047c3a68a1983f
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=d3731e30f529aee97bc2b3890f8421ca7d21a7beb861802406a771887fdba46c

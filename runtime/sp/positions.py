@@ -6,7 +6,9 @@ ids stay global (the collator never slices them) and each rank keeps its own sli
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,22 +72,52 @@ def _ring_mask(make_mask: Callable[..., Any], config: Any, documents: bool = Tru
     return RingMask(window, documents, chunk)
 
 
+_DOCUMENTS: ContextVar[bool] = ContextVar("documents_from_position_ids", default=False)
+
+
+@contextmanager
+def documents_from_position_ids() -> Iterator[None]:
+    """Within it, the forward's position ids reach the mask builders of a model that calls them without (gpt_oss,
+    whose spec hands them to ``full_sequence_mask``), so transformers finds the packed documents of a row from
+    them (a row of one document: the mask upstream builds). Outside it the mask stays upstream's, which lets packed
+    documents attend to each other: the trainer enters it for a record stating ``[model.data] packed_documents =
+    "position_ids"`` (``runtime.train.text_step``)."""
+    token = _DOCUMENTS.set(True)
+    try:
+        yield
+    finally:
+        _DOCUMENTS.reset(token)
+
+
+def _given_positions(make_mask: Callable[..., Any], position_ids: torch.Tensor) -> Callable[..., Any]:
+    def make_document_mask(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("position_ids") is None:
+            kwargs["position_ids"] = position_ids
+        return make_mask(*args, **kwargs)
+
+    return make_document_mask
+
+
 def full_sequence_mask(make_mask: Callable[..., Any], position_ids: torch.Tensor | None = None) -> Callable[..., Any]:
     """Build the attention mask for the full (gathered) sequence that Ulysses attention sees.
 
     Mask builders only read the shape, dtype and device of `inputs_embeds`, so a zero-copy expanded view of
     the local embeddings stands in for the full sequence. ``position_ids``: the forward's, for a model that calls
-    its mask builders without them (gpt_oss): they give the global length only, the mask stays upstream's (no
-    document boundaries from the ids, under a ring too).
+    its mask builders without them (gpt_oss): outside ``documents_from_position_ids`` they give the global length
+    only and the mask stays upstream's (no document boundaries, under a ring too); inside it they reach the
+    builders (or the ring's mask) as documents, with SP off too.
     """
     state = get_parallel_state()
+    given = position_ids is not None and _DOCUMENTS.get()
     if not state.sp_enabled:
-        return make_mask
+        return _given_positions(make_mask, position_ids) if given else make_mask
     outside = position_ids
 
     def make_full_mask(*args: Any, **kwargs: Any) -> Any:
         embeds = kwargs["inputs_embeds"]
         full = embeds.shape[1] * state.sp_size
+        if given and kwargs.get("position_ids") is None:
+            kwargs["position_ids"] = outside
         documents = kwargs.get("position_ids") is not None
         position_ids = kwargs.get("position_ids") if documents else outside
         if position_ids is None or position_ids.shape[-1] != full:

@@ -31,7 +31,7 @@ from runtime.data.sp_batch import packed_attention_kwargs, shard_for_sp
 from runtime.models.registry import lookup
 from runtime.parallel.state import ParallelState
 from runtime.train.config import RunConfig
-from runtime.train.text_step import needs_documents
+from runtime.train.text_step import document_masks, needs_documents
 
 __all__ = ["TextEvaluator", "build_eval_loader", "eval_due", "read_eval_samples"]
 
@@ -138,12 +138,13 @@ class TextEvaluator:
                 if self.varlen:
                     batch.update(packed_attention_kwargs(batch["position_ids"]))
                 batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-                out = model(
-                    **batch,
-                    num_items_in_batch=tokens,
-                    loss_chunk_size=self.config.train.loss_chunk_size,
-                    **moe_kwargs,
-                )
+                with document_masks(self.config):  # a model whose mask keeps documents apart only when told
+                    out = model(
+                        **batch,
+                        num_items_in_batch=tokens,
+                        loss_chunk_size=self.config.train.loss_chunk_size,
+                        **moe_kwargs,
+                    )
                 aux = getattr(out, "aux_loss", None)
                 share = out.loss.detach().double()
                 if aux is not None and self.aux_coef:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -21,11 +22,26 @@ import torch
 from runtime.data.sp_batch import packed_attention_kwargs, shard_for_sp
 from runtime.models.registry import lookup
 from runtime.parallel.state import ParallelState
+from runtime.sp.positions import documents_from_position_ids
 from runtime.train.config import RunConfig
 from runtime.train.job import StepWork, all_reduce_sum, to_device, train_device
 from runtime.train.metrics import step_flops
 
-__all__ = ["IGNORE_INDEX", "describe_rows", "needs_documents", "sample_names", "target_count", "text_forward_backward"]
+__all__ = [
+    "IGNORE_INDEX",
+    "describe_rows",
+    "document_masks",
+    "needs_documents",
+    "sample_names",
+    "states_documents",
+    "target_count",
+    "text_forward_backward",
+]
+
+# How a record states that the trainer must hand its model a packed row's documents: ``cu_seq_lens`` (the
+# boundaries as flash's varlen kwargs, read by a recurrence), ``position_ids`` (the row's restarting position ids
+# handed to mask builders that upstream's forward calls without them: gpt_oss).
+BOUNDARIES = ("cu_seq_lens", "position_ids")
 
 IGNORE_INDEX = -100
 
@@ -64,6 +80,19 @@ def needs_documents(config: RunConfig) -> bool:
     return lookup(config.model.type).data.get("packed_documents") == "cu_seq_lens"
 
 
+def states_documents(config: RunConfig) -> bool:
+    """Whether the model's record states a way the trainer hands it a packed row's documents (``BOUNDARIES``)."""
+    return lookup(config.model.type).data.get("packed_documents") in BOUNDARIES
+
+
+def document_masks(config: RunConfig) -> AbstractContextManager[None]:
+    """Where a forward's packed documents must be kept apart by the mask its model builds: for a record stating
+    ``packed_documents = "position_ids"`` (upstream's mask lets them attend to each other) the context in which the
+    row's position ids reach the mask builders, else nothing."""
+    stated = lookup(config.model.type).data.get("packed_documents") == "position_ids"
+    return documents_from_position_ids() if stated else nullcontext()
+
+
 def text_forward_backward(
     model,
     loader,
@@ -90,12 +119,13 @@ def text_forward_backward(
         batch = shard_for_sp(row, state)
         if varlen:  # the packed segments, computed here rather than by a device sync inside the forward
             batch.update(packed_attention_kwargs(batch["position_ids"]))  # multimodal: (4, bs, L), text row first
-        out = model(
-            **to_device(batch, device),
-            num_items_in_batch=tokens,
-            loss_chunk_size=config.train.loss_chunk_size,
-            **moe_kwargs,
-        )
+        with document_masks(config):
+            out = model(
+                **to_device(batch, device),
+                num_items_in_batch=tokens,
+                loss_chunk_size=config.train.loss_chunk_size,
+                **moe_kwargs,
+            )
         if backward:
             out.loss.backward()
         # MoE: the load-balancing term is the global value on every rank (not a share); report it once.
