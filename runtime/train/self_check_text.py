@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import inspect
 import sys
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -48,7 +49,13 @@ from runtime.train.self_check_shrink import (
     shrink_values,
 )
 from runtime.train.self_check_vision import concatenated, with_image
-from runtime.train.text_step import needs_documents, target_count, text_forward_backward
+from runtime.train.text_step import (
+    document_masks,
+    needs_documents,
+    states_documents,
+    target_count,
+    text_forward_backward,
+)
 
 __all__ = ["DOCUMENTS", "prove_text", "proof_rows", "shrunk_text_config"]
 
@@ -195,8 +202,10 @@ def prove_text(
     def run(model: torch.nn.Module, documents: bool = False) -> torch.Tensor:
         losses = []
         for batch in batches:
-            bounds = to_device(packed_attention_kwargs(batch["position_ids"]), device) if documents else {}
-            out = model(**batch, **bounds, num_items_in_batch=count, **moe_kwargs)
+            varlen = documents and needs_documents(config)  # else the documents reach the mask builders
+            bounds = to_device(packed_attention_kwargs(batch["position_ids"]), device) if varlen else {}
+            with document_masks(config) if documents else nullcontext():
+                out = model(**batch, **bounds, num_items_in_batch=count, **moe_kwargs)
             out.loss.backward()
             losses.append(out.loss.detach())
         return torch.stack(losses).sum()
@@ -225,7 +234,7 @@ def prove_text(
                 with defect.plant(reference):
                     loss = run(reference)
                 planted.append(compare(defect.name, loss, gradients(reference), up_loss, up_grads, fp32))
-        if needs_documents(config) and state.world_size > 1:  # the layout's step passes the rows' boundaries
+        if states_documents(config) and state.world_size > 1:  # the layout's step passes the rows' documents
             reference.zero_grad(set_to_none=True)
             ref_loss = run(reference, documents=True)
             ref_grads = gradients(reference)
