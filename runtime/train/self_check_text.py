@@ -40,7 +40,13 @@ from runtime.parallel.state import ParallelState, parallel_state
 from runtime.train.config import RunConfig
 from runtime.train.job import parallel_plan, to_device, train_device
 from runtime.train.self_check import Comparison, Proof, compare, gradients, layout_text, tolerance
-from runtime.train.self_check_power import binding_softcaps, handled_defects, planted_run, text_defects
+from runtime.train.self_check_power import (
+    binding_softcaps,
+    handled_defects,
+    long_memory,
+    planted_run,
+    text_defects,
+)
 from runtime.train.self_check_shrink import (
     ShrinkLayout,
     config_reads,
@@ -183,6 +189,7 @@ def prove_text(
     if softcaps:  # the same weights, built with the caps that bind (a module may copy its cap in __init__)
         torch.manual_seed(SEED)
         model = model_class(shrunk)
+    memory = long_memory(model)  # before the copies: every side runs the same weights
     initial = copy.deepcopy(model.state_dict())
     reference = copy.deepcopy(model)
     plan = parallel_plan(config)
@@ -258,4 +265,5 @@ def prove_text(
             planted.append(planted_run(defect, model, step, ref_loss, ref_grads, tolerance(dtype), state.loss_group))
     summary = _summary(shrunk) + (f", thresholds inside its rows: {', '.join(crossed)}" if crossed else "")
     summary += f", softcaps set to bind: {', '.join(softcaps)}" if softcaps else ""
+    summary += f", recurrences set to remember: {', '.join(memory)}" if memory else ""
     return Proof(summary, comparisons, planted, advisory, plan.mixer_classes)
