@@ -107,13 +107,18 @@ def _is_slow(item: pytest.Item) -> bool:
 # fixtures, e.g. one spawned world for all its cases, are built once). Files are handed out in collection order, so
 # the longest go first, longest to shortest (a long file started last would leave the other core idle at the end):
 # the files over 30 s on two workers, measured 2026-12-07 on an idle machine (167 s down to 33 s; the engine's
-# upgrade files after one parse per upstream text); the rest keep their order.
+# upgrade files after one parse per upstream text), and the files added since that take 40-80 s alone (the drafted
+# models' trainer, the self-check's power, per-frame timesteps: late in collection order, each would run last); the
+# rest keep their order.
 LONGEST_FIRST = (
     "tests/gpu_readiness/test_compile.py",
     "tests/train/test_dit_models.py",
     "tests/engine/test_verify.py",
+    "tests/train/test_drafted_trainer.py",
     "tests/rl/test_algorithms.py",
     "tests/train/test_cli.py",
+    "tests/train/test_self_check_power.py",
+    "tests/dit/test_per_frame_timesteps.py",
     "tests/parity/test_moe_parallel.py",
     "tests/rl/test_job_dist.py",
     "tests/engine/test_upgrade_report.py",

@@ -79,6 +79,10 @@ def recognise(target: Target, upstream: UpstreamFile) -> Recognised:
     _rope(mod, model, out, sp_missing)
     _attention(mod, sorted(reachable), pretrained, out, sp_missing)
     _loss_head(mod, lm, out, sp_missing)
+    if out.facts.get("masks_without_positions") and not sp_missing:
+        # upstream's mask then lets a packed row's documents attend to each other: the trainer hands it the row's
+        # position ids (runtime.sp.positions.documents_from_position_ids) when the record says so
+        out.data["packed_documents"] = "position_ids"
     if sp_missing:  # all SP patches or none: a half-patched model would train wrong numbers
         out.patches = []
         out.unsupported["sp"] = "; ".join(sp_missing)[:300]
@@ -114,6 +118,7 @@ def _masks(mod: Module, model: str, out: Recognised, missing: list[str]) -> None
         if not _passes_position_ids(forward, kwargs):
             found.vars["position_ids"] = "position_ids"
             found.why = "Ulysses attention sees the whole sequence; the mask builders are called without position ids"
+            out.facts["masks_without_positions"] = True
         if any(p.template == found.template and p.vars == found.vars for p in out.patches):
             found.why = "same for sliding-window layers" if "sliding" in anchor else found.why
         found.note = f"mask builder `{anchor}` at {mod.where(node)}"

@@ -28,6 +28,13 @@ from tests.dit.cases import loss_and_grads
 from tests.dit.test_sp import _compare
 from tests.train.test_planted_defects import _load, _project, shipped
 
+ROOT = Path(__file__).resolve().parents[2]
+# A spec-driven suite: it runs where the tree holds the spec. `patchgen upgrade --verify` tests other models in a
+# scratch tree without it, where generated/skyreels_v2_dit was made for the pinned release, not the one under review.
+pytestmark = pytest.mark.skipif(
+    not (ROOT / "specs" / "skyreels_v2.toml").is_file(), reason="specs/skyreels_v2.toml is not in this tree"
+)
+
 # Wan's tiny transformer (specs/wan.toml): head_dim 12 splits into RoPE t/h/w = 4/4/4, 4 heads divide sp=2 and 4
 CONFIG = {
     "patch_size": (1, 2, 2), "num_attention_heads": 4, "attention_head_dim": 12, "in_channels": 4,
