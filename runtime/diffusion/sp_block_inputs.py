@@ -45,16 +45,20 @@ def _pre_hook(module: nn.Module, args: tuple, kwargs: dict, name: str, site: str
     check_block_inputs(module, args, kwargs, name, site)
 
 
-def _carried_shard(values: list[Any]) -> Any:
-    from runtime.diffusion.sp import ShardedRotary, TokenShard
+def _split_of(item: Any) -> Any:
+    """The token split ``item`` carries: a ``TokenShard`` (its ``tokens``, ``pad`` and ``local``) or the sharded
+    RoPE holding one (its ``shard``); None for anything else. Read by its fields, not its class: runtime.diffusion.sp
+    imports this module to hook the blocks."""
+    shard = getattr(item, "shard", item)
+    return shard if all(hasattr(shard, field) for field in ("tokens", "pad", "local")) else None
 
+
+def _carried_shard(values: list[Any]) -> Any:
     for value in values:
         inner = list(value.values()) if isinstance(value, dict) else [value]
         for item in inner:
-            if isinstance(item, ShardedRotary):
-                return item.shard
-            if isinstance(item, TokenShard):
-                return item
+            if (shard := _split_of(item)) is not None:
+                return shard
     return None
 
 
