@@ -11,7 +11,8 @@ from typing import Any
 
 from patchgen.config import ProjectConfig
 from patchgen.cst.prune import parsed, reachable_definitions
-from patchgen.draft.lm import Recognised, _moe
+from patchgen.draft.lm import Recognised
+from patchgen.draft.lm_moe import moe
 from patchgen.draft.loading import load_drafted
 from patchgen.draft.names import Target
 from patchgen.draft.render import _patch, _table, value
@@ -74,7 +75,7 @@ def _found(target: Target, cls: str, upstream) -> Recognised:
     # the text model is built through AutoModel.from_config(config.text_config): the one class that holds `layers`
     text_models = [c for c in mod.classes if any(a == "layers" for a, _ in mod.built(c))]
     if pretrained is not None and len(text_models) == 1:
-        _moe(mod, cls, text_models[0], pretrained, found)
+        moe(mod, cls, text_models[0], pretrained, found)
     return found
 
 

@@ -13,8 +13,25 @@ import libcst as cst
 
 from patchgen.cst.locate import code_of
 from patchgen.cst.prune import parsed, reachable_definitions
+from patchgen.draft.lm_init import INIT_WHY, parameterless_inits
+from patchgen.draft.lm_mixers import (
+    LOCAL_MASK_BUILDERS,
+    WHY_CONV,
+    WHY_HEADS,
+    linear_attention,
+    mask_layer_types,
+    repeats_heads,
+)
+from patchgen.draft.lm_positions import (
+    WHY_GLOBAL,
+    WHY_PASS,
+    local_arange,
+    other_models,
+    rope_form,
+    unpassed_position_ids,
+)
 from patchgen.draft.names import Target
-from patchgen.draft.structure import Module, dotted, nodes, parents, walk
+from patchgen.draft.structure import Module, dotted, nodes, parents
 from patchgen.upstream import UpstreamFile
 
 # the builders runtime.sp.positions.full_sequence_mask serves (same call signature, a mask over the whole sequence)
@@ -77,8 +94,15 @@ def recognise(target: Target, upstream: UpstreamFile) -> Recognised:
     sp_missing: list[str] = []
     _masks(mod, model, out, sp_missing)
     _rope(mod, model, out, sp_missing)
-    _attention(mod, sorted(reachable), pretrained, out, sp_missing)
+    sites = _attention(mod, sorted(reachable), pretrained, out, sp_missing, other_models(mod, lm, pretrained))
     _loss_head(mod, lm, out, sp_missing)
+    if out.facts.get("linear_mixer"):  # the layer-type names of its layers, for the tiny config
+        out.facts["layer_types"] = mask_layer_types(mod, model)
+    for layer, anchor, where in unpassed_position_ids(mod, model, sites):
+        note = f"{layer}.forward takes position_ids but calls `{anchor}` without them at {where}"
+        out.patches.append(Found("sp/attention_position_ids", f"{layer}.forward", WHY_PASS, note, anchor=anchor))
+    if out.facts.get("masks_without_positions") and out.data.get("packed_documents"):
+        sp_missing.append("mask builders without position ids beside a mixer that reads packed boundaries")
     if out.facts.get("masks_without_positions") and not sp_missing:
         # upstream's mask then lets a packed row's documents attend to each other: the trainer hands it the row's
         # position ids (runtime.sp.positions.documents_from_position_ids) when the record says so
@@ -86,7 +110,13 @@ def recognise(target: Target, upstream: UpstreamFile) -> Recognised:
     if sp_missing:  # all SP patches or none: a half-patched model would train wrong numbers
         out.patches = []
         out.unsupported["sp"] = "; ".join(sp_missing)[:300]
-    _moe(mod, lm, model, pretrained, out)
+    from patchgen.draft.lm_moe import moe  # it builds on this module's Found
+
+    moe(mod, lm, model, pretrained, out)
+    for cls, where in parameterless_inits(mod, pretrained):
+        note = f"{pretrained}._init_weights initialises {cls}, which holds no parameter of its own, at {where}"
+        at = next((i for i, p in enumerate(out.patches) if p.template == "moe/ep_plan"), len(out.patches))
+        out.patches.insert(at, Found("core/native_weight_init", pretrained, INIT_WHY.format(cls=cls), note))
     return out
 
 
@@ -98,6 +128,8 @@ def _masks(mod: Module, model: str, out: Recognised, missing: list[str]) -> None
     kwargs = _dict_keys(forward)
     for name in names:
         if id(name) in done:
+            continue
+        if name.value in LOCAL_MASK_BUILDERS:  # a per-token padding mask of the layer's own tokens
             continue
         if name.value not in MASK_BUILDERS:
             missing.append(f"mask builder {name.value} at {mod.where(name)} is not one full_sequence_mask serves")
@@ -166,21 +198,27 @@ def _rope(mod: Module, model: str, out: Recognised, missing: list[str]) -> None:
             missing.append(f"RoPE call `{text}` occurs {texts.count(text)} times in {model}.forward")
             continue
         note = f"RoPE (cos, sin) computed once in the model forward: `{text}` at {mod.where(call)}"
-        out.patches.append(Found("sp/rope_slice", f"{model}.forward", WHY["rope"], note, anchor=text))
+        found = Found("sp/rope_slice", f"{model}.forward", WHY["rope"], note, anchor=text)
+        form = rope_form(mod, model)
+        if form is not None:  # one tensor (complex frequencies), not a (cos, sin) pair
+            found.vars["form"] = form[0]
+            found.note = note.replace("(cos, sin)", "(one tensor)") + f"; {form[1]}"
+        out.patches.append(found)
     if not calls:
         missing.append(f"no RoPE call (self.rotary_emb(...)) in {model}.forward: positions not recognised")
 
 
-def _attention(mod: Module, reachable: list[str], pretrained: str, out: Recognised, missing: list[str]) -> None:
+def _attention(
+    mod: Module, reachable: list[str], pretrained: str, out: Recognised, missing: list[str], others: dict[str, str]
+) -> set[str]:
+    """The attention sites (classes) patched; `others`: classes only another model of the module builds."""
     eager = mod.class_attr(pretrained, "_supports_sdpa") == "False"
-    sites = 0
+    sites: set[str] = set()
     for cls in reachable:
-        if cls not in mod.classes:
+        if cls not in mod.classes or cls in others:  # e.g. a VLM's vision attention, named by _init_weights only
             continue
         if OTHER_MIXERS.search(cls):
-            missing.append(
-                f"sequence mixer {cls} ({mod.where(mod.classes[cls])}) is not attention; no SP kind splits it"
-            )
+            _linear_mixer(mod, cls, out, missing)
             continue
         forward = mod.method(cls, "forward")
         uses = nodes(forward, lambda n: isinstance(n, cst.Attribute) and dotted(n) == ATTN_IMPL)
@@ -191,7 +229,7 @@ def _attention(mod: Module, reachable: list[str], pretrained: str, out: Recognis
             if cls.endswith("Attention") and forward is not None:
                 missing.append(f"{cls}.forward ({mod.where(forward)}) attends without transformers' interface")
             continue
-        sites += 1
+        sites.add(cls)
         found = Found("sp/ulysses_attention", f"{cls}.forward", WHY["attention"], "", anchor=ATTN_IMPL)
         found.note = f"attention call through transformers' AttentionInterface ({ATTN_IMPL}) at {mod.where(uses[0])}"
         if eager:
@@ -206,8 +244,27 @@ def _attention(mod: Module, reachable: list[str], pretrained: str, out: Recognis
         if nodes(mod.classes[cls], lambda n: dotted(n) == "self.sinks"):
             out.facts["sinks"] = True
         out.patches.append(found)
+        for anchor, where in local_arange(mod, cls):
+            note = f"positions from the layer's own sequence length `{anchor}` at {where}"
+            out.patches.append(Found("sp/global_token_positions", f"{cls}.forward", WHY_GLOBAL, note, anchor=anchor))
     if not sites:
         missing.append("no attention call through transformers' AttentionInterface")
+    return sites
+
+
+def _linear_mixer(mod: Module, cls: str, out: Recognised, missing: list[str]) -> None:
+    """A gated delta-net the sp/linear_attention kinds split (lm_mixers.py), or the reason it is not one."""
+    found, documents, reason = linear_attention(mod, cls) if "DeltaNet" in cls else ([], None, None)
+    if not found:
+        where = mod.where(mod.classes[cls])
+        missing.append(reason or f"sequence mixer {cls} ({where}) is not attention; no SP kind splits it")
+        return
+    for template, anchor, variables, note in found:
+        why = WHY_CONV if template.endswith("conv") else WHY_HEADS
+        out.patches.append(Found(template, f"{cls}.forward", why, note, anchor=anchor, vars=variables))
+    out.data["packed_documents"] = documents
+    out.facts["linear_mixer"] = cls
+    out.facts["repeats_heads"] = repeats_heads(mod, cls)
 
 
 def _interface_default(forward: cst.FunctionDef | None) -> str | None:
@@ -275,50 +332,3 @@ def _assigns_lm_head(stmt: cst.CSTNode) -> bool:
 
 def _is_labels_if(stmt: cst.CSTNode) -> bool:
     return isinstance(stmt, cst.If) and code_of(stmt.test).strip() == "labels is not None"
-
-
-def _moe(mod: Module, lm: str, model: str, pretrained: str, out: Recognised) -> None:
-    layers = mod.paths(model)
-    layer = next((cls for cls, paths in layers.items() if paths == ["layers"]), None)
-    experts = [cls for cls, paths in layers.items() if any(p.split(".")[-1] == "experts" for p in paths)]
-    if not experts:
-        return
-    out.facts["moe"] = True
-    forward = mod.method(lm, "forward")
-    aux = nodes(forward, lambda n: isinstance(n, cst.Name) and n.value == "load_balancing_loss_func")
-    if len(aux) == 1:
-        note = f"load-balancing loss `load_balancing_loss_func` at {mod.where(aux[0])}"
-        out.patches.append(Found("moe/global_aux_loss", f"{lm}.forward", WHY["aux"], note, anchor=aux[0].value))
-        out.facts["aux_loss"] = True
-    elif aux:
-        out.unsupported["ep"] = (
-            f"load_balancing_loss_func named {len(aux)} times in {lm}.forward ({mod.where(aux[0])})"
-        )
-        return
-    [cls] = experts[:1]
-    stacked = _stacked_params(mod, cls)
-    within = [p for p in mod.paths(layer).get(cls, [])] if layer is not None else []
-    if not stacked or len(within) != 1:
-        where = mod.where(mod.classes[cls])
-        out.unsupported["ep"] = f"experts {cls} ({where}) are not one set of stacked (E, ...) parameters per layer"
-        return
-    params = [f"{within[0]}.{p}" for p in stacked]
-    why = WHY["ep"] if len(stacked) == 2 else WHY["ep"].replace("stacked experts", "stacked experts and their biases")
-    note = f"stacked experts {cls} ({mod.where(mod.classes[cls])}): {', '.join(stacked)}, dim 0 = experts"
-    out.patches.append(Found("moe/ep_plan", pretrained, why, note, vars={"params": params}))
-
-
-def _stacked_params(mod: Module, cls: str) -> list[str]:
-    """`self.p = nn.Parameter(torch.empty(self.num_experts, ...))` of an experts class, in definition order."""
-    names = []
-    for node in walk(mod.method(cls, "__init__") or mod.classes[cls]):
-        if (
-            isinstance(node, cst.Assign)
-            and isinstance(node.value, cst.Call)
-            and dotted(node.value.func) == "nn.Parameter"
-        ):
-            target = dotted(node.targets[0].target) or ""
-            shape = code_of(node.value.args[0].value) if node.value.args else ""
-            if target.startswith("self.") and re.search(r"\(\(?self\.num_experts\b", shape):
-                names.append(target[5:])
-    return names

@@ -25,7 +25,7 @@ class Target:
     """A transformers decoder LM draft can read: its model type, modeling module, causal-LM and config classes."""
 
     model_type: str
-    name: str  # the spec's name: the module folder (model types may hold '-')
+    name: str  # the spec's name: the module folder, or the model type where it names a sub-model of the folder
     module: str
     config_module: str
     causal_lm: str  # the class trained: a *ForCausalLM, or a VLM's *ForConditionalGeneration
@@ -89,15 +89,25 @@ def resolve(argument: str, source: UpstreamSource, pins: dict[str, str]) -> Targ
         )
     folder = special.get(argument, argument.replace("-", "_"))
     base = f"transformers.models.{folder}"
+    name = _spec_name(argument, folder)
     vlm = literal_mapping(source.read(MODELING_AUTO).text, VLM_MAPPING).get(argument)
     if argument not in causal and vlm is not None:  # drafted as a member of a shipped VLM family (family.py)
-        return Target(argument, folder, f"{base}.modeling_{folder}", f"{base}.configuration_{folder}", vlm, "vlm")
+        return Target(argument, name, f"{base}.modeling_{folder}", f"{base}.configuration_{folder}", vlm, "vlm")
     if argument not in causal:
         raise PatchgenError(
             f"draft {argument!r}: transformers has no causal-LM class for it (not in {CAUSAL_LM_MAPPING}); draft "
             f"recognises decoder LMs so far: write a VLM, omni or encoder spec by hand (docs/adding-a-model.md)"
         )
-    return Target(argument, folder, f"{base}.modeling_{folder}", f"{base}.configuration_{folder}", causal[argument])
+    return Target(argument, name, f"{base}.modeling_{folder}", f"{base}.configuration_{folder}", causal[argument])
+
+
+def _spec_name(model_type: str, folder: str) -> str:
+    """The module folder where the model type only spells it otherwise (`xlm-roberta`, `kosmos-2`); the model type
+    where it names one model of a folder that holds several (`llama4_text` of llama4, whose `llama4` is the VLM):
+    two models of one folder must not share a spec."""
+    if model_type.replace("-", "").replace("_", "") == folder.replace("_", ""):
+        return folder
+    return model_type.replace("-", "_")
 
 
 def _dit_name(module: str) -> str:

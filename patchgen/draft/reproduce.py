@@ -52,8 +52,14 @@ NOT_REPRODUCED |= {
     name: _NO_PLAN for name in ("sd3", "hunyuanvideo", "cogvideox", "auraflow", "lumina2", "sana", "pixart_sigma")
 }
 NOT_REPRODUCED["qwen3_next"] = (
-    "its gated delta-net layers: draft states the mixer in [model.unsupported]; the shipped spec splits them with "
-    "the sp/linear_attention kinds, which draft does not recognise yet"
+    "code reproduced (gated delta-net layers split by the sp/linear_attention kinds); hand choice: the shipped tiny "
+    "config has a shared expert 32 wide (draft's rule: 48)"
+)
+NOT_REPRODUCED["llama4_text"] = (
+    "code reproduced; hand choice: the shipped tiny config is set past every threshold of its position-dependent "
+    "attention (chunks of 8, NoPE layer, temperature floor_scale 4, MoE on layer 1 only: no rule reads thresholds "
+    "from upstream) and its ep reason is worded by hand (draft states it from the experts' missing "
+    "use_experts_implementation)"
 )
 NOT_REPRODUCED["ltx_video"] = (
     "the per-token timestep's condition (timestep.ndim > 1 and timestep.shape[1] > 1) is found by hand: diffusers' "

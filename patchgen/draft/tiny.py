@@ -6,7 +6,9 @@ Rule (docs/adding-a-model.md, `patchgen draft`): vocab 97, hidden 64, intermedia
 heads, head_dim 16, 128 positions, untied, no cache; sliding windows of 6 tokens on one layer of two (or, where the
 builder is chosen for the whole model, in a `sliding` variant); MoE: 8 experts, top-2, expert width 32 (48 shared),
 every layer sparse unless the model has a leading dense layer (then one), 2 expert groups, a routed scale of 1.5,
-the load-balancing loss on at 0.01; partial rotary 0.5; value heads of 8; latent attention (MLA) with RoPE and
+the load-balancing loss on at 0.01; partial rotary at the config's own default where it sets one, else 0.5; a
+gated delta-net on layer 0 (softmax attention on layer 1) with 2 key and 4 value heads of 8, kernel 4, and a
+`no_repeat` variant of 4 and 4; value heads of 8; latent attention (MLA) with RoPE and
 no-RoPE query/key parts of 8, KV / query ranks of 32 / 48 and a KV head per head; a padding id outside the
 vocabulary becomes 0; a boolean `use_*` field a patched scope branches on gets a variant that turns it on.
 """
@@ -14,6 +16,7 @@ vocabulary becomes 0; a boolean `use_*` field a patched scope branches on gets a
 from __future__ import annotations
 
 import ast
+import re
 from typing import Any
 
 import libcst as cst
@@ -49,6 +52,15 @@ MOE_VALUES: dict[str, Any] = {
     "norm_topk_prob": True,
 }
 WINDOW = 6
+# a gated delta-net: value heads 4 (sp = 2 and 4 divide them and the conv channels), key heads 2 (q and k repeated)
+LINEAR_VALUES: dict[str, Any] = {
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+}
+PARTIAL_DEFAULT = re.compile(r"""setdefault\(\s*["']partial_rotary_factor["']\s*,\s*([0-9.]+)\s*\)""")
 MLA_VALUES: dict[str, Any] = {"qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "kv_lora_rank": 32, "q_lora_rank": 48}
 
 
@@ -117,7 +129,8 @@ def tiny_config(found: Recognised, mod: Module, fields: dict[str, Any], config_t
     if isinstance(pad, int) and pad >= tiny["vocab_size"]:  # the embedding's padding row must exist
         tiny["pad_token_id"] = 0
     if 'rope_parameters.get("partial_rotary_factor"' in mod.upstream.text:
-        tiny["partial_rotary_factor"] = 0.5
+        tiny["partial_rotary_factor"] = _partial_factor(config_text)
+    _linear(found, fields, tiny, variants, notes)
     if "rope_parameters[layer_type]" in mod.upstream.text and "layer_types" in tiny:
         factor = {"partial_rotary_factor": 0.5} if "partial_rotary_factor" in mod.upstream.text else {}
         tiny["rope_parameters"] = {
@@ -161,3 +174,28 @@ def _bool_gates(mod: Module, found: Recognised, fields: dict[str, Any]) -> list[
                     if name not in out:
                         out.append(name)
     return out
+
+
+def _partial_factor(config_text: str) -> float:
+    """The config's own default partial rotary factor (`kwargs.setdefault("partial_rotary_factor", 0.25)`) where
+    it leaves the tiny head dim an even rotary width, else 0.5."""
+    match = PARTIAL_DEFAULT.search(config_text)
+    factor = float(match.group(1)) if match else 0.5
+    rotary = BASE["head_dim"] * factor
+    return factor if 0 < factor < 1 and rotary == int(rotary) and int(rotary) % 2 == 0 else 0.5
+
+
+def _linear(found: Recognised, fields: dict[str, Any], tiny: dict[str, Any], variants: dict, notes: list[str]) -> None:
+    """A gated delta-net (lm_mixers.py): the first layer linear attention, the second softmax attention; q and k
+    repeated per value head, and a `no_repeat` variant with one value head per key head where the mixer branches."""
+    if not found.facts.get("linear_mixer"):
+        return
+    kinds = found.facts.get("layer_types", {})
+    linear, full = kinds.get("create_recurrent_attention_mask"), kinds.get("create_causal_mask")
+    if "layer_types" in fields and linear and full:
+        tiny["layer_types"] = [linear, full]
+    tiny.update({k: v for k, v in LINEAR_VALUES.items() if k in fields})
+    notes.append("layer 0 linear attention (2 key heads, 4 value heads), layer 1 softmax attention")
+    heads = ("linear_num_key_heads", "linear_num_value_heads")
+    if found.facts.get("repeats_heads") and all(h in fields for h in heads):
+        variants["no_repeat"] = dict.fromkeys(heads, LINEAR_VALUES["linear_num_value_heads"])
