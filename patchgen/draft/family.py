@@ -6,6 +6,7 @@ renamed scopes); a model with no such relative is refused in one line, never gue
 
 from __future__ import annotations
 
+import re
 import tomllib
 from typing import Any
 
@@ -17,9 +18,12 @@ from patchgen.draft.loading import load_drafted
 from patchgen.draft.names import Target
 from patchgen.draft.render import _patch, _table, value
 from patchgen.draft.structure import Module
-from patchgen.draft.tiny import EXPERT_COUNTS, MOE_VALUES, config_fields
+from patchgen.draft.tiny import AUX_VALUES, EXPERT_COUNTS, MOE_VALUES, config_fields
 from patchgen.errors import PatchgenError
 from patchgen.upstream import UpstreamSource
+
+CONVERSIONS = "transformers.conversion_mapping"
+TRANSPOSED_WIDTH = 48  # 2 * 48 and 48 both differ from the hidden size 64
 
 
 def _prefixes(shipped: str, cls: str) -> tuple[str, str] | None:
@@ -103,7 +107,8 @@ def _text(
         *_table("model", {"model_type": target.model_type, "capabilities": capabilities}),
         "",
     ]
-    text_tiny = _moe_tiny(found, source.read(target.config_module).text, f"{target.model_type}_text")
+    transposed = shape_decided_transpose(source.read(CONVERSIONS).text, target.model_type)
+    text_tiny = _moe_tiny(found, source.read(target.config_module).text, f"{target.model_type}_text", transposed)
     if text_tiny:
         lines += ["# the inherited tiny config plus draft's MoE rule (docs/adding-a-model.md) on the text config"]
         lines += [*_table("model.tiny.text_config", text_tiny), ""]
@@ -115,8 +120,9 @@ def _text(
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def _moe_tiny(found: Recognised, config_text: str, text_type: str) -> dict[str, Any]:
-    """draft's MoE rule (patchgen/draft/tiny.py) on the fields of the text config class."""
+def _moe_tiny(found: Recognised, config_text: str, text_type: str, transposed: bool) -> dict[str, Any]:
+    """draft's MoE rule (patchgen/draft/tiny.py) on the fields of the text config class; `transposed`: transformers
+    transposes released expert weights where their shape says so, so no expert matrix may be square."""
     if not found.facts.get("moe"):
         return {}
     fields = config_fields(config_text, text_type)
@@ -125,6 +131,15 @@ def _moe_tiny(found: Recognised, config_text: str, text_type: str) -> dict[str, 
     if count is not None:
         tiny[count] = 8
     tiny.update({k: v for k, v in MOE_VALUES.items() if k in fields or k == "num_experts_per_tok"})
+    if transposed and "moe_intermediate_size" in tiny:
+        tiny["moe_intermediate_size"] = TRANSPOSED_WIDTH
     if found.facts.get("aux_loss"):
-        tiny.update(output_router_logits=True, router_aux_loss_coef=0.01)
+        tiny.update({k: v for k, v in AUX_VALUES.items() if k in fields})
     return tiny
+
+
+def shape_decided_transpose(conversions: str, model_type: str) -> bool:
+    """Whether transformers' checkpoint conversions for `model_type` transpose its experts where the shape says so
+    (`Transpose(..., check_dims=True)`, qwen3_vl_moe): then (E, H, 2I) and (E, 2I, H) must differ, 2I != H."""
+    match = re.search(rf'\n\s+"{re.escape(model_type)}": \[(.*?)\n\s+\],', conversions, re.DOTALL)
+    return match is not None and "check_dims=True" in match.group(1)

@@ -38,8 +38,6 @@ NOT_REPRODUCED = {
     "qwen2_vl": "a VLM of its own structure: draft writes a VLM only as a member of a shipped VLM family (extends)",
     "qwen2_5_vl": "a VLM of its own structure: draft writes a VLM only as a member of a shipped VLM family (extends)",
     "qwen3_vl": "a VLM of its own structure: draft writes a VLM only as a member of a shipped VLM family (extends)",
-    "qwen3_vl_moe": "code reproduced (extends qwen3_vl); hand choice: the shipped tiny text config has experts 48 "
-    "wide and no output_router_logits (draft's rule: 32, on)",
     "qwen3_omni_moe": "an omni model (thinker): draft reads decoder LMs (vision and audio kinds not recognised yet)",
     "qwen3_omni_moe_processor": "a processor spec, not a model: outside draft",
 }

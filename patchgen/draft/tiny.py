@@ -52,6 +52,9 @@ MOE_VALUES: dict[str, Any] = {
     "norm_topk_prob": True,
 }
 WINDOW = 6
+# the load-balancing loss on, where the config declares the flag (a forward reading it from its kwargs gets it from
+# the trainer: runtime.train.text_step)
+AUX_VALUES: dict[str, Any] = {"output_router_logits": True, "router_aux_loss_coef": 0.01}
 # a gated delta-net: value heads 4 (sp = 2 and 4 divide them and the conv channels), key heads 2 (q and k repeated)
 LINEAR_VALUES: dict[str, Any] = {
     "linear_conv_kernel_dim": 4,
@@ -99,7 +102,7 @@ def tiny_config(found: Recognised, mod: Module, fields: dict[str, Any], config_t
         if "moe_intermediate_size" not in fields:
             tiny["intermediate_size"] = 32  # the experts' width is intermediate_size
         if found.facts.get("aux_loss"):
-            tiny.update(output_router_logits=True, router_aux_loss_coef=0.01)
+            tiny.update({k: v for k, v in AUX_VALUES.items() if k in fields})
         notes.append(f"8 experts, top-2{', a load-balancing loss' if found.facts.get('aux_loss') else ''}")
     chosen = [m for m in masks if " if " in m]
     if chosen:  # one builder for the whole model, chosen by the config: the other one in a variant
