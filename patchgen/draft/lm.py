@@ -1,7 +1,9 @@
 """Recognising a transformers decoder LM's structures that the shipped templates serve: the mask builders and
 RoPE call of the model forward, every attention call through transformers' attention interface, the LM head and
-loss, the load-balancing loss and the stacked experts. Each recognised structure is a patch with the file:line it was
-found at; a structure not recognised is a `[model.unsupported]` reason, never a guess."""
+loss; positions counted elsewhere (lm_positions.py), gated delta-net layers (lm_mixers.py), `_init_weights`
+branches transformers would skip (lm_init.py), the load-balancing loss and the stacked experts (lm_moe.py). Each
+recognised structure is a patch with the file:line it was found at; a structure not recognised is a
+`[model.unsupported]` reason, never a guess."""
 
 from __future__ import annotations
 
@@ -109,6 +111,7 @@ def recognise(target: Target, upstream: UpstreamFile) -> Recognised:
         out.data["packed_documents"] = "position_ids"
     if sp_missing:  # all SP patches or none: a half-patched model would train wrong numbers
         out.patches = []
+        out.data.pop("packed_documents", None)  # boundaries only the (dropped) linear-attention patches honour
         out.unsupported["sp"] = "; ".join(sp_missing)[:300]
     from patchgen.draft.lm_moe import moe  # it builds on this module's Found
 
