@@ -2,7 +2,7 @@
 # Made by patchgen 0.1.0 from specs/qwen2_moe.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwen2_moe`. `patchgen check` fails when this file drifts.
 # upstream: transformers==5.14.1 transformers/models/qwen2_moe/modeling_qwen2_moe.py sha256=48fa5f02ffeb3881a55ab047c547600f99fd0ecac02c0bdeb8ad002d76af344d
-# spec: specs/qwen2_moe.toml sha256=5eb1ce881b60ada454abda40e397eaac3d870e94aa193a894d809a975efd4fde
+# spec: specs/qwen2_moe.toml sha256=a35dd535516f49d61292291472c22eab7f0a43d6ddbaa04d1f4aa983049b6b94
 # templates: sha256=caaa7533f8295a400bd861773c25c296ef713e40e57b2d7dcd047c3a68a1983f
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
 # body: sha256=a61c0141542920b2171241fb0ff4241b3edd382303f65c4f892c87ced83a585b

@@ -32,7 +32,6 @@ MARKER_WHY = re.compile(r"^(\s*# patchgen #\d+ \S+ \([^)]*\)):.*$", re.MULTILINE
 # why a shipped spec is not reproduced (docs/adding-a-model.md, What draft reproduces): hand choices a rule would
 # not make, and what draft does not read yet. tests/engine/test_draft.py holds the code-equal ones to their record.
 NOT_REPRODUCED = {
-    "qwen2_moe": "hand choice: the shipped tiny config omits head_dim (hidden / heads = 16 anyway: the same model)",
     "mimo_v2_flash": "hand choice: the shipped tiny config puts the full-attention layer first, gives each layer type "
     "its own RoPE theta and leaves grouped routing at its defaults (draft's rule: 2 groups, scale 1.5)",
     "qwen2_vl": "a VLM of its own structure: draft writes a VLM only as a member of a shipped VLM family (extends)",
