@@ -1,6 +1,7 @@
 """Recognising a diffusers transformer's structures that the shipped DiT kinds serve. What to split is read from
 the class's own context-parallel plan (`_cp_plan`: the inputs diffusers splits over tokens and the output it
-gathers); where, from the forward: after the RoPE tables and the patchified tokens exist. The attention call is the
+gathers), else the plan diffusers would state, read from the forward's layout (`dit_layout`); where, from the
+forward: after the RoPE tables and the patchified tokens exist. The attention call is the
 `dispatch_attention_fn` call of the default processor that diffusers itself parallelises (`parallel_config=
 self._parallel_config`). Anything else is a `[model.unsupported]` reason naming file:line, never a guess."""
 
@@ -15,6 +16,7 @@ import libcst as cst
 
 from patchgen.cst.locate import code_of, normalize
 from patchgen.cst.prune import parsed, reachable_definitions
+from patchgen.draft.dit_layout import assign_of, init_call, layout_plan, self_call
 from patchgen.draft.lm import Found, Recognised
 from patchgen.draft.names import DitTarget
 from patchgen.draft.structure import Module, dotted, nodes
@@ -82,9 +84,9 @@ def recognise_dit(target: DitTarget, upstream: UpstreamFile, condition: str) -> 
     reachable = sorted(reachable_definitions(parsed(upstream.text, upstream.relpath), [cls]))
     plan = cp_plan(mod, cls)
     missing: list[str] = []
-    if not plan:
-        state = "states no _cp_plan" if plan is None else "states a _cp_plan that is no literal"
-        missing.append(f"{cls} ({mod.where(mod.classes[cls])}) {state}, the only place draft reads a token split from")
+    if plan == []:
+        state = "states a _cp_plan that is no literal"
+        missing.append(f"{cls} ({mod.where(mod.classes[cls])}) {state}, draft reads no token split from it")
     else:
         _forward(mod, cls, plan, reachable, out, missing)
     if missing:  # all SP patches or none
@@ -110,58 +112,44 @@ def _top(forward: cst.FunctionDef) -> list[cst.CSTNode]:
     return list(forward.body.body)
 
 
-def _assign(stmt: cst.CSTNode) -> tuple[str | None, cst.BaseExpression | None]:
-    """(target name, value) of a one-target simple assignment statement, else (None, None)."""
-    if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
-        assign = stmt.body[0]
-        if len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name):
-            return assign.targets[0].target.value, assign.value
-    return None, None
-
-
-def _self_call(value: cst.BaseExpression | None) -> str | None:
-    """`attr` of a value `self.attr(...)`."""
-    if isinstance(value, cst.Call) and (dotted(value.func) or "").startswith("self."):
-        name = dotted(value.func)[5:]
-        return name if "." not in name else None
-    return None
-
-
-def _init_call(mod: Module, cls: str, attr: str) -> str | None:
-    """The callee of `self.attr = <callee>(...)` in `cls.__init__` (e.g. nn.Linear)."""
-    for node in nodes(mod.method(cls, "__init__"), lambda n: isinstance(n, cst.Assign)):
-        if dotted(node.targets[0].target) == f"self.{attr}" and isinstance(node.value, cst.Call):
-            return dotted(node.value.func)
-    return None
-
-
 def _forward(
-    mod: Module, cls: str, plan: list[PlanEntry], reachable: list[str], out: Recognised, missing: list[str]
+    mod: Module, cls: str, plan: list[PlanEntry] | None, reachable: list[str], out: Recognised, missing: list[str]
 ) -> None:
+    """The DiT kinds placed by the plan: diffusers' `_cp_plan`, else the one read from the forward's layout."""
     forward = mod.method(cls, "forward")
+    if forward is None:
+        missing.append(f"{cls} ({mod.where(mod.classes[cls])}) defines no forward")
+        return
     body = _top(forward)
     built = dict(mod.built(cls))
     rope = [
         i
         for i, s in enumerate(body)
-        if (attr := _self_call(_assign(s)[1])) is not None and ROTARY_CLASS.search(built.get(attr, ""))
+        if (attr := self_call(assign_of(s)[1])) is not None and _rotary(mod, built.get(attr, ""))
     ]
     if len(rope) != 1:
         missing.append(f"{cls}.forward ({mod.where(forward)}) computes the RoPE tables {len(rope)} times, not once")
         return
     r = rope[0]
-    rotary, call = _assign(body[r])
-    rope_attr = _self_call(call)
+    by = "per _cp_plan"
+    if plan is None:  # diffusers states none: the plan it would state, read from the forward (dit_layout)
+        entries, reason = layout_plan(mod, cls, r)
+        if reason:
+            missing.append(reason)
+            return
+        plan, by = [PlanEntry(*e) for e in entries], "as the forward lays them out (no _cp_plan)"
+    rotary, call = assign_of(body[r])
+    rope_attr = self_call(call)
     embed = next(
-        (i for i, s in enumerate(body) if _assign(s)[0] == "hidden_states" and _self_call(_assign(s)[1])), None
+        (i for i, s in enumerate(body) if assign_of(s)[0] == "hidden_states" and self_call(assign_of(s)[1])), None
     )
     if embed is None:
         missing.append(f"{cls}.forward ({mod.where(forward)}): no `hidden_states = self.<embedder>(hidden_states)`")
         return
     end = embed
-    while end + 1 < len(body) and _assign(body[end + 1])[0] == "hidden_states":
+    while end + 1 < len(body) and assign_of(body[end + 1])[0] == "hidden_states":
         end += 1
-    if embed > r and _init_call(mod, cls, _self_call(_assign(body[embed])[1])) == "nn.Linear":
+    if embed > r and init_call(mod, cls, self_call(assign_of(body[embed])[1])) == "nn.Linear":
         where, at = "before", embed  # tokens come in packed: the split runs the token-wise embedder per rank
     else:
         where, at = "after", max(r, end)
@@ -182,10 +170,10 @@ def _forward(
         return
     dim, prefix = _rotary_dim(body, r, rope_attr, inputs)
     if dim is None:
-        missing.append(f"_cp_plan of {cls} states no split of the RoPE tables ({mod.where(body[r])})")
+        missing.append(f"{cls}.forward: no split of the RoPE tables {by} ({mod.where(body[r])})")
         return
     place = {where: anchor}
-    note = f"RoPE `{_text(body[r])}` at {mod.where(body[r])}, tokens split per _cp_plan"
+    note = f"RoPE `{_text(body[r])}` at {mod.where(body[r])}, tokens split {by}"
     tvars: dict[str, Any] = {"tokens": tokens, "processors": [p for p, _ in processors]}
     out.patches.append(Found("dit/shard_tokens", f"{cls}.forward", WHY["tokens"], note, vars=tvars, **_at(place)))
     rvars: dict[str, Any] = {"rotary": rotary, "dim": dim}
@@ -206,14 +194,14 @@ def _forward(
     for name, site in processors:
         _attention(mod, name, site, out)
     gathered = [e.module for e in plan if e.kind == "ContextParallelOutput"]
-    sites = [s for s in body if _self_call(_assign(s)[1]) in gathered]
+    sites = [s for s in body if self_call(assign_of(s)[1]) in gathered]
     if len(sites) != 1:
         missing.append(
-            f"{cls}.forward ({mod.where(forward)}): the _cp_plan output ({', '.join(gathered)}) is not called once"
+            f"{cls}.forward ({mod.where(forward)}): the output gathered ({', '.join(gathered)}) is not called once"
         )
         return
-    gvars = {"tensor": _assign(sites[0])[0]}
-    note = f"_cp_plan gathers the output of `{_text(sites[0])}` at {mod.where(sites[0])}"
+    gvars = {"tensor": assign_of(sites[0])[0]}
+    note = f"gather the output of `{_text(sites[0])}` at {mod.where(sites[0])}, tokens split {by}"
     out.patches.append(
         Found(
             "dit/gather_tokens",
@@ -224,6 +212,15 @@ def _forward(
             **_at({"after": _text(sites[0])}),
         )
     )
+
+
+def _rotary(mod: Module, cls: str) -> bool:
+    """A RoPE module: named so (FluxPosEmbed, WanRotaryPosEmbed) or computing its tables with a rotary function
+    (BriaEmbedND's forward calls get_1d_rotary_pos_embed)."""
+    if ROTARY_CLASS.search(cls):
+        return True
+    calls = nodes(mod.method(cls, "forward"), lambda n: isinstance(n, cst.Call))
+    return cls in mod.classes and any("rotary" in (dotted(c.func) or "") for c in calls)
 
 
 def _at(place: dict[str, str]) -> dict[str, str]:
@@ -273,11 +270,11 @@ def _rotary_dim(
     own = [e for e in inputs if e.module == rope_attr and isinstance(e.item, int)]
     if own:
         return own[0].kwargs.get("split_dim"), None
-    call = _assign(body[r])[1]
+    call = assign_of(body[r])[1]
     args = [a for a in call.args if a.keyword is None] if isinstance(call, cst.Call) else []
     if len(args) != 1 or not isinstance(args[0].value, cst.Name):
         return None, None
-    source = next((_assign(s)[1] for s in body[:r] if _assign(s)[0] == args[0].value.value), None)
+    source = next((assign_of(s)[1] for s in body[:r] if assign_of(s)[0] == args[0].value.value), None)
     if not (isinstance(source, cst.Call) and dotted(source.func) == "torch.cat" and source.args):
         return None, None
     parts = source.args[0].value
@@ -330,7 +327,7 @@ def _attention(mod: Module, name: str, call: cst.Call, out: Recognised) -> None:
     text = _text(statement)
     note = f"{DISPATCH} with diffusers' parallel config at {mod.where(call)}"
     out.patches.append(Found("dit/ulysses_to_heads", scope, WHY["heads"], note, text, vars=hvars, place="before"))
-    result = _assign(statement)[0]
+    result = assign_of(statement)[0]
     out.patches.append(
         Found("dit/ulysses_to_sequence", scope, WHY["sequence"], note, text, vars={"tensor": result}, place="after")
     )

@@ -4,13 +4,16 @@ training shell as its class, `[model.data]` naming the condition model, then the
 from __future__ import annotations
 
 import ast
+import re
 import tomllib
 from typing import Any
+
+import libcst as cst
 
 from patchgen.config import ProjectConfig
 from patchgen.draft.lm import Recognised
 from patchgen.draft.render import _patch, _table, value
-from patchgen.draft.structure import Module
+from patchgen.draft.structure import Module, dotted, nodes
 from patchgen.upstream import UpstreamSource
 
 CONDITIONS = "runtime/diffusion/conditions"
@@ -44,16 +47,34 @@ def dit_tiny(mod: Module, cls: str) -> dict[str, Any]:
     tiny = {k: v for k, v in DIT_TINY.items() if k in params}
     if "num_single_layers" in tiny:
         tiny["num_layers"] = 1
-    if "guidance_embeds" in params:  # the guidance embedding is a patched path's input: on
+    if "guidance_embeds" in params and _guidance_builds(mod, cls):  # a patched path's input: on where it builds
         tiny["guidance_embeds"] = True
     return tiny
+
+
+def _guidance_builds(mod: Module, cls: str) -> bool:
+    """Whether `cls.__init__` builds its guidance embedding (`if guidance_embeds:` ...) with every argument its
+    class requires: Bria's omits `time_theta`, so diffusers' class fails with it on, and draft leaves it off."""
+    init = mod.method(cls, "__init__")
+    for branch in nodes(init, lambda n: isinstance(n, cst.If) and dotted(n.test) == "guidance_embeds"):
+        for call in nodes(branch.body, lambda n: isinstance(n, cst.Call) and dotted(n.func) in mod.classes):
+            built = mod.method(dotted(call.func), "__init__")
+            if built is None:
+                continue
+            required = [p.name.value for p in built.params.params[1:] if p.default is None]
+            given = {a.keyword.value for a in call.args if a.keyword is not None}
+            positional = sum(a.keyword is None for a in call.args)
+            if any(name not in given for name in required[positional:]):
+                return False
+    return True
 
 
 def dit_capabilities(mod: Module, cls: str) -> list[str]:
     """video: a 3D class; guidance: a guidance embedding; image_condition: an image-embedding input width."""
     init = mod.method(cls, "__init__")
     params = [p.name.value for p in init.params.params] if init is not None else []
-    found = {"video": "3D" in cls, "guidance": "guidance_embeds" in params, "image_condition": "image_dim" in params}
+    guidance = "guidance_embeds" in params and _guidance_builds(mod, cls)
+    found = {"video": "3D" in cls, "guidance": guidance, "image_condition": "image_dim" in params}
     return [name for name, present in found.items() if present]
 
 
@@ -106,25 +127,33 @@ def condition_model(
     project: ProjectConfig | None, source: UpstreamSource, cls: str, text: str, name: str
 ) -> tuple[str, str]:
     """(condition model type, where it comes from): the project's condition model of that name, else a shipped
-    DiT's whose diffusers class takes the same forward inputs with latents of as many dims (ChronoEdit's are Wan's;
-    SanaVideo's video latents are not Sana's images), else the name, to write."""
+    DiT's whose diffusers class takes latents of as many dims (SanaVideo's video latents are not Sana's images) and
+    whose condition model feeds this class: every input it feeds is one of this class's, and this class takes no
+    input the shipped class does not (ChronoEdit's are Wan's; Bria's are Flux's but for the kwargs dict's name),
+    else the name, to write."""
     own = f"{CONDITIONS}/{name}.py"
     if project is None or (project.root / own).is_file():
         return name, own
-    params = forward_params(text, cls)
+    mine = _inputs(forward_params(text, cls))
     for path in sorted(p for p in project.specs_dir.glob("*.toml") if p.stem != name):  # not its own spec
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
         model = raw.get("model", {})
         other = str(model.get("upstream", "")).rsplit(".", 1)[-1]
         condition = model.get("data", {}).get("condition_model_type")
-        if model.get("family") != "dit" or "module" not in raw or not condition:
+        feeder = project.root / CONDITIONS / f"{condition}.py"
+        if model.get("family") != "dit" or "module" not in raw or not condition or not feeder.is_file():
             continue
-        if (
-            _latent_dims(other) == _latent_dims(cls)
-            and forward_params(source.read(raw["module"]).text, other) == params
-        ):
-            return condition, f"{CONDITIONS}/{condition}.py, {path.stem}'s: {other}.forward takes the same inputs"
+        theirs = _inputs(forward_params(source.read(raw["module"]).text, other))
+        fed = theirs & set(re.findall(r"[\"'](\w+)[\"']", feeder.read_text(encoding="utf-8")))
+        if _latent_dims(other) == _latent_dims(cls) and fed and fed <= mine <= theirs:
+            return condition, f"{CONDITIONS}/{condition}.py, {path.stem}'s: it feeds {other}.forward's inputs"
     return name, f"none yet: write {own} (docs/dit.md)"
+
+
+def _inputs(params: tuple[str, ...] | None) -> set[str]:
+    """The tensor inputs among a forward's parameters: not a kwargs dict, the return flag or ControlNet residuals
+    (which no condition model feeds)."""
+    return {p for p in params or () if not (p.endswith("_kwargs") or p == "return_dict" or "controlnet" in p)}
 
 
 def _latent_dims(cls: str) -> str:

@@ -43,7 +43,11 @@ NOT_REPRODUCED = {
 # a DiT's record is fitted to its hand-written condition model (runtime/diffusion/conditions/): the tiny config to
 # the tiny pipeline's widths, the data (released checkpoints, tiny variants) to what no upstream text states
 _FITTED = "code reproduced; the record's tiny config and data are fitted to the hand-written condition model"
-_NO_PLAN = "diffusers states no context-parallel plan (_cp_plan) for it: draft splits no tokens ([model.unsupported])"
+_NO_PLAN = (
+    "diffusers states no context-parallel plan (_cp_plan) for it and its forward lays the tokens out in no way draft "
+    "reads (RoPE tables from concatenated position inputs, dispatch_attention_fn with diffusers' parallel config): "
+    "[model.unsupported] sp"
+)
 NOT_REPRODUCED |= {name: _FITTED for name in ("wan", "flux", "qwenimage")}
 NOT_REPRODUCED |= {
     name: _NO_PLAN for name in ("sd3", "hunyuanvideo", "cogvideox", "auraflow", "lumina2", "sana", "pixart_sigma")

@@ -80,15 +80,31 @@ def test_draft_of_a_dit_writes_its_spec(scratch: Path, capsys) -> None:
 
 
 def test_a_dit_without_a_context_parallel_plan_is_stated() -> None:
-    """SD3 declares no _cp_plan: no SP patch, the reason names the class with its file:line, the shell stays."""
+    """SD3 declares no _cp_plan and its forward computes no RoPE tables, so draft reads no token layout from it:
+    no SP patch, the reason names the forward with its file:line, the shell stays."""
     config = load_config(REPO)
     drafted = draft_spec("SD3Transformer2DModel", PinnedSource(config.pins), config.pins)
     spec = tomllib.loads(drafted.text)
     assert [p["template"] for p in spec["patch"]] == ["dit/training_shell"]
-    assert (
-        "SD3Transformer2DModel (diffusers/models/transformers/transformer_sd3.py:"
-        in spec["model"]["unsupported"]["sp"]
-    )
+    reason = spec["model"]["unsupported"]["sp"]
+    assert "SD3Transformer2DModel.forward (diffusers/models/transformers/transformer_sd3.py:" in reason
+    assert "computes the RoPE tables 0 times" in reason
+
+
+def test_a_dit_without_a_plan_is_split_as_its_forward_lays_the_tokens_out() -> None:
+    """Bria states no _cp_plan: draft reads the plan diffusers would state from the forward (the patchified
+    `hidden_states`, the RoPE positions `torch.cat((txt_ids, img_ids), dim=0)` joins, the output projection) and
+    places Flux's kinds as for Flux's own plan; its guidance embedding, which diffusers' class cannot build (a
+    missing argument), stays off."""
+    config = load_config(REPO)
+    flux = tomllib.loads(draft_spec("FluxTransformer2DModel", PinnedSource(config.pins), config.pins).text)
+    bria = tomllib.loads(draft_spec("BriaTransformer2DModel", PinnedSource(config.pins), config.pins).text)
+    assert "unsupported" not in bria["model"] and "guidance_embeds" not in bria["model"]["tiny"]
+    assert [p["template"] for p in bria["patch"]] == [p["template"] for p in flux["patch"]]
+    for mine, theirs in zip(bria["patch"][:-1], flux["patch"][:-1], strict=True):
+        vars_ = {k: v for k, v in theirs.get("vars", {}).items() if k != "processors"}
+        assert {k: v for k, v in mine.get("vars", {}).items() if k != "processors"} == vars_, mine["template"]
+    assert bria["patch"][0]["vars"]["processors"] == ["BriaAttnProcessor"]
 
 
 def test_a_vlm_family_member_extends_the_shipped_spec() -> None:
@@ -111,7 +127,10 @@ def test_a_vlm_family_member_extends_the_shipped_spec() -> None:
     ("cls", "condition", "reason"),
     [
         ("ChronoEditTransformer3DModel", "wan", None),  # Wan's forward inputs: Wan's condition model
-        ("SanaVideoTransformer3DModel", "sana_video", "states no _cp_plan"),  # Sana's inputs, but video latents
+        ("BriaTransformer2DModel", "flux", None),  # Flux's inputs (its kwargs dict named otherwise): Flux's
+        ("NucleusMoEImageTransformer2DModel", "qwenimage", "no split of the RoPE tables"),  # a subset of Qwen-Image's
+        ("LongCatImageTransformer2DModel", "longcat_image", None),  # no pooled projections: Flux's feeds them
+        ("SanaVideoTransformer3DModel", "sana_video", "no split of the RoPE tables"),  # Sana's inputs, video latents
         ("HeliosTransformer3DModel", "helios", "states a _cp_plan that is no literal"),  # `**other` inside
     ],
 )
@@ -127,10 +146,13 @@ def test_an_unseen_dit_gets_a_condition_model_only_with_the_same_inputs(
     assert spec["patch"][-1]["vars"]["condition_model_type"] == condition
     if reason is None:
         assert "unsupported" not in spec["model"] and len(spec["patch"]) == 7
-        assert "# the frozen condition model: runtime/diffusion/conditions/wan.py, wan's:" in drafted.text
     else:
-        assert f"{cls} (diffusers/models/transformers/" in spec["model"]["unsupported"]["sp"]
-        assert reason in spec["model"]["unsupported"]["sp"]
+        assert f"{cls}" in spec["model"]["unsupported"]["sp"] and reason in spec["model"]["unsupported"]["sp"]
+        assert "diffusers/models/transformers/" in spec["model"]["unsupported"]["sp"]
+    shipped = (REPO / "runtime" / "diffusion" / "conditions" / f"{condition}.py").is_file()
+    if shipped:
+        assert f"# the frozen condition model: runtime/diffusion/conditions/{condition}.py, " in drafted.text
+    else:
         assert f"none yet: write runtime/diffusion/conditions/{condition}.py" in drafted.text
 
 
@@ -242,19 +264,26 @@ def test_an_unseen_model_drafted_is_bitwise_upstream_with_parallelism_off(model_
         assert torch.equal(ref[name], got[name]), name
 
 
-def test_an_unseen_dit_drafted_is_bitwise_upstream_with_parallelism_off(tmp_path: Path) -> None:
-    """ChronoEdit, drafted with no hand edit (Wan's condition model, so Wan's example inputs) and generated into a
-    scratch package: output, loss and every gradient equal to diffusers' class on the draft's tiny config."""
+@pytest.mark.parametrize(
+    ("cls", "condition"), [("ChronoEditTransformer3DModel", "wan"), ("BriaTransformer2DModel", "flux")]
+)
+def test_an_unseen_dit_drafted_is_bitwise_upstream_with_parallelism_off(
+    cls: str, condition: str, tmp_path: Path
+) -> None:
+    """An unseen DiT drafted with no hand edit and generated into a scratch package: output, loss and every gradient
+    equal to diffusers' class on the draft's tiny config. ChronoEdit: split by diffusers' context-parallel plan,
+    Wan's condition model (so Wan's example inputs); Bria: no plan, split as its forward lays the tokens out, Flux's
+    condition model."""
     import torch
 
     from runtime.diffusion.registry import tiny_config
     from tests.dit.cases import Case, inputs, loss_and_grads, shell, upstream_like
     from tests.engine.drafted import drafted_installed, generate_drafted
 
-    drafted = generate_drafted("ChronoEditTransformer3DModel", tmp_path)
+    drafted = generate_drafted(cls, tmp_path)
     with drafted_installed(tmp_path, [drafted]):
         case = Case(drafted.model_type, drafted.model_type, None, tiny_config(drafted.model_type))
-        assert case.condition_model_type == "wan" and case.shell_class.__module__ == drafted.module
+        assert case.condition_model_type == condition and case.shell_class.__module__ == drafted.module
         model = shell(case)
         kwargs = inputs(case)
         out, loss, grads = loss_and_grads(model, kwargs)

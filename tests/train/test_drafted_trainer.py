@@ -3,10 +3,11 @@ package (``tests.engine.drafted``): at sp=2 (Ulysses) every step's loss and grad
 the rounding model (``tests.tolerance``). Dense: olmo2 (q/k norms over all heads), glm4 (partial rotary, extra norms),
 mistral (a sliding window), gemma2 (alternating windows, softcaps, tied embeddings); MoE: olmoe (a load-balancing
 loss, q/k norms), deepseek_v3 (latent attention, grouped routing, a leading dense layer), mixtral, ernie4_5_moe;
-a DiT: ChronoEdit (Wan's forward inputs, so draft gave it Wan's condition model; a tiny Wan pipeline around the
-drafted tiny transformer, real MP4 clips). Every run passes the start-up self-check at sp=2 with its planted defects
-detected (mistral, gemma2, mixtral and ernie4_5_moe, whose bos and eos ids are 1 and 2, once drew every proof token
-as id 1: no planted defect could show). All nine train in one spawned pair of ranks."""
+DiTs: ChronoEdit (Wan's forward inputs, so draft gave it Wan's condition model; a tiny Wan pipeline around the
+drafted tiny transformer, real MP4 clips) and Bria (no `_cp_plan`: split as its forward lays the tokens out; Flux's
+condition model, a tiny Flux pipeline, PNG images). Every run passes the start-up self-check at sp=2 with its
+planted defects detected (mistral, gemma2, mixtral and ernie4_5_moe, whose bos and eos ids are 1 and 2, once drew
+every proof token as id 1: no planted defect could show). All ten train in one spawned pair of ranks."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ import torch
 from tests.dist_utils import run_distributed, start_reordered
 from tests.engine.drafted import DraftedModel, drafted_installed, generate_drafted
 from tests.train.common import assert_steps_match, run_config, witness_config
-from tests.train.dit_common import WAN_BUCKETS, train_in_process
+from tests.train.dit_common import FLUX_BUCKETS, WAN_BUCKETS, train_in_process
 
 LMS = ["olmo2", "glm4", "mistral", "gemma2", "olmoe", "deepseek_v3", "mixtral", "ernie4_5_moe"]
-DITS = ["ChronoEditTransformer3DModel"]
+DITS = ["ChronoEditTransformer3DModel", "BriaTransformer2DModel"]
 STEPS = 3
 
 
@@ -41,16 +42,24 @@ def _lm_run(root: Path, model_type: str) -> dict:
 
 
 def _dit_run(root: Path, model_type: str) -> dict:
-    """A tiny pipeline of the DiT's condition model around its drafted tiny config, trained on video clips."""
-    from runtime.data.dit.synthetic import write_synthetic_clips
+    """A tiny pipeline of the DiT's condition model around its drafted tiny config, trained on video clips (a video
+    condition model) or images."""
+    from runtime.data.dit.synthetic import write_synthetic_clips, write_synthetic_images
+    from runtime.diffusion.conditions import condition_model_class
+    from runtime.diffusion.registry import lookup_dit
     from runtime.diffusion.tiny_pipelines import save_tiny_pipeline
 
-    clips = root / "clips" / "data.jsonl"
-    if not clips.exists():
-        clips = write_synthetic_clips(root / "clips", 8, 9, 32, 32, seed=0, frame_folders_every=3)
+    if condition_model_class(lookup_dit(model_type).data["condition_model_type"]).video:
+        data, buckets = root / "clips" / "data.jsonl", WAN_BUCKETS
+        if not data.exists():
+            data = write_synthetic_clips(root / "clips", 8, 9, 32, 32, seed=0, frame_folders_every=3)
+    else:
+        data, buckets = root / "images" / "data.jsonl", FLUX_BUCKETS[:1]
+        if not data.exists():
+            data = write_synthetic_images(root / "images", 8, 32, 48, seed=1)
     return {
         "model": {"type": model_type, "path": str(save_tiny_pipeline(model_type, root / model_type)), "seed": 0},
-        "data": {"path": str(clips), "buckets": [list(b) for b in WAN_BUCKETS], "cache": str(root / "cache")},
+        "data": {"path": str(data), "buckets": [list(b) for b in buckets], "cache": str(root / "cache" / model_type)},
         "optim": {"lr": 2e-3, "warmup_steps": 1},
         "train": {"steps": STEPS},
         "log": {"dir": str(root / "log" / model_type), "progress": False},

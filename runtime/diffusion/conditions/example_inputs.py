@@ -58,20 +58,23 @@ def _cogvideox(config: dict[str, Any], generator: torch.Generator) -> Inputs:
 
 
 def _flux(config: dict[str, Any], generator: torch.Generator) -> Inputs:
-    """3x5 = 15 packed image tokens, 7 text tokens, a batch of 2, guidance 3.5."""
+    """3x5 = 15 packed image tokens, 7 text tokens, a batch of 2, guidance 3.5 where the config embeds it (as
+    ``process_condition`` passes it: a class built without the embedding, Bria's, takes none)."""
     batch, h, w, text = 2, 3, 5, 7
     rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
     img_ids = torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).reshape(h * w, 3).float()
-    return {
+    inputs = {
         "hidden_states": torch.randn(batch, h * w, config["in_channels"], generator=generator),
         "encoder_hidden_states": torch.randn(batch, text, config["joint_attention_dim"], generator=generator),
         "pooled_projections": torch.randn(batch, config["pooled_projection_dim"], generator=generator),
         "timestep": torch.rand(batch, generator=generator),
         "img_ids": img_ids,  # (0, row, col) per packed token, as FluxPipeline lays them out
         "txt_ids": torch.zeros(text, 3),
-        "guidance": torch.full((batch,), 3.5),
         "return_dict": False,
     }
+    if config.get("guidance_embeds"):
+        inputs["guidance"] = torch.full((batch,), 3.5)
+    return inputs
 
 
 def _hunyuanvideo(config: dict[str, Any], generator: torch.Generator) -> Inputs:

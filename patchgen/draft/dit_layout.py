@@ -1,0 +1,81 @@
+"""A DiT's token layout read from its forward where diffusers states no context-parallel plan (`_cp_plan`): the
+plan diffusers would state, recognised structurally, so the DiT kinds are placed by the same rules as for a class
+that states one. The patchified tokens are `hidden_states` (split over dim 1); the RoPE tables' positions are the
+forward's inputs that the one RoPE call concatenates (`ids = torch.cat((txt_ids, img_ids), dim=0)`: split where
+they are joined); the output gathered is the forward's last `x = self.<linear>(...)`, the output projection before
+unpatchify. What cannot be placed is a reason naming file:line, never a guess."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from patchgen.draft.structure import Module, dotted, nodes
+
+LINEAR = ("nn.Linear", "torch.nn.Linear")
+
+
+def assign_of(stmt: cst.CSTNode) -> tuple[str | None, cst.BaseExpression | None]:
+    """(target name, value) of a one-target simple assignment statement, else (None, None)."""
+    if isinstance(stmt, cst.SimpleStatementLine) and isinstance(stmt.body[0], cst.Assign):
+        assign = stmt.body[0]
+        if len(assign.targets) == 1 and isinstance(assign.targets[0].target, cst.Name):
+            return assign.targets[0].target.value, assign.value
+    return None, None
+
+
+def self_call(value: cst.BaseExpression | None) -> str | None:
+    """`attr` of a value `self.attr(...)`."""
+    if isinstance(value, cst.Call) and (dotted(value.func) or "").startswith("self."):
+        name = dotted(value.func)[5:]
+        return name if "." not in name else None
+    return None
+
+
+def init_call(mod: Module, cls: str, attr: str | None) -> str | None:
+    """The callee of `self.attr = <callee>(...)` in `cls.__init__` (e.g. nn.Linear)."""
+    for node in nodes(mod.method(cls, "__init__"), lambda n: isinstance(n, cst.Assign)):
+        if dotted(node.targets[0].target) == f"self.{attr}" and isinstance(node.value, cst.Call):
+            return dotted(node.value.func)
+    return None
+
+
+def layout_plan(mod: Module, cls: str, rope: int | None) -> tuple[list[tuple[str, object, str, dict]], str | None]:
+    """The plan's leaves (module, input, kind, keywords) as `_cp_plan` would state them, and '' or the reason
+    (file:line) why the output cannot be placed. `rope`: the index of the forward's one RoPE statement, if any."""
+    forward = mod.method(cls, "forward")
+    body = list(forward.body.body)
+    params = {p.name.value for p in forward.params.params}
+    entries: list[tuple[str, object, str, dict]] = [
+        ("", "hidden_states", "ContextParallelInput", {"split_dim": 1, "expected_dims": 3})
+    ]
+    if rope is not None:
+        for name, dim in _joined_positions(body, rope, params):
+            entries.append(("", name, "ContextParallelInput", {"split_dim": dim, "expected_dims": 2}))
+    linear = [
+        (attr, s)
+        for s in body
+        if (attr := self_call(assign_of(s)[1])) is not None and init_call(mod, cls, attr) in LINEAR
+    ]
+    if not linear:
+        return entries, f"{cls}.forward ({mod.where(forward)}) assigns no `x = self.<nn.Linear>(...)` to gather"
+    entries.append((linear[-1][0], None, "ContextParallelOutput", {"gather_dim": 1, "expected_dims": 3}))
+    return entries, None
+
+
+def _joined_positions(body: list[cst.CSTNode], rope: int, params: set[str]) -> list[tuple[str, int]]:
+    """(input, dim) of the forward's inputs that `ids = torch.cat((a, b), dim=d)` joins for the RoPE call
+    `self.<rope>(ids)`; [] when the RoPE is computed from anything else."""
+    call = assign_of(body[rope])[1]
+    args = [a for a in call.args if a.keyword is None] if isinstance(call, cst.Call) else []
+    if len(args) != 1 or not isinstance(args[0].value, cst.Name):
+        return []
+    source = next((assign_of(s)[1] for s in body[:rope] if assign_of(s)[0] == args[0].value.value), None)
+    if not (isinstance(source, cst.Call) and dotted(source.func) == "torch.cat" and source.args):
+        return []
+    dims = [a.value for a in source.args[1:] if a.keyword is None or a.keyword.value == "dim"]
+    dim = int(dims[0].value) if dims and isinstance(dims[0], cst.Integer) else 0 if not dims else None
+    parts = source.args[0].value
+    names = [dotted(e.value) for e in parts.elements] if isinstance(parts, cst.Tuple | cst.List) else []
+    if dim is None or not names or not all(n in params for n in names):
+        return []
+    return [(n, dim) for n in names]
