@@ -265,7 +265,12 @@ def test_an_unseen_model_drafted_is_bitwise_upstream_with_parallelism_off(model_
 
 
 @pytest.mark.parametrize(
-    ("cls", "condition"), [("ChronoEditTransformer3DModel", "wan"), ("BriaTransformer2DModel", "flux")]
+    ("cls", "condition"),
+    [
+        ("ChronoEditTransformer3DModel", "wan"),
+        ("BriaTransformer2DModel", "flux"),
+        ("OvisImageTransformer2DModel", "ovis_image"),
+    ],
 )
 def test_an_unseen_dit_drafted_is_bitwise_upstream_with_parallelism_off(
     cls: str, condition: str, tmp_path: Path

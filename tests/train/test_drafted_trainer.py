@@ -4,10 +4,11 @@ the rounding model (``tests.tolerance``). Dense: olmo2 (q/k norms over all heads
 mistral (a sliding window), gemma2 (alternating windows, softcaps, tied embeddings); MoE: olmoe (a load-balancing
 loss, q/k norms), deepseek_v3 (latent attention, grouped routing, a leading dense layer), mixtral, ernie4_5_moe;
 DiTs: ChronoEdit (Wan's forward inputs, so draft gave it Wan's condition model; a tiny Wan pipeline around the
-drafted tiny transformer, real MP4 clips) and Bria (no `_cp_plan`: split as its forward lays the tokens out; Flux's
-condition model, a tiny Flux pipeline, PNG images). Every run passes the start-up self-check at sp=2 with its
+drafted tiny transformer, real MP4 clips), Bria (no `_cp_plan`: split as its forward lays the tokens out; Flux's
+condition model, a tiny Flux pipeline, PNG images) and Ovis-Image (no `_cp_plan`; its own condition model,
+``runtime/diffusion/conditions/ovis_image.py``). Every run passes the start-up self-check at sp=2 with its
 planted defects detected (mistral, gemma2, mixtral and ernie4_5_moe, whose bos and eos ids are 1 and 2, once drew
-every proof token as id 1: no planted defect could show). All ten train in one spawned pair of ranks."""
+every proof token as id 1: no planted defect could show). All eleven train in one spawned pair of ranks."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from tests.train.common import assert_steps_match, run_config, witness_config
 from tests.train.dit_common import FLUX_BUCKETS, WAN_BUCKETS, train_in_process
 
 LMS = ["olmo2", "glm4", "mistral", "gemma2", "olmoe", "deepseek_v3", "mixtral", "ernie4_5_moe"]
-DITS = ["ChronoEditTransformer3DModel", "BriaTransformer2DModel"]
+DITS = ["ChronoEditTransformer3DModel", "BriaTransformer2DModel", "OvisImageTransformer2DModel"]
 STEPS = 3
 
 

@@ -77,6 +77,16 @@ def _flux(config: dict[str, Any], generator: torch.Generator) -> Inputs:
     return inputs
 
 
+def _ovis_image(config: dict[str, Any], generator: torch.Generator) -> Inputs:
+    """Flux's layout without pooled projections or guidance: 3x5 = 15 packed image tokens, 7 text tokens at
+    positions (0, i, i) as OvisImagePipeline lays them out, a batch of 2."""
+    inputs = _flux({**config, "pooled_projection_dim": 1, "guidance_embeds": False}, generator)
+    del inputs["pooled_projections"]
+    positions = torch.arange(inputs["txt_ids"].shape[0], dtype=torch.float32)
+    inputs["txt_ids"] = torch.stack([torch.zeros_like(positions), positions, positions], dim=-1)
+    return inputs
+
+
 def _hunyuanvideo(config: dict[str, Any], generator: torch.Generator) -> Inputs:
     """3 frames of 6x10 latents, patch 2 -> 3 x 3 x 5 = 45 tokens; 7 text tokens of which the last sample's last
     3 are padding; guidance 6.0 (x1000, as the pipeline passes it)."""
@@ -235,6 +245,7 @@ _BUILDERS: dict[str, Callable[[dict[str, Any], torch.Generator], Inputs]] = {
     "hunyuanvideo": _hunyuanvideo,
     "ltx_video": _ltx_video,
     "lumina2": _lumina2,
+    "ovis_image": _ovis_image,
     "pixart_sigma": _pixart_sigma,
     "qwenimage": _qwenimage,
     "sana": _sana,
