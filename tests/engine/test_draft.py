@@ -138,7 +138,10 @@ def test_an_unseen_dit_gets_a_condition_model_only_with_the_same_inputs(
     cls: str, condition: str, reason: str | None
 ) -> None:
     """A DiT the project does not ship takes a shipped DiT's condition model only when its diffusers class takes
-    the same forward inputs with latents of as many dims; else its own name, left to write (the comment says so)."""
+    the same forward inputs (every one that condition model feeds, none the shipped class lacks; kwargs dicts and
+    ControlNet residuals aside) with latents of as many dims; else its own name, left to write (the comment says
+    so). NucleusMoE-Image takes Qwen-Image's less three it is not fed; LongCat-Image lacks the pooled projection
+    Flux's feeds."""
     config = load_config(REPO)
     drafted = draft_spec(cls, PinnedSource(config.pins), config.pins, project=config)
     spec = tomllib.loads(drafted.text)
