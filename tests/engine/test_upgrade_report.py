@@ -82,7 +82,12 @@ def fresh_report(project: Path, report: Path, tmp_path: Path) -> tuple[str, dict
     return text, {p.name: p.read_text() for p in sorted(fresh.with_suffix("").glob("*.diff"))}
 
 
-@pytest.mark.parametrize("report", REPORTS, ids=lambda p: p.stem)
+# diffusers 0.42.1's review is checked by tests/engine/test_verify.py, whose `upgrade --verify` run writes it anyway
+# (one analysis of that release instead of two)
+FRESH_ELSEWHERE = ("diffusers-0.42.1",)
+
+
+@pytest.mark.parametrize("report", [r for r in REPORTS if r.stem not in FRESH_ELSEWHERE], ids=lambda p: p.stem)
 def test_committed_report_matches_a_fresh_run(report: Path, tmp_path: Path) -> None:
     committed = without_appended(report.read_text())
     fresh_md, fresh_diffs = fresh_report(project_copy(tmp_path, covered_models(committed)), report, tmp_path)
