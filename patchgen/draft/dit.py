@@ -16,7 +16,7 @@ import libcst as cst
 
 from patchgen.cst.locate import code_of, normalize
 from patchgen.cst.prune import parsed, reachable_definitions
-from patchgen.draft.dit_layout import assign_of, init_call, layout_plan, self_call
+from patchgen.draft.dit_layout import assign_of, init_call, layout_plan, per_token_timestep, self_call
 from patchgen.draft.lm import Found, Recognised
 from patchgen.draft.names import DitTarget
 from patchgen.draft.structure import Module, dotted, nodes
@@ -28,7 +28,7 @@ DISPATCH = "dispatch_attention_fn"
 WHY = {
     "tokens": "each SP rank runs the blocks on its slice of the tokens and of the RoPE tables; text stays whole",
     "rotary": "this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls",
-    "per_token": "per-token timesteps (diffusers' context-parallel plan splits them): sliced with the tokens",
+    "per_token": "per-token timesteps: sliced with the tokens",
     "heads": "attention sees every token: all-to-all to this rank's heads (text, when joined, keeps its heads)",
     "sequence": "and back to this rank's tokens x all heads",
     "ring": "under a ring the attention runs ring attention over the ring group (K/V passed around)",
@@ -183,14 +183,22 @@ def _forward(
     if prefix is not None:
         rvars["prefix"] = prefix
     out.patches.append(Found("dit/shard_rotary", f"{cls}.forward", WHY["rotary"], note, vars=rvars, **_at(place)))
-    for e in inputs:
-        if e.item == "timestep" and e.module == "":
-            when = f"timestep.ndim == {e.kwargs.get('expected_dims')}"
-            pvars = {"tensor": "timestep", "when": when}
-            note = f"_cp_plan splits `timestep` of {e.kwargs.get('expected_dims')} dims"
-            out.patches.append(
-                Found("dit/shard_per_token", f"{cls}.forward", WHY["per_token"], note, **_at(place), vars=pvars)
-            )
+    per_token = [
+        (
+            f"timestep.ndim == {e.kwargs.get('expected_dims')}",
+            f"_cp_plan splits `timestep` of {e.kwargs.get('expected_dims')} dims",
+        )
+        for e in inputs
+        if e.item == "timestep" and e.module == ""
+    ]
+    if not per_token and (site := per_token_timestep(body)) is not None:
+        note = f"`timestep` embedded flat and its embedding viewed per token at {mod.where(site)}"
+        per_token.append(("timestep.ndim > 1 and timestep.shape[1] > 1", note))
+    for when, note in per_token:
+        pvars = {"tensor": "timestep", "when": when}
+        out.patches.append(
+            Found("dit/shard_per_token", f"{cls}.forward", WHY["per_token"], note, **_at(place), vars=pvars)
+        )
     for name, site in processors:
         _attention(mod, name, site, out)
     gathered = [e.module for e in plan if e.kind == "ContextParallelOutput"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import libcst as cst
 
+from patchgen.cst.locate import code_of, normalize
 from patchgen.draft.structure import Module, dotted, nodes
 
 LINEAR = ("nn.Linear", "torch.nn.Linear")
@@ -79,3 +80,24 @@ def _joined_positions(body: list[cst.CSTNode], rope: int, params: set[str]) -> l
     if dim is None or not names or not all(n in params for n in names):
         return []
     return [(n, dim) for n in names]
+
+
+def per_token_timestep(body: list[cst.CSTNode]) -> cst.CSTNode | None:
+    """The statement that embeds `timestep.flatten()` when a later one views that embedding back as `(batch, -1,
+    width)`: one timestep per token where the input's second dim is longer than 1 (LTX-Video), one per sample
+    where it is 1. None when the forward does not."""
+    for i, stmt in enumerate(body):
+        flat = nodes(
+            stmt, lambda n: isinstance(n, cst.Arg) and normalize(code_of(n.value), "eval") == "timestep.flatten()"
+        )
+        if not flat or not isinstance(stmt, cst.SimpleStatementLine) or not isinstance(stmt.body[0], cst.Assign):
+            continue
+        target = stmt.body[0].targets[0].target
+        names = [dotted(e.value) for e in target.elements] if isinstance(target, cst.Tuple) else [dotted(target)]
+        for later in body[i + 1 :]:
+            name, value = assign_of(later)
+            if name in names and isinstance(value, cst.Call) and dotted(value.func) == f"{name}.view":
+                args = [normalize(code_of(a.value), "eval") for a in value.args]
+                if len(args) == 3 and args[1] == "-1":
+                    return stmt
+    return None

@@ -48,7 +48,7 @@ _NO_PLAN = (
     "reads (RoPE tables from concatenated position inputs, dispatch_attention_fn with diffusers' parallel config): "
     "[model.unsupported] sp"
 )
-NOT_REPRODUCED |= {name: _FITTED for name in ("wan", "flux", "qwenimage")}
+NOT_REPRODUCED |= {name: _FITTED for name in ("wan", "flux", "qwenimage", "ltx_video")}
 NOT_REPRODUCED |= {
     name: _NO_PLAN for name in ("sd3", "hunyuanvideo", "cogvideox", "auraflow", "lumina2", "sana", "pixart_sigma")
 }
@@ -61,10 +61,6 @@ NOT_REPRODUCED["llama4_text"] = (
     "attention (chunks of 8, NoPE layer, temperature floor_scale 4, MoE on layer 1 only: no rule reads thresholds "
     "from upstream) and its ep reason is worded by hand (draft states it from the experts' missing "
     "use_experts_implementation)"
-)
-NOT_REPRODUCED["ltx_video"] = (
-    "the per-token timestep's condition (timestep.ndim > 1 and timestep.shape[1] > 1) is found by hand: diffusers' "
-    "context-parallel plan does not state it; the record is fitted to the condition model"
 )
 
 

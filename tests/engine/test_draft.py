@@ -56,11 +56,12 @@ def test_a_hand_chosen_tiny_config_is_the_only_difference(name: str) -> None:
     assert "hand choice" in NOT_REPRODUCED[name]
 
 
-@pytest.mark.parametrize("name", ["wan", "flux", "qwenimage"])
+@pytest.mark.parametrize("name", ["wan", "flux", "qwenimage", "ltx_video"])
 def test_draft_reproduces_the_shipped_dit_code(name: str) -> None:
     """A DiT drafted from its diffusers class generates the committed module: the token split and the gather read
     from diffusers' context-parallel plan, the RoPE slice (flux: text positions first; qwenimage: the image part of
-    a (image, text) pair), per-token timesteps (wan), the joint attention's replicated text (flux, qwenimage). The
+    a (image, text) pair), per-token timesteps (wan: by the plan; ltx_video: a timestep embedded flat whose
+    embedding the forward views back per token), the joint attention's replicated text (flux, qwenimage). The
     record differs only where it is fitted to the hand-written condition model."""
     config = load_config(REPO)
     outcome = reproduce(config, name, PinnedSource(config.pins))
