@@ -71,6 +71,7 @@ from torch.distributed.tensor import DTensor
 from runtime import torch_compat
 from runtime.parallel.own_checkpointing import refuse_own_checkpointing
 from runtime.parallel.state import ParallelState, get_parallel_state
+from runtime.parallel.unsharded_class import unsharded_class
 
 __all__ = [
     "FP32_INPUTS",
@@ -88,17 +89,10 @@ def block_modules(model: nn.Module) -> list[nn.Module]:
     if not names:
         raise ValueError(f"{type(model).__name__} declares no _no_split_modules; cannot tell its blocks")
     # An FSDP-wrapped block's class is a generated subclass named "FSDP<Name>"; match the original name too.
-    blocks = [m for m in model.modules() if m is not model and _original_class_name(m) in names]
+    blocks = [m for m in model.modules() if m is not model and unsharded_class(m).__name__ in names]
     if not blocks:
         raise ValueError(f"no submodule of {type(model).__name__} has a class in _no_split_modules={sorted(names)}")
     return blocks
-
-
-def _original_class_name(module: nn.Module) -> str:
-    cls = type(module)
-    if cls.__bases__[0] is FSDPModule and len(cls.__bases__) == 2:  # fully_shard's class FSDP<Name>(FSDPModule, Name)
-        cls = cls.__bases__[1]
-    return cls.__name__
 
 
 def apply_activation_checkpointing(model: nn.Module, *, prefer_hf: bool = True) -> nn.Module:

@@ -15,41 +15,51 @@ after it was sharded), whether or not the spec patched the call: ``parallel.acti
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
 from torch import nn
 
 from runtime.config.errors import LayoutRefused
+from runtime.parallel.unsharded_class import unsharded_class
 
-__all__ = ["OwnCheckpointingError", "own_checkpointing", "refuse_own_checkpointing"]
+__all__ = ["OwnCheckpointingError", "diffusers_models", "own_checkpointing", "refuse_own_checkpointing"]
 
 
 class OwnCheckpointingError(LayoutRefused):
     """A diffusers model's own gradient-checkpointing branch was turned on under sequence parallelism."""
 
 
+def diffusers_models(model: nn.Module) -> list[nn.Module]:
+    """The diffusers models in ``model`` (itself included). Diffusers' model module is looked up, never imported: a
+    process that has not imported it holds no diffusers model, and importing it (about 0.2 s, its quantizers with
+    it) for a text model would charge that to the start-up."""
+    modeling = sys.modules.get("diffusers.models.modeling_utils")
+    if modeling is None:  # no diffusers model was built in this process (or none can be: a text-only install)
+        return []
+    return [module for module in model.modules() if isinstance(module, modeling.ModelMixin)]
+
+
 def own_checkpointing(model: nn.Module) -> str | None:
     """The class of the first diffusers model in ``model`` whose own gradient-checkpointing branch is on, or None."""
-    try:
-        from diffusers import ModelMixin
-    except ImportError:  # a text-only install: no diffusers model exists
-        return None
-    from torch.distributed.fsdp import FSDPModule
+    return _first_on(diffusers_models(model))
 
-    for module in model.modules():
-        if isinstance(module, ModelMixin) and getattr(module, "gradient_checkpointing", False):
-            cls = type(module)
-            return (cls.__bases__[1] if issubclass(cls, FSDPModule) else cls).__name__  # FSDP<Name>(FSDPModule, Name)
-    return None
+
+def _first_on(models: list[nn.Module]) -> str | None:
+    return next((unsharded_class(m).__name__ for m in models if getattr(m, "gradient_checkpointing", False)), None)
 
 
 def refuse_own_checkpointing(model: nn.Module, layout: str) -> Any:
     """Install the root pre-hook of the module docstring on ``model`` (``layout``: the SP layout, for the error);
-    returns its handle."""
+    returns its handle, None where ``model`` holds no diffusers model. The models are found once, here: the
+    hook reads one flag per model each training forward."""
+    models = diffusers_models(model)
+    if not models:
+        return None
 
     def before(root: nn.Module, args: Any) -> None:
-        cls = own_checkpointing(root) if root.training and torch.is_grad_enabled() else None
+        cls = _first_on(models) if root.training and torch.is_grad_enabled() else None
         if cls is not None:
             raise OwnCheckpointingError(
                 f"{cls}.gradient_checkpointing is on under {layout}: upstream's checkpointing branch calls the blocks "
