@@ -8,7 +8,8 @@ drafted tiny transformer, real MP4 clips), Bria (no `_cp_plan`: split as its for
 condition model, a tiny Flux pipeline, PNG images) and Ovis-Image (no `_cp_plan`; its own condition model,
 ``runtime/diffusion/conditions/ovis_image.py``). Every run passes the start-up self-check at sp=2 with its
 planted defects detected (mistral, gemma2, mixtral and ernie4_5_moe, whose bos and eos ids are 1 and 2, once drew
-every proof token as id 1: no planted defect could show). All eleven train in one spawned pair of ranks."""
+every proof token as id 1: no planted defect could show). All eleven train in one spawned pair of ranks, which then
+runs each DiT's transformer alone at sp=2 (output, loss and every gradient within the rounding model)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 
 from tests.dist_utils import run_distributed, start_reordered
 from tests.engine.drafted import DraftedModel, drafted_installed, generate_drafted
+from tests.tolerance import assert_within_rounding
 from tests.train.common import assert_steps_match, run_config, witness_config
 from tests.train.dit_common import FLUX_BUCKETS, WAN_BUCKETS, train_in_process
 
@@ -67,27 +69,70 @@ def _dit_run(root: Path, model_type: str) -> dict:
     }
 
 
-def drafted_worker(rank: int, world_size: int, root: str, models: list[DraftedModel], runs: list[dict]) -> list:
-    """Each run trained in turn with the drafted models importable and registered: its per-step metrics."""
+def _layout_case(model: DraftedModel, checkpointing: bool) -> dict:
+    """The drafted DiT's tiny transformer on its condition model's example inputs: output, loss, every gradient
+    (the DiT SP suite's case, ``tests/dit/test_sp.py``); under SP the group's sum of the partial gradients."""
+    import torch.distributed as dist
+
+    from runtime.diffusion.registry import tiny_config
+    from runtime.parallel.state import get_parallel_state
+    from tests.dit.cases import Case, inputs, loss_and_grads, shell
+
+    with torch.random.fork_rng(devices=[]):
+        case = Case(model.model_type, model.model_type, None, tiny_config(model.model_type))
+        shelled = shell(case)
+        if checkpointing:
+            shelled.gradient_checkpointing_enable()
+            shelled.train()
+        out, loss, grads = loss_and_grads(shelled, inputs(case))
+    state = get_parallel_state()
+    for grad in grads.values() if state.sp_enabled else ():
+        if grad is not None:
+            dist.all_reduce(grad, group=state.sp_group)
+    return {"out": out, "loss": loss, "grads": grads}
+
+
+def drafted_worker(
+    rank: int, world_size: int, root: str, models: list[DraftedModel], runs: list[dict], layouts: list[tuple]
+) -> tuple[list, list]:
+    """Each run trained in turn with the drafted models importable and registered (its per-step metrics), then each
+    (model index, checkpointing) layout case at sp = world size."""
     import dataclasses
 
+    from runtime.parallel.state import init_parallel_state, set_parallel_state
+
     with drafted_installed(Path(root), models):
-        return [[dataclasses.asdict(m) for m in train_in_process(raw).metrics] for raw in runs]
+        steps = [[dataclasses.asdict(m) for m in train_in_process(raw).metrics] for raw in runs]
+        if world_size > 1:
+            init_parallel_state(sp_size=world_size)
+        try:
+            return steps, [_layout_case(models[index], checkpointing) for index, checkpointing in layouts]
+        finally:
+            set_parallel_state(None)
 
 
 @pytest.mark.dist
 def test_drafted_models_train_at_sp2_as_in_one_process(tmp_path: Path) -> None:
+    """Every step at sp=2 as in one process; each DiT's transformer alone too (output, loss and every gradient at
+    sp=2 within the rounding model, with and without gradient checkpointing), in the same spawned pair."""
     torch.set_num_threads(1)  # tiny models on shared cores: threads cost wall time and change no result
     models = [generate_drafted(argument, tmp_path) for argument in LMS + DITS]
+    layouts = [(index, checkpointing) for index in range(len(LMS), len(models)) for checkpointing in (False, True)]
     with drafted_installed(tmp_path, models):
         runs = [_lm_run(tmp_path, m.model_type) for m in models[: len(LMS)]]
         runs += [_dit_run(tmp_path, m.model_type) for m in models[len(LMS) :]]
-        pending = start_reordered(drafted_worker, str(tmp_path), models, [witness_config(r) for r in runs])
-        reference = drafted_worker(0, 1, str(tmp_path), models, runs)
-        witness = pending()
+        witness_runs = [witness_config(r) for r in runs]
+        pending = start_reordered(drafted_worker, str(tmp_path), models, witness_runs, layouts)
+        reference, reference_layouts = drafted_worker(0, 1, str(tmp_path), models, runs, layouts)
+        witness, witness_layouts = pending()
     sp2 = [{**raw, "parallel": {"sp": 2}} for raw in runs]
-    per_rank = run_distributed(drafted_worker, 2, str(tmp_path), models, sp2, timeout=300)
-    for model, ref, wit, *ranks in zip(models, reference, witness, *per_rank, strict=True):
+    per_rank = run_distributed(drafted_worker, 2, str(tmp_path), models, sp2, layouts, timeout=300)
+    for i, (model, ref, wit) in enumerate(zip(models, reference, witness, strict=True)):
         assert [m["step"] for m in ref] == list(range(1, STEPS + 1)), model.argument
-        for got in ranks:
-            assert_steps_match(got, ref, wit, f"drafted {model.argument} sp=2")
+        for steps, _ in per_rank:
+            assert_steps_match(steps[i], ref, wit, f"drafted {model.argument} sp=2")
+    for k, (index, checkpointing) in enumerate(layouts):
+        what = f"drafted {models[index].argument} sp=2{' checkpointing' if checkpointing else ''}"
+        for _, got in per_rank:
+            assert got[k]["out"].shape == reference_layouts[k]["out"].shape, what
+            assert_within_rounding(got[k], reference_layouts[k], witness_layouts[k], what=what)
