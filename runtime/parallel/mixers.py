@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["MOVED", "census", "minimal_mixers", "mixing_modules"]
+__all__ = ["MOVED", "census", "layer_key", "minimal_mixers", "mixing_modules"]
 
 MOVED = 1e-3  # relative change of the other positions that counts as mixing (module docstring)
 MIN_TOKENS = 4  # a (batch, n, width) argument with fewer rows is not taken for a token stream
@@ -138,6 +138,11 @@ def _below(other: str, name: str) -> bool:
     return other != name and (name == "" or other.startswith(f"{name}."))
 
 
+def layer_key(caller: nn.Module, attribute: str) -> str:
+    """How the census and the site check name a torch layer: its caller's class and the attribute holding it."""
+    return f"{type(caller).__name__}.{attribute}"
+
+
 def census(
     model: nn.Module, run: Callable[[], Any], length: int | None = None, exempt: tuple[str, ...] = ()
 ) -> tuple[str, ...]:
@@ -151,7 +156,7 @@ def census(
             continue
         if type(module).__module__.startswith("torch.") and "." in name:
             parent, _, attribute = name.rpartition(".")
-            keys.add(f"{type(model.get_submodule(parent)).__name__}.{attribute}")
+            keys.add(layer_key(model.get_submodule(parent), attribute))
         else:
             keys.add(type(module).__name__)
     return tuple(sorted(keys))

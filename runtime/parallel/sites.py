@@ -26,6 +26,7 @@ from typing import Any
 from torch import nn
 
 from runtime.config.errors import LayoutRefused
+from runtime.parallel.mixers import layer_key
 
 __all__ = ["attention_modules", "install_site_checks", "mark_site", "UnpatchedAttentionError"]
 
@@ -68,7 +69,7 @@ def attention_modules(
     for name, module in model.named_modules():
         parent_name, _, attribute = name.rpartition(".")
         parent = model.get_submodule(parent_name) if name else None
-        if parent is not None and f"{type(parent).__name__}.{attribute}" in classes:
+        if parent is not None and layer_key(parent, attribute) in classes:
             module.__dict__[_CALLER] = parent
             if all(m is not parent for _, m in found):
                 found.append((parent_name, parent))
