@@ -38,6 +38,7 @@ __all__ = [
     "margin",
     "power_text",
     "report",
+    "together",
     "tolerance",
     "untouched_rng",
 ]
@@ -147,6 +148,22 @@ def compare(
     return Comparison(what, relative(loss, ref_loss), errors, tol)
 
 
+def _collective_device(group: Any) -> torch.device:
+    """Where ``group``'s collectives take their tensors: the current GPU under NCCL, else the CPU."""
+    nccl = dist.get_backend(group) == "nccl"
+    return torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+
+
+def together(group: Any) -> None:
+    """Return once every rank of ``group`` has called it (one all-reduce of one element). The proof's clock starts
+    here: ranks reach the proof apart by whatever their start-up differed (their own data, the machine's other load:
+    0.15-1.0 s measured on the 2-core box), a wait the first step's collectives pay when the proof is off; timed from
+    the first rank's arrival, the start-up line charged it to the proof."""
+    if group is None or not dist.is_initialized():
+        return
+    dist.all_reduce(torch.zeros(1, device=_collective_device(group)), group=group)
+
+
 def agree(comparisons: list[Comparison], group: Any) -> list[Comparison]:
     """Every rank's comparisons replaced by the worst each error is on any rank, so that all ranks reach the same
     verdict (a rank that stopped alone would leave the others waiting in the first step's collectives)."""
@@ -155,8 +172,7 @@ def agree(comparisons: list[Comparison], group: Any) -> list[Comparison]:
     values = torch.tensor(
         [v for c in comparisons for v in (c.loss_error, *[c.errors[n] for n in sorted(c.errors)])], dtype=torch.float64
     )
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
-    values = values.to(device)
+    values = values.to(_collective_device(group))
     dist.all_reduce(values, op=dist.ReduceOp.MAX, group=group)
     flat, out = values.cpu().tolist(), []
     for c in comparisons:
@@ -244,7 +260,9 @@ def untouched_rng(device: torch.device):
 
 
 def run_proof(prove: Callable[[], Proof], off_key: str, say: Callable[[str], None], group: Any) -> Proof:
-    """Run ``prove``, agree on its errors over ``group`` (the world), print the start-up line or raise; the proof."""
+    """Run ``prove`` once every rank of ``group`` (the world) has arrived (``together``: the seconds the line
+    reports are the proof's own), agree on its errors over ``group``, print the start-up line or raise; the proof."""
+    together(group)
     started = time.perf_counter()
     proof = prove()
     proof = replace(proof, comparisons=agree(proof.comparisons, group), planted=agree(proof.planted, group))

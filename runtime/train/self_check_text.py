@@ -190,7 +190,7 @@ def prove_text(
         torch.manual_seed(SEED)
         model = model_class(shrunk)
     memory = long_memory(model)  # before the copies: every side runs the same weights
-    initial = copy.deepcopy(model.state_dict())
+    initial = {key: value.detach().clone() for key, value in model.state_dict().items()}  # upstream loads these
     reference = copy.deepcopy(model)
     plan = parallel_plan(config)
     dtype = compute_dtype(plan.mixed_precision, state.device_type)
