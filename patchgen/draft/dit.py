@@ -8,6 +8,7 @@ self._parallel_config`). Anything else is a `[model.unsupported]` reason naming 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,15 @@ import libcst as cst
 
 from patchgen.cst.locate import code_of, normalize
 from patchgen.cst.prune import parsed, reachable_definitions
-from patchgen.draft.dit_layout import assign_of, init_call, layout_plan, per_token_timestep, self_call
+from patchgen.draft.dit_frames import per_frame, token_masks
+from patchgen.draft.dit_layout import (
+    assign_of,
+    grid_rotary_dim,
+    init_call,
+    layout_plan,
+    per_token_timestep,
+    self_call,
+)
 from patchgen.draft.lm import Found, Recognised
 from patchgen.draft.names import DitTarget
 from patchgen.draft.structure import Module, dotted, nodes
@@ -29,6 +38,8 @@ WHY = {
     "tokens": "each SP rank runs the blocks on its slice of the tokens and of the RoPE tables; text stays whole",
     "rotary": "this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls",
     "per_token": "per-token timesteps: sliced with the tokens",
+    "per_frame": "per-frame conditioning repeated over each frame's tokens: its per-token form sliced with the tokens",
+    "mask": "a (tokens x tokens) mask masks queries too: no sharded form of it here",
     "heads": "attention sees every token: all-to-all to this rank's heads (text, when joined, keeps its heads)",
     "sequence": "and back to this rank's tokens x all heads",
     "ring": "under a ring the attention runs ring attention over the ring group (K/V passed around)",
@@ -169,6 +180,9 @@ def _forward(
         missing.append(f"no processor of {cls} ({mod.where(mod.classes[cls])}) hands {DISPATCH} self._parallel_config")
         return
     dim, prefix = _rotary_dim(body, r, rope_attr, inputs)
+    grid = _text(call, "eval") == f"self.{rope_attr}(hidden_states)"  # RoPE tables of the latent grid
+    if dim is None and grid and all(_carrier(mod, p) for p, _ in processors):  # each processor takes the tables
+        dim = grid_rotary_dim(mod, built.get(rope_attr, ""))
     if dim is None:
         missing.append(f"{cls}.forward: no split of the RoPE tables {by} ({mod.where(body[r])})")
         return
@@ -191,6 +205,12 @@ def _forward(
         for e in inputs
         if e.item == "timestep" and e.module == ""
     ]
+    for when, reason, note in token_masks(mod, body):
+        mvars = {"when": when, "reason": reason}
+        out.patches.append(Found("dit/refuse_under_sp", f"{cls}.forward", WHY["mask"], note, vars=mvars, **_at(place)))
+    for fvars, before, note in per_frame(mod, body):
+        frame = Found("dit/shard_per_token", f"{cls}.forward", WHY["per_frame"], note, before, vars=fvars)
+        out.patches.append(dataclasses.replace(frame, place="before"))
     if not per_token and (site := per_token_timestep(body)) is not None:
         note = f"`timestep` embedded flat and its embedding viewed per token at {mod.where(site)}"
         per_token.append(("timestep.ndim > 1 and timestep.shape[1] > 1", note))
@@ -264,9 +284,26 @@ def _processors(mod: Module, reachable: list[str]) -> list[tuple[str, cst.Call]]
                 for a in c.args
             )
         ]
+        if len(calls) > 1:  # SkyReels-V2: an image cross-attention beside the self-attention
+            calls = [c for c in calls if _rotated(mod, name, c)]
         if len(calls) == 1:
             out.append((name, calls[0]))
     return out
+
+
+def _rotated(mod: Module, processor: str, call: cst.Call) -> bool:
+    """Whether the call's key (its second positional argument) is assigned from the processor's RoPE parameter
+    (`key = apply_rotary_emb(key, *rotary_emb)`): the self-attention among several parallelised calls."""
+    carrier = _carrier(mod, processor)
+    args = [a for a in call.args if a.keyword is None]
+    key = dotted(args[1].value) if len(args) > 1 else None
+    if carrier is None or key is None:
+        return False
+    return any(
+        dotted(node.targets[0].target) == key
+        and any(n.value == carrier for n in nodes(node.value, lambda n: isinstance(n, cst.Name)))
+        for node in nodes(mod.method(processor, "__call__"), lambda n: isinstance(n, cst.Assign))
+    )
 
 
 def _rotary_dim(

@@ -101,3 +101,42 @@ def per_token_timestep(body: list[cst.CSTNode]) -> cst.CSTNode | None:
                 if len(args) == 3 and args[1] == "-1":
                     return stmt
     return None
+
+
+def grid_rotary_dim(mod: Module, rope_cls: str) -> int | None:
+    """The token dim of the tables a RoPE module builds from the latent grid (SkyReels-V2: `freqs_cos = ...reshape(1,
+    ppf * pph * ppw, 1, -1)`): the one place of the patch grid's product in the reshape of every table it returns.
+    None when its forward returns anything else."""
+    forward = mod.method(rope_cls, "forward")
+    returns = nodes(forward, lambda n: isinstance(n, cst.Return))
+    if len(returns) != 1 or returns[0].value is None:
+        return None
+    value = returns[0].value
+    names = [dotted(e.value) for e in value.elements] if isinstance(value, cst.Tuple) else [dotted(value)]
+    body = list(forward.body.body)
+    dims = set()
+    for name in names:
+        last = [v for s in body if (a := assign_of(s))[0] == name and (v := a[1]) is not None]
+        call = last[-1] if last else None
+        reshape = method_call(call, "reshape")
+        if reshape is None:
+            return None
+        grid = [i for i, a in enumerate(reshape.args) if grid_product(a.value)]
+        if len(grid) != 1:
+            return None
+        dims.add(grid[0])
+    return dims.pop() if len(dims) == 1 else None
+
+
+def grid_product(node: cst.BaseExpression) -> bool:
+    """`a * b * c`: a product of two or more names (a token count over the patch grid)."""
+    if not isinstance(node, cst.BinaryOperation) or not isinstance(node.operator, cst.Multiply):
+        return False
+    return all(isinstance(side, cst.Name) or grid_product(side) for side in (node.left, node.right))
+
+
+def method_call(value: cst.BaseExpression | None, name: str) -> cst.Call | None:
+    """`value` when it is a call `<...>.name(...)`."""
+    if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == name:
+        return value
+    return None

@@ -23,6 +23,8 @@ from patchgen.errors import PatchgenError
 from patchgen.spec import Spec
 from patchgen.upstream import UpstreamSource
 
+DIT_MODULES = "diffusers.models.transformers."  # where diffusers keeps its transformer classes
+
 
 @dataclass(frozen=True)
 class Drafted:
@@ -77,11 +79,16 @@ def prove(config: ProjectConfig, spec: Spec, source: UpstreamSource) -> None:
 
 
 def drafted_from(committed: dict, name: str) -> tuple[str, bool]:
-    """(what to draft, whether a DiT) for a committed spec: a DiT's diffusers class, else its model type."""
+    """(what to draft, whether a DiT) for a committed spec: a DiT's diffusers class, else its model type. A spec
+    without a [model] record (skyreels_v2: no condition model here) is a DiT where it rewrites a diffusers transformer
+    module and keeps its one class."""
     model = committed.get("model", {})
     upstream = str(model.get("upstream", ""))
     if model.get("family") == "dit" and upstream.startswith("diffusers."):
         return upstream.rsplit(".", 1)[1], True
+    keep = committed.get("keep", [])
+    if not model and str(committed.get("module", "")).startswith(DIT_MODULES) and len(keep) == 1:
+        return str(keep[0]), True
     return model.get("model_type", name), False
 
 
