@@ -72,9 +72,7 @@ def saved_schedule_problems(saved: dict[str, Any]) -> list[str]:
     return errors.messages
 
 
-def schedule_change(
-    saved: Any, current: dict[str, Any], checkpoint: Any, step: int, source: Any = None
-) -> str | None:
+def schedule_change(saved: Any, current: dict[str, Any], checkpoint: Any, step: int, source: Any = None) -> str | None:
     """A one-line message starting with the first changed key when a step the resumed run trains (``step`` + 1 ..
     ``train.steps``) would get another learning rate under the keys ``current`` than under those ``checkpoint``
     recorded (``saved``, read from its file ``source``), else None; a ``ConfigError`` naming that file and the key

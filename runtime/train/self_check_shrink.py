@@ -98,7 +98,18 @@ def is_window(name: str) -> bool:
 # words of integer keys that count or group things (layers, experts, groups, steps) rather than positions
 # ("size" inside a name: Llama 4's intermediate_size_mlp; a chunk length is a threshold whatever its name says)
 _NOT_THRESHOLD_WORDS = (
-    "layer", "group", "expert", "step", "freq", "replace", "top", "seed", "vocab", "head", "dim", "size"
+    "layer",
+    "group",
+    "expert",
+    "step",
+    "freq",
+    "replace",
+    "top",
+    "seed",
+    "vocab",
+    "head",
+    "dim",
+    "size",
 )
 _READ = re.compile(r"\bconfig\.(\w+)|getattr\(\s*[\w.]*config\s*,\s*[\"'](\w+)[\"']")
 
@@ -118,7 +129,7 @@ def is_threshold(name: str) -> bool:
 
 
 def crossed_thresholds(job: Mapping[str, Any], shrunk: Mapping[str, Any], layout: ShrinkLayout) -> list[str]:
-    """"key job -> shrunk" for each threshold the shrunk config lowered into the proof's rows (the start-up line)."""
+    """ "key job -> shrunk" for each threshold the shrunk config lowered into the proof's rows (the start-up line)."""
     return [
         f"{name} {job[name]} -> {shrunk[name]}"
         for name in sorted(layout.reads)
