@@ -31,10 +31,11 @@ venv: $(STAMP)
 XDIST := -n 2 --dist loadfile
 PYTEST := OMP_NUM_THREADS=1 $(BIN)/pytest
 
+# `patchgen check --full` (every body regenerated from its inputs: a header whose hashes were recomputed after an
+# edit fails it) runs inside pytest, on a copy of the project, with `check` and without torch
+# (tests/engine/test_cli.py::test_check_passes_and_never_imports_torch_or_transformers): not a second time here.
 test: $(STAMP)
 	$(BIN)/ruff check .
-	# --full regenerates every body from its inputs: a header whose hashes were recomputed after an edit fails here.
-	$(BIN)/patchgen check --full
 	$(PYTEST) $(XDIST)
 
 # The edit loop's tier: the unit and single-process tests, under 3 minutes on 2 cores (docs/architecture.md, Tests).

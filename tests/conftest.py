@@ -106,32 +106,37 @@ def _is_slow(item: pytest.Item) -> bool:
 # `make test` runs pytest-xdist with two workers, one test file per worker at a time (`--dist loadfile`: a module's
 # fixtures, e.g. one spawned world for all its cases, are built once). Files are handed out in collection order, so
 # the longest go first, longest to shortest (a long file started last would leave the other core idle at the end):
-# the files over 30 s on two workers, measured 2026-12-07 on an idle machine (167 s down to 33 s; the engine's
-# upgrade files after one parse per upstream text), and the files added since that take 40-80 s alone (the drafted
-# models' trainer, the self-check's power, per-frame timesteps: late in collection order, each would run last); the
-# rest keep their order.
+# the files over about 80 s summed on two workers, measured 2026-12-07 with `--durations=0` (under load 7-9, so 2-3x
+# an idle run's figures; their order is what counts), the drafted models' trainer placed by its own runs; the rest
+# keep their order.
 LONGEST_FIRST = (
     "tests/gpu_readiness/test_compile.py",
-    "tests/train/test_dit_models.py",
     "tests/engine/test_verify.py",
-    "tests/train/test_drafted_trainer.py",
-    "tests/rl/test_algorithms.py",
-    "tests/train/test_cli.py",
-    "tests/train/test_self_check_power.py",
-    "tests/dit/test_per_frame_timesteps.py",
-    "tests/parity/test_moe_parallel.py",
-    "tests/rl/test_job_dist.py",
-    "tests/engine/test_upgrade_report.py",
-    "tests/hostile/test_launch_signals.py",
     "tests/gpu_readiness/test_plan.py",
+    "tests/train/test_dit_models.py",
+    "tests/rl/test_algorithms.py",
+    "tests/rl/test_job_dist.py",
+    "tests/train/test_drafted_trainer.py",
+    "tests/train/test_cli.py",
     "tests/engine/test_cli.py",
-    "tests/rl/test_new_dits.py",
-    "tests/parity/test_vlm_sp.py",
-    "tests/fidelity/test_generate.py",
-    "tests/train/test_tiny_cli.py",
-    "tests/dit/test_pipelines.py",
-    "tests/train/test_lm_structures_trainer.py",
+    "tests/rl/test_job.py",
+    "tests/hostile/test_train_round5.py",
     "tests/train/test_vlm_trainer.py",
+    "tests/rl/test_diffusionopd.py",
+    "tests/parity/test_moe_parallel.py",
+    "tests/engine/test_migrate.py",
+    "tests/fidelity/test_generate.py",
+    "tests/dit/test_pipelines.py",
+    "tests/parallel/test_teardown.py",
+    "tests/rl/test_new_dits.py",
+    "tests/engine/test_upgrade_report.py",
+    "tests/train/test_lm_structures_trainer.py",
+    "tests/rl/test_dpo.py",
+    "tests/dit/test_sp.py",
+    "tests/hostile/test_train_nonfinite.py",
+    "tests/rl/test_algorithms_models.py",
+    "tests/train/test_self_check.py",
+    "tests/train/test_tiny_cli.py",
 )
 
 
