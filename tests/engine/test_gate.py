@@ -51,9 +51,15 @@ def test_a_forged_header_passes_the_fast_check_and_fails_the_full_one(project) -
 
 
 def test_ci_runs_the_full_check_and_precommit_the_fast_one() -> None:
+    """`make test` runs the whole suite, no selection, and the suite runs `check --full` on a copy of this project
+    (tests/engine/test_cli.py, without torch); pre-commit runs the fast check."""
+    from tests.engine import test_cli
+
     makefile = (REPO / "Makefile").read_text()
     recipe = re.search(r"^test: .*\n((?:\t.*\n)+)", makefile, re.M).group(1)
-    assert "\t$(BIN)/patchgen check --full\n" in recipe
+    assert recipe.splitlines()[-1] == "\t$(PYTEST) $(XDIST)"
+    assert 'for extra in ([], ["--full"]):' in test_cli.CHECK_WITHOUT_TORCH
+    assert "real" in test_cli.test_check_passes_and_never_imports_torch_or_transformers.__code__.co_varnames
     hooks = (REPO / ".pre-commit-hooks.yaml").read_text()
     assert "entry: patchgen check\n" in hooks
 
