@@ -26,8 +26,8 @@ from patchgen.draft.dit_layout import (
     per_token_timestep,
     self_call,
 )
-from patchgen.draft.lm import Found, Recognised
 from patchgen.draft.names import DitTarget
+from patchgen.draft.recognised import Found, Recognised
 from patchgen.draft.structure import Module, dotted, nodes
 from patchgen.upstream import UpstreamFile
 

@@ -11,7 +11,7 @@ from typing import Any
 import libcst as cst
 
 from patchgen.config import ProjectConfig
-from patchgen.draft.lm import Recognised
+from patchgen.draft.recognised import Recognised
 from patchgen.draft.render import _patch, _table, value
 from patchgen.draft.structure import Module, dotted, nodes
 from patchgen.upstream import UpstreamSource

@@ -12,10 +12,10 @@ from typing import Any
 
 from patchgen.config import ProjectConfig
 from patchgen.cst.prune import parsed, reachable_definitions
-from patchgen.draft.lm import Recognised
 from patchgen.draft.lm_moe import moe
 from patchgen.draft.loading import load_drafted
 from patchgen.draft.names import Target
+from patchgen.draft.recognised import Recognised
 from patchgen.draft.render import _patch, _table, value
 from patchgen.draft.structure import Module
 from patchgen.draft.tiny import AUX_VALUES, EXPERT_COUNTS, MOE_VALUES, config_fields

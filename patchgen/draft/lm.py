@@ -8,8 +8,6 @@ recognised structure is a patch with the file:line it was found at; a structure 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any
 
 import libcst as cst
 
@@ -24,6 +22,7 @@ from patchgen.draft.lm_mixers import (
     mask_layer_types,
     repeats_heads,
 )
+from patchgen.draft.lm_moe import moe
 from patchgen.draft.lm_positions import (
     WHY_GLOBAL,
     WHY_PASS,
@@ -33,6 +32,7 @@ from patchgen.draft.lm_positions import (
     unpassed_position_ids,
 )
 from patchgen.draft.names import Target
+from patchgen.draft.recognised import Found, Recognised
 from patchgen.draft.structure import Module, dotted, nodes, parents
 from patchgen.upstream import UpstreamFile
 
@@ -47,36 +47,7 @@ WHY = {
     "rope": "RoPE comes from global position ids; each SP rank keeps the slice for its tokens",
     "attention": "all-to-all to head-sharded full-sequence attention under SP (sp > kv heads repeats KV heads)",
     "loss": "SP: labels shift across ranks and the mean is over the SP group; optional chunked CE without full logits",
-    "aux": "the load-balancing loss must see every rank's tokens, not one rank's slice",
-    "ep": "expert parallelism splits the stacked experts over the ep group; the runtime reads this plan",
 }
-
-
-@dataclass
-class Found:
-    """One recognised structure: the patch that serves it and where it was found."""
-
-    template: str
-    scope: str
-    why: str
-    note: str  # what was recognised, and where (file:line)
-    anchor: str | None = None
-    through: str | None = None
-    vars: dict[str, Any] = field(default_factory=dict)
-    place: str = "anchor"  # the spec key the anchor goes under: anchor, before or after
-
-
-@dataclass
-class Recognised:
-    """What the module holds, as draft read it; `facts` feed the tiny-config rule (patchgen/draft/tiny.py)."""
-
-    target: Target
-    upstream: UpstreamFile
-    patches: list[Found] = field(default_factory=list)
-    unsupported: dict[str, str] = field(default_factory=dict)
-    data: dict[str, Any] = field(default_factory=dict)
-    handles: list[str] = field(default_factory=list)
-    facts: dict[str, Any] = field(default_factory=dict)
 
 
 def recognise(target: Target, upstream: UpstreamFile) -> Recognised:
@@ -113,8 +84,6 @@ def recognise(target: Target, upstream: UpstreamFile) -> Recognised:
         out.patches = []
         out.data.pop("packed_documents", None)  # boundaries only the (dropped) linear-attention patches honour
         out.unsupported["sp"] = "; ".join(sp_missing)[:300]
-    from patchgen.draft.lm_moe import moe  # it builds on this module's Found
-
     moe(mod, lm, model, pretrained, out)
     for cls, where in parameterless_inits(mod, pretrained):
         note = f"{pretrained}._init_weights initialises {cls}, which holds no parameter of its own, at {where}"

@@ -9,8 +9,13 @@ import re
 import libcst as cst
 
 from patchgen.cst.locate import code_of
-from patchgen.draft.lm import WHY, Found, Recognised
+from patchgen.draft.recognised import Found, Recognised
 from patchgen.draft.structure import Module, dotted, nodes, walk
+
+WHY = {
+    "aux": "the load-balancing loss must see every rank's tokens, not one rank's slice",
+    "ep": "expert parallelism splits the stacked experts over the ep group; the runtime reads this plan",
+}
 
 
 def moe(mod: Module, lm: str, model: str, pretrained: str, out: Recognised) -> None:

@@ -14,8 +14,9 @@ from patchgen.config import ProjectConfig
 from patchgen.draft.dit import recognise_dit
 from patchgen.draft.dit_spec import condition_model, dit_capabilities, dit_spec_text, dit_tiny
 from patchgen.draft.family import draft_member
-from patchgen.draft.lm import Recognised, recognise
+from patchgen.draft.lm import recognise
 from patchgen.draft.names import DitTarget, Target, resolve
+from patchgen.draft.recognised import Recognised
 from patchgen.draft.render import spec_text
 from patchgen.draft.structure import Module
 from patchgen.draft.tiny import config_fields, tiny_config

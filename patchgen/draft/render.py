@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from patchgen.draft.lm import Found, Recognised
+from patchgen.draft.recognised import Found, Recognised
 
 _BARE = re.compile(r"[A-Za-z0-9_-]+")
 CAPABILITY_ORDER = ("moe", "sliding_window")

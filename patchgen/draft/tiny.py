@@ -22,7 +22,7 @@ from typing import Any
 import libcst as cst
 
 from patchgen.cst.locate import code_of
-from patchgen.draft.lm import Recognised
+from patchgen.draft.recognised import Recognised
 from patchgen.draft.structure import Module, dotted, nodes, walk
 
 BASE: dict[str, Any] = {
