@@ -13,7 +13,7 @@ import torch
 
 from tests.dist_utils import run_distributed
 from tests.engine.drafted import DraftedModel, drafted_installed, generate_drafted
-from tests.parity.dense import grads, models, packed_batch
+from tests.parity.dense import gathered_like_one_process, grads, models, packed_batch
 from tests.tolerance import assert_within_rounding
 
 MODEL = "qwen3_5_moe_text"
@@ -33,12 +33,9 @@ def _run(model: torch.nn.Module, batch: dict) -> dict:
 
 def sp_worker(rank: int, world: int, root: str, drafted: DraftedModel) -> list[dict]:
     """Each case: the row sharded, the logits gathered in the row's order, the gradients summed over the group."""
-    import torch.distributed as dist
 
     from runtime.data.sp_batch import shard_for_sp
-    from runtime.parallel.collectives import gather_along_dim
     from runtime.parallel.state import init_parallel_state, set_parallel_state
-    from runtime.sp.layout import to_natural_order
 
     results = []
     with drafted_installed(Path(root), [drafted]):
@@ -46,10 +43,7 @@ def sp_worker(rank: int, world: int, root: str, drafted: DraftedModel) -> list[d
             state = init_parallel_state(sp_size=sp, ring_size=ring)
             _, model = models(MODEL)
             got = _run(model, shard_for_sp(packed_batch(LENGTHS), state))
-            for g in got["grads"].values():
-                dist.all_reduce(g, group=state.sp_group)
-            logits = to_natural_order(gather_along_dim(got["logits"], 1, state.sp_group), 1, sp, ring)
-            results.append({**got, "logits": logits[:, : sum(LENGTHS)]})
+            results.append(gathered_like_one_process(got, state, sum(LENGTHS)))
             set_parallel_state(None)
     return results
 

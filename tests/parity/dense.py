@@ -78,3 +78,18 @@ def sp_worker(
         logits = None if logits is None else logits[:, : sum(lengths)]
         results.append({"loss": out.loss.detach(), "logits": logits, "grads": partial})
     return results
+
+
+def gathered_like_one_process(got: dict, state, tokens: int) -> dict:
+    """A rank's SP result in one process's terms: every gradient summed over the SP group (each rank's holds its
+    tokens' share) and the logits gathered over it in natural token order, cut to the row's ``tokens``."""
+    import torch.distributed as dist
+
+    from runtime.parallel.collectives import gather_along_dim
+    from runtime.sp.layout import to_natural_order
+
+    for g in got["grads"].values():
+        dist.all_reduce(g, group=state.sp_group)
+    logits = gather_along_dim(got["logits"], 1, state.sp_group)
+    logits = to_natural_order(logits, 1, state.sp_size, state.ring_size)
+    return {**got, "logits": logits[:, :tokens]}

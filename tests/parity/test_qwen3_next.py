@@ -13,7 +13,7 @@ import torch
 
 from runtime.data.sp_batch import packed_attention_kwargs
 from tests.dist_utils import run_distributed
-from tests.parity.dense import grads, models, packed_batch
+from tests.parity.dense import gathered_like_one_process, grads, models, packed_batch
 from tests.tolerance import assert_within_rounding
 
 MODEL = "qwen3_next"
@@ -74,13 +74,10 @@ def single_process(overrides: dict, dtype: torch.dtype = torch.float32) -> dict:
 def sp_worker(rank: int, world: int, cases: list[tuple[dict, int, int]]) -> list[dict | str]:
     """Each case of this world size: the padded row's boundaries passed, logits gathered in the row's order, the
     gradients summed over the SP group (each rank's are partial); a refused layout's one-line message."""
-    import torch.distributed as dist
 
     from runtime.config.errors import LayoutRefused
     from runtime.data.sp_batch import shard_for_sp
-    from runtime.parallel.collectives import gather_along_dim
     from runtime.parallel.state import init_parallel_state, set_parallel_state
-    from runtime.sp.layout import to_natural_order
 
     results: list[dict | str] = []
     for overrides, sp, ring in cases:
@@ -92,10 +89,7 @@ def sp_worker(rank: int, world: int, cases: list[tuple[dict, int, int]]) -> list
             results.append(str(refused))
             set_parallel_state(None)
             continue
-        for g in got["grads"].values():
-            dist.all_reduce(g, group=state.sp_group)
-        logits = to_natural_order(gather_along_dim(got["logits"], 1, state.sp_group), 1, sp, ring)
-        results.append({**got, "logits": logits[:, : sum(LENGTHS)]})
+        results.append(gathered_like_one_process(got, state, sum(LENGTHS)))
         set_parallel_state(None)
     return results
 
