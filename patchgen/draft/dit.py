@@ -15,34 +15,30 @@ from typing import Any
 
 import libcst as cst
 
-from patchgen.cst.locate import code_of, normalize
 from patchgen.cst.prune import parsed, reachable_definitions
 from patchgen.draft.dit_frames import per_frame, token_masks
 from patchgen.draft.dit_layout import (
     assign_of,
+    canonical,
     grid_rotary_dim,
     init_call,
     layout_plan,
     per_token_timestep,
     self_call,
 )
+from patchgen.draft.dit_processors import DISPATCH, TEXT, attention, default_processors, rotary_param, rotary_parts
 from patchgen.draft.names import DitTarget
 from patchgen.draft.recognised import Found, Recognised
 from patchgen.draft.structure import Module, dotted, nodes
 from patchgen.upstream import UpstreamFile
 
 ROTARY_CLASS = re.compile(r"Rot|Rope|PosEmbed", re.IGNORECASE)
-TEXT = ("encoder_", "txt_", "text_")  # names of the text stream, which stays whole on every rank
-DISPATCH = "dispatch_attention_fn"
 WHY = {
     "tokens": "each SP rank runs the blocks on its slice of the tokens and of the RoPE tables; text stays whole",
     "rotary": "this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls",
     "per_token": "per-token timesteps: sliced with the tokens",
     "per_frame": "per-frame conditioning repeated over each frame's tokens: its per-token form sliced with the tokens",
     "mask": "a (tokens x tokens) mask masks queries too: no sharded form of it here",
-    "heads": "attention sees every token: all-to-all to this rank's heads (text, when joined, keeps its heads)",
-    "sequence": "and back to this rank's tokens x all heads",
-    "ring": "under a ring the attention runs ring attention over the ring group (K/V passed around)",
     "gather": "gather the projected tokens and drop the padding before unpatchify",
     "shell": "the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints",
 }
@@ -114,11 +110,6 @@ def recognise_dit(target: DitTarget, upstream: UpstreamFile, condition: str) -> 
     return out
 
 
-def _text(node: cst.CSTNode, mode: str = "exec") -> str:
-    """The canonical one-line text of a statement or expression (comments and layout dropped): an anchor."""
-    return normalize(code_of(node).strip() if mode == "eval" else code_of(node), mode) or code_of(node).strip()
-
-
 def _top(forward: cst.FunctionDef) -> list[cst.CSTNode]:
     return list(forward.body.body)
 
@@ -164,7 +155,7 @@ def _forward(
         where, at = "before", embed  # tokens come in packed: the split runs the token-wise embedder per rank
     else:
         where, at = "after", max(r, end)
-    anchor = _text(body[at])
+    anchor = canonical(body[at])
     inputs = [e for e in plan if e.kind == "ContextParallelInput"]
     tokens = ["hidden_states"] + [
         e.item
@@ -175,23 +166,23 @@ def _forward(
         and not e.item.endswith(("_ids", "mask"))
         and e.kwargs.get("expected_dims") == 2
     ]
-    processors = _processors(mod, reachable)
+    processors = default_processors(mod, reachable)
     if not processors:
         missing.append(f"no processor of {cls} ({mod.where(mod.classes[cls])}) hands {DISPATCH} self._parallel_config")
         return
     dim, prefix = _rotary_dim(body, r, rope_attr, inputs)
-    grid = _text(call, "eval") == f"self.{rope_attr}(hidden_states)"  # RoPE tables of the latent grid
-    if dim is None and grid and all(_carrier(mod, p) for p, _ in processors):  # each processor takes the tables
+    grid = canonical(call, "eval") == f"self.{rope_attr}(hidden_states)"  # RoPE tables of the latent grid
+    if dim is None and grid and all(rotary_param(mod, p) for p, _ in processors):  # each processor takes the tables
         dim = grid_rotary_dim(mod, built.get(rope_attr, ""))
     if dim is None:
         missing.append(f"{cls}.forward: no split of the RoPE tables {by} ({mod.where(body[r])})")
         return
     place = {where: anchor}
-    note = f"RoPE `{_text(body[r])}` at {mod.where(body[r])}, tokens split {by}"
+    note = f"RoPE `{canonical(body[r])}` at {mod.where(body[r])}, tokens split {by}"
     tvars: dict[str, Any] = {"tokens": tokens, "processors": [p for p, _ in processors]}
     out.patches.append(Found("dit/shard_tokens", f"{cls}.forward", WHY["tokens"], note, vars=tvars, **_at(place)))
     rvars: dict[str, Any] = {"rotary": rotary, "dim": dim}
-    parts = _rotary_parts(mod, processors)
+    parts = rotary_parts(mod, processors)
     if parts is not None:
         rvars["parts"] = parts
     if prefix is not None:
@@ -220,7 +211,7 @@ def _forward(
             Found("dit/shard_per_token", f"{cls}.forward", WHY["per_token"], note, **_at(place), vars=pvars)
         )
     for name, site in processors:
-        _attention(mod, name, site, out)
+        attention(mod, name, site, out)
     gathered = [e.module for e in plan if e.kind == "ContextParallelOutput"]
     sites = [s for s in body if self_call(assign_of(s)[1]) in gathered]
     if len(sites) != 1:
@@ -229,7 +220,7 @@ def _forward(
         )
         return
     gvars = {"tensor": assign_of(sites[0])[0]}
-    note = f"gather the output of `{_text(sites[0])}` at {mod.where(sites[0])}, tokens split {by}"
+    note = f"gather the output of `{canonical(sites[0])}` at {mod.where(sites[0])}, tokens split {by}"
     out.patches.append(
         Found(
             "dit/gather_tokens",
@@ -237,7 +228,7 @@ def _forward(
             WHY["gather"],
             note,
             vars=gvars,
-            **_at({"after": _text(sites[0])}),
+            **_at({"after": canonical(sites[0])}),
         )
     )
 
@@ -254,56 +245,6 @@ def _rotary(mod: Module, cls: str) -> bool:
 def _at(place: dict[str, str]) -> dict[str, str]:
     [(where, anchor)] = place.items()
     return {"anchor": anchor, "place": where}
-
-
-def _processors(mod: Module, reachable: list[str]) -> list[tuple[str, cst.Call]]:
-    """(processor, its attention call) for each default processor of the reachable attention modules (`processor=
-    X()` or `_default_processor_cls = X`) whose __call__ hands diffusers' parallel config to one dispatch call."""
-    named: list[str] = []
-    for cls in reachable:
-        node = mod.classes.get(cls)
-        default = mod.class_attr(cls, "_default_processor_cls")
-        if default in mod.classes and default not in named:
-            named.append(default)
-        for arg in nodes(node, lambda n: isinstance(n, cst.Arg) and n.keyword is not None):
-            if arg.keyword.value == "processor" and isinstance(arg.value, cst.Call):
-                name = dotted(arg.value.func)
-                if name in mod.classes and name not in named:
-                    named.append(name)
-    out = []
-    for name in sorted(named, key=list(mod.classes).index):
-        calls = [
-            c
-            for c in nodes(
-                mod.method(name, "__call__"), lambda n: isinstance(n, cst.Call) and dotted(n.func) == DISPATCH
-            )
-            if any(
-                a.keyword is not None
-                and a.keyword.value == "parallel_config"
-                and "self._parallel_config" in code_of(a.value)
-                for a in c.args
-            )
-        ]
-        if len(calls) > 1:  # SkyReels-V2: an image cross-attention beside the self-attention
-            calls = [c for c in calls if _rotated(mod, name, c)]
-        if len(calls) == 1:
-            out.append((name, calls[0]))
-    return out
-
-
-def _rotated(mod: Module, processor: str, call: cst.Call) -> bool:
-    """Whether the call's key (its second positional argument) is assigned from the processor's RoPE parameter
-    (`key = apply_rotary_emb(key, *rotary_emb)`): the self-attention among several parallelised calls."""
-    carrier = _carrier(mod, processor)
-    args = [a for a in call.args if a.keyword is None]
-    key = dotted(args[1].value) if len(args) > 1 else None
-    if carrier is None or key is None:
-        return False
-    return any(
-        dotted(node.targets[0].target) == key
-        and any(n.value == carrier for n in nodes(node.value, lambda n: isinstance(n, cst.Name)))
-        for node in nodes(mod.method(processor, "__call__"), lambda n: isinstance(n, cst.Assign))
-    )
 
 
 def _rotary_dim(
@@ -330,60 +271,3 @@ def _rotary_dim(
         return None, None
     prefix = f"{names[0]}.shape[0]" if mine[0] == 1 else None
     return split[names[mine[0]]], prefix
-
-
-def _rotary_parts(mod: Module, processors: list[tuple[str, cst.Call]]) -> list[int] | None:
-    """The parts of a RoPE tuple that belong to the tokens, when a processor unpacks it into named parts of which
-    some are the text's (`img_freqs, txt_freqs = image_rotary_emb`); None: every part is per token (cos, sin)."""
-    for name, _ in processors:
-        carrier = _carrier(mod, name)
-        for node in nodes(mod.method(name, "__call__"), lambda n: isinstance(n, cst.Assign)):
-            target = node.targets[0].target
-            if dotted(node.value) == carrier and isinstance(target, cst.Tuple):
-                names = [dotted(e.value) or "" for e in target.elements]
-                if any(n.startswith(TEXT) for n in names):
-                    return [i for i, n in enumerate(names) if not n.startswith(TEXT)]
-    return None
-
-
-def _carrier(mod: Module, processor: str) -> str | None:
-    call = mod.method(processor, "__call__")
-    params = [p.name.value for p in call.params.params] if call is not None else []
-    rotary = [p for p in params if "rotary" in p]
-    return rotary[0] if len(rotary) == 1 else None
-
-
-def _attention(mod: Module, name: str, call: cst.Call, out: Recognised) -> None:
-    """The all-to-all pair around the processor's parallelised attention call, and the ring wrapped around it."""
-    scope = f"{name}.__call__"
-    statement = next(
-        s
-        for s in nodes(mod.method(name, "__call__"), lambda n: isinstance(n, cst.SimpleStatementLine))
-        if any(n is call for n in nodes(s, lambda n: isinstance(n, cst.Call)))
-    )
-    tensors = [code_of(a.value) for a in call.args if a.keyword is None][:3]
-    first = _cat_of(mod, name, tensors[0])
-    replicated = "none" if first is None else "first" if first[0].startswith(TEXT) else "last"
-    mask = next((code_of(a.value) for a in call.args if a.keyword and a.keyword.value == "attn_mask"), "None")
-    hvars: dict[str, Any] = {"tensors": tensors, "carrier": _carrier(mod, name), "replicated": replicated}
-    hvars["dims"] = "bshd"  # dispatch_attention_fn takes (batch, seq, heads, head_dim)
-    if mask != "attention_mask":
-        hvars["mask"] = mask
-    text = _text(statement)
-    note = f"{DISPATCH} with diffusers' parallel config at {mod.where(call)}"
-    out.patches.append(Found("dit/ulysses_to_heads", scope, WHY["heads"], note, text, vars=hvars, place="before"))
-    result = assign_of(statement)[0]
-    out.patches.append(
-        Found("dit/ulysses_to_sequence", scope, WHY["sequence"], note, text, vars={"tensor": result}, place="after")
-    )
-    ring = Found("dit/ring_attention", scope, WHY["ring"], note, _text(call, "eval"), vars={"callee": DISPATCH})
-    out.patches.append(ring)
-
-
-def _cat_of(mod: Module, processor: str, name: str) -> list[str] | None:
-    """The parts of `name = torch.cat([a, b], dim=1)` in the processor (a joint [text, image] sequence)."""
-    for node in nodes(mod.method(processor, "__call__"), lambda n: isinstance(n, cst.Assign)):
-        if dotted(node.targets[0].target) == name and isinstance(node.value, cst.Call):
-            if dotted(node.value.func) == "torch.cat" and isinstance(node.value.args[0].value, cst.List | cst.Tuple):
-                return [dotted(e.value) or "" for e in node.value.args[0].value.elements]
-    return None

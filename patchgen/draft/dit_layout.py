@@ -24,6 +24,11 @@ def assign_of(stmt: cst.CSTNode) -> tuple[str | None, cst.BaseExpression | None]
     return None, None
 
 
+def canonical(node: cst.CSTNode, mode: str = "exec") -> str:
+    """The canonical one-line text of a statement or expression (comments and layout dropped): an anchor."""
+    return normalize(code_of(node).strip() if mode == "eval" else code_of(node), mode) or code_of(node).strip()
+
+
 def self_call(value: cst.BaseExpression | None) -> str | None:
     """`attr` of a value `self.attr(...)`."""
     if isinstance(value, cst.Call) and (dotted(value.func) or "").startswith("self."):
