@@ -27,10 +27,11 @@ from patchgen.draft.dit_layout import (
     self_call,
 )
 from patchgen.draft.dit_processors import DISPATCH, TEXT, attention, default_processors, rotary_param, rotary_parts
+from patchgen.draft.dit_shared import shared_attention
 from patchgen.draft.names import DitTarget
 from patchgen.draft.recognised import Found, Recognised
 from patchgen.draft.structure import Module, dotted, nodes
-from patchgen.upstream import UpstreamFile
+from patchgen.upstream import UpstreamFile, UpstreamSource
 
 ROTARY_CLASS = re.compile(r"Rot|Rope|PosEmbed", re.IGNORECASE)
 WHY = {
@@ -82,7 +83,9 @@ def _call(node: ast.AST) -> tuple[str, dict[str, Any]]:
     return ast.unparse(node.func), {k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg}
 
 
-def recognise_dit(target: DitTarget, upstream: UpstreamFile, condition: str) -> Recognised:
+def recognise_dit(
+    target: DitTarget, upstream: UpstreamFile, condition: str, source: UpstreamSource | None = None
+) -> Recognised:
     """The DiT kinds in the order the shipped DiT specs list them: shard tokens, RoPE and per-token timesteps; per
     processor the all-to-all pair and the ring; the gather after the output projection; the training shell."""
     mod = Module(upstream)
@@ -94,7 +97,7 @@ def recognise_dit(target: DitTarget, upstream: UpstreamFile, condition: str) -> 
     if plan == []:
         state = "states a _cp_plan that is no literal"
         missing.append(f"{cls} ({mod.where(mod.classes[cls])}) {state}, draft reads no token split from it")
-    else:
+    elif source is None or not shared_attention(mod, cls, source, out, missing):  # processors of shared modules
         _forward(mod, cls, plan, reachable, out, missing)
     if missing:  # all SP patches or none
         out.patches = []

@@ -92,6 +92,8 @@ def dit_spec_text(
         f"keep = {value([target.cls])}",
         "",
     ]
+    for module, keep in found.companions:  # shared modules whose classes the patches redefine
+        lines += ["[[companion]]", f'module = "{module}"', f"keep = {value(keep)}", ""]
     model = {
         "model_type": target.name,
         "class": f"{target.cls}ForTraining",

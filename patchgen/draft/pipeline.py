@@ -53,7 +53,7 @@ def draft_spec(
     if isinstance(target, DitTarget):
         target = dataclasses.replace(target, name=name or target.name)
         condition = condition_model(project, source, target.cls, upstream.text, target.name)
-        found = recognise_dit(target, upstream, condition[0])
+        found = recognise_dit(target, upstream, condition[0], source)
         mod = Module(upstream)
         tiny, capabilities = dit_tiny(mod, target.cls), dit_capabilities(mod, target.cls)
         return Drafted(target, found, dit_spec_text(found, upstream.pin, tiny, capabilities, condition))

@@ -37,3 +37,4 @@ class Recognised:
     data: dict[str, Any] = field(default_factory=dict)
     handles: list[str] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
+    companions: list[tuple[str, list[str]]] = field(default_factory=list)  # (module, classes it redefines)
