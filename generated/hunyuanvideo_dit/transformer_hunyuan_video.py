@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/hunyuanvideo.toml; to change it, edit the spec or a
 # template and run `patchgen regen hunyuanvideo`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_hunyuan_video.py sha256=c5de2f401716dad9d63a701dac70ae348debfc81640c33cb300c34f402b9f681
-# spec: specs/hunyuanvideo.toml sha256=c784f55eac49798f96cd0a4ab462502c5af64200a851661c18ab3931c5076bdb
+# spec: specs/hunyuanvideo.toml sha256=50f6c5c1f500cfa582f9b3ab99fa6da78d71c8c0756c0e50efa865d6f7f75f46
 # templates: sha256=392e4c3970ac7136f95d11ba8f466e5752a91866407dda1eb71e733588b97440
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
-# body: sha256=48d62491a5caa5055a4c1ee5a63a54e36343bb22a584bc6440917241b6d38fad
+# body: sha256=1810dc10976fd749d9e617504dc9321b829ce48b3bb73beebff7b36a77043071
 # patches:
 #   #1 dit/refuse_under_sp @ HunyuanVideoTransformer3DModel.forward: I2V token replacement indexes the first frame's tokens globally: refuse SP instead of modulating the wrong tokens
 #   #2 dit/shard_tokens @ HunyuanVideoTransformer3DModel.forward: each SP rank runs the blocks on its slice of the video tokens and their RoPE; the text (refined before the split) stays whole
@@ -1071,7 +1071,7 @@ class HunyuanVideoTransformer3DModel(
         post_patch_width = width // p
         first_frame_num_tokens = 1 * post_patch_height * post_patch_width
         # patchgen #1 dit/refuse_under_sp (1 stmt): I2V token replacement indexes the first frame's tokens globally: refuse SP instead of modulating the wrong tokens
-        refuse_under_sp(self.config.image_condition_type == 'token_replace', "token_replace I2V modulates the first frame's tokens by their global position, which the token split does not carry", site="specs/hunyuanvideo.toml patch 1 (dit/refuse_under_sp in HunyuanVideoTransformer3DModel.forward)")
+        refuse_under_sp(self.config.image_condition_type == 'token_replace', "HunyuanVideoTokenReplaceTransformerBlock treats the tokens before `first_frame_num_tokens` apart (`x[:, :num_tokens]`): a count from the start of the whole sequence, which the token split does not carry", site="specs/hunyuanvideo.toml patch 1 (dit/refuse_under_sp in HunyuanVideoTransformer3DModel.forward)")
 
         # 1. RoPE
         image_rotary_emb = self.rope(hidden_states)

@@ -17,6 +17,7 @@ import libcst as cst
 
 from patchgen.cst.prune import parsed, reachable_definitions
 from patchgen.draft.dit_frames import per_frame, token_masks
+from patchgen.draft.dit_joint import joint_sequence
 from patchgen.draft.dit_layout import (
     assign_of,
     canonical,
@@ -27,7 +28,10 @@ from patchgen.draft.dit_layout import (
     self_call,
 )
 from patchgen.draft.dit_processors import DISPATCH, TEXT, attention, default_processors, rotary_param, rotary_parts
+from patchgen.draft.dit_rope_tables import flat_rotary_dim
 from patchgen.draft.dit_shared import shared_attention
+from patchgen.draft.dit_text import text_refiners
+from patchgen.draft.dit_token_index import global_token_counts
 from patchgen.draft.names import DitTarget
 from patchgen.draft.recognised import Found, Recognised
 from patchgen.draft.structure import Module, dotted, nodes
@@ -40,6 +44,7 @@ WHY = {
     "per_token": "per-token timesteps: sliced with the tokens",
     "per_frame": "per-frame conditioning repeated over each frame's tokens: its per-token form sliced with the tokens",
     "mask": "a (tokens x tokens) mask masks queries too: no sharded form of it here",
+    "index": "these blocks index tokens by their position in the whole sequence: refused under SP",
     "gather": "gather the projected tokens and drop the padding before unpatchify",
     "shell": "the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints",
 }
@@ -132,6 +137,8 @@ def _forward(
         for i, s in enumerate(body)
         if (attr := self_call(assign_of(s)[1])) is not None and _rotary(mod, built.get(attr, ""))
     ]
+    joint = joint_sequence(mod, cls, body, lambda c: _rotary(mod, c)) if not rope else None  # Lumina2
+    rope = [joint.rope] if joint is not None else rope
     if len(rope) != 1:
         missing.append(f"{cls}.forward ({mod.where(forward)}) computes the RoPE tables {len(rope)} times, not once")
         return
@@ -143,7 +150,7 @@ def _forward(
             missing.append(reason)
             return
         plan, by = [PlanEntry(*e) for e in entries], "as the forward lays them out (no _cp_plan)"
-    rotary, call = assign_of(body[r])
+    rotary, call = (joint.rotary, joint.call) if joint is not None else assign_of(body[r])
     rope_attr = self_call(call)
     embed = next(
         (i for i, s in enumerate(body) if assign_of(s)[0] == "hidden_states" and self_call(assign_of(s)[1])), None
@@ -154,7 +161,11 @@ def _forward(
     end = embed
     while end + 1 < len(body) and assign_of(body[end + 1])[0] == "hidden_states":
         end += 1
-    if embed > r and init_call(mod, cls, self_call(assign_of(body[embed])[1])) == "nn.Linear":
+    processors = default_processors(mod, reachable)
+    end, refiners = text_refiners(mod, cls, body, end, [p for p, _ in processors])  # run before the split
+    if joint is not None:
+        where, at = "after", joint.split  # the joint [text, image] sequence, right before the main blocks
+    elif embed > r and init_call(mod, cls, self_call(assign_of(body[embed])[1])) == "nn.Linear":
         where, at = "before", embed  # tokens come in packed: the split runs the token-wise embedder per rank
     else:
         where, at = "after", max(r, end)
@@ -169,20 +180,26 @@ def _forward(
         and not e.item.endswith(("_ids", "mask"))
         and e.kwargs.get("expected_dims") == 2
     ]
-    processors = default_processors(mod, reachable)
+    tokens += joint.tokens if joint is not None else []  # the key mask of the joint sequence
     if not processors:
         missing.append(f"no processor of {cls} ({mod.where(mod.classes[cls])}) hands {DISPATCH} self._parallel_config")
         return
-    dim, prefix = _rotary_dim(body, r, rope_attr, inputs)
+    dim, prefix = (joint.dim, None) if joint is not None else _rotary_dim(body, r, rope_attr, inputs)
     grid = canonical(call, "eval") == f"self.{rope_attr}(hidden_states)"  # RoPE tables of the latent grid
     if dim is None and grid and all(rotary_param(mod, p) for p, _ in processors):  # each processor takes the tables
-        dim = grid_rotary_dim(mod, built.get(rope_attr, ""))
+        tables = (grid_rotary_dim(mod, built.get(rope_attr, "")), flat_rotary_dim(mod, built.get(rope_attr, "")))
+        dim = next((d for d in tables if d is not None), None)
     if dim is None:
         missing.append(f"{cls}.forward: no split of the RoPE tables {by} ({mod.where(body[r])})")
         return
     place = {where: anchor}
     note = f"RoPE `{canonical(body[r])}` at {mod.where(body[r])}, tokens split {by}"
     tvars: dict[str, Any] = {"tokens": tokens, "processors": [p for p, _ in processors]}
+    if refiners:
+        tvars["replicated_modules"] = refiners
+    for rvars, after, rnote in global_token_counts(mod, cls, body):  # before the split in the forward: first
+        refusal = Found("dit/refuse_under_sp", f"{cls}.forward", WHY["index"], rnote, after, vars=rvars)
+        out.patches.append(dataclasses.replace(refusal, place="after"))
     out.patches.append(Found("dit/shard_tokens", f"{cls}.forward", WHY["tokens"], note, vars=tvars, **_at(place)))
     rvars: dict[str, Any] = {"rotary": rotary, "dim": dim}
     parts = rotary_parts(mod, processors)

@@ -2,8 +2,9 @@
 plan diffusers would state, recognised structurally, so the DiT kinds are placed by the same rules as for a class
 that states one. The patchified tokens are `hidden_states` (split over dim 1); the RoPE tables' positions are the
 forward's inputs that the one RoPE call concatenates (`ids = torch.cat((txt_ids, img_ids), dim=0)`: split where
-they are joined); the output gathered is the forward's last `x = self.<linear>(...)`, the output projection before
-unpatchify. What cannot be placed is a reason naming file:line, never a guess."""
+they are joined); the output gathered is the forward's last `x = self.<linear>(...)` (or of a norm built with an
+`out_dim`), the output projection before unpatchify. What cannot be placed is a reason naming file:line, never a
+guess."""
 
 from __future__ import annotations
 
@@ -45,6 +46,15 @@ def init_call(mod: Module, cls: str, attr: str | None) -> str | None:
     return None
 
 
+def projects(mod: Module, cls: str, attr: str) -> bool:
+    """Whether `self.attr` is built with an `out_dim=` of its own: a final norm that also projects the tokens to the
+    patch's channels (Lumina2's `LuminaLayerNormContinuous(..., out_dim=p * p * out_channels)`)."""
+    for node in nodes(mod.method(cls, "__init__"), lambda n: isinstance(n, cst.Assign)):
+        if dotted(node.targets[0].target) == f"self.{attr}" and isinstance(node.value, cst.Call):
+            return any(a.keyword is not None and a.keyword.value == "out_dim" for a in node.value.args)
+    return False
+
+
 def layout_plan(mod: Module, cls: str, rope: int | None) -> tuple[list[tuple[str, object, str, dict]], str | None]:
     """The plan's leaves (module, input, kind, keywords) as `_cp_plan` would state them, and '' or the reason
     (file:line) why the output cannot be placed. `rope`: the index of the forward's one RoPE statement, if any."""
@@ -60,7 +70,8 @@ def layout_plan(mod: Module, cls: str, rope: int | None) -> tuple[list[tuple[str
     linear = [
         (attr, s)
         for s in body
-        if (attr := self_call(assign_of(s)[1])) is not None and init_call(mod, cls, attr) in LINEAR
+        if (attr := self_call(assign_of(s)[1])) is not None
+        and (init_call(mod, cls, attr) in LINEAR or projects(mod, cls, attr))
     ]
     if not linear:
         return entries, f"{cls}.forward ({mod.where(forward)}) assigns no `x = self.<nn.Linear>(...)` to gather"

@@ -15,14 +15,18 @@ from patchgen.draft.structure import Module, dotted, nodes
 
 TEXT = ("encoder_", "txt_", "text_")  # names of the text stream, which stays whole on every rank
 DISPATCH = "dispatch_attention_fn"
+SDPA = ("F.scaled_dot_product_attention", "torch.nn.functional.scaled_dot_product_attention")  # (b, h, s, d)
 WHY_HEADS = "attention sees every token: all-to-all to this rank's heads (text, when joined, keeps its heads)"
 WHY_SEQUENCE = "and back to this rank's tokens x all heads"
 WHY_RING = "under a ring the attention runs ring attention over the ring group (K/V passed around)"
+WHY_TENSOR = "the processor applies its RoPE as one complex tensor: take the split the wrapped RoPE carries"
 
 
 def default_processors(mod: Module, reachable: list[str]) -> list[tuple[str, cst.Call]]:
     """(processor, its attention call) for each default processor of the reachable attention modules (`processor=
-    X()` or `_default_processor_cls = X`) whose __call__ hands diffusers' parallel config to one dispatch call."""
+    X()` or `_default_processor_cls = X`) whose __call__ hands diffusers' parallel config to one dispatch call, or
+    makes one `F.scaled_dot_product_attention` call (a processor of this module written before diffusers' dispatch:
+    Lumina2's)."""
     named: list[str] = []
     for cls in reachable:
         node = mod.classes.get(cls)
@@ -50,6 +54,8 @@ def default_processors(mod: Module, reachable: list[str]) -> list[tuple[str, cst
         ]
         if len(calls) > 1:  # SkyReels-V2: an image cross-attention beside the self-attention
             calls = [c for c in calls if rotated(mod, name, c)]
+        if not calls:
+            calls = nodes(mod.method(name, "__call__"), lambda n: isinstance(n, cst.Call) and dotted(n.func) in SDPA)
         if len(calls) == 1:
             out.append((name, calls[0]))
     return out
@@ -104,19 +110,40 @@ def attention(mod: Module, name: str, call: cst.Call, out: Recognised) -> None:
     first = cat_of(mod, name, tensors[0])
     replicated = "none" if first is None else "first" if first[0].startswith(TEXT) else "last"
     mask = next((code_of(a.value) for a in call.args if a.keyword and a.keyword.value == "attn_mask"), "None")
-    hvars: dict[str, Any] = {"tensors": tensors, "carrier": rotary_param(mod, name), "replicated": replicated}
-    hvars["dims"] = "bshd"  # dispatch_attention_fn takes (batch, seq, heads, head_dim)
+    callee = dotted(call.func)
+    carrier = rotary_param(mod, name)
+    note = f"{DISPATCH} with diffusers' parallel config at {mod.where(call)}"
+    if callee in SDPA:
+        note = f"{callee} of this module's processor at {mod.where(call)}"
+    if carrier is not None and complex_rotary(mod, name, carrier):  # unwrapped first, the split in `dit_sp`
+        first = canonical(mod.method(name, "__call__").body.body[0])
+        rvars = {"rotary": carrier}
+        out.patches.append(Found("dit/rotary_tensor", scope, WHY_TENSOR, note, first, vars=rvars, place="before"))
+        carrier = "dit_sp"
+    hvars: dict[str, Any] = {"tensors": tensors, "carrier": carrier, "replicated": replicated}
+    hvars["dims"] = "bhsd" if callee in SDPA else "bshd"  # torch's SDPA: (b, h, s, d); dispatch_attention_fn: bshd
     if mask != "attention_mask":
         hvars["mask"] = mask
     text = canonical(statement)
-    note = f"{DISPATCH} with diffusers' parallel config at {mod.where(call)}"
     out.patches.append(Found("dit/ulysses_to_heads", scope, WHY_HEADS, note, text, vars=hvars, place="before"))
     result = assign_of(statement)[0]
     out.patches.append(
         Found("dit/ulysses_to_sequence", scope, WHY_SEQUENCE, note, text, vars={"tensor": result}, place="after")
     )
-    ring = Found("dit/ring_attention", scope, WHY_RING, note, canonical(call, "eval"), vars={"callee": DISPATCH})
+    ring = Found("dit/ring_attention", scope, WHY_RING, note, canonical(call, "eval"), vars={"callee": callee})
     out.patches.append(ring)
+
+
+def complex_rotary(mod: Module, processor: str, rotary: str) -> bool:
+    """Whether the processor hands its RoPE parameter to `apply_rotary_emb(x, rotary, use_real=False)`: one complex
+    tensor (Lumina2's freqs_cis), not a (cos, sin) tuple, so it cannot itself carry the split."""
+    calls = nodes(mod.method(processor, "__call__"), lambda n: isinstance(n, cst.Call))
+    return any(
+        dotted(c.func) == "apply_rotary_emb"
+        and any(dotted(a.value) == rotary for a in c.args)
+        and any(a.keyword is not None and a.keyword.value == "use_real" and dotted(a.value) == "False" for a in c.args)
+        for c in calls
+    )
 
 
 def cat_of(mod: Module, processor: str, name: str) -> list[str] | None:

@@ -48,8 +48,11 @@ _NO_PLAN = (
     "reads (RoPE tables from concatenated position inputs, dispatch_attention_fn with diffusers' parallel config): "
     "[model.unsupported] sp"
 )
-NOT_REPRODUCED |= {name: _FITTED for name in ("wan", "flux", "qwenimage", "ltx_video", "cogvideox", "auraflow")}
-NOT_REPRODUCED |= {name: _NO_PLAN for name in ("hunyuanvideo", "lumina2", "sana", "pixart_sigma")}
+NOT_REPRODUCED |= {
+    name: _FITTED
+    for name in ("wan", "flux", "qwenimage", "ltx_video", "cogvideox", "auraflow", "hunyuanvideo", "lumina2")
+}
+NOT_REPRODUCED |= {name: _NO_PLAN for name in ("sana", "pixart_sigma")}
 NOT_REPRODUCED["sd3"] = (
     "every patch but one drafted as shipped (processor and block companions, the split carried in "
     "joint_attention_kwargs); hand choice: ControlNet residuals refused under SP"
