@@ -13,7 +13,10 @@ all-reduce spanning SP ranks too). Hence:
 * ``slice_for_rank``: replicated -> local. Backward zero-pads the local gradient; no communication.
 * ``gather_along_dim``: local -> replicated. Backward sums the partial gradients of the full tensor over the group
   and keeps this rank's chunk (reduce-scatter): the chunk lives on this rank only, so its gradient must be complete.
-* The Ulysses all-to-alls move every element to exactly one rank; their backward is the inverse all-to-all.
+* The Ulysses all-to-alls move every element to exactly one rank; their backward is the inverse all-to-all. The
+  ``_many`` forms exchange several tensors (q, k and v) in one all-to-all: one collective where there were three,
+  whose latency, not its bytes, is what small shards pay; the elements land exactly where one all-to-all each would
+  put them (bitwise the same results).
 * ``reduce_token_weighted_loss``: the forward all-reduces, the backward does not communicate: ``d loss / d loss_sum``
   is the same ``1 / global_count`` on every rank, and each rank differentiates only its own ``loss_sum``.
 
@@ -22,6 +25,7 @@ A tensor is split along a dim into ``group size`` equal contiguous chunks, chunk
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -33,7 +37,9 @@ from torch.distributed import ProcessGroup
 __all__ = [
     "gather_along_dim",
     "gather_heads_scatter_seq",
+    "gather_heads_scatter_seq_many",
     "gather_seq_scatter_heads",
+    "gather_seq_scatter_heads_many",
     "pad_and_slice",
     "reduce_token_weighted_loss",
     "slice_for_rank",
@@ -78,6 +84,22 @@ def _all_to_all(x: Tensor, scatter_dim: int, gather_dim: int, group: ProcessGrou
     return torch.cat(recv.unbind(0), dim=gather_dim)
 
 
+def _all_to_all_many(
+    xs: tuple[Tensor, ...], scatter_dim: int, gather_dim: int, group: ProcessGroup, size: int
+) -> tuple[Tensor, ...]:
+    """``_all_to_all`` of each tensor (one dtype and device), in one collective: row ``j`` of the send buffer holds
+    chunk ``j`` of every tensor, flattened side by side, so each element reaches the rank and place it would alone."""
+    chunks = [x.unflatten(scatter_dim, (size, -1)).movedim(scatter_dim, 0) for x in xs]  # (size, *chunk) each
+    widths = [chunk[0].numel() for chunk in chunks]
+    send = xs[0].new_empty((size, sum(widths)))
+    for part, chunk in zip(send.split(widths, dim=1), chunks, strict=True):
+        part.view(chunk.shape).copy_(chunk)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    parts = zip(recv.split(widths, dim=1), chunks, strict=True)
+    return tuple(torch.cat(part.view(chunk.shape).unbind(0), dim=gather_dim) for part, chunk in parts)
+
+
 class _SliceForRank(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: Tensor, dim: int, size: int, rank: int) -> Tensor:
@@ -115,6 +137,18 @@ class _AllToAll(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None, None]:
         return _all_to_all(grad, ctx.gather_dim, ctx.scatter_dim, ctx.group, ctx.size), None, None, None, None
+
+
+class _FusedAllToAll(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, scatter_dim: int, gather_dim: int, group: ProcessGroup, size: int, *xs: Tensor) -> Any:
+        ctx.scatter_dim, ctx.gather_dim, ctx.group, ctx.size = scatter_dim, gather_dim, group, size
+        return _all_to_all_many(xs, scatter_dim, gather_dim, group, size)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Tensor) -> Any:
+        back = _all_to_all_many(grads, ctx.gather_dim, ctx.scatter_dim, ctx.group, ctx.size)
+        return (None, None, None, None, *back)
 
 
 class _TokenWeightedMean(torch.autograd.Function):
@@ -210,6 +244,42 @@ def gather_heads_scatter_seq(x: Tensor, head_dim: int, seq_dim: int, group: Proc
         return x
     _check_divisible(x, seq_dim, size, "gather_heads_scatter_seq (sequence)")
     return _AllToAll.apply(x, seq_dim % x.dim(), head_dim % x.dim(), group, size)
+
+
+def _many(
+    tensors: Sequence[Tensor], scatter_dim: int, gather_dim: int, group: ProcessGroup | None, what: str
+) -> tuple[Tensor, ...] | None:
+    """The fused all-to-all of ``tensors`` (all of one number of dims, dtype and device), or None where a tensor
+    at a time is the same thing (one tensor, no group) or the tensors cannot share a buffer."""
+    size, _ = _size_and_rank(group)
+    if size == 1 or len(tensors) < 2:
+        return None
+    first = tensors[0]
+    if any(t.dim() != first.dim() or t.dtype != first.dtype or t.device != first.device for t in tensors):
+        return None
+    for t in tensors:
+        _check_divisible(t, scatter_dim, size, what)
+    return _FusedAllToAll.apply(scatter_dim % first.dim(), gather_dim % first.dim(), group, size, *tensors)
+
+
+def gather_seq_scatter_heads_many(
+    tensors: Sequence[Tensor], seq_dim: int, head_dim: int, group: ProcessGroup | None
+) -> tuple[Tensor, ...]:
+    """``gather_seq_scatter_heads`` of each tensor (q, k, v: their head counts may differ), in one all-to-all."""
+    fused = _many(tensors, head_dim, seq_dim, group, "gather_seq_scatter_heads (heads)")
+    if fused is not None:
+        return fused
+    return tuple(gather_seq_scatter_heads(t, seq_dim=seq_dim, head_dim=head_dim, group=group) for t in tensors)
+
+
+def gather_heads_scatter_seq_many(
+    tensors: Sequence[Tensor], head_dim: int, seq_dim: int, group: ProcessGroup | None
+) -> tuple[Tensor, ...]:
+    """``gather_heads_scatter_seq`` of each tensor, in one all-to-all."""
+    fused = _many(tensors, seq_dim, head_dim, group, "gather_heads_scatter_seq (sequence)")
+    if fused is not None:
+        return fused
+    return tuple(gather_heads_scatter_seq(t, head_dim=head_dim, seq_dim=seq_dim, group=group) for t in tensors)
 
 
 def reduce_token_weighted_loss(loss_sum: Tensor, token_count: Tensor | int, group: ProcessGroup | None) -> Tensor:

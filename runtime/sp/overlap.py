@@ -10,9 +10,9 @@ the packing of the next tensor and the transfers of the others. With overlap on,
 * backward: the three inverse all-to-alls of dq, dk, dv are launched together and waited together (autograd hands
   the three gradients to one backward call, where three separate functions would serialise them).
 
-All-to-alls only move elements; packing and unpacking are the same ``stack``/``cat`` as the synchronous path
-(``runtime.parallel.collectives``), so results are bitwise identical with overlap on and off (tested). Off is the
-default and runs exactly the synchronous code path: the switch costs one bool check per attention call.
+All-to-alls only move elements (here each tensor is packed alone, as ``runtime.parallel.collectives`` packs one; its
+synchronous path, the default, sends q, k and v in one all-to-all), so results are bitwise identical with overlap on
+and off (tested). Off runs exactly the synchronous code path: the switch costs one bool check per attention call.
 
 The switch is ``ParallelState.overlap`` (``parallel.overlap`` in the run config, applied by ``setup_parallel``).
 """
@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.distributed import ProcessGroup
 
-from runtime.parallel.collectives import _check_divisible, gather_seq_scatter_heads
+from runtime.parallel.collectives import _check_divisible, gather_seq_scatter_heads_many
 from runtime.parallel.state import get_parallel_state, parallel_state
 
 __all__ = ["overlap", "overlap_enabled", "seq_to_heads"]
@@ -81,12 +81,13 @@ class _AllToAllMany(torch.autograd.Function):
 def seq_to_heads(
     tensors: Sequence[Tensor], seq_dim: int, head_dim: int, group: ProcessGroup | None
 ) -> tuple[Tensor, ...]:
-    """``gather_seq_scatter_heads`` of each tensor (q, k, v): asynchronously and together when overlap is on.
+    """``gather_seq_scatter_heads`` of each tensor (q, k, v): asynchronously and together when overlap is on, else
+    in one synchronous all-to-all (``gather_seq_scatter_heads_many``).
 
     All tensors must have the same number of dims; each keeps its own shape otherwise.
     """
     if not overlap_enabled() or group is None or dist.get_world_size(group) == 1:
-        return tuple(gather_seq_scatter_heads(t, seq_dim=seq_dim, head_dim=head_dim, group=group) for t in tensors)
+        return gather_seq_scatter_heads_many(tensors, seq_dim=seq_dim, head_dim=head_dim, group=group)
     size = dist.get_world_size(group)
     for t in tensors:
         _check_divisible(t, head_dim, size, "seq_to_heads (heads)")

@@ -30,8 +30,8 @@ from torch import Tensor
 
 from runtime.parallel.collectives import (
     gather_along_dim,
-    gather_heads_scatter_seq,
-    gather_seq_scatter_heads,
+    gather_heads_scatter_seq_many,
+    gather_seq_scatter_heads_many,
     slice_for_rank,
     unpad,
 )
@@ -102,10 +102,10 @@ def vit_all_to_all(
     group = _sp_group()
     if group is None:
         return tuple(tensors)
-    if to == "heads":
-        return tuple(gather_seq_scatter_heads(t, seq_dim=seq_dim, head_dim=head_dim, group=group) for t in tensors)
+    if to == "heads":  # q, k and v in one all-to-all
+        return gather_seq_scatter_heads_many(tensors, seq_dim=seq_dim, head_dim=head_dim, group=group)
     if to == "sequence":
-        return tuple(gather_heads_scatter_seq(t, head_dim=head_dim, seq_dim=seq_dim, group=group) for t in tensors)
+        return gather_heads_scatter_seq_many(tensors, head_dim=head_dim, seq_dim=seq_dim, group=group)
     raise ValueError(f"vit_all_to_all: to must be 'heads' or 'sequence', got {to!r}")
 
 

@@ -20,7 +20,9 @@ from torch import Tensor
 from runtime.parallel.collectives import (
     gather_along_dim,
     gather_heads_scatter_seq,
+    gather_heads_scatter_seq_many,
     gather_seq_scatter_heads,
+    gather_seq_scatter_heads_many,
     pad_and_slice,
     reduce_token_weighted_loss,
     slice_for_rank,
@@ -151,6 +153,40 @@ def _dist_attention(rank: int, group: dist.ProcessGroup) -> dict[str, Tensor]:
     return {"out": out.detach(), "q_grad": q.grad, "k_grad": k.grad, "v_grad": v.grad}
 
 
+# q, k, v of one attention call (b, s, h, d): GQA head counts and a value head dim of its own; full sequence 6
+MANY_SHAPES = ((2, 6, 4, 5), (2, 6, 2, 5), (2, 6, 2, 7))
+
+
+def _dist_many(rank: int, group: dist.ProcessGroup, fused: bool) -> dict[str, object]:
+    """q, k, v to heads and back, in one all-to-all each way (``fused``) or one per tensor; the outputs, the
+    gradients of the inputs, and the all-to-alls issued."""
+    xs = [_leaf(_chunk(_rand(40 + i, *shape), 1, WORLD, rank)) for i, shape in enumerate(MANY_SHAPES)]
+    calls, issue = [], dist.all_to_all_single
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return issue(*args, **kwargs)
+
+    dist.all_to_all_single = counted
+    try:
+        if fused:
+            heads = gather_seq_scatter_heads_many(xs, 1, 2, group)
+            back = gather_heads_scatter_seq_many([torch.tanh(h) * (i + 2) for i, h in enumerate(heads)], 2, 1, group)
+        else:
+            heads = [gather_seq_scatter_heads(x, 1, 2, group) for x in xs]
+            back = [gather_heads_scatter_seq(torch.tanh(h) * (i + 2), 2, 1, group) for i, h in enumerate(heads)]
+        sum((b * _rand(50 + i, *b.shape)).sum() for i, b in enumerate(back)).backward()
+    finally:
+        dist.all_to_all_single = issue
+    return {
+        "heads": [h.detach() for h in heads],
+        "back": [b.detach() for b in back],
+        "grads": [x.grad for x in xs],
+        "calls": len(calls),
+        "grad_fn": type(heads[0].grad_fn).__name__,
+    }
+
+
 def _loss_inputs(labels: list[int]) -> tuple[Tensor, Tensor, Tensor]:
     return _rand(21, 1, len(labels), HIDDEN), _rand(22, HIDDEN, VOCAB), torch.tensor([labels])
 
@@ -206,6 +242,7 @@ def _world2_worker(rank: int, world_size: int) -> dict[str, object]:
     for name, (shape, seq_dim, head_dim) in ULYSSES_CASES.items():
         out[f"ulysses/{name}"] = _dist_ulysses(rank, group, shape, seq_dim, head_dim)
     out["attention"] = _dist_attention(rank, group)
+    out["many"] = {fused: _dist_many(rank, group, fused) for fused in (False, True)}
     for name, labels in LOSS_CASES.items():
         out[f"loss/{name}"] = _dist_loss(rank, group, labels)
     out["loss_scalar"] = _dist_loss_scalar(rank, group)
@@ -307,6 +344,21 @@ def test_ulysses_causal_attention(world2):
     torch.testing.assert_close(torch.cat([r["out"] for r in ranks], 1), out.detach(), **CLOSE)
     for key, ref in (("q_grad", q.grad), ("k_grad", k.grad), ("v_grad", v.grad)):
         torch.testing.assert_close(torch.cat([r[key] for r in ranks], 1), ref, **CLOSE)
+
+
+@pytest.mark.dist
+def test_fused_all_to_all_is_bitwise_the_one_per_tensor(world2):
+    """q, k and v (differing head counts and head dims) in one all-to-all each way, forward and backward: the
+    elements of every output and input gradient are bitwise those of one all-to-all per tensor."""
+    for rank, r in enumerate(_ranks(world2, "many")):
+        apart, fused = r[False], r[True]
+        assert (apart["calls"], fused["calls"]) == (12, 4), rank  # 3 + 3 forward and backward, against 1 + 1
+        assert fused["grad_fn"] == "_FusedAllToAllBackward", rank
+        for key in ("heads", "back", "grads"):
+            assert all(torch.equal(a, f) for a, f in zip(apart[key], fused[key], strict=True)), (rank, key)
+        full = [_rand(40 + i, *shape) for i, shape in enumerate(MANY_SHAPES)]
+        for heads, x in zip(fused["heads"], full, strict=True):  # full sequence, this rank's head chunk
+            assert torch.equal(heads, _chunk(x, 2, WORLD, rank)), rank
 
 
 @pytest.mark.dist
