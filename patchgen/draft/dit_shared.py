@@ -57,7 +57,8 @@ def shared_attention(mod: Module, cls: str, source: UpstreamSource, out: Recogni
     modules = Modules(source, out.target.module, mod)
     loops = _loops(modules, mod, cls, forward)
     found = {b: _processors(modules, *b) for b in dict.fromkeys(loop.block for loop in loops)}
-    shared = [p for ps in found.values() for p in ps if p[0] != out.target.module]
+    package = out.target.module.rsplit(".", 1)[0]  # diffusers.models.transformers: the models' own modules
+    shared = [p for ps in found.values() for p in ps if p[0].rsplit(".", 1)[0] != package]
     if not shared:
         return False
     processors = list(dict.fromkeys(shared))
@@ -66,9 +67,9 @@ def shared_attention(mod: Module, cls: str, source: UpstreamSource, out: Recogni
         if len(calls) != 1:
             where = modules.get(pmod).where(modules.get(pmod).classes[name])
             missing.append(f"{name} ({where}) calls {SDPA} {len(calls)} times, not once: no SP form of it is read")
-    own = [p for ps in found.values() for p in ps if p[0] == out.target.module]
+    own = [p for ps in found.values() for p in ps if p not in shared]
     if own:
-        missing.append(f"{', '.join(p[1] for p in own)} of {cls}'s own module beside shared processors: not read")
+        missing.append(f"{', '.join(p[1] for p in own)} of a model's module beside shared processors: not read")
     body = list(forward.body.body)
     first = next((i for i, s in enumerate(body) if any(_calls_blocks(s, loop) for loop in loops)), None)
     tokens = [i for i, s in enumerate(body[:first]) if assign_of(s)[0] == "hidden_states"]

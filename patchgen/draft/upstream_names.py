@@ -8,6 +8,7 @@ from __future__ import annotations
 import libcst as cst
 
 from patchgen.draft.structure import Module, dotted
+from patchgen.errors import PatchgenError
 from patchgen.upstream import UpstreamSource
 
 HOPS = 4  # re-exports followed at most (diffusers' attention.py re-exports attention_processor's Attention)
@@ -37,7 +38,10 @@ class Modules:
         imported = imports(mod.tree.body, module).get(name)
         if imported is None or hops == 0:
             return None
-        return self.origin(imported[0], imported[1], hops - 1)
+        try:
+            return self.origin(imported[0], imported[1], hops - 1)
+        except PatchgenError:  # a package (`...utils`), not a module file: no class draft follows
+            return None
 
 
 def imports(statements: list[cst.CSTNode] | tuple, module: str) -> dict[str, tuple[str, str]]:

@@ -86,3 +86,15 @@ def test_the_rope_tables_token_dim_is_read_from_the_broadcast() -> None:
     assert dim("    if sequence_dim == 2:\n        t = t[:, None, :, :]\n", 2) == 1
     assert dim("    if sequence_dim == 2:\n        t = t[None, None, 0, :]\n", 2) is None
     assert dim(diffusers, 3) is None
+
+
+@pytest.mark.parametrize("cls", ["BriaFiboTransformer2DModel", "ChromaTransformer2DModel"])
+def test_processors_of_another_models_module_are_not_shared_ones(cls: str) -> None:
+    """Bria-Fibo's blocks build Bria's processor (transformer_bria.py, a model's module, dispatch_attention_fn with
+    diffusers' parallel config): drafted with SP as before, no companion; Chroma's imports reach a package
+    (`...utils`), which the import reading skips instead of failing."""
+    drafted = _draft(cls)
+    assert "companion" not in drafted
+    if cls == "BriaFiboTransformer2DModel":
+        assert "unsupported" not in drafted["model"]
+        assert "dit/ulysses_to_heads" in [p["template"] for p in drafted["patch"]]
