@@ -2,10 +2,10 @@
 # Made by patchgen 0.1.0 from specs/skyreels_v2.toml; to change it, edit the spec or a
 # template and run `patchgen regen skyreels_v2`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_skyreels_v2.py sha256=4b6b6066474c9853b5934f7469afc854a32f4c676ec49998b290b37cca3432b9
-# spec: specs/skyreels_v2.toml sha256=31aabdb78887c7022a70f7b48a0243ecb0acb0eabe953c9d8ee997b93f9be3c1
+# spec: specs/skyreels_v2.toml sha256=97bb1333feb657a7d60e6f75ad77ac40aacefd2da462daa411d462a50f869eac
 # templates: sha256=8fdd8a2e0f31c51917ddd3f601bc095424c38daa25439d8b59367678dbf7e913
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
-# body: sha256=e9f3d87089496420d381e79e307e3a7344463ecbce2acee3cd4d5434255584f8
+# body: sha256=015bd5d26aff67470ecbada5ae9e66413dcc4f4eb86f45e273af2cf27bdd32dc
 # patches:
 #   #1 dit/shard_tokens @ SkyReelsV2Transformer3DModel.forward: each SP rank runs the blocks on its slice of the patchified video tokens and of the RoPE tables
 #   #2 dit/shard_rotary @ SkyReelsV2Transformer3DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
@@ -710,7 +710,7 @@ class SkyReelsV2Transformer3DModel(
         # patchgen #2 dit/shard_rotary (1 stmt): this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
         rotary_emb = shard_rotary(rotary_emb, dit_sp, dim=1)
         # patchgen #3 dit/refuse_under_sp (1 stmt): the autoregressive block-causal mask masks queries too: no sharded form of it here
-        refuse_under_sp(self.config.num_frame_per_block > 1, "the block-causal mask (num_frame_per_block > 1) is a (tokens x tokens) query-and-key mask; SP attention takes key masks only", site="specs/skyreels_v2.toml patch 3 (dit/refuse_under_sp in SkyReelsV2Transformer3DModel.forward)")
+        refuse_under_sp(self.config.num_frame_per_block > 1, "the (tokens x tokens) mask `causal_mask` (num_frame_per_block > 1) masks queries too; SP attention takes key masks only", site="specs/skyreels_v2.toml patch 3 (dit/refuse_under_sp in SkyReelsV2Transformer3DModel.forward)")
 
         causal_mask = None
         if self.config.num_frame_per_block > 1:

@@ -59,8 +59,8 @@ NOT_REPRODUCED["sd3"] = (
 )
 NOT_REPRODUCED["skyreels_v2"] = (
     "every SP patch drafted as shipped (the grid RoPE split, per-frame temb and timestep_proj sliced after their "
-    "repeat, the block-causal mask refused); hand choices: no [model] record (no condition model here), so no "
-    "training shell, and the mask's refusal worded by hand"
+    "repeat, the block-causal mask refused); hand choice: no [model] record (no condition model here: draft's "
+    "record would name one that does not exist), so no training shell"
 )
 NOT_REPRODUCED["qwen3_next"] = (
     "code reproduced (gated delta-net layers split by the sp/linear_attention kinds); hand choice: the shipped tiny "
