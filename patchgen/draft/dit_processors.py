@@ -1,6 +1,7 @@
 """A DiT's attention processors as draft reads them: the default processor of each attention module the class
-reaches, its one attention call (`dispatch_attention_fn` handed diffusers' parallel config), the argument carrying
-the RoPE tables (and the split) into it, and the all-to-all pair and ring placed around that call."""
+reaches, its one attention call (`dispatch_attention_fn` handed diffusers' parallel config, else torch's
+`F.scaled_dot_product_attention`), the argument carrying the RoPE tables (and the split) into it, and the all-to-all
+pair and ring placed around that call."""
 
 from __future__ import annotations
 
