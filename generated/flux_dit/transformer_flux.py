@@ -2,18 +2,20 @@
 # Made by patchgen 0.1.0 from specs/flux.toml; to change it, edit the spec or a
 # template and run `patchgen regen flux`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_flux.py sha256=19c283790c6ecce114759c47daf98b448292dec9c5070ad04eda1580fbf31770
-# spec: specs/flux.toml sha256=5b29df8992d96a506a9a5bcc5cc3ce479f7463735f31c458e7e441149ef02f8b
-# templates: sha256=6b636d12cd5bcc928ef018d25c3e0be4bc9ed2d83735e746387242dd802f6dfd
+# spec: specs/flux.toml sha256=a1b7cb59b2ed3d0f0550fae0990e0f84af22b5ec9250970b78ffa1fc6c26d311
+# templates: sha256=392e4c3970ac7136f95d11ba8f466e5752a91866407dda1eb71e733588b97440
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
-# body: sha256=d40e6578d220667f3dfc252c95f85323110f5b4e05492a712587d6a39feeb05f
+# body: sha256=822088f0530523eaa12cf30e64740cb5e576a4e59c4810620b9e242348c4c3cf
 # patches:
-#   #1 dit/shard_tokens @ FluxTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens and their RoPE; text tokens and positions stay whole
-#   #2 dit/shard_rotary @ FluxTransformer2DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
-#   #3 dit/ulysses_to_heads @ FluxAttnProcessor.__call__: joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
-#   #4 dit/ulysses_to_sequence @ FluxAttnProcessor.__call__: and back: image tokens to this rank's slice, the text output gathered over heads
-#   #5 dit/ring_attention @ FluxAttnProcessor.__call__: under a ring: ring attention over the image K/V, the text K/V attended once as extra K/V
-#   #6 dit/gather_tokens @ FluxTransformer2DModel.forward: gather the projected image tokens and drop the padding
-#   #7 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+#   #1 dit/refuse_under_sp @ FluxTransformer2DModel.forward: ControlNet residuals cover every image token: refuse SP instead of adding them to the wrong tokens
+#   #2 dit/refuse_under_sp @ FluxTransformer2DModel.forward: ControlNet residuals cover every image token: refuse SP instead of adding them to the wrong tokens
+#   #3 dit/shard_tokens @ FluxTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens and their RoPE; text tokens and positions stay whole
+#   #4 dit/shard_rotary @ FluxTransformer2DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
+#   #5 dit/ulysses_to_heads @ FluxAttnProcessor.__call__: joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
+#   #6 dit/ulysses_to_sequence @ FluxAttnProcessor.__call__: and back: image tokens to this rank's slice, the text output gathered over heads
+#   #7 dit/ring_attention @ FluxAttnProcessor.__call__: under a ring: ring attention over the image K/V, the text K/V attended once as extra K/V
+#   #8 dit/gather_tokens @ FluxTransformer2DModel.forward: gather the projected image tokens and drop the padding
+#   #9 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
 # Copyright 2025 Black Forest Labs, The HuggingFace Team and The InstantX Team. All rights reserved.
 #
@@ -55,7 +57,8 @@ from diffusers.models.embeddings import (
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.normalization import AdaLayerNormContinuous, AdaLayerNormZero, AdaLayerNormZeroSingle
-# patchgen imports (7 stmt): names the patches below use
+# patchgen imports (8 stmt): names the patches below use
+from runtime.diffusion.sp import refuse_under_sp
 from runtime.diffusion.sp import shard_tokens, token_shard
 from runtime.diffusion.sp import shard_rotary
 from runtime.diffusion.sp import attention_split, ulysses_to_heads
@@ -142,11 +145,11 @@ class FluxAttnProcessor:
         if image_rotary_emb is not None:
             query = apply_rotary_emb(query, image_rotary_emb, sequence_dim=1)
             key = apply_rotary_emb(key, image_rotary_emb, sequence_dim=1)
-        # patchgen #3 dit/ulysses_to_heads (2 stmt): joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
-        dit_attn = attention_split(image_rotary_emb, replicated="first", dims="bshd", site="specs/flux.toml patch 3 (dit/ulysses_to_heads in FluxAttnProcessor.__call__)", module=attn)
+        # patchgen #5 dit/ulysses_to_heads (2 stmt): joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
+        dit_attn = attention_split(image_rotary_emb, replicated="first", dims="bshd", site="specs/flux.toml patch 5 (dit/ulysses_to_heads in FluxAttnProcessor.__call__)", module=attn)
         query, key, value, attention_mask = ulysses_to_heads(dit_attn, query, key, value, attention_mask)
 
-        # patchgen #5 dit/ring_attention (1 stmt): under a ring: ring attention over the image K/V, the text K/V attended once as extra K/V
+        # patchgen #7 dit/ring_attention (1 stmt): under a ring: ring attention over the image K/V, the text K/V attended once as extra K/V
         hidden_states = ring_dispatch(dit_attn, dispatch_attention_fn)(
             query,
             key,
@@ -155,7 +158,7 @@ class FluxAttnProcessor:
             backend=self._attention_backend,
             parallel_config=self._parallel_config,
         )
-        # patchgen #4 dit/ulysses_to_sequence (1 stmt): and back: image tokens to this rank's slice, the text output gathered over heads
+        # patchgen #6 dit/ulysses_to_sequence (1 stmt): and back: image tokens to this rank's slice, the text output gathered over heads
         hidden_states = ulysses_to_sequence(dit_attn, hidden_states)
         hidden_states = hidden_states.flatten(2, 3)
         hidden_states = hidden_states.to(query.dtype)
@@ -750,6 +753,10 @@ class FluxTransformer2DModel(
             If `return_dict` is True, an [`~models.transformer_2d.Transformer2DModelOutput`] is returned, otherwise a
             `tuple` where the first element is the sample tensor.
         """
+        # patchgen #1 dit/refuse_under_sp (1 stmt): ControlNet residuals cover every image token: refuse SP instead of adding them to the wrong tokens
+        refuse_under_sp(controlnet_block_samples is not None, "ControlNet residuals are whole-image tensors the token split does not slice", site="specs/flux.toml patch 1 (dit/refuse_under_sp in FluxTransformer2DModel.forward)")
+        # patchgen #2 dit/refuse_under_sp (1 stmt): ControlNet residuals cover every image token: refuse SP instead of adding them to the wrong tokens
+        refuse_under_sp(controlnet_single_block_samples is not None, "ControlNet residuals are whole-image tensors the token split does not slice", site="specs/flux.toml patch 2 (dit/refuse_under_sp in FluxTransformer2DModel.forward)")
 
         hidden_states = self.x_embedder(hidden_states)
 
@@ -779,10 +786,10 @@ class FluxTransformer2DModel(
 
         ids = torch.cat((txt_ids, img_ids), dim=0)
         image_rotary_emb = self.pos_embed(ids)
-        # patchgen #1 dit/shard_tokens (2 stmt): each SP rank runs the blocks on its slice of the image tokens and their RoPE; text tokens and positions stay whole
-        dit_sp = token_shard(self, hidden_states.shape[1], (FluxAttnProcessor,), site="specs/flux.toml patch 1 (dit/shard_tokens in FluxTransformer2DModel.forward)")
+        # patchgen #3 dit/shard_tokens (2 stmt): each SP rank runs the blocks on its slice of the image tokens and their RoPE; text tokens and positions stay whole
+        dit_sp = token_shard(self, hidden_states.shape[1], (FluxAttnProcessor,), site="specs/flux.toml patch 3 (dit/shard_tokens in FluxTransformer2DModel.forward)")
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
-        # patchgen #2 dit/shard_rotary (1 stmt): this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
+        # patchgen #4 dit/shard_rotary (1 stmt): this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
         image_rotary_emb = shard_rotary(image_rotary_emb, dit_sp, dim=0, prefix=txt_ids.shape[0])
 
         if joint_attention_kwargs is not None and "ip_adapter_image_embeds" in joint_attention_kwargs:
@@ -850,7 +857,7 @@ class FluxTransformer2DModel(
 
         hidden_states = self.norm_out(hidden_states, temb)
         output = self.proj_out(hidden_states)
-        # patchgen #6 dit/gather_tokens (1 stmt): gather the projected image tokens and drop the padding
+        # patchgen #8 dit/gather_tokens (1 stmt): gather the projected image tokens and drop the padding
         output = gather_tokens(output, dit_sp)
 
         if not return_dict:
@@ -859,7 +866,7 @@ class FluxTransformer2DModel(
         return Transformer2DModelOutput(sample=output)
 
 
-# patchgen #7 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+# patchgen #9 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 class FluxTransformer2DModelConfig(PatchgenDiTConfig):
     """FluxTransformer2DModel's __init__ parameters as a transformers config (model_type "flux")."""
 

@@ -2,18 +2,19 @@
 # Made by patchgen 0.1.0 from specs/qwenimage.toml; to change it, edit the spec or a
 # template and run `patchgen regen qwenimage`. `patchgen check` fails when this file drifts.
 # upstream: diffusers==0.40.0 diffusers/models/transformers/transformer_qwenimage.py sha256=cea921e2dd8bba5fcd86ae99054d7320b2773cc653c04c218983d54e737e2cc5
-# spec: specs/qwenimage.toml sha256=e7345eceb1126a6c1b726715ebb40b1aea33158b59c62ad09ec352b48eb7620c
-# templates: sha256=6b636d12cd5bcc928ef018d25c3e0be4bc9ed2d83735e746387242dd802f6dfd
+# spec: specs/qwenimage.toml sha256=27ebeb7eeef5326fff9de32074ac8a7e57d4df95469a7101960eb808a8de28f4
+# templates: sha256=392e4c3970ac7136f95d11ba8f466e5752a91866407dda1eb71e733588b97440
 # engine: patchgen==0.1.0 sha256=8b3dad80d0959425c1c2734f65165ba086134645d69df9c64250caebcf67a7b2
-# body: sha256=0efeab962938bea57f754363d998d496bfc9fc7d239c316cb4fde58c09de60b1
+# body: sha256=346842e9ad5d3b0a224ec8f0ddfa832a18ec570ad5cd19ecf4fc84576b05b903
 # patches:
-#   #1 dit/shard_tokens @ QwenImageTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole
-#   #2 dit/shard_rotary @ QwenImageTransformer2DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
-#   #3 dit/ulysses_to_heads @ QwenDoubleStreamAttnProcessor2_0.__call__: joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
-#   #4 dit/ulysses_to_sequence @ QwenDoubleStreamAttnProcessor2_0.__call__: and back: image tokens to this rank's slice, the text output gathered over heads
-#   #5 dit/ring_attention @ QwenDoubleStreamAttnProcessor2_0.__call__: under a ring: ring attention over the image K/V, the text K/V (key mask honoured) attended once as extra K/V
-#   #6 dit/gather_tokens @ QwenImageTransformer2DModel.forward: gather the projected image tokens and drop the padding
-#   #7 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+#   #1 dit/refuse_under_sp @ QwenImageTransformer2DModel.forward: ControlNet residuals cover every image token: refuse SP instead of adding them to the wrong tokens
+#   #2 dit/shard_tokens @ QwenImageTransformer2DModel.forward: each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole
+#   #3 dit/shard_rotary @ QwenImageTransformer2DModel.forward: this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
+#   #4 dit/ulysses_to_heads @ QwenDoubleStreamAttnProcessor2_0.__call__: joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
+#   #5 dit/ulysses_to_sequence @ QwenDoubleStreamAttnProcessor2_0.__call__: and back: image tokens to this rank's slice, the text output gathered over heads
+#   #6 dit/ring_attention @ QwenDoubleStreamAttnProcessor2_0.__call__: under a ring: ring attention over the image K/V, the text K/V (key mask honoured) attended once as extra K/V
+#   #7 dit/gather_tokens @ QwenImageTransformer2DModel.forward: gather the projected image tokens and drop the padding
+#   #8 dit/training_shell @ <module>: the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 # ---- end of patchgen provenance ----
 # Copyright 2025 Qwen-Image Team, The HuggingFace Team. All rights reserved.
 #
@@ -52,7 +53,8 @@ from diffusers.models.embeddings import TimestepEmbedding, Timesteps
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from diffusers.models.normalization import AdaLayerNormContinuous, RMSNorm
-# patchgen imports (7 stmt): names the patches below use
+# patchgen imports (8 stmt): names the patches below use
+from runtime.diffusion.sp import refuse_under_sp
 from runtime.diffusion.sp import shard_tokens, token_shard
 from runtime.diffusion.sp import shard_rotary
 from runtime.diffusion.sp import attention_split, ulysses_to_heads
@@ -570,11 +572,11 @@ class QwenDoubleStreamAttnProcessor2_0:
         joint_query = torch.cat([txt_query, img_query], dim=1)
         joint_key = torch.cat([txt_key, img_key], dim=1)
         joint_value = torch.cat([txt_value, img_value], dim=1)
-        # patchgen #3 dit/ulysses_to_heads (2 stmt): joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
-        dit_attn = attention_split(image_rotary_emb, replicated="first", dims="bshd", site="specs/qwenimage.toml patch 3 (dit/ulysses_to_heads in QwenDoubleStreamAttnProcessor2_0.__call__)", module=attn)
+        # patchgen #4 dit/ulysses_to_heads (2 stmt): joint attention over [text, image]: image tokens all-to-all to this rank's heads, text keeps this rank's heads
+        dit_attn = attention_split(image_rotary_emb, replicated="first", dims="bshd", site="specs/qwenimage.toml patch 4 (dit/ulysses_to_heads in QwenDoubleStreamAttnProcessor2_0.__call__)", module=attn)
         joint_query, joint_key, joint_value, attention_mask = ulysses_to_heads(dit_attn, joint_query, joint_key, joint_value, attention_mask)
 
-        # patchgen #5 dit/ring_attention (1 stmt): under a ring: ring attention over the image K/V, the text K/V (key mask honoured) attended once as extra K/V
+        # patchgen #6 dit/ring_attention (1 stmt): under a ring: ring attention over the image K/V, the text K/V (key mask honoured) attended once as extra K/V
         joint_hidden_states = ring_dispatch(dit_attn, dispatch_attention_fn)(
             joint_query,
             joint_key,
@@ -585,7 +587,7 @@ class QwenDoubleStreamAttnProcessor2_0:
             backend=self._attention_backend,
             parallel_config=self._parallel_config,
         )
-        # patchgen #4 dit/ulysses_to_sequence (1 stmt): and back: image tokens to this rank's slice, the text output gathered over heads
+        # patchgen #5 dit/ulysses_to_sequence (1 stmt): and back: image tokens to this rank's slice, the text output gathered over heads
         joint_hidden_states = ulysses_to_sequence(dit_attn, joint_hidden_states)
 
         # Reshape back
@@ -933,6 +935,8 @@ class QwenImageTransformer2DModel(
             If `return_dict` is True, an [`~models.transformer_2d.Transformer2DModelOutput`] is returned, otherwise a
             `tuple` where the first element is the sample tensor.
         """
+        # patchgen #1 dit/refuse_under_sp (1 stmt): ControlNet residuals cover every image token: refuse SP instead of adding them to the wrong tokens
+        refuse_under_sp(controlnet_block_samples is not None, "ControlNet residuals are whole-image tensors the token split does not slice", site="specs/qwenimage.toml patch 1 (dit/refuse_under_sp in QwenImageTransformer2DModel.forward)")
         hidden_states = self.img_in(hidden_states)
 
         timestep = timestep.to(hidden_states.dtype)
@@ -965,11 +969,11 @@ class QwenImageTransformer2DModel(
         )
 
         image_rotary_emb = self.pos_embed(img_shapes, max_txt_seq_len=text_seq_len, device=hidden_states.device)
-        # patchgen #1 dit/shard_tokens (3 stmt): each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole
-        dit_sp = token_shard(self, hidden_states.shape[1], (QwenDoubleStreamAttnProcessor2_0,), site="specs/qwenimage.toml patch 1 (dit/shard_tokens in QwenImageTransformer2DModel.forward)")
+        # patchgen #2 dit/shard_tokens (3 stmt): each SP rank runs the blocks on its slice of the image tokens (and their RoPE, modulation index); text stays whole
+        dit_sp = token_shard(self, hidden_states.shape[1], (QwenDoubleStreamAttnProcessor2_0,), site="specs/qwenimage.toml patch 2 (dit/shard_tokens in QwenImageTransformer2DModel.forward)")
         hidden_states = shard_tokens(hidden_states, dit_sp, dim=1)
         modulate_index = shard_tokens(modulate_index, dit_sp, dim=1)
-        # patchgen #2 dit/shard_rotary (1 stmt): this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
+        # patchgen #3 dit/shard_rotary (1 stmt): this rank's slice of the RoPE tables; the sharded RoPE carries the split to the attention calls that mix tokens
         image_rotary_emb = shard_rotary(image_rotary_emb, dit_sp, dim=0, parts=(0,))
 
         for index_block, block in enumerate(self.transformer_blocks):
@@ -1007,7 +1011,7 @@ class QwenImageTransformer2DModel(
         # Use only the image part (hidden_states) from the dual-stream blocks
         hidden_states = self.norm_out(hidden_states, temb)
         output = self.proj_out(hidden_states)
-        # patchgen #6 dit/gather_tokens (1 stmt): gather the projected image tokens and drop the padding
+        # patchgen #7 dit/gather_tokens (1 stmt): gather the projected image tokens and drop the padding
         output = gather_tokens(output, dit_sp)
 
         if not return_dict:
@@ -1016,7 +1020,7 @@ class QwenImageTransformer2DModel(
         return Transformer2DModelOutput(sample=output)
 
 
-# patchgen #7 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
+# patchgen #8 dit/training_shell (2 stmt): the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints
 class QwenImageTransformer2DModelConfig(PatchgenDiTConfig):
     """QwenImageTransformer2DModel's __init__ parameters as a transformers config (model_type "qwenimage")."""
 

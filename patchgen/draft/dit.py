@@ -28,6 +28,7 @@ from patchgen.draft.dit_layout import (
     self_call,
 )
 from patchgen.draft.dit_processors import DISPATCH, TEXT, attention, default_processors, rotary_param, rotary_parts
+from patchgen.draft.dit_residuals import residual_refusals
 from patchgen.draft.dit_rope_tables import flat_rotary_dim
 from patchgen.draft.dit_shared import shared_attention
 from patchgen.draft.dit_text import text_refiners
@@ -107,6 +108,8 @@ def recognise_dit(
     if missing:  # all SP patches or none
         out.patches = []
         out.unsupported["sp"] = "; ".join(missing)[:300]
+    else:  # refused first: before the forward's first statement
+        out.patches[:0] = residual_refusals(mod, cls)
     shell = {"cls": cls, "model_type": target.name, "condition_model_type": condition}
     if mod.class_attr(cls, "_no_split_modules") is None:
         blocks = [c for attr, c in mod.built(cls) if "blocks" in attr]

@@ -43,19 +43,19 @@ NOT_REPRODUCED = {
 # a DiT's record is fitted to its hand-written condition model (runtime/diffusion/conditions/): the tiny config to
 # the tiny pipeline's widths, the data (released checkpoints, tiny variants) to what no upstream text states
 _FITTED = "code reproduced; the record's tiny config and data are fitted to the hand-written condition model"
-_NO_PLAN = (
-    "diffusers states no context-parallel plan (_cp_plan) for it and its forward lays the tokens out in no way draft "
-    "reads (RoPE tables from concatenated position inputs, dispatch_attention_fn with diffusers' parallel config): "
-    "[model.unsupported] sp"
-)
 NOT_REPRODUCED |= {
     name: _FITTED
-    for name in ("wan", "flux", "qwenimage", "ltx_video", "cogvideox", "auraflow", "hunyuanvideo", "lumina2")
+    for name in ("wan", "flux", "qwenimage", "ltx_video", "cogvideox", "auraflow", "hunyuanvideo", "lumina2", "sd3")
 }
-NOT_REPRODUCED |= {name: _NO_PLAN for name in ("sana", "pixart_sigma")}
-NOT_REPRODUCED["sd3"] = (
-    "every patch but one drafted as shipped (processor and block companions, the split carried in "
-    "joint_attention_kwargs); hand choice: ControlNet residuals refused under SP"
+NOT_REPRODUCED["sana"] = (
+    "its self-attention processor (SanaLinearAttnProcessor2_0, diffusers' shared module) is linear attention, no "
+    "softmax call: [model.unsupported] sp naming it; the shipped kinds for it (whole grid rows, the conv's halo rows, "
+    "the key-value all-reduce) are hand-written"
+)
+NOT_REPRODUCED["pixart_sigma"] = (
+    "its blocks (BasicTransformerBlock) build no processor (diffusers' Attention picks AttnProcessor2_0 for self- and "
+    "cross-attention alike): [model.unsupported] sp; hand choices: the split handed to the self-attention only, "
+    "GLIGEN's gated attention refused, the gather listed before the block patches"
 )
 NOT_REPRODUCED["skyreels_v2"] = (
     "every SP patch drafted as shipped (the grid RoPE split, per-frame temb and timestep_proj sliced after their "

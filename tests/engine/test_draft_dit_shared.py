@@ -37,11 +37,12 @@ def _shipped(name: str) -> dict:
     return tomllib.loads((REPO / "specs" / f"{name}.toml").read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize("name", ["cogvideox", "auraflow"])
+@pytest.mark.parametrize("name", ["cogvideox", "auraflow", "sd3"])
 def test_draft_reproduces_the_shipped_code(name: str) -> None:
     """CogVideoX (every block call passes attention_kwargs: the split is carried into it before the blocks run; the
-    pipeline's RoPE tables sliced on dim 0) and AuraFlow (its checkpointed block calls omit attention_kwargs: the
-    split is handed to every block call and carried inside each block) generate the committed modules."""
+    pipeline's RoPE tables sliced on dim 0), AuraFlow (its checkpointed block calls omit attention_kwargs: the split
+    is handed to every block call and carried inside each block) and SD3 (its block a companion too) generate the
+    committed modules."""
     config = load_config(REPO)
     outcome = reproduce(config, name, PinnedSource(config.pins))
     assert outcome.code_equal, outcome.why
@@ -51,14 +52,14 @@ def test_draft_reproduces_the_shipped_code(name: str) -> None:
 def test_an_sd3_like_dit_gets_the_shipped_patches() -> None:
     """SD3: the block (attention.py) and its processor (attention_processor.py) both companions, the split carried
     into joint_attention_kwargs after the last statement before the blocks run, the text last in the joint
-    sequence; each patch where the shipped spec puts it, but for its hand-written refusal of ControlNet residuals."""
+    sequence, the ControlNet residuals refused first; each patch where the shipped spec puts it."""
     drafted = _draft("SD3Transformer2DModel")
     assert "unsupported" not in drafted["model"]
     assert drafted["companion"] == [
         {"module": "diffusers.models.attention_processor", "keep": ["JointAttnProcessor2_0"]},
         {"module": "diffusers.models.attention", "keep": ["JointTransformerBlock"]},
     ]
-    shipped = [p for p in _shipped("sd3")["patch"] if p["template"] != "dit/refuse_under_sp"]
+    shipped = _shipped("sd3")["patch"]
     assert [_placed(p) for p in drafted["patch"]] == [_placed(p) for p in shipped]
 
 
@@ -98,3 +99,18 @@ def test_processors_of_another_models_module_are_not_shared_ones(cls: str) -> No
     if cls == "BriaFiboTransformer2DModel":
         assert "unsupported" not in drafted["model"]
         assert "dit/ulysses_to_heads" in [p["template"] for p in drafted["patch"]]
+
+
+def test_controlnet_residuals_are_refused_under_sp() -> None:
+    """Each `*controlnet*` input a block loop adds to the tokens (Flux: the double- and the single-stream blocks'),
+    refused before the forward's first statement, first among the patches; an input of that name the forward only
+    reads as a flag (`controlnet_blocks_repeat`) is not one."""
+    drafted = _draft("FluxTransformer2DModel")
+    refusals = [p for p in drafted["patch"] if p["template"] == "dit/refuse_under_sp"]
+    assert drafted["patch"][:2] == refusals
+    assert [p["vars"]["when"] for p in refusals] == [
+        "controlnet_block_samples is not None",
+        "controlnet_single_block_samples is not None",
+    ]
+    assert {p["before"] for p in refusals} == {"hidden_states = self.x_embedder(hidden_states)"}
+    assert [_placed(p) for p in drafted["patch"]] == [_placed(p) for p in _shipped("flux")["patch"]]
