@@ -59,8 +59,12 @@ def shared_attention(mod: Module, cls: str, source: UpstreamSource, out: Recogni
     found = {b: _processors(modules, *b) for b in dict.fromkeys(loop.block for loop in loops)}
     package = out.target.module.rsplit(".", 1)[0]  # diffusers.models.transformers: the models' own modules
     shared = [p for ps in found.values() for p in ps if p[0].rsplit(".", 1)[0] != package]
-    if not shared:
-        return False
+    if not shared:  # none, or the model's own: other readers' structures; or processors Attention picks itself
+        defaulted = (
+            [] if any(found.values()) else [r for b in found for r in _picked_by_attention(modules, *b, package)]
+        )
+        missing.extend(defaulted)
+        return bool(defaulted)
     processors = list(dict.fromkeys(shared))
     for pmod, name in processors:
         calls = _sdpa_calls(modules.get(pmod), name)
@@ -166,6 +170,23 @@ def _processors(modules: Modules, module: str, cls: str) -> list[tuple[str, str]
         if params[1:2] == ["attn"]:
             out.append(origin)
     return out
+
+
+def _picked_by_attention(modules: Modules, module: str, cls: str, package: str) -> list[str]:
+    """The block's attention modules built with no `processor=` from a class of a shared module whose __init__ takes
+    one (BasicTransformerBlock's `Attention(...)`): that class picks its default processor itself, for self- and
+    cross-attention alike, and no call of it in a processor draft reads. `package`: the models' own modules'."""
+    mod = modules.get(module)
+    for call in nodes(mod.method(cls, "__init__"), lambda n: isinstance(n, cst.Call) and isinstance(n.func, cst.Name)):
+        origin = modules.origin(module, call.func.value)
+        if origin is None or origin[0].rsplit(".", 1)[0] == package:  # a class of the models' own modules
+            continue
+        init = modules.get(origin[0]).method(origin[1], "__init__")
+        params = [p.name.value for p in init.params.params] if init is not None else []
+        if "processor" in params and "processor" not in {a.keyword.value for a in call.args if a.keyword}:
+            picked = f"{cls} ({mod.where(call)}) builds {origin[1]} with no processor"
+            return [f"{picked}: {origin[1]} picks its default itself, for self- and cross-attention alike; not read"]
+    return []
 
 
 def _sdpa_calls(mod: Module, processor: str) -> list[cst.Call]:

@@ -54,8 +54,8 @@ NOT_REPRODUCED["sana"] = (
 )
 NOT_REPRODUCED["pixart_sigma"] = (
     "its blocks (BasicTransformerBlock) build no processor (diffusers' Attention picks AttnProcessor2_0 for self- and "
-    "cross-attention alike): [model.unsupported] sp; hand choices: the split handed to the self-attention only, "
-    "GLIGEN's gated attention refused, the gather listed before the block patches"
+    "cross-attention alike): [model.unsupported] sp naming it; hand choices: the split handed to the self-attention "
+    "only, GLIGEN's gated attention refused, the gather listed before the block patches"
 )
 NOT_REPRODUCED["skyreels_v2"] = (
     "every SP patch drafted as shipped (the grid RoPE split, per-frame temb and timestep_proj sliced after their "

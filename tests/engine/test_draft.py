@@ -81,16 +81,16 @@ def test_draft_of_a_dit_writes_its_spec(scratch: Path, capsys) -> None:
 
 
 def test_a_dit_without_a_context_parallel_plan_is_stated() -> None:
-    """PixArt declares no _cp_plan, its forward computes no RoPE tables and its blocks build no processor (diffusers'
-    Attention picks one itself), so draft reads no token layout from it: no SP patch, the reason names the forward
-    with its file:line, the shell stays."""
+    """PixArt declares no _cp_plan and its blocks build no processor (diffusers' Attention picks one itself, for the
+    self- and the cross-attention alike), so draft reads no split of its attention: no SP patch, the reason names the
+    block's Attention with its file:line, the shell stays."""
     config = load_config(REPO)
     drafted = draft_spec("PixArtTransformer2DModel", PinnedSource(config.pins), config.pins)
     spec = tomllib.loads(drafted.text)
     assert [p["template"] for p in spec["patch"]] == ["dit/training_shell"]
     reason = spec["model"]["unsupported"]["sp"]
-    assert "PixArtTransformer2DModel.forward (diffusers/models/transformers/pixart_transformer_2d.py:" in reason
-    assert "computes the RoPE tables 0 times" in reason
+    assert "BasicTransformerBlock (diffusers/models/attention.py:" in reason
+    assert "builds Attention with no processor" in reason
 
 
 def test_a_dit_without_a_plan_is_split_as_its_forward_lays_the_tokens_out() -> None:
