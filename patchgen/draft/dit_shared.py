@@ -75,13 +75,20 @@ def shared_attention(mod: Module, cls: str, source: UpstreamSource, out: Recogni
     if own:
         missing.append(f"{', '.join(p[1] for p in own)} of a model's module beside shared processors: not read")
     body = list(forward.body.body)
-    first = next((i for i, s in enumerate(body) if any(_calls_blocks(s, loop) for loop in loops)), None)
+    first = next((i for i, s in enumerate(body) if any(_calls_blocks(s, loop) for loop in loops)), len(body))
     tokens = [i for i, s in enumerate(body[:first]) if assign_of(s)[0] == "hidden_states"]
     unimported = [p for _, p in processors if modules.origin(out.target.module, p) is None]
     if unimported:
         missing.append(f"{', '.join(unimported)}: not imported by {mod.upstream.relpath}, the split cannot name it")
-    if not tokens:
+    if first == len(body):
+        missing.append(f"{cls}.forward ({mod.where(forward)}) runs its blocks in no statement of its own body")
+    elif not tokens:
         missing.append(f"{cls}.forward ({mod.where(forward)}) assigns no hidden_states before its blocks run")
+    computed = [s for s in body[:first] if "rotary" in (assign_of(s)[0] or "") or "freqs" in (assign_of(s)[0] or "")]
+    if computed:  # tables the forward builds for the processors: not read on this path
+        missing.append(
+            f"{cls}.forward computes RoPE tables ({mod.where(computed[0])}) for shared processors: not read"
+        )
     if missing:
         return True
     anchor = {"anchor": _text(body[tokens[-1]]), "place": "after"}
@@ -93,7 +100,7 @@ def shared_attention(mod: Module, cls: str, source: UpstreamSource, out: Recogni
     if rotary is not None:
         rvars = {"rotary": rotary[0], "dim": rotary[1]}
         out.patches.append(Found("dit/shard_rotary", scope, WHY["rotary"], rotary[2], vars=rvars, **anchor))
-    _route(modules, mod, cls, forward, body[first - 1] if first else None, loops, out, missing)
+    _route(modules, mod, cls, forward, body[first - 1], loops, out, missing)
     for pmod, name in processors:
         _attention(modules.get(pmod), name, out)
     _gather(mod, cls, out, missing)
@@ -218,7 +225,7 @@ def _route(
     mod: Module,
     cls: str,
     forward: cst.FunctionDef,
-    before_blocks: cst.CSTNode | None,
+    before_blocks: cst.CSTNode,
     loops: list[Loop],
     out: Recognised,
     missing: list[str],
@@ -227,7 +234,7 @@ def _route(
     before the blocks run where every block call passes it, else handed to each block call and carried inside."""
     scope = f"{cls}.forward"
     kwargs = [p.name.value for p in forward.params.params if p.name.value.endswith("attention_kwargs")]
-    if len(kwargs) != 1 or before_blocks is None:
+    if len(kwargs) != 1:
         missing.append(f"{scope} ({mod.where(forward)}) takes {len(kwargs)} *attention_kwargs dicts, not one")
         return
     [dict_name] = kwargs
