@@ -29,7 +29,11 @@ what the job costs. The rule, applied key by key (sub-configs such as ``text_con
    ``ep`` at least the top-k; attention heads (and key/value heads) are raised to what the job's Ulysses degree
    splits (the language model's: ``sp / ring``; a vision or audio tower's: ``sp``);
 6. keys that describe a checkpoint rather than the computation (``architectures``, ``dtype``, label maps, private
-   keys) are left out.
+   keys) are left out;
+7. a tower (vision, audio) keeps ``TOWER_LAYERS`` blocks, a block feeding a block as in any deeper tower, or as
+   many as its block index lists reach (deepstack taps, full-attention blocks: every listed block stays, and the
+   blocks between): every block runs the same SP sites, and each one more costs the proof its all-to-alls and
+   FSDP all-gathers in every forward and backward.
 """
 
 from __future__ import annotations
@@ -42,7 +46,15 @@ from typing import Any
 
 from runtime.train.model_limits import size_kind
 
-__all__ = ["ShrinkLayout", "config_reads", "crossed_thresholds", "fit_layer_types", "is_threshold", "shrink_values"]
+__all__ = [
+    "ShrinkLayout",
+    "config_reads",
+    "crossed_thresholds",
+    "fit_layer_types",
+    "is_threshold",
+    "shrink_values",
+    "tower_layers",
+]
 
 # What describes the checkpoint, not the computation: never carried into the shrunk config.
 META_KEYS = frozenset(
@@ -68,6 +80,7 @@ HEAD_KEYS = ("num_attention_heads", "num_heads", "encoder_attention_heads")
 KV_HEAD_KEYS = ("num_key_value_heads",)
 TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k", "router_top_k")
 LAYER_COUNT_KEYS = ("num_hidden_layers", "num_layers", "depth")
+TOWER_LAYERS = 2
 
 
 @dataclass(frozen=True)
@@ -79,6 +92,7 @@ class ShrinkLayout:
     head_split: int = 1
     row_length: int = 24
     reads: frozenset[str] = frozenset()  # config keys the model's code reads (``config_reads``): thresholds to cross
+    tower: bool = False  # a vision or audio tower: its blocks cut to what rule 7 keeps
 
     @property
     def cap(self) -> int:
@@ -187,6 +201,12 @@ def _overlay(name: str, job: Any, tiny: Mapping[str, Any], layout: ShrinkLayout)
     return True, job
 
 
+def tower_layers(config: Mapping[str, Any]) -> int:
+    """The blocks a tower keeps (rule 7): ``TOWER_LAYERS``, or one past the last block any index list names."""
+    lists = [v for k, v in config.items() if ("index" in k or "indices" in k) and _is_int_list(v) and v]
+    return max([TOWER_LAYERS, *(max(v) + 1 for v in lists)])
+
+
 def _fit_sizes(out: dict[str, Any], layout: ShrinkLayout) -> None:
     """Rule 5: expert counts that ``ep`` divides, heads that the Ulysses degree splits (in place)."""
     top_k = next((out[k] for k in TOP_K_KEYS if _is_int(out.get(k))), 1)
@@ -238,5 +258,7 @@ def shrink_values(
     if layers is not None and _is_str_list(out.get("layer_types")):
         out["layer_types"] = fit_layer_types(out["layer_types"], out[layers])
         out[layers] = len(out["layer_types"])
+    elif layers is not None and layout.tower:
+        out[layers] = min(out[layers], tower_layers(out))
     _fit_sizes(out, layout)
     return out

@@ -89,7 +89,7 @@ def shrunk_text_config(
     ``reads``: the config keys the model's code reads (its thresholds are brought into the proof's rows)."""
     entry = lookup(job_config.model_type)
     layout = ShrinkLayout(ep_size=state.ep_size, head_split=state.ulysses_size, row_length=ROW_LENGTH, reads=reads)
-    towers = ShrinkLayout(ep_size=state.ep_size, head_split=state.sp_size, row_length=ROW_LENGTH, reads=reads)
+    towers = ShrinkLayout(state.ep_size, state.sp_size, ROW_LENGTH, reads, tower=True)
     subs = tuple(job_config.sub_configs)
     sub_layouts = {name: layout if name == "text_config" else towers for name in subs}
     values = shrink_values(job_config.to_dict(), entry.tiny, layout, sub_layouts, sub_configs=subs)
