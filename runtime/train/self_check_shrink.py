@@ -30,10 +30,10 @@ what the job costs. The rule, applied key by key (sub-configs such as ``text_con
    splits (the language model's: ``sp / ring``; a vision or audio tower's: ``sp``);
 6. keys that describe a checkpoint rather than the computation (``architectures``, ``dtype``, label maps, private
    keys) are left out;
-7. a tower (vision, audio) keeps ``TOWER_LAYERS`` blocks, a block feeding a block as in any deeper tower, or as
-   many as its block index lists reach (deepstack taps, full-attention blocks: every listed block stays, and the
-   blocks between): every block runs the same SP sites, and each one more costs the proof its all-to-alls and
-   FSDP all-gathers in every forward and backward.
+7. a tower (vision, audio) keeps one block, or as many as its block index lists reach (deepstack taps,
+   full-attention blocks: every listed block stays, and the blocks before it): its blocks all run the same SP
+   sites on hidden states that stay split by the sequence from one block to the next, and each one more costs the
+   proof its all-to-alls and FSDP all-gathers in every forward and backward.
 """
 
 from __future__ import annotations
@@ -79,8 +79,7 @@ META_KEYS = frozenset(
 HEAD_KEYS = ("num_attention_heads", "num_heads", "encoder_attention_heads")
 KV_HEAD_KEYS = ("num_key_value_heads",)
 TOP_K_KEYS = ("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k", "router_top_k")
-LAYER_COUNT_KEYS = ("num_hidden_layers", "num_layers", "depth")
-TOWER_LAYERS = 2
+LAYER_COUNT_KEYS = ("num_hidden_layers", "num_layers", "depth", "encoder_layers")
 
 
 @dataclass(frozen=True)
@@ -202,9 +201,9 @@ def _overlay(name: str, job: Any, tiny: Mapping[str, Any], layout: ShrinkLayout)
 
 
 def tower_layers(config: Mapping[str, Any]) -> int:
-    """The blocks a tower keeps (rule 7): ``TOWER_LAYERS``, or one past the last block any index list names."""
+    """The blocks a tower keeps (rule 7): one, or one past the last block any index list names."""
     lists = [v for k, v in config.items() if ("index" in k or "indices" in k) and _is_int_list(v) and v]
-    return max([TOWER_LAYERS, *(max(v) + 1 for v in lists)])
+    return max([1, *(max(v) + 1 for v in lists)])
 
 
 def _fit_sizes(out: dict[str, Any], layout: ShrinkLayout) -> None:

@@ -227,16 +227,16 @@ def test_shrink_fits_the_layout() -> None:
     assert sub == {"text_config": {"vocab_size": 97}}
 
 
-def test_shrunk_towers_keep_two_blocks_and_every_listed_one() -> None:
-    """A tower's blocks all run the same SP sites: two are kept (a block feeding a block), or as many as an index
-    list reaches; the language model keeps the tiny config's layers."""
+def test_shrunk_towers_keep_one_block_or_every_listed_one() -> None:
+    """A tower's blocks all run the same SP sites: one is kept, or as many as an index list reaches (audio encoders
+    count ``encoder_layers``); the language model keeps the tiny config's layers."""
     tower, text = ShrinkLayout(tower=True), ShrinkLayout()
     deepstack = {"depth": 3, "deepstack_visual_indexes": [0, 1]}
     assert shrink_values({"depth": 27}, deepstack, tower) == {"depth": 2, "deepstack_visual_indexes": [0, 1]}
     full_attention = {"depth": 3, "fullatt_block_indexes": [2], "window_size": 16}
     assert shrink_values({"depth": 32}, full_attention, tower)["depth"] == 3  # block 2 (full attention) stays
-    assert shrink_values({"depth": 32}, {"depth": 4}, tower)["depth"] == 2
-    assert shrink_values({"depth": 32}, {"depth": 1}, tower)["depth"] == 1  # never deeper than the tiny config
+    assert shrink_values({"depth": 32}, {"depth": 3}, tower)["depth"] == 1
+    assert shrink_values({"encoder_layers": 32}, {"encoder_layers": 2}, tower)["encoder_layers"] == 1
     assert shrink_values({"num_hidden_layers": 28}, {"num_hidden_layers": 3}, text)["num_hidden_layers"] == 3
 
 
