@@ -9,16 +9,20 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: test test-fast test-portability demo regen check bench lint venv clean gpu-check gpu-wheels
 
 # Each step says what it installs before it starts (the whole takes minutes on a fresh machine; pip's own output is
-# kept to its warnings and errors).
+# kept to its warnings and errors). pip would compile every installed module to bytecode one file after another
+# (about 60 s of the build); compileall does the same on every core once everything is in (docs/performance.md).
+# Like pip, it leaves a file whose syntax this Python cannot compile (torch ships one for Python 3.12) uncompiled.
 $(STAMP): pyproject.toml
-	@echo "make venv: 1/3 creating $(VENV) and upgrading pip"
+	@echo "make venv: 1/4 creating $(VENV) and upgrading pip"
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	@echo "make venv: 2/3 installing the CPU build of torch 2.13.0 (the largest download)"
+	@echo "make venv: 2/4 installing the CPU build of torch 2.13.0 (the largest download)"
 	# CPU torch first: an unpinned torch would pull a multi-GB CUDA build.
-	$(BIN)/pip install -q torch==2.13.0
-	@echo "make venv: 3/3 installing patchgen with the pinned transformers, diffusers and the test tools"
-	$(BIN)/pip install -q -e '.[runtime,dev]'
+	$(BIN)/pip install -q --no-compile torch==2.13.0
+	@echo "make venv: 3/4 installing patchgen with the pinned transformers, diffusers and the test tools"
+	$(BIN)/pip install -q --no-compile -e '.[runtime,dev]'
+	@echo "make venv: 4/4 compiling the installed modules to bytecode on every core"
+	$(BIN)/python -m compileall -q -j 0 -x 'py312_intrinsics' "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')"
 	touch $(STAMP)
 	@echo "make venv: done ($(VENV))"
 
