@@ -15,6 +15,7 @@ whether to run it, and the ViT's SP hooks pad the dummy like any other image.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -22,12 +23,28 @@ from torch import Tensor
 
 from runtime.parallel.state import get_parallel_state
 
-__all__ = ["dummy_vision_inputs", "needs_dummy_forward", "vision_dummy_forward"]
+__all__ = ["dummy_vision_inputs", "needs_dummy_forward", "towers_uniform", "vision_dummy_forward"]
+
+_UNIFORM = [False]  # inside ``towers_uniform``: every rank's batch holds the same media
 
 
 def needs_dummy_forward() -> bool:
-    """Whether this process runs in a multi-rank layout, where skipping the vision tower would desync collectives."""
-    return get_parallel_state().world_size > 1
+    """Whether this process runs in a multi-rank layout, where skipping the vision tower would desync collectives
+    (not inside ``towers_uniform``)."""
+    return get_parallel_state().world_size > 1 and not _UNIFORM[0]
+
+
+@contextmanager
+def towers_uniform() -> Iterator[None]:
+    """No dummy tower passes (vision and audio) within: for a caller that knows every rank's batch holds the same
+    media and that computes without gradients (the self-check's first look at a planted defect), where every rank
+    then runs the same tower passes without them and the dummies' exact-zero terms leave each value bitwise as it
+    is. Training never enters it: a rank's batch is its own, and backward needs every tower's zero gradients."""
+    _UNIFORM[0] = True
+    try:
+        yield
+    finally:
+        _UNIFORM[0] = False
 
 
 def dummy_vision_inputs(vision_config: Any, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
