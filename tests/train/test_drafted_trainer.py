@@ -1,15 +1,16 @@
 """The real trainer on models the project does not ship, each drafted with no hand edit and generated into a scratch
-package (``tests.engine.drafted``): at sp=2 (Ulysses) every step's loss and gradient norm equal one process's within
-the rounding model (``tests.tolerance``). Dense: olmo2 (q/k norms over all heads), glm4 (partial rotary, extra norms),
-mistral (a sliding window), gemma2 (alternating windows, softcaps, tied embeddings); MoE: olmoe (a load-balancing
-loss, q/k norms), deepseek_v3 (latent attention, grouped routing, a leading dense layer), mixtral, ernie4_5_moe;
-DiTs: ChronoEdit (Wan's forward inputs, so draft gave it Wan's condition model; a tiny Wan pipeline around the
-drafted tiny transformer, real MP4 clips), Bria (no `_cp_plan`: split as its forward lays the tokens out; Flux's
-condition model, a tiny Flux pipeline, PNG images) and Ovis-Image (no `_cp_plan`; its own condition model,
-``runtime/diffusion/conditions/ovis_image.py``). Every run passes the start-up self-check at sp=2 with its
-planted defects detected (mistral, gemma2, mixtral and ernie4_5_moe, whose bos and eos ids are 1 and 2, once drew
-every proof token as id 1: no planted defect could show). All eleven train in one spawned pair of ranks, which then
-runs each DiT's transformer alone at sp=2 (output, loss and every gradient within the rounding model)."""
+package (``tests.engine.drafted``): at sp=2 (Ulysses), and at ring=2 for each LM whose record claims ring, every
+step's loss and gradient norm equal one process's within the rounding model (``tests.tolerance``). Dense: olmo2 (q/k
+norms over all heads), glm4 (partial rotary, extra norms), mistral (a sliding window), gemma2 (alternating windows,
+softcaps, tied embeddings); MoE: olmoe (a load-balancing loss, q/k norms), deepseek_v3 (latent attention, grouped
+routing, a leading dense layer), mixtral, ernie4_5_moe; DiTs: ChronoEdit (Wan's forward inputs, so draft gave it
+Wan's condition model; a tiny Wan pipeline around the drafted tiny transformer, real MP4 clips), Bria (no
+`_cp_plan`: split as its forward lays the tokens out; Flux's condition model, a tiny Flux pipeline, PNG images) and
+Ovis-Image (no `_cp_plan`; its own condition model, ``runtime/diffusion/conditions/ovis_image.py``). Every run
+passes the start-up self-check at sp=2 with its planted defects detected (mistral, gemma2, mixtral and ernie4_5_moe,
+whose bos and eos ids are 1 and 2, once drew every proof token as id 1: no planted defect could show). All eleven
+train in one spawned pair of ranks, which then runs each DiT's transformer alone at sp=2 (output, loss and every
+gradient within the rounding model)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,20 @@ def _lm_run(root: Path, model_type: str) -> dict:
     if entry.supports.ep:
         model["experts_implementation"] = "patchgen_grouped"
     return run_config(root, model=model, train={"steps": STEPS}, log={"dir": str(root / "log" / model_type)})
+
+
+def _without_ring_refused(raw: dict, name: str) -> dict:
+    """The run with the model config's options that ring attention does not honour unset (a run setting them at
+    ring > 1 is refused in one line: tests/train/test_supports.py), logging to a folder of its own."""
+    import transformers
+
+    from runtime.models.supports import OPTIONS, set_options
+
+    built = transformers.AutoConfig.for_model(raw["model"]["type"], **raw["model"]["config"]).to_dict()
+    refused = {key: None for key in set_options(built) if OPTIONS[key][0] == "ring"}
+    config = {**raw["model"]["config"], **refused}
+    log = {**raw["log"], "dir": raw["log"]["dir"] + f"-{name}"}
+    return {**raw, "model": {**raw["model"], "config": config}, "log": log}
 
 
 def _dit_run(root: Path, model_type: str) -> dict:
@@ -119,18 +134,31 @@ def test_drafted_models_train_at_sp2_as_in_one_process(tmp_path: Path) -> None:
     models = [generate_drafted(argument, tmp_path) for argument in LMS + DITS]
     layouts = [(index, checkpointing) for index in range(len(LMS), len(models)) for checkpointing in (False, True)]
     with drafted_installed(tmp_path, models):
+        from runtime.models.registry import lookup
+
+        ring = [i for i, m in enumerate(models[: len(LMS)]) if lookup(m.model_type).supports.ring]
         runs = [_lm_run(tmp_path, m.model_type) for m in models[: len(LMS)]]
         runs += [_dit_run(tmp_path, m.model_type) for m in models[len(LMS) :]]
-        witness_runs = [witness_config(r) for r in runs]
-        pending = start_reordered(drafted_worker, str(tmp_path), models, witness_runs, layouts)
-        reference, reference_layouts = drafted_worker(0, 1, str(tmp_path), models, runs, layouts)
+        # a record claims ring only for what ran: each drafted LM whose record claims it trains at ring=2 too, its
+        # config without the options the runtime refuses under ring (runtime.models.supports.OPTIONS: gemma2's
+        # attention softcap), against its own one-process run
+        ring_runs = [_without_ring_refused(runs[i], f"ring-{i}") for i in ring]
+        every = runs + ring_runs
+        pending = start_reordered(drafted_worker, str(tmp_path), models, [witness_config(r) for r in every], layouts)
+        reference, reference_layouts = drafted_worker(0, 1, str(tmp_path), models, every, layouts)
         witness, witness_layouts = pending()
     sp2 = [{**raw, "parallel": {"sp": 2}} for raw in runs]
     per_rank = run_distributed(drafted_worker, 2, str(tmp_path), models, sp2, layouts, timeout=300)
-    for i, (model, ref, wit) in enumerate(zip(models, reference, witness, strict=True)):
+    for i, (model, ref, wit) in enumerate(zip(models, reference[: len(runs)], witness[: len(runs)], strict=True)):
         assert [m["step"] for m in ref] == list(range(1, STEPS + 1)), model.argument
         for steps, _ in per_rank:
             assert_steps_match(steps[i], ref, wit, f"drafted {model.argument} sp=2")
+    assert ring, "no drafted LM claims ring"
+    ring2 = [{**raw, "parallel": {"ring": 2}} for raw in ring_runs]
+    for steps, _ in run_distributed(drafted_worker, 2, str(tmp_path), models, ring2, [], timeout=300):
+        for k, i in enumerate(ring):
+            ref, wit = reference[len(runs) + k], witness[len(runs) + k]
+            assert_steps_match(steps[k], ref, wit, f"drafted {models[i].argument} ring=2")
     for k, (index, checkpointing) in enumerate(layouts):
         what = f"drafted {models[index].argument} sp=2{' checkpointing' if checkpointing else ''}"
         for _, got in per_rank:
