@@ -241,10 +241,14 @@ def test_an_unrecognised_mixer_is_stated_not_guessed() -> None:
     assert "MiniMaxLightningAttention (transformers/models/minimax/modeling_minimax.py:" in reason
 
 
-@pytest.mark.parametrize("model_type", ["mistral", "mixtral", "deepseek_v3"])
+@pytest.mark.parametrize(
+    "model_type", ["mistral", "olmo2", "glm4", "gemma2", "mixtral", "olmoe", "ernie4_5_moe", "deepseek_v3"]
+)
 def test_an_unseen_model_drafted_is_bitwise_upstream_with_parallelism_off(model_type: str, tmp_path: Path) -> None:
-    """A model the project does not ship (mistral: a sliding window; mixtral: MoE with a load-balancing loss;
-    deepseek_v3: latent attention, grouped routing, a leading dense layer), drafted with no hand edit and generated
+    """A model the project does not ship (the eight tests/train/test_drafted_trainer.py trains: mistral, a sliding
+    window; olmo2, q/k norms over all heads; glm4, partial rotary and extra norms; gemma2, softcaps and alternating
+    windows; mixtral and olmoe, MoE with a load-balancing loss; ernie4_5_moe, a router's score-correction bias;
+    deepseek_v3, latent attention, grouped routing, a leading dense layer), drafted with no hand edit and generated
     into a scratch package (``tests.engine.drafted``): logits, loss and every gradient equal to upstream's on the
     draft's tiny config."""
     import json
