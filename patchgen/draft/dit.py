@@ -21,6 +21,7 @@ from patchgen.draft.dit_joint import joint_sequence
 from patchgen.draft.dit_layout import (
     assign_of,
     canonical,
+    gather_found,
     grid_rotary_dim,
     init_call,
     layout_plan,
@@ -46,7 +47,6 @@ WHY = {
     "per_frame": "per-frame conditioning repeated over each frame's tokens: its per-token form sliced with the tokens",
     "mask": "a (tokens x tokens) mask masks queries too: no sharded form of it here",
     "index": "these blocks index tokens by their position in the whole sequence: refused under SP",
-    "gather": "gather the projected tokens and drop the padding before unpatchify",
     "shell": "the trainable class: a transformers PreTrainedModel that loads and saves pure diffusers checkpoints",
 }
 
@@ -242,18 +242,8 @@ def _forward(
             f"{cls}.forward ({mod.where(forward)}): the output gathered ({', '.join(gathered)}) is not called once"
         )
         return
-    gvars = {"tensor": assign_of(sites[0])[0]}
     note = f"gather the output of `{canonical(sites[0])}` at {mod.where(sites[0])}, tokens split {by}"
-    out.patches.append(
-        Found(
-            "dit/gather_tokens",
-            f"{cls}.forward",
-            WHY["gather"],
-            note,
-            vars=gvars,
-            **_at({"after": canonical(sites[0])}),
-        )
-    )
+    out.patches.append(gather_found(f"{cls}.forward", assign_of(sites[0])[0], canonical(sites[0]), note))
 
 
 def _rotary(mod: Module, cls: str) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from patchgen.cst.locate import code_of, normalize
+from patchgen.draft.recognised import Found
 from patchgen.draft.structure import Module, dotted, nodes
 
 LINEAR = ("nn.Linear", "torch.nn.Linear")
@@ -156,3 +157,10 @@ def method_call(value: cst.BaseExpression | None, name: str) -> cst.Call | None:
     if isinstance(value, cst.Call) and isinstance(value.func, cst.Attribute) and value.func.attr.value == name:
         return value
     return None
+
+
+def gather_found(scope: str, tensor: str, anchor: str, note: str) -> Found:
+    """The output's gather (``dit/gather_tokens``) after the statement ``anchor`` that assigns ``tensor``: one patch
+    for every DiT layout draft reads, whichever rule found the output."""
+    why = "gather the projected tokens and drop the padding before unpatchify"
+    return Found("dit/gather_tokens", scope, why, note, vars={"tensor": tensor}, anchor=anchor, place="after")

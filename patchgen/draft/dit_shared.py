@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import libcst as cst
 
 from patchgen.cst.locate import code_of
-from patchgen.draft.dit_layout import assign_of, canonical, layout_plan
+from patchgen.draft.dit_layout import assign_of, canonical, gather_found, layout_plan
 from patchgen.draft.dit_rotary import table_token_dim
 from patchgen.draft.recognised import Found, Recognised
 from patchgen.draft.structure import Module, dotted, nodes
@@ -35,7 +35,6 @@ WHY = {
     "heads": "attention in (b, h, s, d): tokens all-to-all to this rank's heads (text, when joined, keeps its heads)",
     "sequence": "and back to this rank's tokens x all heads",
     "ring": "under a ring the attention runs ring attention over the ring group (K/V passed around)",
-    "gather": "gather the projected tokens and drop the padding before unpatchify",
 }
 
 
@@ -353,18 +352,7 @@ def _gather(mod: Module, cls: str, out: Recognised, missing: list[str]) -> None:
         missing.append(f"{cls}.forward ({mod.where(mod.method(cls, 'forward'))}): self.{output} is not called once")
         return
     note = f"gather the output of `{_text(sites[0])}` at {mod.where(sites[0])}"
-    gvars = {"tensor": assign_of(sites[0])[0]}
-    out.patches.append(
-        Found(
-            "dit/gather_tokens",
-            f"{cls}.forward",
-            WHY["gather"],
-            note,
-            vars=gvars,
-            anchor=_text(sites[0]),
-            place="after",
-        )
-    )
+    out.patches.append(gather_found(f"{cls}.forward", assign_of(sites[0])[0], _text(sites[0]), note))
 
 
 def _companions(
